@@ -1,0 +1,218 @@
+"""The prefix index: which worker probably holds which prompt blocks in its KV cache.
+
+Data: a global map ``block hash -> bitmask of workers holding it`` for matching, and per worker an
+LRU (``OrderedDict`` in access order, value = last access time) for eviction and expiry.
+
+- Match: walk the request's chained hashes from the first; a worker's match is its longest run of
+  leading blocks present (the mask of still-matching workers narrows block by block).
+- Insert: a dispatched request's blocks are touched deepest first, so that among blocks of one request
+  the deepest is the least recent and is evicted first, as an engine's LRU evictor does.
+- Bounds: each worker holds at most ``capacity_tokens / block_tokens`` blocks (its KV-cache size); all
+  workers together hold at most ``max_total_blocks`` (global memory cap; the fullest worker gives way);
+  entries older than ``ttl_s`` expire; removing a worker purges its entries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+
+EvictHook = Callable[[str, int], None]
+
+
+def _bits(mask: int) -> Iterator[int]:
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+class PrefixIndex:
+    def __init__(
+        self,
+        *,
+        block_tokens: int,
+        default_capacity_tokens: int,
+        max_total_blocks: int,
+        ttl_s: float,
+        max_prefix_blocks: int | None = None,
+    ) -> None:
+        if block_tokens <= 0 or default_capacity_tokens <= 0 or max_total_blocks <= 0 or ttl_s <= 0:
+            raise ValueError("index bounds must be positive")
+        self.block_tokens = block_tokens
+        self.default_capacity_tokens = default_capacity_tokens
+        self.max_total_blocks = max_total_blocks
+        self.ttl_s = ttl_s
+        self.max_prefix_blocks = max_prefix_blocks
+        self._holders: dict[int, int] = {}
+        self._lru: dict[str, OrderedDict[int, float]] = {}
+        self._bit: dict[str, int] = {}
+        self._name: dict[int, str] = {}
+        self._cap_blocks: dict[str, int] = {}
+        self._total = 0
+        self._next_expiry = 0.0
+        self.evictions = 0
+
+    # ------------------------------------------------------------ workers
+
+    def add_worker(self, name: str, capacity_tokens: int | None = None) -> None:
+        if name not in self._lru:
+            bit = min(set(range(len(self._bit) + 1)) - set(self._name))
+            self._bit[name], self._name[bit] = bit, name
+            self._lru[name] = OrderedDict()
+        self.set_capacity(name, capacity_tokens or self._cap_tokens(name))
+
+    def _cap_tokens(self, name: str) -> int:
+        blocks = self._cap_blocks.get(name)
+        return blocks * self.block_tokens if blocks else self.default_capacity_tokens
+
+    def set_capacity(self, name: str, capacity_tokens: int) -> None:
+        self._cap_blocks[name] = max(1, capacity_tokens // self.block_tokens)
+        self._shrink(name)
+
+    def remove_worker(self, name: str) -> None:
+        lru = self._lru.pop(name, None)
+        if lru is None:
+            return
+        bit = self._bit.pop(name)
+        del self._name[bit], self._cap_blocks[name]
+        for block in lru:
+            self._unhold(block, bit)
+        self._total -= len(lru)
+
+    def workers(self) -> list[str]:
+        return list(self._lru)
+
+    # ------------------------------------------------------------ queries
+
+    def match(self, blocks: Sequence[int]) -> dict[str, int]:
+        """Matched leading blocks per worker (workers with no match are absent)."""
+        if self.max_prefix_blocks is not None:
+            blocks = blocks[: self.max_prefix_blocks]
+        holders, result = self._holders, {}
+        alive = -1
+        for depth, block in enumerate(blocks):
+            held = holders.get(block, 0) & alive
+            if depth:
+                for bit in _bits(alive & ~held):
+                    result[self._name[bit]] = depth
+            alive = held
+            if not alive:
+                return result
+        for bit in _bits(alive if blocks else 0):
+            result[self._name[bit]] = len(blocks)
+        return result
+
+    def holds(self, worker: str, block: int) -> bool:
+        bit = self._bit.get(worker)
+        return bit is not None and bool(self._holders.get(block, 0) >> bit & 1)
+
+    def last_access(self, worker: str, block: int) -> float | None:
+        lru = self._lru.get(worker)
+        return None if lru is None else lru.get(block)
+
+    def blocks_of(self, worker: str) -> int:
+        lru = self._lru.get(worker)
+        return 0 if lru is None else len(lru)
+
+    def tokens_of(self, worker: str) -> int:
+        return self.blocks_of(worker) * self.block_tokens
+
+    def capacity_tokens(self, worker: str) -> int:
+        return self._cap_blocks.get(worker, 0) * self.block_tokens
+
+    def __len__(self) -> int:
+        return self._total
+
+    def unique_blocks(self) -> int:
+        return len(self._holders)
+
+    # ------------------------------------------------------------ updates
+
+    def insert(self, worker: str, blocks: Sequence[int], now: float) -> None:
+        """Record that ``worker`` now caches ``blocks`` (a chained prefix), deepest touched first."""
+        self.expire(now)
+        lru = self._lru.get(worker)
+        if lru is None or not blocks:
+            return
+        if self.max_prefix_blocks is not None:
+            blocks = blocks[: self.max_prefix_blocks]
+        bit_value = 1 << self._bit[worker]
+        holders = self._holders
+        added = 0
+        for block in reversed(blocks):
+            if block in lru:
+                lru.move_to_end(block)
+            else:
+                holders[block] = holders.get(block, 0) | bit_value
+                added += 1
+            lru[block] = now
+        self._total += added
+        self._shrink(worker)
+        self._enforce_total()
+
+    def trim(self, worker: str, blocks: Sequence[int], keep: int) -> int:
+        """Forget ``blocks[keep:]`` on ``worker`` (engine feedback); returns how many were removed."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return 0
+        removed = 0
+        for block in blocks[max(keep, 0) :]:
+            if lru.pop(block, None) is not None:
+                self._unhold(block, self._bit[worker])
+                removed += 1
+        self._total -= removed
+        return removed
+
+    def forget_older(self, worker: str, cutoff: float) -> int:
+        """Forget ``worker``'s entries last used at or before ``cutoff`` (its cache evicted them)."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return 0
+        return self._pop_front_while(worker, lru, lambda ts: ts <= cutoff)
+
+    def expire(self, now: float) -> int:
+        """Drop entries older than the TTL (checked at most once a second)."""
+        if now < self._next_expiry:
+            return 0
+        self._next_expiry = now + 1.0
+        cutoff = now - self.ttl_s
+        return sum(self._pop_front_while(w, lru, lambda ts: ts < cutoff) for w, lru in self._lru.items())
+
+    # ------------------------------------------------------------ internals
+
+    def _pop_front_while(
+        self, worker: str, lru: OrderedDict[int, float], cond: Callable[[float], bool]
+    ) -> int:
+        bit, removed = self._bit[worker], 0
+        while lru:
+            block, ts = next(iter(lru.items()))
+            if not cond(ts):
+                break
+            lru.popitem(last=False)
+            self._unhold(block, bit)
+            removed += 1
+        self._total -= removed
+        return removed
+
+    def _evict_one(self, worker: str) -> None:
+        block, _ = self._lru[worker].popitem(last=False)
+        self._unhold(block, self._bit[worker])
+        self._total -= 1
+        self.evictions += 1
+
+    def _shrink(self, worker: str) -> None:
+        cap = self._cap_blocks[worker]
+        while len(self._lru[worker]) > cap:
+            self._evict_one(worker)
+
+    def _enforce_total(self) -> None:
+        while self._total > self.max_total_blocks:
+            self._evict_one(max(self._lru, key=lambda w: len(self._lru[w])))
+
+    def _unhold(self, block: int, bit: int) -> None:
+        mask = self._holders.get(block, 0) & ~(1 << bit)
+        if mask:
+            self._holders[block] = mask
+        else:
+            self._holders.pop(block, None)

@@ -1,0 +1,44 @@
+"""Shared pieces of the policies: random tie-breaking and the bounded-load cap."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from prefix_router.routing.types import WorkerSnapshot
+
+T = TypeVar("T")
+
+
+def pick_min(items: Sequence[T], key: Callable[[T], float], rng: random.Random) -> T:
+    """The item with the smallest key; ties broken at random (never "the first one")."""
+    best = min(key(item) for item in items)
+    tied = [item for item in items if key(item) <= best]
+    return tied[0] if len(tied) == 1 else rng.choice(tied)
+
+
+def load_cap(workers: Sequence[WorkerSnapshot], load_factor: float, slack: int) -> float:
+    """Bounded load (CHWBL): no worker may take more than ``load_factor`` x the mean load after this
+    request, plus ``slack`` requests so that tiny loads do not force a strict round robin."""
+    total_weight = sum(w.weight for w in workers) or 1.0
+    total = sum(w.in_flight for w in workers) + 1
+    return math.ceil(load_factor * total / total_weight) + slack
+
+
+def under_cap(worker: WorkerSnapshot, cap: float) -> bool:
+    return worker.in_flight + 1 <= cap * worker.weight
+
+
+def eligible(workers: Sequence[WorkerSnapshot], load_factor: float, slack: int) -> list[WorkerSnapshot]:
+    """Workers under the bounded-load cap (all of them if, exceptionally, none is)."""
+    cap = load_cap(workers, load_factor, slack)
+    return [w for w in workers if under_cap(w, cap)] or list(workers)
+
+
+class NoHooks:
+    """No-op hooks for policies without state of their own."""
+
+    def on_worker_removed(self, worker: str) -> None:
+        return None

@@ -1,0 +1,90 @@
+"""Value types shared by the routing core, the proxy and the simulator.
+
+The routing core is pure: no asyncio, HTTP or metrics imports. Time (``now``, seconds, any monotonic
+origin) and randomness (``random.Random``) are always passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router knows about one request, already reduced to hashes.
+
+    ``blocks`` are chained block hashes of the canonical routing key: ``blocks[i]`` identifies the whole
+    prefix made of the first ``i + 1`` blocks (seeded with the namespace), so two requests share their
+    first k blocks exactly when their first k hashes are equal. Only full blocks are listed.
+    """
+
+    request_id: str
+    blocks: tuple[int, ...]
+    block_tokens: int
+    prompt_tokens: int
+    hash_key: int
+    namespace: int = 0
+    session: str | None = None
+    output_tokens_hint: int = 0
+
+
+@dataclass(slots=True)
+class WorkerSnapshot:
+    """The load of one candidate worker at decision time (a copy; policies must not keep it)."""
+
+    name: str
+    weight: float = 1.0
+    in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    queue_depth: int = 0
+    kv_usage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's choice. ``branch`` names the routing branch taken, for metrics and headers."""
+
+    worker: str
+    branch: str
+    matched_blocks: int = 0
+    predicted_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to a dispatched request, reported back by the proxy or the simulator.
+
+    ``cached_tokens`` is the engine-reported count of prompt tokens served from its cache (None when the
+    engine does not report it). ``extension_blocks`` is the full chained block list of the prompt extended
+    with the generated assistant turn as the next request of the conversation will carry it (empty when
+    unknown); the index then learns that the worker caches those blocks too.
+    """
+
+    ok: bool = True
+    cached_tokens: int | None = None
+    extension_blocks: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Context:
+    """Everything a policy may read besides the request and the candidates."""
+
+    now: float
+    rng: random.Random
+    matches: dict[str, int] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """The one small contract every routing policy implements (one module per policy).
+
+    ``select`` must return one of ``workers`` (never empty). The hooks are optional no-ops.
+    """
+
+    name: str
+
+    def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision: ...
+
+    def on_worker_removed(self, worker: str) -> None: ...

@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefix_router.routing.hashing import chain_ids
+from prefix_router.routing.index import PrefixIndex
+
+
+def make_index(cap_tokens: int = 1_000, total: int = 10_000, ttl: float = 1e9) -> PrefixIndex:
+    return PrefixIndex(block_tokens=10, default_capacity_tokens=cap_tokens, max_total_blocks=total, ttl_s=ttl)
+
+
+def chain(*ids: int) -> tuple[int, ...]:
+    return chain_ids(list(ids), seed=7)
+
+
+def reference_match(held: dict[str, set[int]], blocks: tuple[int, ...]) -> dict[str, int]:
+    out = {}
+    for worker, have in held.items():
+        depth = 0
+        while depth < len(blocks) and blocks[depth] in have:
+            depth += 1
+        if depth:
+            out[worker] = depth
+    return out
+
+
+def test_longest_leading_run_per_worker() -> None:
+    index = make_index()
+    for w in ("a", "b", "c"):
+        index.add_worker(w)
+    index.insert("a", chain(1, 2, 3), now=1)
+    index.insert("b", chain(1, 2), now=1)
+    index.insert("c", chain(9), now=1)
+    assert index.match(chain(1, 2, 3, 4)) == {"a": 3, "b": 2}
+    assert index.match(chain(1, 5)) == {"a": 1, "b": 1}
+    assert index.match(chain(8)) == {}
+    assert index.match(()) == {}
+
+
+def test_lru_eviction_is_per_worker_and_deepest_first() -> None:
+    index = make_index(cap_tokens=30)  # 3 blocks of 10 tokens
+    index.add_worker("a")
+    index.insert("a", chain(1, 2), now=1)
+    index.insert("a", chain(5, 6), now=2)  # 4 blocks > 3: the oldest request's deepest block goes
+    assert index.blocks_of("a") == 3
+    assert index.match(chain(1, 2)) == {"a": 1}
+    assert index.match(chain(5, 6)) == {"a": 2}
+
+
+def test_removing_a_worker_purges_its_entries() -> None:
+    index = make_index()
+    index.add_worker("a")
+    index.add_worker("b")
+    index.insert("a", chain(1, 2), now=1)
+    index.insert("b", chain(1), now=1)
+    index.remove_worker("a")
+    assert index.match(chain(1, 2)) == {"b": 1}
+    assert len(index) == 1
+    index.remove_worker("b")
+    assert len(index) == 0 and index.unique_blocks() == 0
+
+
+def test_ttl_expires_entries() -> None:
+    index = make_index(ttl=10)
+    index.add_worker("a")
+    index.insert("a", chain(1), now=0)
+    index.insert("a", chain(2), now=5)
+    assert index.expire(now=12) == 1
+    assert index.match(chain(1)) == {}
+    assert index.match(chain(2)) == {"a": 1}
+
+
+def test_global_cap_bounds_total_entries() -> None:
+    index = make_index(cap_tokens=10_000, total=5)
+    for w in ("a", "b"):
+        index.add_worker(w)
+    index.insert("a", chain(1, 2, 3, 4), now=1)
+    index.insert("b", chain(5, 6, 7), now=2)
+    assert len(index) == 5
+
+
+def test_trim_and_forget_older() -> None:
+    index = make_index()
+    index.add_worker("a")
+    index.insert("a", chain(1, 2, 3), now=1)
+    assert index.trim("a", chain(1, 2, 3), keep=1) == 2
+    assert index.match(chain(1, 2, 3)) == {"a": 1}
+    index.insert("a", chain(7), now=5)
+    assert index.forget_older("a", cutoff=1) == 1
+    assert index.match(chain(1)) == {}
+    assert index.match(chain(7)) == {"a": 1}
+
+
+def test_worker_bits_are_reused_after_removal() -> None:
+    index = make_index()
+    for i in range(100):
+        index.add_worker(f"w{i}")
+        index.insert(f"w{i}", chain(i), now=1)
+        if i % 2:
+            index.remove_worker(f"w{i}")
+    index.add_worker("late")
+    index.insert("late", chain(3), now=1)
+    assert index.match(chain(3)) == {"late": 1}
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "remove", "trim", "expire"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.lists(st.integers(0, 4), min_size=0, max_size=6),
+        st.integers(0, 5),
+    ),
+    max_size=80,
+)
+
+
+class ReferenceLRU:
+    """An independent model of one worker's cache: LRU of blocks, deepest touched first, TTL."""
+
+    def __init__(self, cap_blocks: int, ttl: float) -> None:
+        self.cap, self.ttl = cap_blocks, ttl
+        self.order: list[tuple[int, float]] = []  # oldest first
+
+    def insert(self, blocks: tuple[int, ...], now: float) -> None:
+        for block in reversed(blocks):
+            self.order = [(b, t) for b, t in self.order if b != block] + [(block, now)]
+        self.order = self.order[max(0, len(self.order) - self.cap) :]
+
+    def trim(self, blocks: tuple[int, ...], keep: int) -> None:
+        gone = set(blocks[keep:])
+        self.order = [(b, t) for b, t in self.order if b not in gone]
+
+    def expire(self, cutoff: float) -> None:
+        self.order = [(b, t) for b, t in self.order if t >= cutoff]
+
+    def blocks(self) -> set[int]:
+        return {b for b, _ in self.order}
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_matches_brute_force_and_bounds_hold(operations: list[tuple[str, str, list[int], int]]) -> None:
+    """Random operation sequences: longest match equals an independent reference; bounds hold."""
+    index = make_index(cap_tokens=40, total=1_000, ttl=5)
+    ref: dict[str, ReferenceLRU] = {}
+    now = 0.0
+    for op, worker, ids, keep in operations:
+        now += 1
+        blocks = chain(*ids)
+        if worker not in ref:
+            index.add_worker(worker)
+            ref[worker] = ReferenceLRU(4, 5)
+        if op == "insert":
+            index.insert(worker, blocks, now)
+            ref[worker].insert(blocks, now)
+            for r in ref.values():  # inserting also sweeps expired entries (TTL 5)
+                r.expire(now - 5)
+        elif op == "remove":
+            index.remove_worker(worker)
+            del ref[worker]
+        elif op == "trim":
+            index.trim(worker, blocks, keep)
+            ref[worker].trim(blocks, keep)
+        assert all(index.blocks_of(w) <= 4 for w in index.workers())
+        assert len(index) == sum(len(r.blocks()) for r in ref.values())
+        probe = chain(*ids)
+        assert index.match(probe) == reference_match({w: r.blocks() for w, r in ref.items()}, probe)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.lists(st.integers(0, 50), max_size=8)), max_size=40))
+def test_global_cap_holds_under_random_inserts(inserts: list[tuple[str, list[int]]]) -> None:
+    index = make_index(cap_tokens=10_000, total=12)
+    for i, (worker, ids) in enumerate(inserts):
+        index.add_worker(worker)
+        index.insert(worker, chain(*ids), now=float(i))
+        assert len(index) <= 12
+        assert index.unique_blocks() <= len(index)
