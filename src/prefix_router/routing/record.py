@@ -1,0 +1,40 @@
+"""Privacy-preserving request records in the Mooncake trace format (hashes only, never text).
+
+One record per request: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
+"hash_ids": [...]}``. ``hash_ids[i]`` identifies the whole prefix of the first ``(i + 1) x record_tokens``
+tokens, as in the Mooncake trace: because the router's block hashes are chained, the hash of the last
+router block inside each record block already identifies that whole prefix. A trailing partial record
+block is named by the last full router block it contains (or the previous id when it contains none).
+"""
+
+from __future__ import annotations
+
+import math
+
+from prefix_router.routing.types import RouteRequest
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+def record_hash_ids(req: RouteRequest, record_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
+    per = max(1, record_tokens // max(1, req.block_tokens))
+    count = math.ceil(req.prompt_tokens / record_tokens) if req.prompt_tokens else 0
+    ids: list[int] = []
+    for i in range(count):
+        last = min((i + 1) * per, len(req.blocks)) - 1
+        if last >= 0:
+            ids.append(req.blocks[last])
+        else:
+            ids.append(req.namespace)
+    return ids
+
+
+def record_line(
+    req: RouteRequest, output_tokens: int, timestamp_ms: int, record_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> dict[str, object]:
+    return {
+        "timestamp": timestamp_ms,
+        "input_length": req.prompt_tokens,
+        "output_length": output_tokens,
+        "hash_ids": record_hash_ids(req, record_tokens),
+    }
