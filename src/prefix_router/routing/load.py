@@ -1,7 +1,8 @@
 """Per-worker load as seen by this router: in-flight requests and the prefill work queued on each.
 
 A request counts as pending prefill (its uncached prompt tokens) from dispatch until its first token,
-and as in flight until it finishes. Engine-reported queue depth and KV usage (scraped) are kept beside,
+and as in flight until it finishes. Other router replicas' in-flight counts (shared state) may be set per
+worker and are added to the snapshot. Engine-reported queue depth and KV usage (scraped) are kept beside,
 with their time, and ignored once stale so that a dead scrape never freezes routing. The table of
 tracked requests is bounded; the oldest entry gives way (and its load is released) when it is full.
 """
@@ -33,6 +34,7 @@ class _Load:
     in_flight: int = 0
     pending_prefill: int = 0
     weight: float = 1.0
+    remote_in_flight: int = 0
 
 
 class LoadTracker:
@@ -95,6 +97,14 @@ class LoadTracker:
         load = self._loads.get(worker)
         return 0 if load is None else load.in_flight
 
+    def set_remote_in_flight(self, worker: str, count: int) -> None:
+        """Requests other router replicas have in flight on ``worker`` (shared state); added to the
+        snapshot's ``in_flight`` but never to ``in_flight()`` (this router's own count). Unknown workers
+        are ignored, so the table stays bounded by the workers."""
+        load = self._loads.get(worker)
+        if load is not None:
+            load.remote_in_flight = max(0, count)
+
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
         load = self._loads.get(worker) or _Load()
         engine = self._engine.get(worker)
@@ -102,7 +112,7 @@ class LoadTracker:
         return WorkerSnapshot(
             name=worker,
             weight=load.weight,
-            in_flight=load.in_flight,
+            in_flight=load.in_flight + load.remote_in_flight,
             pending_prefill_tokens=load.pending_prefill,
             queue_depth=engine.queue_depth if fresh and engine else 0,
             kv_usage=engine.kv_usage if fresh and engine else None,
