@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest clean
+.PHONY: demo test lint typecheck pytest clean llama
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
-pytest: $(STAMP)
+# The real-engine end-to-end test needs llama-cpp-python in its own venv (wheel cached per machine).
+llama:
+	scripts/install-llama-cpp.sh
+
+pytest: $(STAMP) llama
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
