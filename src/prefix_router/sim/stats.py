@@ -1,0 +1,98 @@
+"""Per-policy measurements of a simulated run, and their summary in the ``simulate`` JSON schema."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Columns of finished requests plus per-instance dispatch counts."""
+
+    instances: int
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    prompt: list[int] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    predicted: list[int] = field(default_factory=list)
+    output_tokens: int = 0
+    errors: int = 0
+    first_arrival: float | None = None
+    last_finish: float = 0.0
+    per_instance: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.per_instance = [0] * self.instances
+
+    def arrived(self, now: float) -> None:
+        if self.first_arrival is None:
+            self.first_arrival = now
+
+    def dispatched(self, instance: int) -> None:
+        self.per_instance[instance] += 1
+
+    def finished(
+        self, arrival: float, first: float, end: float, prompt: int, cached: int, predicted: int, out: int
+    ) -> None:
+        self.ttft.append(first - arrival)
+        self.e2e.append(end - arrival)
+        self.prompt.append(prompt)
+        self.cached.append(cached)
+        self.predicted.append(predicted)
+        self.output_tokens += out
+        self.last_finish = max(self.last_finish, end)
+
+    @property
+    def completed(self) -> int:
+        return len(self.ttft)
+
+
+def latency_ms(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+    array = np.asarray(values) * 1000.0
+    p50, p90, p99 = np.percentile(array, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(array.mean())}
+
+
+def imbalance(per_instance: Sequence[int]) -> float:
+    """max / mean requests per instance (1.0 is perfect balance)."""
+    total = sum(per_instance)
+    if not total:
+        return 0.0
+    return max(per_instance) / (total / len(per_instance))
+
+
+def summarize(rec: Recorder) -> dict[str, Any]:
+    """The per-policy entry of the JSON report (schema of issue 4)."""
+    prompt = sum(rec.prompt)
+    cached = sum(rec.cached)
+    span = rec.last_finish - (rec.first_arrival or 0.0)
+    return {
+        "requests": rec.completed,
+        "errors": rec.errors,
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "predicted_hit_rate": sum(rec.predicted) / prompt if prompt else 0.0,
+        "ttft_ms": latency_ms(rec.ttft),
+        "e2e_ms": latency_ms(rec.e2e),
+        "throughput_rps": rec.completed / span if span > 0 else 0.0,
+        "prefill_tokens": prompt - cached,
+        "load_imbalance": imbalance(rec.per_instance),
+    }
+
+
+def details(rec: Recorder, wall_s: float) -> dict[str, Any]:
+    """Extra facts per policy (kept out of the fixed schema)."""
+    span = rec.last_finish - (rec.first_arrival or 0.0)
+    return {
+        "requests_per_instance": list(rec.per_instance),
+        "prompt_tokens": sum(rec.prompt),
+        "cached_tokens": sum(rec.cached),
+        "output_tokens_per_s": rec.output_tokens / span if span > 0 else 0.0,
+        "simulated_span_s": span,
+        "wall_s": wall_s,
+    }

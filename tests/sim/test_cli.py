@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from prefix_router.sim import cli
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="prefix-router")
+    cli.register(root.add_subparsers(dest="command", required=True))
+    return root
+
+
+def small_trace(path: Path) -> Path:
+    rng = random.Random(0)
+    rows = []
+    for i in range(60):
+        ids = [rng.randrange(4) * 100 + b for b in range(3)] + [10_000 + i]
+        rows.append({"timestamp": i * 500, "input_length": 2000, "output_length": 20, "hash_ids": ids})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_simulate_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = small_trace(tmp_path / "t.jsonl")
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = parser().parse_args(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--instances",
+            "3",
+            "--policies",
+            "random,prefix",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ]
+    )
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert report["simulated"] is True and set(report["policies"]) == {"random", "prefix"}
+    assert report["capacity_tokens_per_instance"] == cli.TRACE_DEFAULT_CAPACITY_TOKENS
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "SIMULATED" in printed and "oracle" in printed
+
+
+def test_unknown_policy_is_a_usage_error(tmp_path: Path) -> None:
+    trace = small_trace(tmp_path / "t.jsonl")
+    args = parser().parse_args(["simulate", "--trace", str(trace), "--instances", "2", "--policies", "nope"])
+    assert args.func(args) == 2
+
+
+def test_trace_or_workload_is_required() -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["simulate", "--instances", "2"])
+
+
+def test_engine_sim_options() -> None:
+    args = parser().parse_args(["engine-sim", "--port", "0", "--profile", "cpu-demo", "--time-scale", "0.5"])
+    assert (args.port, args.profile, args.time_scale, args.host) == (0, "cpu-demo", 0.5, "127.0.0.1")
+    assert args.func is cli.run_engine_sim
