@@ -5,11 +5,15 @@ and as in flight until it finishes. Other router replicas' in-flight counts (sha
 worker and are added to the snapshot. Engine-reported queue depth and KV usage (scraped) are kept beside,
 with their time, and ignored once stale so that a dead scrape never freezes routing. The table of
 tracked requests is bounded; the oldest entry gives way (and its load is released) when it is full.
+
+Each worker's ``WorkerSnapshot`` is kept up to date in place, so a decision over hundreds of candidates
+reads them without building anything; policies must treat them as read-only.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefix_router.routing.types import WorkerSnapshot
@@ -23,18 +27,10 @@ class _Tracked:
 
 
 @dataclass(slots=True)
-class _Engine:
-    queue_depth: int
-    kv_usage: float | None
-    at: float
-
-
-@dataclass(slots=True)
-class _Load:
-    in_flight: int = 0
-    pending_prefill: int = 0
-    weight: float = 1.0
-    remote_in_flight: int = 0
+class _Counts:
+    own: int = 0
+    remote: int = 0
+    engine_at: float | None = None
 
 
 class LoadTracker:
@@ -44,24 +40,36 @@ class LoadTracker:
         self.max_tracked = max_tracked
         self.engine_stale_s = engine_stale_s
         self._requests: OrderedDict[str, _Tracked] = OrderedDict()
-        self._loads: dict[str, _Load] = {}
-        self._engine: dict[str, _Engine] = {}
+        self._live: dict[str, WorkerSnapshot] = {}
+        self._counts: dict[str, _Counts] = {}
+        self._next_stale_check = 0.0
+
+    # ------------------------------------------------------------ workers
 
     def add_worker(self, worker: str, weight: float = 1.0) -> None:
-        self._loads.setdefault(worker, _Load()).weight = weight
+        self._live.setdefault(worker, WorkerSnapshot(worker)).weight = weight
+        self._counts.setdefault(worker, _Counts())
 
     def remove_worker(self, worker: str) -> None:
-        self._loads.pop(worker, None)
-        self._engine.pop(worker, None)
+        self._live.pop(worker, None)
+        self._counts.pop(worker, None)
         for rid in [r for r, t in self._requests.items() if t.worker == worker]:
             del self._requests[rid]
+
+    def _ensure(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
+        if worker not in self._live:
+            self.add_worker(worker)
+        return self._live[worker], self._counts[worker]
+
+    # ------------------------------------------------------------ requests
 
     def start(self, request_id: str, worker: str, uncached_tokens: int) -> None:
         if request_id in self._requests:
             self.finish(request_id)
-        load = self._loads.setdefault(worker, _Load())
-        load.in_flight += 1
-        load.pending_prefill += uncached_tokens
+        snap, counts = self._ensure(worker)
+        counts.own += 1
+        snap.in_flight += 1
+        snap.pending_prefill_tokens += uncached_tokens
         self._requests[request_id] = _Tracked(worker, uncached_tokens)
         while len(self._requests) > self.max_tracked:
             self.finish(next(iter(self._requests)))
@@ -76,44 +84,57 @@ class LoadTracker:
         if tracked is None:
             return None
         self._prefill_done(tracked)
-        load = self._loads.get(tracked.worker)
-        if load is not None:
-            load.in_flight -= 1
+        if tracked.worker in self._live:
+            self._counts[tracked.worker].own -= 1
+            self._live[tracked.worker].in_flight -= 1
         return tracked.worker
 
     def _prefill_done(self, tracked: _Tracked) -> None:
-        load = self._loads.get(tracked.worker)
-        if tracked.prefilling and load is not None:
-            load.pending_prefill -= tracked.uncached
+        snap = self._live.get(tracked.worker)
+        if tracked.prefilling and snap is not None:
+            snap.pending_prefill_tokens -= tracked.uncached
         tracked.prefilling = False
 
+    # ------------------------------------------------------------ outside views
+
     def set_engine(self, worker: str, queue_depth: int, kv_usage: float | None, now: float) -> None:
-        self._engine[worker] = _Engine(queue_depth, kv_usage, now)
-
-    def tracked(self) -> int:
-        return len(self._requests)
-
-    def in_flight(self, worker: str) -> int:
-        load = self._loads.get(worker)
-        return 0 if load is None else load.in_flight
+        snap, counts = self._ensure(worker)
+        snap.queue_depth, snap.kv_usage, counts.engine_at = queue_depth, kv_usage, now
 
     def set_remote_in_flight(self, worker: str, count: int) -> None:
         """Requests other router replicas have in flight on ``worker`` (shared state); added to the
         snapshot's ``in_flight`` but never to ``in_flight()`` (this router's own count). Unknown workers
         are ignored, so the table stays bounded by the workers."""
-        load = self._loads.get(worker)
-        if load is not None:
-            load.remote_in_flight = max(0, count)
+        counts = self._counts.get(worker)
+        if counts is None:
+            return
+        count = max(0, count)
+        self._live[worker].in_flight += count - counts.remote
+        counts.remote = count
+
+    # ------------------------------------------------------------ reads
+
+    def tracked(self) -> int:
+        return len(self._requests)
+
+    def in_flight(self, worker: str) -> int:
+        counts = self._counts.get(worker)
+        return 0 if counts is None else counts.own
+
+    def _drop_stale(self, now: float) -> None:
+        if now < self._next_stale_check:
+            return
+        self._next_stale_check = now + min(1.0, self.engine_stale_s)
+        for worker, counts in self._counts.items():
+            if counts.engine_at is not None and now - counts.engine_at > self.engine_stale_s:
+                snap = self._live[worker]
+                snap.queue_depth, snap.kv_usage, counts.engine_at = 0, None, None
+
+    def snapshots(self, workers: Sequence[str], now: float) -> list[WorkerSnapshot]:
+        """The live load of ``workers`` (read-only views; unknown names read as idle)."""
+        self._drop_stale(now)
+        live = self._live
+        return [live.get(w) or WorkerSnapshot(w) for w in workers]
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
-        load = self._loads.get(worker) or _Load()
-        engine = self._engine.get(worker)
-        fresh = engine is not None and now - engine.at <= self.engine_stale_s
-        return WorkerSnapshot(
-            name=worker,
-            weight=load.weight,
-            in_flight=load.in_flight + load.remote_in_flight,
-            pending_prefill_tokens=load.pending_prefill,
-            queue_depth=engine.queue_depth if fresh and engine else 0,
-            kv_usage=engine.kv_usage if fresh and engine else None,
-        )
+        return self.snapshots([worker], now)[0]

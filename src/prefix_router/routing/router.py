@@ -113,7 +113,7 @@ class Router:
             raise ValueError("route needs at least one candidate")
         chosen_policy = self.policies[policy or self.cfg.policy]
         matches = self.index.match(req.blocks)
-        snaps = [self.load.snapshot(name, now) for name in candidates]
+        snaps = self.load.snapshots(candidates, now)
         decision = self._sticky(req, snaps) or chosen_policy.select(
             req, snaps, Context(now, self.rng, matches)
         )

@@ -25,7 +25,7 @@ def make_policy(name: str, cfg: RoutingConfig) -> Policy:
     if name == "power_of_two":
         return PowerOfTwoPolicy()
     if name == "consistent_hash":
-        return ConsistentHashPolicy(cfg.load_factor, cfg.load_slack)
+        return ConsistentHashPolicy(cfg.load_factor, load_slack=0)
     if name == "prefix":
         return PrefixPolicy(
             cfg.load_factor, cfg.load_slack, cfg.queue_penalty_tokens, cfg.in_flight_penalty_tokens

@@ -15,9 +15,10 @@ longer match was passed over for load), ``load_balance`` (no match anywhere).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from prefix_router.routing.policies.base import NoHooks, eligible, pick_min
+from prefix_router.routing.policies.base import NoHooks, load_cap
 from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
 
 
@@ -36,21 +37,31 @@ class PrefixPolicy(NoHooks):
         self.queue_penalty_tokens = queue_penalty_tokens
         self.in_flight_penalty_tokens = in_flight_penalty_tokens
 
-    def cost(self, req: RouteRequest, worker: WorkerSnapshot, matched_blocks: int) -> float:
-        cached = min(matched_blocks * req.block_tokens, req.prompt_tokens)
-        work = (
-            req.prompt_tokens
-            - cached
-            + worker.pending_prefill_tokens
-            + worker.queue_depth * self.queue_penalty_tokens
-            + worker.in_flight * self.in_flight_penalty_tokens
-        )
-        return work / worker.weight
+    def cheapest(
+        self, req: RouteRequest, workers: Sequence[WorkerSnapshot], matches: dict[str, int], cap: float
+    ) -> list[WorkerSnapshot]:
+        """The workers under ``cap`` with the lowest estimated work, in one inlined pass (this runs for
+        every candidate of every request)."""
+        prompt, block, best, tied = req.prompt_tokens, req.block_tokens, math.inf, []
+        queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
+        for w in workers:
+            if w.in_flight + 1 > cap * w.weight:
+                continue
+            uncached = max(0, prompt - matches.get(w.name, 0) * block)
+            work = uncached + w.pending_prefill_tokens + w.queue_depth * queue_penalty
+            cost = (work + w.in_flight * flight_penalty) / w.weight
+            if cost < best:
+                best, tied = cost, [w]
+            elif cost == best:
+                tied.append(w)
+        return tied
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        pool = eligible(workers, self.load_factor, self.load_slack)
-        chosen = pick_min(pool, lambda w: self.cost(req, w, ctx.matches.get(w.name, 0)), ctx.rng)
-        best = max((ctx.matches.get(w.name, 0) for w in workers), default=0)
+        tied = self.cheapest(req, workers, ctx.matches, load_cap(workers, self.load_factor, self.load_slack))
+        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf)
+        chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
+        names = {w.name for w in workers} if ctx.matches else set()
+        best = max((m for n, m in ctx.matches.items() if n in names), default=0)
         return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), best))
 
 
