@@ -118,3 +118,15 @@ def test_summary_is_json_like() -> None:
     summary = router.summary()
     assert summary["index"]["entries"] == 1  # type: ignore[index]
     assert set(summary["workers"]) == {"a", "b", "c"}  # type: ignore[arg-type]
+
+
+def test_baselines_ignore_session_affinity() -> None:
+    router = make_router()
+    req = rr("1", (9,), session="s")
+    d = router.route(req, ["a", "b", "c"], 0)
+    router.dispatched(req, d, 0)
+    picks = {
+        router.route(rr(str(i), (i + 100,), session="s"), ["a", "b", "c"], 1, policy="random").worker
+        for i in range(30)
+    }
+    assert len(picks) > 1

@@ -114,9 +114,8 @@ class Router:
         chosen_policy = self.policies[policy or self.cfg.policy]
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
-        decision = self._sticky(req, snaps) or chosen_policy.select(
-            req, snaps, Context(now, self.rng, matches)
-        )
+        sticky = self._sticky(req, snaps) if chosen_policy.honours_sessions else None
+        decision = sticky or chosen_policy.select(req, snaps, Context(now, self.rng, matches))
         matched = matches.get(decision.worker, 0)
         predicted = min(matched * self.index.block_tokens, req.prompt_tokens)
         return Decision(decision.worker, decision.branch, matched, predicted)

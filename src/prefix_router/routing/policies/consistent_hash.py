@@ -32,6 +32,7 @@ def build_ring(workers: Sequence[tuple[str, float]], replicas: int) -> _Ring:
 
 class ConsistentHashPolicy(NoHooks):
     name = "consistent_hash"
+    honours_sessions = True
 
     def __init__(self, load_factor: float, load_slack: int, replicas: int = 64, max_rings: int = 32) -> None:
         self.load_factor = load_factor

@@ -24,6 +24,7 @@ from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerS
 
 class PrefixPolicy(NoHooks):
     name = "prefix"
+    honours_sessions = True
 
     def __init__(
         self,
