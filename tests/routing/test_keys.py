@@ -146,3 +146,16 @@ def test_tokenizer_mode_blocks_are_token_ids() -> None:
     req = builder.build("chat", chat([{"role": "user", "content": "y" * 30}]), request_id="r")
     assert req.prompt_tokens == len("user\x1f\x1f" + "y" * 30 + "\x1f\x1f\x1e")
     assert len(req.blocks) == req.prompt_tokens // 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(messages_st, st.text(max_size=200), st.sampled_from(["chat", "completions"]))
+def test_incremental_extension_equals_full_rehash(
+    turn: list[dict[str, Any]], reply: str, endpoint: str
+) -> None:
+    builder = KeyBuilder(CFG)
+    body: dict[str, Any] = chat(turn) if endpoint == "chat" else {"model": "m", "prompt": reply[::-1] + "p"}
+    generated = {"role": "assistant", "content": reply} if endpoint == "chat" else {"text": reply}
+    req = builder.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
+    fast = builder.extend(req, endpoint, body, generated)  # type: ignore[arg-type]
+    assert fast == builder.extension(endpoint, body, generated)  # type: ignore[arg-type]

@@ -249,7 +249,33 @@ class KeyBuilder:
             namespace=seed,
             session=session,
             output_tokens_hint=_max_tokens(body),
+            tail=b"" if tokens_mode else data[len(data) - len(data) % self.cfg.block_chars :],
         )
+
+    def extend(
+        self,
+        req: RouteRequest,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        generated: Mapping[str, Any],
+        *,
+        tenant: str | None = None,
+    ) -> tuple[int, ...]:
+        """``extension`` for a request built by ``build``, continuing its chain from its last block
+        instead of rehashing the whole prompt (character blocks, no prefix cap); equal results."""
+        if (
+            self._tokenize is not None
+            or self.cfg.max_prefix_chars is not None
+            or self._tokens_mode(endpoint, body)
+        ):
+            return self.extension(endpoint, body, generated, tenant=tenant)
+        if endpoint == "chat":
+            more = _message_text(generated, len(_messages(body)))
+        else:
+            more = str(generated.get("text") or "")
+        data = req.tail + more.encode("utf-8", "surrogatepass")
+        seed = req.blocks[-1] if req.blocks else req.namespace
+        return req.blocks + chain_blocks(data, self.cfg.block_chars, seed)
 
     def extension(
         self,

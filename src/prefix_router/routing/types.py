@@ -18,7 +18,8 @@ class RouteRequest:
 
     ``blocks`` are chained block hashes of the canonical routing key: ``blocks[i]`` identifies the whole
     prefix made of the first ``i + 1`` blocks (seeded with the namespace), so two requests share their
-    first k blocks exactly when their first k hashes are equal. Only full blocks are listed.
+    first k blocks exactly when their first k hashes are equal. Only full blocks are listed; ``tail``
+    holds the bytes of the trailing partial block, so the key can be extended without rehashing it.
     """
 
     request_id: str
@@ -29,6 +30,7 @@ class RouteRequest:
     namespace: int = 0
     session: str | None = None
     output_tokens_hint: int = 0
+    tail: bytes = b""  # the key's bytes after the last full block (lets extensions continue the chain)
 
 
 @dataclass(slots=True)

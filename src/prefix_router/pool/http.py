@@ -1,0 +1,62 @@
+"""The pool's only network need: bounded GET requests (probes, model lists, metrics pages).
+
+Behind the one-method ``Fetcher`` seam so tests can script engines without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import aiohttp
+
+
+class FetchError(Exception):
+    """The GET did not produce a response (connection refused, timeout, oversize body)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    status: int
+    body: bytes
+
+
+class Fetcher(Protocol):
+    async def get(self, url: str, headers: Mapping[str, str], timeout_s: float, max_bytes: int) -> Fetched:
+        """GET ``url``; raise ``FetchError`` when no complete response of at most ``max_bytes`` came back."""
+        ...
+
+
+class AiohttpFetcher:
+    """``Fetcher`` over one aiohttp session, created on first use (inside the running loop)."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=64, force_close=False)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+        return self._session
+
+    async def get(self, url: str, headers: Mapping[str, str], timeout_s: float, max_bytes: int) -> Fetched:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._get(url, headers, max_bytes)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            raise FetchError(f"{type(exc).__name__}: {exc}"[:200]) from None
+
+    async def _get(self, url: str, headers: Mapping[str, str], max_bytes: int) -> Fetched:
+        async with self._client().get(url, headers=dict(headers), allow_redirects=False) as resp:
+            body = bytearray()
+            async for chunk in resp.content.iter_any():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise FetchError(f"response over {max_bytes} bytes")
+            return Fetched(resp.status, bytes(body))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

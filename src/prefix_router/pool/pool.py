@@ -1,0 +1,137 @@
+"""The set of workers behind the router, kept in step with the routing core's view of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prefix_router.config import WorkerConfig
+from prefix_router.pool.worker import Worker
+from prefix_router.routing.router import Router
+
+HealthListener = Callable[[Worker, bool], None]
+
+
+class PoolError(ValueError):
+    """A pool operation that cannot be done (duplicate name, unknown worker, pool full)."""
+
+
+class WorkerPool:
+    """Workers by name (bounded by ``max_workers``), their availability and in-flight counts.
+
+    Every membership change is mirrored into the ``Router``; a worker ejected by health checks has its
+    index entries purged (the engine probably restarted and lost its cache).
+    """
+
+    def __init__(self, router: Router, max_workers: int, thresholds: tuple[int, int] = (3, 2)) -> None:
+        self._router = router
+        self._max = max_workers
+        self._fail_threshold, self._success_threshold = thresholds
+        self._workers: dict[str, Worker] = {}
+        self._listeners: list[HealthListener] = []
+        self.total_in_flight = 0
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(list(self._workers.values()))
+
+    def get(self, name: str) -> Worker | None:
+        return self._workers.get(name)
+
+    def require(self, name: str) -> Worker:
+        worker = self._workers.get(name)
+        if worker is None:
+            raise PoolError(f"unknown worker {name!r}")
+        return worker
+
+    def on_health_change(self, listener: HealthListener) -> None:
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------------ membership
+
+    def add(self, cfg: WorkerConfig) -> Worker:
+        worker = Worker.from_config(cfg)
+        if worker.name in self._workers:
+            raise PoolError(f"worker {worker.name!r} already exists")
+        if len(self._workers) >= self._max:
+            raise PoolError(f"pool is full ({self._max} workers, limits.max_workers)")
+        self._workers[worker.name] = worker
+        self._router.add_worker(worker.name, capacity_tokens=worker.capacity_tokens, weight=worker.weight)
+        return worker
+
+    def remove(self, name: str) -> Worker:
+        worker = self.require(name)
+        del self._workers[name]
+        self._router.remove_worker(name)
+        return worker
+
+    def drain(self, name: str, draining: bool = True) -> Worker:
+        """A draining worker finishes what it has but gets no new requests."""
+        worker = self.require(name)
+        worker.draining = draining
+        return worker
+
+    # ------------------------------------------------------------------ selection
+
+    def candidates(self, model: str | None, per_worker_cap: int) -> list[str]:
+        """Names of available workers serving ``model`` (any model when None) below the in-flight cap."""
+        return [
+            w.name
+            for w in self._workers.values()
+            if w.available and w.in_flight < per_worker_cap and (model is None or w.serves(model))
+        ]
+
+    def knows_model(self, model: str) -> bool:
+        """Whether any worker, healthy or not, serves ``model``."""
+        return any(w.serves(model) for w in self._workers.values())
+
+    def any_available(self, model: str | None = None) -> bool:
+        return any(w.available and (model is None or w.serves(model)) for w in self._workers.values())
+
+    def models(self) -> list[dict[str, object]]:
+        """The union of the workers' models, as ``/v1/models`` entries (first worker's entry wins)."""
+        seen: dict[str, dict[str, object]] = {}
+        for worker in self._workers.values():
+            for model_id in worker.model_ids():
+                entry = (worker.discovered or {}).get(model_id)
+                seen.setdefault(model_id, dict(entry) if entry else _model_entry(model_id))
+        return list(seen.values())
+
+    # ------------------------------------------------------------------ accounting
+
+    def acquire(self, worker: Worker) -> None:
+        worker.in_flight += 1
+        self.total_in_flight += 1
+
+    def release(self, worker: Worker) -> None:
+        worker.in_flight = max(0, worker.in_flight - 1)
+        self.total_in_flight = max(0, self.total_in_flight - 1)
+
+    # ------------------------------------------------------------------ health
+
+    def report(self, worker: Worker, ok: bool, error: str | None = None) -> bool:
+        """Count one probe (or request) result: eject after ``fail_threshold`` failures in a row, re-admit
+        after ``success_threshold`` successes in a row. Returns whether the verdict changed."""
+        state = worker.health
+        if ok:
+            state.successes, state.failures = state.successes + 1, 0
+            flip = not state.healthy and state.successes >= self._success_threshold
+        else:
+            state.failures, state.successes, state.last_error = state.failures + 1, 0, error
+            flip = state.healthy and state.failures >= self._fail_threshold
+        if flip:
+            self._set_health(worker, not state.healthy)
+        return flip
+
+    def _set_health(self, worker: Worker, healthy: bool) -> None:
+        worker.health.healthy = healthy
+        if not healthy and worker.name in self._workers:
+            self._router.remove_worker(worker.name)  # forget what the engine probably lost
+            self._router.add_worker(worker.name, capacity_tokens=worker.capacity(), weight=worker.weight)
+        for listener in self._listeners:
+            listener(worker, healthy)
+
+
+def _model_entry(model_id: str) -> dict[str, object]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "prefix-router"}

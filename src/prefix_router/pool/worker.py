@@ -1,0 +1,92 @@
+"""The state the router keeps about one engine instance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import SecretStr
+
+from prefix_router.config import WorkerConfig
+from prefix_router.pool.engines.base import EngineAdapter
+
+
+@dataclass(slots=True)
+class HealthState:
+    """Consecutive probe results and the verdict drawn from them."""
+
+    healthy: bool = True
+    failures: int = 0
+    successes: int = 0
+    last_error: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Worker:
+    """One engine behind the router. ``models`` is None until known (then any model is accepted)."""
+
+    name: str
+    url: str
+    weight: float = 1.0
+    engine: str = "auto"
+    api_key: SecretStr | None = None
+    capacity_tokens: int | None = None
+    configured_models: frozenset[str] = frozenset()
+    discovered: dict[str, dict[str, Any]] | None = None
+    adapter: EngineAdapter | None = None
+    health: HealthState = field(default_factory=HealthState)
+    health_path: str | None = None
+    draining: bool = False
+    in_flight: int = 0
+    learned_capacity: int | None = None
+    last_scrape_s: float | None = None
+
+    @classmethod
+    def from_config(cls, cfg: WorkerConfig) -> Worker:
+        return cls(
+            name=cfg.resolved_name(),
+            url=cfg.url,
+            weight=cfg.weight,
+            engine=cfg.engine,
+            api_key=cfg.api_key,
+            capacity_tokens=cfg.capacity_tokens,
+            configured_models=frozenset(cfg.models),
+        )
+
+    def capacity(self) -> int | None:
+        """KV-cache capacity in tokens: configured, else learned from the engine's metrics."""
+        return self.capacity_tokens or self.learned_capacity
+
+    @property
+    def available(self) -> bool:
+        """Healthy and accepting new requests."""
+        return self.health.healthy and not self.draining
+
+    def serves(self, model: str) -> bool:
+        """Configured models win; then discovered ones; a worker with no known list accepts any model."""
+        if self.configured_models:
+            return model in self.configured_models
+        if self.discovered is not None:
+            return model in self.discovered
+        return True
+
+    def model_ids(self) -> list[str]:
+        if self.configured_models:
+            return sorted(self.configured_models)
+        return list(self.discovered or ())
+
+    def public(self) -> dict[str, Any]:
+        """A JSON-able view for the admin API: never the upstream credentials."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "weight": self.weight,
+            "engine": self.adapter.name if self.adapter is not None else self.engine,
+            "models": self.model_ids(),
+            "healthy": self.health.healthy,
+            "draining": self.draining,
+            "in_flight": self.in_flight,
+            "consecutive_failures": self.health.failures,
+            "last_error": self.health.last_error,
+            "has_api_key": self.api_key is not None,
+        }

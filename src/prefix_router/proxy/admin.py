@@ -1,0 +1,103 @@
+"""The admin API under ``/admin``: bearer-token protected, off without a configured token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pydantic
+from aiohttp import web
+
+from prefix_router.config import WorkerConfig, describe
+from prefix_router.pool.pool import PoolError
+from prefix_router.proxy.auth import check_admin
+from prefix_router.proxy.errors import ProxyError, bad_request
+from prefix_router.proxy.handlers import Handler, json_response
+from prefix_router.proxy.state import STATE, AppState
+
+MAX_ADMIN_BODY = 64 * 1024
+
+
+def admin_only(handler: Handler) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            check_admin(request.app[STATE].admin_token, request.headers)
+            return await handler(request)
+        except ProxyError as err:
+            return err.response()
+        except PoolError as err:
+            status = 404 if str(err).startswith("unknown") else 409
+            return ProxyError(
+                status, str(err), code="worker_conflict" if status == 409 else "not_found"
+            ).response()
+
+    return wrapper
+
+
+@admin_only
+async def list_workers(request: web.Request) -> web.StreamResponse:
+    return json_response({"workers": [w.public() for w in request.app[STATE].pool]})
+
+
+@admin_only
+async def add_worker(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    cfg = worker_config(await read_json(request))
+    worker = state.pool.add(cfg)
+    await state.monitor.refresh(worker)
+    return json_response({"worker": worker.public()}, status=201)
+
+
+@admin_only
+async def remove_worker(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    worker = state.pool.remove(request.match_info["name"])
+    state.metrics.forget_worker(worker.name)
+    return json_response({"removed": worker.public()})
+
+
+@admin_only
+async def drain_worker(request: web.Request) -> web.StreamResponse:
+    return set_draining(request.app[STATE], request.match_info["name"], True)
+
+
+@admin_only
+async def undrain_worker(request: web.Request) -> web.StreamResponse:
+    return set_draining(request.app[STATE], request.match_info["name"], False)
+
+
+@admin_only
+async def routing_summary(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    return json_response({"policy": state.config.routing.policy, "summary": state.router.summary()})
+
+
+def set_draining(state: AppState, name: str, draining: bool) -> web.Response:
+    return json_response({"worker": state.pool.drain(name, draining).public()})
+
+
+async def read_json(request: web.Request) -> Any:
+    too_big = request.content_length is not None and request.content_length > MAX_ADMIN_BODY
+    raw = b"" if too_big else await request.read()
+    if too_big or len(raw) > MAX_ADMIN_BODY:
+        raise ProxyError(413, f"admin request body over {MAX_ADMIN_BODY} bytes", code="request_too_large")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"invalid JSON body: {exc}", code="invalid_json") from None
+
+
+def worker_config(data: Any) -> WorkerConfig:
+    try:
+        return WorkerConfig.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise bad_request(describe(exc).removeprefix("invalid config: "), code="invalid_worker") from None
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/workers", list_workers)
+    app.router.add_post("/admin/workers", add_worker)
+    app.router.add_delete("/admin/workers/{name}", remove_worker)
+    app.router.add_post("/admin/workers/{name}/drain", drain_worker)
+    app.router.add_post("/admin/workers/{name}/undrain", undrain_worker)
+    app.router.add_get("/admin/routing", routing_summary)

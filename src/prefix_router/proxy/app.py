@@ -1,0 +1,139 @@
+"""``create_app(config)``: the router as an aiohttp application, everything built per app."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from prefix_router.config import Config, ConfigError
+from prefix_router.pool.http import AiohttpFetcher, Fetcher
+from prefix_router.pool.monitor import PoolMonitor
+from prefix_router.pool.pool import PoolError, WorkerPool
+from prefix_router.pool.worker import Worker
+from prefix_router.proxy import admin, handlers
+from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.h1client import H1Upstream
+from prefix_router.proxy.metrics import ProxyMetrics
+from prefix_router.proxy.record import Recorder
+from prefix_router.proxy.state import STATE, AppState
+from prefix_router.proxy.upstream import AiohttpUpstream, Upstream
+from prefix_router.routing.router import Router
+
+log = logging.getLogger("prefix_router.proxy")
+
+
+def create_app(
+    config: Config,
+    *,
+    upstream: Upstream | None = None,
+    fetcher: Fetcher | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> web.Application:
+    """Build the router app. ``upstream`` and ``fetcher`` replace the network (tests).
+
+    Serve it with ``handler_cancellation=True`` (see ``prefix_router.proxy.server``) so that a client
+    disconnect cancels the upstream request at once.
+    """
+    state = build_state(config, upstream, fetcher, clock, rng or random.Random())
+    app = web.Application(client_max_size=config.limits.max_body_bytes)
+    app[STATE] = state
+    handlers.add_routes(app)
+    admin.add_routes(app)
+    app.on_startup.append(_startup)
+    app.on_cleanup.append(_cleanup)
+    state.pool.on_health_change(_log_health)
+    return app
+
+
+def build_state(
+    config: Config,
+    upstream: Upstream | None,
+    fetcher: Fetcher | None,
+    clock: Callable[[], float],
+    rng: random.Random,
+) -> AppState:
+    router = build_router(config, rng)
+    pool = build_pool(config, router)
+    metrics = ProxyMetrics(pool)
+    return AppState(
+        config=config,
+        router=router,
+        pool=pool,
+        monitor=PoolMonitor(pool, router, fetcher or AiohttpFetcher(), config, clock),
+        metrics=metrics,
+        upstream=upstream or build_upstream(config),
+        client_keys=KeySet(config.auth.api_keys),
+        admin_token=KeySet([config.auth.admin_token] if config.auth.admin_token else []),
+        clock=clock,
+        rng=rng,
+        policies=frozenset(router.policy_names()),
+        recorder=build_recorder(config, clock, metrics),
+    )
+
+
+def build_router(config: Config, rng: random.Random) -> Router:
+    try:
+        return Router(config.routing, rng=random.Random(rng.getrandbits(64)))
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"invalid config: routing: {str(exc).strip(chr(34) + chr(39))}") from None
+
+
+def build_upstream(config: Config) -> Upstream:
+    """The lean HTTP/1.1 client by default (measured faster by ``bench-overhead``), or aiohttp's."""
+    if config.upstream_client == "aiohttp":
+        return AiohttpUpstream(config.timeouts.connect_s, config.limits.max_connections)
+    return H1Upstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
+
+
+def build_pool(config: Config, router: Router) -> WorkerPool:
+    thresholds = (config.health.fail_threshold, config.health.success_threshold)
+    pool = WorkerPool(router, config.limits.max_workers, thresholds)
+    for worker in config.workers:
+        try:
+            pool.add(worker)
+        except PoolError as exc:
+            raise ConfigError(f"invalid config: workers: {exc}") from None
+    return pool
+
+
+def build_recorder(config: Config, clock: Callable[[], float], metrics: ProxyMetrics) -> Recorder | None:
+    if config.record.file is None:
+        return None
+    return Recorder(config.record, clock, metrics.record_dropped.inc)
+
+
+async def _startup(app: web.Application) -> None:
+    state = app[STATE]
+    timeout = state.config.health.timeout_s * 3 + 1
+    try:
+        await asyncio.wait_for(state.monitor.refresh_all(), timeout)
+    except TimeoutError:
+        log.warning("start-up discovery did not finish within %.1fs; continuing", timeout)
+    state.monitor.start()
+    if state.recorder is not None:
+        state.recorder.start()
+
+
+async def _cleanup(app: web.Application) -> None:
+    state = app[STATE]
+    await state.monitor.stop()
+    if state.recorder is not None:
+        await state.recorder.close()
+    if isinstance(state.upstream, AiohttpUpstream | H1Upstream):
+        await state.upstream.close()
+    fetcher = state.monitor.fetcher
+    if isinstance(fetcher, AiohttpFetcher):
+        await fetcher.close()
+
+
+def _log_health(worker: Worker, healthy: bool) -> None:
+    if healthy:
+        log.warning("worker %s re-admitted", worker.name)
+    else:
+        log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)

@@ -1,0 +1,60 @@
+"""Errors the router makes itself, always in the OpenAI error body shape."""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+
+class ProxyError(Exception):
+    """An error answered to the client as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return orjson.dumps({"error": error})
+
+    def response(self) -> web.Response:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return web.Response(
+            status=self.status, body=self.body(), content_type="application/json", headers=headers
+        )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ProxyError:
+    return ProxyError(400, message, param=param, code=code)
+
+
+def unavailable(message: str, retry_after: int) -> ProxyError:
+    return ProxyError(
+        503, message, type="service_unavailable", code="no_healthy_worker", retry_after=retry_after
+    )
+
+
+def overloaded(message: str, retry_after: int) -> ProxyError:
+    return ProxyError(
+        429, message, type="rate_limit_error", code="too_many_requests", retry_after=retry_after
+    )
+
+
+def upstream_failed(message: str, timeout: bool) -> ProxyError:
+    if timeout:
+        return ProxyError(504, message, type="upstream_error", code="upstream_timeout")
+    return ProxyError(502, message, type="upstream_error", code="upstream_unavailable")

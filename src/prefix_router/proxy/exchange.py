@@ -1,0 +1,297 @@
+"""One client request's trip through the router: choose a worker, open the upstream exchange (retrying
+on another worker while nothing has reached the client), then relay the answer and settle the accounts.
+
+Retry rule: a connect failure, a timeout or a 5xx before the first byte is sent to the client is retried
+on the next best worker (excluding those tried), up to ``retries.max_attempts``. A non-streamed body is
+read whole (up to ``limits.max_response_buffer_bytes``) before anything is sent, so it is retryable until
+complete; a stream is committed with its first chunk and never retried: a later failure ends it with an
+SSE error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from prefix_router.pool.worker import Worker
+from prefix_router.proxy import forward
+from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.proxy.errors import ProxyError, overloaded, unavailable, upstream_failed
+from prefix_router.proxy.parse import Parsed
+from prefix_router.proxy.sse import ReplyAccumulator
+from prefix_router.proxy.state import AppState
+from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.routing.types import Decision, Outcome
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream answer ready to relay: the body read so far and whether that is all of it."""
+
+    flight: Flight
+    response: UpstreamResponse
+    prefix: bytes
+    complete: bool
+    stream: bool
+
+
+@dataclass(slots=True)
+class Failed:
+    """Why an attempt failed; ``status`` and ``body`` when the worker answered 5xx."""
+
+    kind: str
+    message: str
+    worker: str
+    status: int | None = None
+    headers: Any = None
+    body: bytes = b""
+
+
+class Exchange:
+    def __init__(
+        self,
+        state: AppState,
+        request: web.Request,
+        raw: bytes,
+        parsed: Parsed | None,
+        model: str | None,
+        policy: str | None,
+    ) -> None:
+        self.state = state
+        self.request = request
+        self.raw = raw
+        self.parsed = parsed
+        self.model = model
+        self.policy = policy
+        self.policy_label = policy or state.config.routing.policy
+        self.started = state.clock()
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + state.config.timeouts.total_s
+
+    async def run(self) -> web.StreamResponse:
+        self.check_model()
+        opened = await self.open()
+        if opened.complete:
+            return await self.send_whole(opened)
+        return await self.send_stream(opened)
+
+    # ------------------------------------------------------------------ choosing
+
+    def check_model(self) -> None:
+        if self.model is not None and not self.state.pool.knows_model(self.model):
+            raise ProxyError(
+                404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
+            )
+
+    def choose(self, excluded: set[str]) -> tuple[Worker, Decision | None] | None:
+        pool, limits = self.state.pool, self.state.config.limits
+        names = [n for n in pool.candidates(self.model, limits.max_in_flight_per_worker) if n not in excluded]
+        if not names:
+            return None
+        if self.parsed is None:
+            return least_loaded([pool.require(n) for n in names], self.state), None
+        decision = self.state.router.route(self.parsed.route, names, self.state.clock(), self.policy)
+        self.state.metrics.branches.inc((self.policy_label, decision.branch))
+        self.state.metrics.predicted.observe(decision.predicted_tokens)
+        return pool.require(decision.worker), decision
+
+    def nobody(self) -> ProxyError:
+        retry_after = self.state.config.limits.retry_after_s
+        if self.state.pool.any_available(self.model):
+            return overloaded("every worker for this model is at its in-flight cap", retry_after)
+        return unavailable("no healthy worker available", retry_after)
+
+    # ------------------------------------------------------------------ opening, with retries
+
+    async def open(self) -> Opened:
+        excluded: set[str] = set()
+        last: Failed | None = None
+        for attempt in range(self.state.config.retries.max_attempts):
+            pick = self.choose(excluded)
+            if pick is None:
+                break
+            excluded.add(pick[0].name)
+            if attempt:
+                self.state.metrics.retries.inc()
+            result = await self.attempt(*pick)
+            if isinstance(result, Opened):
+                return result
+            last = result
+        raise self.give_up(last)
+
+    def give_up(self, last: Failed | None) -> Exception:
+        if last is None:
+            return self.nobody()
+        if last.status is not None:
+            headers = forward.downstream_headers(last.headers, last.worker, None)
+            return UpstreamReply(web.Response(status=last.status, body=last.body, headers=headers))
+        return upstream_failed(
+            f"upstream {last.kind} failure: {last.message}", timeout=last.kind == "timeout"
+        )
+
+    async def attempt(self, worker: Worker, decision: Decision | None) -> Opened | Failed:
+        flight = Flight(self.state, worker, self.parsed, decision, self.policy_label, self.started)
+        response: UpstreamResponse | None = None
+        loop = asyncio.get_running_loop()
+        first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
+        try:
+            async with asyncio.timeout_at(first_byte_at):
+                response = await self.state.upstream.send(self.upstream_request(worker))
+                if response.status >= 500:
+                    return await self.server_error(flight, response)
+                opened = await self.read_prefix(flight, response)
+        except UpstreamError as exc:
+            return self.failed(flight, response, exc.kind, str(exc))
+        except TimeoutError:
+            return self.failed(flight, response, "timeout", "no answer in time")
+        except BaseException:
+            _abort(response)
+            flight.finish(CLIENT_GONE, Outcome(ok=False))
+            raise
+        flight.first_byte()
+        return opened
+
+    def upstream_request(self, worker: Worker) -> UpstreamRequest:
+        headers = forward.upstream_headers(
+            self.request.headers, worker, self.state.config.auth.forward_client_auth
+        )
+        url = forward.upstream_url(worker, self.request.raw_path)
+        return UpstreamRequest(self.request.method, url, headers, self.raw)
+
+    async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
+        if forward.is_event_stream(response.headers):
+            first = await response.next_chunk()
+            return Opened(flight, response, first, complete=not first, stream=True)
+        body, complete = await read_up_to(response, self.state.config.limits.max_response_buffer_bytes)
+        return Opened(flight, response, body, complete=complete, stream=False)
+
+    async def server_error(self, flight: Flight, response: UpstreamResponse) -> Failed:
+        body, complete = await read_up_to(response, 64 * 1024)
+        _finish_reading(response, complete)
+        flight.fail("status", response.status, f"HTTP {response.status}")
+        message = f"HTTP {response.status}"
+        return Failed("status", message, flight.worker.name, response.status, response.headers, body)
+
+    def failed(self, flight: Flight, response: UpstreamResponse | None, kind: str, message: str) -> Failed:
+        _abort(response)
+        flight.fail(kind, 504 if kind == "timeout" else 502, message)
+        return Failed(kind, message, flight.worker.name)
+
+    # ------------------------------------------------------------------ relaying
+
+    def response_headers(self, opened: Opened) -> Any:
+        decision = opened.flight.decision
+        predicted = decision.predicted_tokens if decision is not None else None
+        return forward.downstream_headers(opened.response.headers, opened.flight.worker.name, predicted)
+
+    def reply(self) -> ReplyAccumulator:
+        limits = self.state.config.limits
+        endpoint = self.parsed.endpoint if self.parsed is not None else None
+        return ReplyAccumulator(endpoint, limits.max_generated_chars, limits.max_sse_line_bytes)
+
+    async def send_whole(self, opened: Opened) -> web.StreamResponse:
+        opened.response.release()
+        status = opened.response.status
+        out = web.Response(status=status, body=opened.prefix, headers=self.response_headers(opened))
+        reply = self.reply()
+        try:
+            await out.prepare(self.request)
+            await out.write_eof()
+        except BaseException:
+            opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            raise
+        if self.parsed is not None and 200 <= status < 300:
+            reply.feed_body(opened.prefix)
+        settle(self.state, opened.flight, reply, status, ok=200 <= status < 300)
+        return out
+
+    async def send_stream(self, opened: Opened) -> web.StreamResponse:
+        out = web.StreamResponse(status=opened.response.status, headers=self.response_headers(opened))
+        reply = self.reply()
+        try:
+            await out.prepare(self.request)
+            ok = await self.pump(out, opened, reply)
+            await out.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
+            opened.response.abort()
+            opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return out
+        settle(self.state, opened.flight, reply, opened.response.status, ok=ok)
+        return out
+
+    async def pump(self, out: web.StreamResponse, opened: Opened, reply: ReplyAccumulator) -> bool:
+        """Relay chunks as they come; on an upstream failure end the stream cleanly. Returns success."""
+        chunk, response = opened.prefix, opened.response
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                while chunk:
+                    if opened.stream:
+                        reply.feed(chunk)
+                    await out.write(chunk)
+                    chunk = await response.next_chunk()
+        except (UpstreamError, TimeoutError) as exc:
+            response.abort()
+            kind = "timeout" if isinstance(exc, TimeoutError) else "io"
+            self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
+            await self.end_broken(out, opened, kind)
+            return False
+        response.release()
+        return True
+
+    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: str) -> None:
+        if not opened.stream:  # no way to say it inside a plain body: cut the connection
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            return
+        message = "upstream timed out mid-stream" if kind == "timeout" else "upstream failed mid-stream"
+        await out.write(sse_error(message, f"upstream_{kind}"))
+
+
+class UpstreamReply(Exception):
+    """A complete response to send as is (the last worker's 5xx)."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__("upstream reply")
+        self.response = response
+
+
+def sse_error(message: str, code: str) -> bytes:
+    error = {"message": message, "type": "upstream_error", "param": None, "code": code}
+    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+def least_loaded(workers: list[Worker], state: AppState) -> Worker:
+    """Fewest in flight relative to weight; ties broken at random."""
+    best = min(w.in_flight / w.weight for w in workers)
+    return state.rng.choice([w for w in workers if w.in_flight / w.weight == best])
+
+
+async def read_up_to(response: UpstreamResponse, limit: int) -> tuple[bytes, bool]:
+    """Read until the end or past ``limit`` bytes; returns (data, reached the end)."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.next_chunk()
+        if not chunk:
+            return b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
+def _finish_reading(response: UpstreamResponse, complete: bool) -> None:
+    if complete:
+        response.release()
+    else:
+        response.abort()
+
+
+def _abort(response: UpstreamResponse | None) -> None:
+    if response is not None:
+        response.abort()

@@ -1,0 +1,131 @@
+"""HTTP handlers of the OpenAI-compatible surface. Each one is: admit, parse, then an ``Exchange``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from prefix_router.proxy import parse as parsing
+from prefix_router.proxy.auth import check_client, tenant_of
+from prefix_router.proxy.errors import ProxyError, bad_request, overloaded
+from prefix_router.proxy.exchange import Exchange, UpstreamReply
+from prefix_router.proxy.forward import POLICY_HEADER
+from prefix_router.proxy.state import STATE, AppState
+from prefix_router.routing.keys import Endpoint
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def guarded(handler: Handler) -> Handler:
+    """Turn the router's own errors into OpenAI error responses (and count them)."""
+
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ProxyError as err:
+            request.app[STATE].metrics.rejected.inc((str(err.status),))
+            return err.response()
+        except UpstreamReply as reply:
+            return reply.response
+        except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
+            log.exception("unexpected error on %s %s", request.method, request.path)
+            return ProxyError(
+                500, "internal router error", type="server_error", code="internal_error"
+            ).response()
+
+    return wrapper
+
+
+def admit(state: AppState, request: web.Request) -> None:
+    """Client key check and the global in-flight cap, before reading the body."""
+    check_client(state.client_keys, request.headers)
+    if state.pool.total_in_flight >= state.config.limits.max_in_flight:
+        raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
+
+
+def policy_override(state: AppState, request: web.Request) -> str | None:
+    name = request.headers.get(POLICY_HEADER)
+    if name is None:
+        return None
+    if name not in state.policies:
+        choices = ", ".join(sorted(state.policies))
+        raise bad_request(f"unknown routing policy {name[:64]!r} (one of {choices})", param=POLICY_HEADER)
+    return name
+
+
+async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    state = request.app[STATE]
+    admit(state, request)
+    raw = await parsing.read_body(request, state.config.limits.max_body_bytes)
+    tenant = tenant_of(request.headers) if state.config.routing.isolate_tenants else None
+    session = parsing.session_id(request.headers.get(state.config.session_header))
+    parsed = parsing.parse(endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+    policy = policy_override(state, request)
+    model = parsed.body.get("model")
+    return await Exchange(
+        state, request, raw, parsed, model if isinstance(model, str) else None, policy
+    ).run()
+
+
+@guarded
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await routed(request, "chat")
+
+
+@guarded
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await routed(request, "completions")
+
+
+@guarded
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Any other ``/v1/*`` call goes to a load-balanced worker (serving the body's model, if named)."""
+    state = request.app[STATE]
+    admit(state, request)
+    raw = await parsing.read_body(request, state.config.limits.max_body_bytes)
+    model = parsing.body_model(raw, request.content_type)
+    return await Exchange(state, request, raw, None, model, None).run()
+
+
+@guarded
+async def list_models(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    check_client(state.client_keys, request.headers)
+    return json_response({"object": "list", "data": state.pool.models()})
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    return json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    up = sum(1 for w in state.pool if w.available)
+    if up == 0:
+        return ProxyError(503, "no healthy worker", type="service_unavailable", code="not_ready").response()
+    return json_response({"status": "ready", "workers_available": up})
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(
+        body=request.app[STATE].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_route("*", "/v1/{tail:.+}", passthrough)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,43 @@
+"""Everything one router app owns, built by ``create_app`` and stored on the application."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from prefix_router.config import Config
+from prefix_router.pool.monitor import PoolMonitor
+from prefix_router.pool.pool import WorkerPool
+from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.metrics import ProxyMetrics
+from prefix_router.proxy.record import Recorder
+from prefix_router.proxy.upstream import Upstream
+from prefix_router.routing.router import Router
+
+
+@dataclass(eq=False)
+class AppState:
+    config: Config
+    router: Router
+    pool: WorkerPool
+    monitor: PoolMonitor
+    metrics: ProxyMetrics
+    upstream: Upstream
+    client_keys: KeySet
+    admin_token: KeySet
+    clock: Callable[[], float]
+    rng: random.Random
+    policies: frozenset[str]
+    recorder: Recorder | None = None
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
+
+    def next_id(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+
+STATE = web.AppKey("prefix_router_state", AppState)

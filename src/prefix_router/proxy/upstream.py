@@ -1,0 +1,118 @@
+"""The network seam: one ``Upstream.send`` between the proxy and the engines.
+
+Tests replace it with an in-memory fake; production uses ``AiohttpUpstream``. Responses are read chunk by
+chunk with ``next_chunk`` (``b""`` at the end) and either ``release``-d (fully read) or ``abort``-ed
+(the connection is closed, so the engine sees the disconnect and stops generating).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import aiohttp
+
+FailureKind = Literal["connect", "timeout", "io"]
+
+
+class UpstreamError(Exception):
+    """The exchange with the worker failed. ``kind``: connect (nothing was sent), timeout or io."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: FailureKind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: Mapping[str, str]
+
+    async def next_chunk(self) -> bytes:
+        """The next piece of body as it arrives; ``b""`` at the end. Raises ``UpstreamError``."""
+        ...
+
+    def release(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class Upstream(Protocol):
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        """Send the request and return once the status line and headers arrived."""
+        ...
+
+
+class _AiohttpResponse:
+    __slots__ = ("_resp", "headers", "status")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+        self.headers: Mapping[str, str] = resp.headers
+
+    async def next_chunk(self) -> bytes:
+        try:
+            return await self._resp.content.readany()
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError("io", describe(exc)) from None
+
+    def release(self) -> None:
+        self._resp.release()
+
+    def abort(self) -> None:
+        self._resp.close()
+
+
+class AiohttpUpstream:
+    """``Upstream`` over a pooled aiohttp client session (keep-alive; no decompression, no redirects)."""
+
+    def __init__(self, connect_timeout_s: float, max_connections: int = 0) -> None:
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s
+        )
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                timeout=self._timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        try:
+            resp = await self._client().request(
+                request.method,
+                request.url,
+                data=request.body or None,
+                headers=request.headers,
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise UpstreamError("connect", describe(exc)) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError("io", describe(exc)) from None
+        return _AiohttpResponse(resp)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:300]

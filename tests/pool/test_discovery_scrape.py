@@ -1,0 +1,123 @@
+"""Model discovery (bounded) and metrics scraping into the Router's load view."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from prefix_router.config import ScrapeConfig, WorkerConfig
+from prefix_router.pool.discovery import Discovery, parse_models
+from prefix_router.pool.http import AiohttpFetcher, Fetched, FetchError
+from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.scrape import MetricsScraper
+from prefix_router.routing.config import RoutingConfig
+from prefix_router.routing.router import Router
+
+VLLM_METRICS = """# HELP vllm:num_requests_waiting waiting
+vllm:num_requests_waiting{model_name="m"} 7.0
+vllm:num_requests_running{model_name="m"} 3.0
+vllm:kv_cache_usage_perc{model_name="m"} 0.25
+vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0
+"""
+
+
+def models_body(*ids: str, owner: str = "vllm") -> bytes:
+    return orjson.dumps(
+        {"object": "list", "data": [{"id": i, "object": "model", "owned_by": owner} for i in ids]}
+    )
+
+
+def test_parse_models_is_bounded_and_tolerant() -> None:
+    body = {"data": [{"id": f"m{i}"} for i in range(50)] + [{"id": 3}, "junk"]}
+    assert list(parse_models(body, 10) or {}) == [f"m{i}" for i in range(10)]
+    assert parse_models({"data": "nope"}, 10) is None
+    assert parse_models({"data": [{"id": 3}, "junk", {"id": "ok"}]}, 10) == {"ok": {"id": "ok"}}
+
+
+async def test_discovery_learns_models_and_detects_the_engine(pool: WorkerPool, fetcher: Any) -> None:
+    fetcher.table["http://w1:8000/v1/models"] = Fetched(200, models_body("a", "b"))
+    fetcher.table["http://w1:8000/metrics"] = Fetched(200, VLLM_METRICS.encode())
+    worker = pool.require("w1")
+    await Discovery(fetcher, 1.0, max_models=1, metrics_max_bytes=10_000).discover(worker)
+    assert list(worker.discovered or {}) == ["a"]  # bounded by max_models
+    assert worker.adapter is not None and worker.adapter.name == "vllm"
+
+
+async def test_discovery_failure_keeps_the_previous_list(pool: WorkerPool, fetcher: Any) -> None:
+    worker = pool.require("w1")
+    worker.discovered = {"old": {"id": "old"}}
+    fetcher.table["http://w1:8000/v1/models"] = FetchError("down")
+    await Discovery(fetcher, 1.0, 10, 10_000).discover(worker)
+    assert list(worker.discovered) == ["old"]
+    assert worker.adapter is not None and worker.adapter.name == "generic"
+
+
+async def test_configured_engine_needs_no_detection(router: Router, fetcher: Any) -> None:
+    pool = WorkerPool(router, 4)
+    worker = pool.add(WorkerConfig(url="http://s:1", engine="sglang"))
+    await Discovery(fetcher, 1.0, 10, 10_000).discover(worker)
+    assert worker.adapter is not None and worker.adapter.name == "sglang"
+    assert "http://s:1/metrics" not in fetcher.calls
+
+
+async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: WorkerPool, fetcher: Any) -> None:
+    clock = [100.0]
+    worker = pool.require("w1")
+    fetcher.table["http://w1:8000/metrics"] = Fetched(200, VLLM_METRICS.encode())
+    fetcher.table["http://w1:8000/v1/models"] = Fetched(200, models_body("m"))
+    await Discovery(fetcher, 1.0, 10, 100_000).discover(worker)
+    scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: clock[0])
+    await scraper.scrape_all()
+    snap = router.load.snapshot("w1", 100.0)
+    assert snap.queue_depth == 7 and snap.kv_usage == 0.25
+    assert worker.learned_capacity == 16_000 and router.index.capacity_tokens("w1") == 16_000
+    # the engine stops answering: its last load goes stale and stops counting, routing carries on
+    fetcher.table["http://w1:8000/metrics"] = FetchError("timeout")
+    clock[0] = 100.0 + RoutingConfig().engine_load_stale_s + 1
+    assert await scraper.scrape(worker) is None
+    assert router.load.snapshot("w1", clock[0]).queue_depth == 0
+
+
+async def test_garbage_metrics_do_not_break_the_scrape(
+    pool: WorkerPool, router: Router, fetcher: Any
+) -> None:
+    worker = pool.require("w1")
+    from prefix_router.pool.engines import get_adapter
+
+    worker.adapter = get_adapter("vllm")
+    fetcher.table["http://w1:8000/metrics"] = Fetched(200, b"\x00\xffvllm:num_requests_waiting{ oops\n{{{")
+    scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: 1.0)
+    await scraper.scrape_all()  # must not raise
+    assert router.load.snapshot("w1", 1.0).queue_depth == 0
+
+
+async def test_a_hung_metrics_endpoint_is_bounded_by_its_timeout(fake_engine: Any) -> None:
+    from aiohttp import web
+
+    from prefix_router.proxy.server import start
+
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/metrics", hang)
+    running = await start(app, shutdown_timeout=0.1)
+    fetcher = AiohttpFetcher()
+    try:
+        router = Router(RoutingConfig())
+        pool = WorkerPool(router, 4)
+        worker = pool.add(WorkerConfig(url=running.url, engine="vllm"))
+        from prefix_router.pool.engines import get_adapter
+
+        worker.adapter = get_adapter("vllm")
+        scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(timeout_s=0.2), lambda: 1.0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await scraper.scrape(worker) is None
+        assert loop.time() - started < 5  # bounded by the 0.2 s timeout, not the engine's 30 s
+    finally:
+        await fetcher.close()
+        await running.stop()

@@ -1,0 +1,84 @@
+"""WorkerPool: membership mirrored into the Router, candidates, bounds, in-flight counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefix_router.config import WorkerConfig
+from prefix_router.pool.pool import PoolError, WorkerPool
+from prefix_router.routing.router import Router
+
+
+def test_membership_is_mirrored_into_the_router(pool: WorkerPool, router: Router) -> None:
+    assert sorted(router.workers()) == ["w1", "w2"]
+    pool.add(WorkerConfig(url="http://w3:1", name="w3"))
+    pool.remove("w1")
+    assert sorted(router.workers()) == ["w2", "w3"]
+    assert [w.name for w in pool] == ["w2", "w3"]
+
+
+def test_duplicates_unknowns_and_the_size_bound(router: Router) -> None:
+    pool = WorkerPool(router, max_workers=2)
+    pool.add(WorkerConfig(url="http://a:1"))
+    with pytest.raises(PoolError, match="already"):
+        pool.add(WorkerConfig(url="http://a:1"))
+    pool.add(WorkerConfig(url="http://b:1"))
+    with pytest.raises(PoolError, match="full"):
+        pool.add(WorkerConfig(url="http://c:1"))
+    assert len(pool) == 2
+    with pytest.raises(PoolError, match="unknown"):
+        pool.remove("nope")
+
+
+def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool) -> None:
+    w1, w2 = pool.require("w1"), pool.require("w2")
+    assert pool.candidates("any", 10) == ["w1", "w2"]  # unknown model lists accept anything
+    w1.discovered = {"m1": {"id": "m1"}}
+    assert pool.candidates("m1", 10) == ["w1", "w2"] and pool.candidates("m2", 10) == ["w2"]
+    w2.discovered = {}
+    assert not pool.knows_model("m2") and pool.knows_model("m1")
+    pool.drain("w1")
+    assert pool.candidates("m1", 10) == [] and pool.any_available() is True
+    pool.drain("w1", False)
+    pool.acquire(w1)
+    assert pool.candidates("m1", 1) == [] and pool.candidates("m1", 2) == ["w1"]
+    pool.release(w1)
+    pool.release(w1)  # never below zero
+    assert w1.in_flight == 0 and pool.total_in_flight == 0
+
+
+def test_configured_models_win_over_discovered(router: Router) -> None:
+    pool = WorkerPool(router, max_workers=4)
+    worker = pool.add(WorkerConfig(url="http://a:1", models=["x"]))
+    worker.discovered = {"y": {"id": "y"}}
+    assert worker.serves("x") and not worker.serves("y")
+    assert [m["id"] for m in pool.models()] == ["x"]
+
+
+def test_ejection_after_failures_and_readmission_after_successes(pool: WorkerPool, router: Router) -> None:
+    events: list[tuple[str, bool]] = []
+    pool.on_health_change(lambda w, healthy: events.append((w.name, healthy)))
+    w1 = pool.require("w1")
+    for _ in range(2):
+        assert not pool.report(w1, False, "boom")
+    pool.report(w1, True)  # a success resets the failure run
+    for _ in range(2):
+        pool.report(w1, False, "boom")
+    assert w1.health.healthy
+    assert pool.report(w1, False, "boom") and not w1.health.healthy
+    assert pool.candidates(None, 10) == ["w2"]
+    assert not pool.report(w1, True)
+    assert pool.report(w1, True) and w1.health.healthy
+    assert events == [("w1", False), ("w1", True)]
+
+
+def test_ejection_purges_the_workers_index(pool: WorkerPool, router: Router) -> None:
+    from prefix_router.routing.types import Decision, RouteRequest
+
+    req = RouteRequest("r1", blocks=(1, 2, 3), block_tokens=16, prompt_tokens=48, hash_key=1)
+    router.dispatched(req, Decision("w1", "test"), now=0.0)
+    assert router.index.match(req.blocks).get("w1") == 3
+    for _ in range(3):
+        pool.report(pool.require("w1"), False, "down")
+    assert router.index.match(req.blocks).get("w1", 0) == 0
+    assert "w1" in router.workers()  # still registered, with an empty index

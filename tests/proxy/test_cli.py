@@ -1,0 +1,103 @@
+"""``prefix-router serve`` as a real process: starts, serves the openai client, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import aiohttp
+from openai import AsyncOpenAI
+
+
+async def wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            if proc.returncode is not None:
+                raise AssertionError("the router exited early")
+            try:
+                async with http.get(url + "/ready") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("the router did not become ready")
+
+
+async def run_cli(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prefix_router.proxy",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
+async def test_serve_end_to_end(fake_engine: Any, free_port: Any) -> None:
+    engine = await fake_engine("a", reply="served")
+    port = free_port()
+    proc = await run_cli(
+        "serve",
+        "--worker",
+        f"a={engine.url}",
+        "--port",
+        str(port),
+        "--policy",
+        "round_robin",
+        env={"PREFIX_ROUTER_HEALTH__INTERVAL_S": "0.5"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(url, proc)
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.parse().choices[0].message.content == "served"
+        assert raw.headers["x-prefix-router-worker"] == "a"
+        stream = await client.completions.create(model="m", prompt="x", stream=True)
+        assert "".join([c.choices[0].text async for c in stream]) == "served"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+    assert proc.returncode == 0
+
+
+async def test_bad_config_exits_with_one_line_naming_the_key() -> None:
+    proc = await run_cli(
+        "serve", "--worker", "http://127.0.0.1:9", env={"PREFIX_ROUTER_ROUTING__BLOCK_CHARS": "-5"}
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "routing" in lines[0] and "block_chars" in lines[0]
+
+
+async def test_no_workers_is_refused() -> None:
+    proc = await run_cli("serve")
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and "workers" in err.decode()
+
+
+async def test_print_config_masks_secrets(tmp_path: Any) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("workers: [{url: 'http://a:1', api_key: up-secret}]\nauth: {admin_token: adm-secret}\n")
+    proc = await run_cli(
+        "serve",
+        "--config",
+        str(path),
+        "--print-config",
+        "--set",
+        "routing.load_factor=2",
+        env={"PREFIX_ROUTER_PORT": "9123"},
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    text = out.decode()
+    assert proc.returncode == 0 and "port: 9123" in text and "load_factor: 2" in text
+    assert "secret" not in text and "http://a:1" in text

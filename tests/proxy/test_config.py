@@ -1,0 +1,123 @@
+"""Configuration: YAML < environment < flags, and one-line errors naming the bad key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefix_router.config import ConfigError, load_config
+
+YAML = """
+port: 7000
+host: 0.0.0.0
+workers:
+  - url: http://a:8000/v1/
+    name: a
+    weight: 2
+    models: [m1]
+    engine: vllm
+    api_key: upstream-key
+routing:
+  policy: least_load
+  block_chars: 128
+timeouts: {connect_s: 1.5}
+auth: {admin_token: abcdefgh12}
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "router.yaml"
+    path.write_text(YAML)
+    return path
+
+
+def test_yaml_is_read(config_file: Path) -> None:
+    cfg = load_config(config_file, env={})
+    assert cfg.port == 7000 and cfg.host == "0.0.0.0"
+    worker = cfg.workers[0]
+    assert worker.url == "http://a:8000" and worker.name == "a" and worker.weight == 2
+    assert worker.models == ["m1"] and worker.engine == "vllm"
+    assert worker.api_key is not None and worker.api_key.get_secret_value() == "upstream-key"
+    assert "upstream-key" not in repr(cfg)
+    assert cfg.routing.policy == "least_load" and cfg.routing.block_chars == 128
+    assert cfg.routing.block_tokens == 16  # untouched knobs keep their defaults
+    assert cfg.timeouts.connect_s == 1.5
+
+
+def test_env_overrides_file_and_flags_override_env(config_file: Path) -> None:
+    env = {
+        "PREFIX_ROUTER_PORT": "7100",
+        "PREFIX_ROUTER_ROUTING__POLICY": "random",
+        "PREFIX_ROUTER_ROUTING__LOAD_FACTOR": "1.5",
+        "PREFIX_ROUTER_AUTH__API_KEYS": "k1,k2",
+        "OTHER_VARIABLE": "ignored",
+    }
+    cfg = load_config(config_file, env=env)
+    assert cfg.port == 7100 and cfg.routing.policy == "random" and cfg.routing.load_factor == 1.5
+    assert cfg.routing.block_chars == 128  # the file still counts where nothing overrides it
+    assert [k.get_secret_value() for k in cfg.auth.api_keys] == ["k1", "k2"]
+    cfg = load_config(config_file, env=env, overrides={"port": 7200, "routing.policy": "prefix"})
+    assert cfg.port == 7200 and cfg.routing.policy == "prefix" and cfg.routing.load_factor == 1.5
+
+
+def test_workers_from_env_and_flags_replace_the_file_list(config_file: Path) -> None:
+    cfg = load_config(config_file, env={"PREFIX_ROUTER_WORKERS": "http://x:1, http://y:2"})
+    assert [w.url for w in cfg.workers] == ["http://x:1", "http://y:2"]
+    cfg = load_config(config_file, env={}, overrides={"workers": [{"url": "http://z:3", "name": "z"}]})
+    assert [w.resolved_name() for w in cfg.workers] == ["z"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"port": "eighty"}, "port"),
+        ({"port": 70000}, "port"),
+        ({"routing.block_chars": 0}, "routing"),
+        ({"routing.policy": "nope"}, "routing"),
+        ({"routing.bogus_knob": 1}, "routing"),
+        ({"routing.load_factor": -1}, "routing"),
+        ({"timeouts.connect_s": 0}, "timeouts.connect_s"),
+        ({"limits.max_in_flight": 0}, "limits.max_in_flight"),
+        ({"workers": [{"url": "ftp://nope"}]}, "workers.0.url"),
+        ({"workers": [{"url": "http://a:1", "weight": 0}]}, "workers.0.weight"),
+        ({"workers": [{"url": "http://a:1", "engine": "nonsense"}]}, "workers.0.engine"),
+        ({"workers": [{"url": "http://a:1"}, {"url": "http://a:1/"}]}, "workers"),
+        ({"auth.admin_token": "short"}, "auth.admin_token"),
+        ({"health.path": "health"}, "health.path"),
+        ({"unknown_key": 1}, "unknown_key"),
+    ],
+)
+def test_bad_values_are_refused_with_a_one_line_message(overrides: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={}, overrides=overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"invalid config: {key}:")
+
+
+def test_env_typos_are_refused() -> None:
+    with pytest.raises(ConfigError, match="prot"):
+        load_config(env={"PREFIX_ROUTER_PROT": "9000"})
+
+
+def test_bad_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: [unclosed")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad, env={})
+    bad.write_text("- a list\n- not a mapping\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad, env={})
+
+
+def test_routing_core_refusals_become_config_errors() -> None:
+    from prefix_router.proxy.app import create_app
+    from prefix_router.routing.config import RoutingConfig
+
+    cfg = load_config(env={}).model_copy(update={"routing": RoutingConfig(policy="nope")})
+    with pytest.raises(ConfigError, match="invalid config: routing: unknown policy"):
+        create_app(cfg)

@@ -1,0 +1,54 @@
+"""The pool monitor running inside the app: probes eject and re-admit, scrapes feed the router."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+VLLM = 'vllm:num_requests_waiting{model_name="m"} 9\nvllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
+FAST = {"health.interval_s": 0.05, "health.fail_threshold": 2, "health.success_threshold": 2,
+        "scrape.interval_s": 0.05}  # fmt: skip
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+async def test_probes_eject_and_readmit_while_serving(fake_engine: Any, start_router: Any) -> None:
+    a, b = await fake_engine("a"), await fake_engine("b")
+    router = await start_router(a, b, settings=FAST)
+    worker_a = router.state.pool.require("a")
+    a.b.health_status = 503
+    await until(lambda: not worker_a.health.healthy)
+    client = router.openai()
+    for i in range(6):
+        raw = await client.completions.with_raw_response.create(model="m", prompt=f"p{i}")
+        assert raw.headers["x-prefix-router-worker"] == "b"
+    text = router.state.metrics.render().decode()
+    assert 'prefix_router_worker_healthy{worker="a"} 0.0' in text
+    a.b.health_status = 200
+    await until(lambda: worker_a.health.healthy)
+
+
+async def test_scrapes_feed_engine_load_into_routing(fake_engine: Any, start_router: Any) -> None:
+    engine = await fake_engine("a", metrics_text=VLLM)
+    router = await start_router({"url": engine.url, "name": "a", "engine": "vllm"}, settings=FAST)
+    core = router.state.router
+    clock = router.state.clock
+    await until(lambda: core.load.snapshot("a", clock()).queue_depth == 9)
+    assert core.load.snapshot("a", clock()).kv_usage == 0.5
+
+
+async def test_engine_is_detected_from_metrics(fake_engine: Any, start_router: Any) -> None:
+    engine = await fake_engine("a", metrics_text=VLLM)
+    router = await start_router(engine)
+    worker = router.state.pool.require("a")
+    assert worker.adapter is not None and worker.adapter.name == "vllm"
+    assert orjson.loads(orjson.dumps(worker.public()))["engine"] == "vllm"

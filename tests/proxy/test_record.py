@@ -1,0 +1,55 @@
+"""The trace recorder: Mooncake shape, salted ids, bounded buffer and file size."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import orjson
+
+from prefix_router.config import RecordConfig
+from prefix_router.proxy.record import Recorder
+from prefix_router.routing.types import RouteRequest
+
+
+def route(blocks: int, tokens: int, salt: int = 0) -> RouteRequest:
+    return RouteRequest("r", tuple(range(salt + 1, salt + blocks + 1)), 16, tokens, hash_key=99)
+
+
+def make(tmp_path: Path, drops: list[int], **kw: object) -> Recorder:
+    cfg = RecordConfig(file=str(tmp_path / "t.jsonl"), salt=1, **kw)  # type: ignore[arg-type]
+    return Recorder(cfg, clock=lambda: 0.0, on_drop=lambda: drops.append(1))
+
+
+def test_hash_ids_follow_mooncake_blocks(tmp_path: Path) -> None:
+    rec = make(tmp_path, [])
+    ids = rec.hash_ids(route(blocks=70, tokens=1130))  # 1130 tokens -> 3 ids of 512 tokens
+    assert len(ids) == math.ceil(1130 / 512) == 3
+    assert len(set(ids)) == 3 and all(0 <= i < 2**63 for i in ids)
+    assert rec.hash_ids(route(blocks=70, tokens=1130)) == ids  # deterministic for one salt
+    assert rec.hash_ids(route(blocks=40, tokens=640))[0] == ids[0]  # shared prefix, shared first id
+    assert rec.hash_ids(route(blocks=70, tokens=1130, salt=1000))[0] != ids[0]
+    assert len(rec.hash_ids(route(blocks=0, tokens=5))) == 1  # named by the namespace
+
+
+def test_salt_changes_ids(tmp_path: Path) -> None:
+    a = make(tmp_path, [])
+    b = Recorder(RecordConfig(file=str(tmp_path / "u"), salt=2), lambda: 0.0, lambda: None)
+    assert a.hash_ids(route(10, 160)) != b.hash_ids(route(10, 160))
+
+
+async def test_buffer_and_file_are_bounded(tmp_path: Path) -> None:
+    drops: list[int] = []
+    rec = make(tmp_path, drops, queue_size=3)
+    accepted = [rec.record(route(4, 64), 1) for _ in range(5)]
+    assert accepted == [True, True, True, False, False] and len(drops) == 2
+    await rec.flush()
+    assert len((tmp_path / "t.jsonl").read_bytes().splitlines()) == 3
+
+    small = make(tmp_path, drops, max_bytes=200)  # the file already holds more: nothing more is written
+    assert not small.record(route(4, 64), 1)
+    await small.flush()
+    lines = (tmp_path / "t.jsonl").read_bytes().splitlines()
+    assert len(lines) == 3 and all(
+        set(orjson.loads(x)) == {"timestamp", "input_length", "output_length", "hash_ids"} for x in lines
+    )
