@@ -13,15 +13,18 @@ from collections.abc import Sequence
 
 # module path -> registers these subcommands
 _COMMAND_MODULES = (
-    "prefix_router.proxy.cli",  # serve
+    "prefix_router.proxy.cli",  # serve, bench-overhead
     "prefix_router.sim.cli",  # engine-sim, simulate
-    "prefix_router.bench.cli",  # bench, demo, bench-index, bench-overhead
+    "prefix_router.bench.cli",  # bench, demo, bench-index
     "prefix_router.pool.engines.cli",  # engines
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prefix-router", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="prefix-router",
+        description="A prefix-cache-aware, load-aware, OpenAI-compatible router for self-hosted LLM engines.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMAND_MODULES:
         try:
