@@ -27,7 +27,6 @@ class RoutingConfig:
     load_slack: int = 2
     queue_penalty_tokens: int = 512
     in_flight_penalty_tokens: int = 512
-    min_match_fraction: float = 0.0
     session_affinity: bool = True
     # engine feedback: a report below this fraction of the prediction means the engine evicted earlier
     feedback_tolerance: float = 0.5
