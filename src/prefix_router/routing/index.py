@@ -93,6 +93,8 @@ class PrefixIndex:
         alive = -1
         for depth, block in enumerate(blocks):
             held = holders.get(block, 0) & alive
+            if held == alive:
+                continue
             if depth:
                 for bit in _bits(alive & ~held):
                     result[self._name[bit]] = depth
