@@ -120,6 +120,10 @@ class TimeoutConfig(_Section):
     first_byte_s: float = Field(default=300.0, gt=0)
     total_s: float = Field(default=1800.0, gt=0)
     shutdown_s: float = Field(default=30.0, ge=0)  # on SIGTERM: in-flight requests get this long
+    # client side: a request head must arrive within client_header_s of the connection opening (or of the
+    # previous response: the keep-alive idle limit), and its body within client_body_s (else 408)
+    client_header_s: float = Field(default=60.0, gt=0)
+    client_body_s: float = Field(default=60.0, gt=0)
 
 
 class RetryConfig(_Section):
@@ -167,7 +171,7 @@ class LimitsConfig(_Section):
     max_generated_chars: int = Field(default=256 * 1024, ge=0)
     max_sse_line_bytes: int = Field(default=1024 * 1024, gt=0)
     max_connections: int = Field(default=0, ge=0)  # aiohttp upstream client pool size; 0 = unlimited
-    max_idle_connections: int = Field(default=256, ge=1)  # idle keep-alive connections kept per worker
+    max_idle_connections: int = Field(default=256, ge=1)  # h1 client: idle keep-alive connections per worker
     retry_after_s: int = Field(default=1, ge=0)
 
 
@@ -198,6 +202,26 @@ class RecordConfig(_Section):
     salt: int | None = Field(default=None, ge=0)
 
 
+class StateSettings(_Section):
+    """Shared prefix state between router replicas through Redis (``serve --state URL``); off without url."""
+
+    url: str | None = None
+    replica_id: str | None = None  # default: HOSTNAME (the pod name under Kubernetes)
+    key_prefix: str = Field(default="prefix-router", min_length=1, max_length=128)
+    stream_maxlen: int = Field(default=50_000, gt=0)
+    outbox_capacity: int = Field(default=50_000, gt=0)
+    load_interval_s: float = Field(default=0.5, gt=0)
+    load_ttl_s: float = Field(default=5.0, gt=0)
+    warmup_timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected redis://HOST:PORT/DB")
+        return value
+
+
 class Config(_Section):
     """Everything ``prefix-router serve`` needs."""
 
@@ -212,9 +236,10 @@ class Config(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
+    state: StateSettings = Field(default_factory=StateSettings)
     session_header: str = Field(default="x-session-id", min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    upstream_client: Literal["h1", "aiohttp"] = "h1"
+    upstream_client: Literal["aiohttp", "h1"] = "aiohttp"  # h1: the lean opt-in client
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("workers", mode="before")

@@ -46,8 +46,11 @@ def create_app(
     handlers.add_routes(app)
     admin.add_routes(app)
     app.on_startup.append(_startup)
+    app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
+    _install_shared_state(app, state)
     state.pool.on_health_change(_log_health)
+    state.pool.on_health_change(_ejection_cutter(state))
     return app
 
 
@@ -85,10 +88,11 @@ def build_router(config: Config, rng: random.Random) -> Router:
 
 
 def build_upstream(config: Config) -> Upstream:
-    """The lean HTTP/1.1 client by default (measured faster by ``bench-overhead``), or aiohttp's."""
-    if config.upstream_client == "aiohttp":
-        return AiohttpUpstream(config.timeouts.connect_s, config.limits.max_connections)
-    return H1Upstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
+    """aiohttp's client by default (a well-kept library); the lean ``h1`` client when asked for (less CPU
+    per request, see ``bench-overhead`` and docs/reliability.md)."""
+    if config.upstream_client == "h1":
+        return H1Upstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
+    return AiohttpUpstream(config.timeouts.connect_s, config.limits.max_connections)
 
 
 def build_pool(config: Config, router: Router) -> WorkerPool:
@@ -120,6 +124,23 @@ async def _startup(app: web.Application) -> None:
         state.recorder.start()
 
 
+async def _shutdown(app: web.Application) -> None:
+    """SIGTERM: the listener is closed already; in-flight requests get ``timeouts.shutdown_s`` to finish."""
+    state = app[STATE]
+    state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
+    log.warning("shutting down: draining %d in-flight requests", state.pool.total_in_flight)
+
+
+def _ejection_cutter(state: AppState) -> Callable[[Worker, bool], None]:
+    """When a worker is ejected, requests waiting for its first byte are retried elsewhere at once."""
+
+    def cut(worker: Worker, healthy: bool) -> None:
+        if not healthy:
+            state.deadlines.eject(worker.name, asyncio.get_running_loop().time())
+
+    return cut
+
+
 async def _cleanup(app: web.Application) -> None:
     state = app[STATE]
     await state.monitor.stop()
@@ -137,3 +158,22 @@ def _log_health(worker: Worker, healthy: bool) -> None:
         log.warning("worker %s re-admitted", worker.name)
     else:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
+
+
+def _install_shared_state(app: web.Application, state: AppState) -> None:
+    settings = state.config.state
+    if settings.url is None:
+        return
+    from prefix_router.state import StateConfig
+    from prefix_router.state.wiring import StateCollector, install
+
+    knobs = settings.model_dump(exclude={"url", "replica_id"})
+    slot = install(
+        app,
+        state.router,
+        settings.url,
+        replica_id=settings.replica_id,
+        cfg=StateConfig(**knobs),
+        clock=state.clock,
+    )
+    state.metrics.registry.register(StateCollector(slot))

@@ -26,6 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
     serve.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
     serve.add_argument(
+        "--state",
+        metavar="URL",
+        help="share the prefix view with other replicas through Redis: redis://HOST:PORT/DB",
+    )
+    serve.add_argument(
         "--set",
         action="append",
         default=[],
@@ -51,7 +56,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out[key.strip()] = parse_scalar(value)
     if args.worker:
         out["workers"] = [worker_flag(w) for w in args.worker]
-    flags = {"routing.policy": args.policy, "host": args.host, "port": args.port, "record.file": args.record}
+    flags = {
+        "routing.policy": args.policy,
+        "host": args.host,
+        "port": args.port,
+        "record.file": args.record,
+        "state.url": args.state,
+    }
     out.update({k: v for k, v in flags.items() if v is not None})
     return out
 
@@ -93,5 +104,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.print_config:
         print(effective_yaml(config), end="")
         return 0
-    run(app, config.host, config.port, config.event_loop, config.log_level, config.timeouts.shutdown_s)
+    timeouts = config.timeouts
+    run(
+        app,
+        config.host,
+        config.port,
+        config.event_loop,
+        config.log_level,
+        timeouts.shutdown_s,
+        timeouts.client_header_s,
+    )
     return 0

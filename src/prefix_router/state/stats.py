@@ -1,0 +1,33 @@
+"""Plain counters of the shared state (the proxy maps them to Prometheus metrics)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StateStats:
+    published_changes: int = 0
+    published_entries: int = 0
+    publish_failures: int = 0
+    encode_errors: int = 0
+    received_entries: int = 0
+    applied_changes: int = 0
+    own_entries: int = 0
+    unknown_worker_changes: int = 0
+    decode_errors: int = 0
+    read_failures: int = 0
+    load_failures: int = 0
+    reconnects: int = 0
+    gaps: int = 0
+    warmup_changes: int = 0
+    warmup_seconds: float = 0.0
+    remote_replicas: int = 0
+
+    @property
+    def failures(self) -> int:
+        return self.publish_failures + self.read_failures + self.load_failures
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}

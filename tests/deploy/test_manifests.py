@@ -1,0 +1,196 @@
+"""deploy/kubernetes: schema (the official client's OpenAPI models, unknown fields refused) and
+consistency (selectors, ports, probes, config, Redis URL, RBAC).
+
+kubeconform is not used: it is a Go binary that fetches its JSON schemas from GitHub at run time."""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client import models
+from pydantic import AliasChoices, BaseModel
+
+from prefix_router.config import validate
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+MODELS: dict[tuple[str, str], type[BaseModel]] = {
+    ("v1", "ConfigMap"): models.V1ConfigMap,
+    ("v1", "Service"): models.V1Service,
+    ("v1", "ServiceAccount"): models.V1ServiceAccount,
+    ("apps/v1", "Deployment"): models.V1Deployment,
+    ("policy/v1", "PodDisruptionBudget"): models.V1PodDisruptionBudget,
+    ("rbac.authorization.k8s.io/v1", "Role"): models.V1Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): models.V1RoleBinding,
+}
+
+
+# ------------------------------------------------------------------ schema
+
+
+def json_fields(model: type[BaseModel]) -> dict[str, Any]:
+    out = {}
+    for name, field in model.model_fields.items():
+        alias = field.validation_alias
+        key = str(alias.choices[0]) if isinstance(alias, AliasChoices) else (field.alias or name)
+        out[key] = field.annotation
+    return out
+
+
+def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """(model, "one" | "list" | "dict") inside Optional/List/Dict/Annotated wrappers."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, "one"
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return nested_model(args[0])
+    if origin is list:
+        model, _ = nested_model(args[0])
+        return model, "list"
+    if origin is dict:
+        model, _ = nested_model(args[1])
+        return model, "dict"
+    return None, "one"
+
+
+def unknown_fields(value: Any, model: type[BaseModel], path: str) -> list[str]:
+    if not isinstance(value, dict):
+        return []
+    fields, problems = json_fields(model), []
+    for key, item in value.items():
+        if key not in fields:
+            problems.append(f"{path}.{key}")
+            continue
+        inner, shape = nested_model(fields[key])
+        if inner is None:
+            continue
+        items = item if shape == "list" and isinstance(item, list) else [item]
+        items = list(item.values()) if shape == "dict" and isinstance(item, dict) else items
+        for child in items:
+            problems += unknown_fields(child, inner, f"{path}.{key}")
+    return problems
+
+
+def test_every_document_is_a_valid_object_of_a_known_kind(documents: list[dict[str, Any]]) -> None:
+    assert len(documents) >= 9
+    for doc in documents:
+        model = MODELS[(doc["apiVersion"], doc["kind"])]
+        assert doc["metadata"]["name"]
+        model.from_dict(doc)  # type: ignore[attr-defined]  # types and required fields
+        assert unknown_fields(doc, model, doc["kind"]) == []
+
+
+def test_the_schema_check_catches_mistakes() -> None:
+    bad = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"prots": []}}
+    assert unknown_fields(bad, models.V1Service, "Service") == ["Service.spec.prots"]
+    deployment = {"spec": {"template": {"spec": {"containers": [{"name": "a", "readinesProbe": {}}]}}}}
+    assert unknown_fields(deployment, models.V1Deployment, "D") == [
+        "D.spec.template.spec.containers.readinesProbe"
+    ]
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    on_disk = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == on_disk
+
+
+# ------------------------------------------------------------------ consistency
+
+
+def find(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def pod(deployment: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+def container_ports(deployment: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for c in pod(deployment)["containers"] for p in c.get("ports", [])}
+
+
+def test_deployments_select_their_own_pods(documents: list[dict[str, Any]]) -> None:
+    for doc in (d for d in documents if d["kind"] == "Deployment"):
+        selector = doc["spec"]["selector"]["matchLabels"]
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+
+
+def test_services_reach_a_named_container_port(documents: list[dict[str, Any]]) -> None:
+    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    for service in (d for d in documents if d["kind"] == "Service"):
+        selector = service["spec"]["selector"]
+        targets = [
+            d for d in deployments if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(targets) == 1, service["metadata"]["name"]
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in container_ports(targets[0])
+
+
+def test_router_replicas_probes_and_scrape_annotations(documents: list[dict[str, Any]]) -> None:
+    router = find(documents, "Deployment", "prefix-router")
+    assert router["spec"]["replicas"] >= 2
+    container = pod(router)["containers"][0]
+    ports = container_ports(router)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] in ports
+    notes = router["spec"]["template"]["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics"
+    assert int(notes["prometheus.io/port"]) in ports.values()
+
+
+def config_of(documents: list[dict[str, Any]]) -> Any:
+    return validate(
+        yaml.safe_load(find(documents, "ConfigMap", "prefix-router-config")["data"]["config.yaml"])
+    )
+
+
+def test_the_config_file_is_valid_and_matches_the_pod(documents: list[dict[str, Any]]) -> None:
+    config = config_of(documents)
+    router = find(documents, "Deployment", "prefix-router")
+    assert config.host == "0.0.0.0" and config.port == container_ports(router)["http"]
+    assert len(config.workers) >= 2
+    args = pod(router)["containers"][0]["args"]
+    config_path = args[args.index("--config") + 1]
+    mount = next(m for m in pod(router)["containers"][0]["volumeMounts"] if m["name"] == "config")
+    assert config_path == f"{mount['mountPath']}/config.yaml"
+    volume = next(v for v in pod(router)["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == "prefix-router-config"
+
+
+def test_the_state_url_points_at_the_redis_service(documents: list[dict[str, Any]]) -> None:
+    args = pod(find(documents, "Deployment", "prefix-router"))["containers"][0]["args"]
+    url = args[args.index("--state") + 1]
+    redis = find(documents, "Service", "prefix-router-redis")
+    assert url == f"redis://{redis['metadata']['name']}:{redis['spec']['ports'][0]['port']}/0"
+
+
+def test_the_router_args_parse_with_the_real_cli(documents: list[dict[str, Any]]) -> None:
+    from prefix_router.proxy import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    args = pod(find(documents, "Deployment", "prefix-router"))["containers"][0]["args"]
+    known, unknown = parser.parse_known_args(args)
+    assert unknown == [] and known.command == "serve"
+    assert known.state is not None and known.state.startswith("redis://")
+
+
+def test_the_service_account_may_watch_endpointslices(documents: list[dict[str, Any]]) -> None:
+    router = find(documents, "Deployment", "prefix-router")
+    account = pod(router)["serviceAccountName"]
+    find(documents, "ServiceAccount", account)
+    binding = find(documents, "RoleBinding", "prefix-router-discovery")
+    assert {"kind": "ServiceAccount", "name": account} in binding["subjects"]
+    role = find(documents, "Role", binding["roleRef"]["name"])
+    rule = next(r for r in role["rules"] if "endpointslices" in r["resources"])
+    assert rule["apiGroups"] == ["discovery.k8s.io"] and {"list", "watch"} <= set(rule["verbs"])
