@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from prefix_router.pool.engines.registry import ENGINE_NAMES, normalize
 from prefix_router.routing.config import RoutingConfig
@@ -222,6 +222,86 @@ class StateSettings(_Section):
         return value
 
 
+class DiscoveredWorkerConfig(_Section):
+    """What every discovered worker gets: the fields of a ``workers:`` entry but url and name (discovered
+    workers are named ``host:port``, the same on every replica)."""
+
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    models: list[str] = Field(default_factory=list, max_length=1024)
+    engine: str = "auto"
+    api_key: SecretStr | None = None
+    capacity_tokens: int | None = Field(default=None, gt=0)
+
+    _split_models = field_validator("models", mode="before")(_split_list)
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str) -> str:
+        return WorkerConfig._check_engine(value)
+
+
+_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]{0,252})$|^[0-9a-fA-F:.]+$")
+
+
+class DiscoverySettings(_Section):
+    """Workers found at run time, added to the static ``workers`` (off without ``kind``).
+    ``kubernetes``: the serving endpoints of the EndpointSlices of Service ``service`` in ``namespace``;
+    ``dns``: every address ``service`` resolves to, on ``port``, every ``interval_s``."""
+
+    kind: Literal["kubernetes", "dns"] | None = None
+    service: str | None = None  # the Service (kubernetes) or the name to resolve (dns)
+    namespace: str | None = None  # kubernetes; default: the pod's own namespace, else "default"
+    port: int | None = Field(default=None, ge=1, le=65535)  # dns (required)
+    port_name: str | None = Field(default=None, min_length=1, max_length=63)  # kubernetes; default: first TCP
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(default=10.0, gt=0)  # dns: resolve this often
+    timeout_s: float = Field(default=5.0, gt=0)  # dns: one lookup
+    in_cluster: bool | None = None  # kubernetes: service account (true), ~/.kube/config (false), either
+    watch_timeout_s: int = Field(default=60, ge=1, le=3600)  # kubernetes: server-side watch length
+    max_slices: int = Field(default=64, ge=1, le=10_000)  # kubernetes: EndpointSlices tracked
+    startup_wait_s: float = Field(default=5.0, ge=0)  # start-up waits this long for the first answer
+    worker: DiscoveredWorkerConfig = Field(default_factory=DiscoveredWorkerConfig)
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> DiscoverySettings:
+        problem = discovery_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+def discovery_problem(d: DiscoverySettings) -> str | None:
+    """What is wrong with a discovery section, naming the key; None when fine."""
+    if d.kind is None:
+        return None
+    if d.service is None:
+        return f"service: required with kind {d.kind}"
+    if d.kind == "dns":
+        return _dns_problem(d)
+    return _kubernetes_problem(d)
+
+
+def _dns_problem(d: DiscoverySettings) -> str | None:
+    if not _HOST_RE.match(d.service or ""):
+        return f"service: not a DNS name: {d.service!r}"
+    if d.port is None:
+        return "port: required with kind dns"
+    if d.port_name is not None or d.namespace is not None:
+        return "port_name, namespace: only with kind kubernetes (dns: service and port)"
+    return None
+
+
+def _kubernetes_problem(d: DiscoverySettings) -> str | None:
+    if not _K8S_NAME_RE.match(d.service or ""):
+        return f"service: not a Kubernetes Service name: {d.service!r}"
+    if d.namespace is not None and not _K8S_NAME_RE.match(d.namespace):
+        return f"namespace: not a Kubernetes namespace: {d.namespace!r}"
+    if d.port is not None:
+        return "port: only with kind dns (kubernetes reads ports from the EndpointSlices: use port_name)"
+    return None
+
+
 class Config(_Section):
     """Everything ``prefix-router serve`` needs."""
 
@@ -237,6 +317,7 @@ class Config(_Section):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
     state: StateSettings = Field(default_factory=StateSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     session_header: str = Field(default="x-session-id", min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     upstream_client: Literal["aiohttp", "h1"] = "aiohttp"  # h1: the lean opt-in client

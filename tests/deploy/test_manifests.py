@@ -158,13 +158,22 @@ def test_the_config_file_is_valid_and_matches_the_pod(documents: list[dict[str, 
     config = config_of(documents)
     router = find(documents, "Deployment", "prefix-router")
     assert config.host == "0.0.0.0" and config.port == container_ports(router)["http"]
-    assert len(config.workers) >= 2
+    assert config.workers or config.discovery.kind is not None
     args = pod(router)["containers"][0]["args"]
     config_path = args[args.index("--config") + 1]
     mount = next(m for m in pod(router)["containers"][0]["volumeMounts"] if m["name"] == "config")
     assert config_path == f"{mount['mountPath']}/config.yaml"
     volume = next(v for v in pod(router)["volumes"] if v["name"] == "config")
     assert volume["configMap"]["name"] == "prefix-router-config"
+
+
+def test_kubernetes_discovery_runs_under_the_service_account(documents: list[dict[str, Any]]) -> None:
+    discovery = config_of(documents).discovery
+    assert discovery.kind == "kubernetes" and discovery.service and discovery.namespace is None
+    spec = pod(find(documents, "Deployment", "prefix-router"))
+    assert spec["serviceAccountName"] and spec.get("automountServiceAccountToken", True)
+    # the namespace comes from the service account; the Role lives in that same namespace
+    assert "namespace" not in find(documents, "Role", "prefix-router-discovery")["metadata"]
 
 
 def test_the_state_url_points_at_the_redis_service(documents: list[dict[str, Any]]) -> None:

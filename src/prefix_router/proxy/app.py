@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -49,6 +49,7 @@ def create_app(
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
     _install_shared_state(app, state)
+    _install_discovery(app, state)
     state.pool.on_health_change(_log_health)
     state.pool.on_health_change(_ejection_cutter(state))
     return app
@@ -128,7 +129,7 @@ async def _shutdown(app: web.Application) -> None:
     """SIGTERM: the listener is closed already; in-flight requests get ``timeouts.shutdown_s`` to finish."""
     state = app[STATE]
     state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
-    log.warning("shutting down: draining %d in-flight requests", state.pool.total_in_flight)
+    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight)
 
 
 def _ejection_cutter(state: AppState) -> Callable[[Worker, bool], None]:
@@ -177,3 +178,22 @@ def _install_shared_state(app: web.Application, state: AppState) -> None:
         clock=state.clock,
     )
     state.metrics.registry.register(StateCollector(slot))
+
+
+def _install_discovery(app: web.Application, state: AppState) -> None:
+    """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the shared state's
+    warm-up knows the workers) and stops first on cleanup (before the monitor's fetcher closes)."""
+    settings = state.config.discovery
+    if settings.kind is None:
+        return
+    from prefix_router.pool.worker_discovery.wiring import DiscoveryCollector, WorkerDiscovery
+
+    found = WorkerDiscovery(settings, state.pool, state.config.limits.max_workers, state.monitor.refresh)
+
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
+        await found.start()
+        yield
+        await found.stop()
+
+    app.cleanup_ctx.append(lifetime)
+    state.metrics.registry.register(DiscoveryCollector(found))

@@ -31,6 +31,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="share the prefix view with other replicas through Redis: redis://HOST:PORT/DB",
     )
     serve.add_argument(
+        "--discover-dns", metavar="NAME:PORT", help="workers: every address NAME resolves to (re-resolved)"
+    )
+    serve.add_argument(
+        "--discover-k8s-service",
+        metavar="[NAMESPACE/]NAME",
+        help="workers: the ready endpoints of this Kubernetes Service (watched)",
+    )
+    serve.add_argument(
         "--set",
         action="append",
         default=[],
@@ -64,7 +72,24 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "state.url": args.state,
     }
     out.update({k: v for k, v in flags.items() if v is not None})
+    out.update(discovery_flags(args))
     return out
+
+
+def discovery_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``--discover-dns NAME:PORT`` / ``--discover-k8s-service [NAMESPACE/]NAME`` as ``discovery.*`` keys."""
+    if args.discover_dns and args.discover_k8s_service:
+        raise ConfigError("invalid config: --discover-dns and --discover-k8s-service: choose one")
+    if args.discover_dns:
+        name, sep, port = args.discover_dns.rpartition(":")
+        if not sep or not name or not port.isdigit():
+            raise ConfigError(f"invalid config: --discover-dns {args.discover_dns!r}: expected NAME:PORT")
+        return {"discovery.kind": "dns", "discovery.service": name, "discovery.port": int(port)}
+    if args.discover_k8s_service:
+        namespace, _, service = args.discover_k8s_service.rpartition("/")
+        out = {"discovery.kind": "kubernetes", "discovery.service": service}
+        return out | ({"discovery.namespace": namespace} if namespace else {})
+    return {}
 
 
 def worker_flag(value: str) -> dict[str, str]:
@@ -77,9 +102,10 @@ def worker_flag(value: str) -> dict[str, str]:
 
 def build_config(args: argparse.Namespace) -> Config:
     config = load_config(args.config, os.environ, overrides(args))
-    if not config.workers:
+    if not config.workers and config.discovery.kind is None:
         raise ConfigError(
-            "invalid config: workers: none given (use --worker URL or 'workers:' in the config file)"
+            "invalid config: workers: none given (use --worker URL, 'workers:' in the config file, or"
+            " 'discovery:' / --discover-dns / --discover-k8s-service)"
         )
     return config
 

@@ -42,6 +42,13 @@ class PoolSink:
             self._tasks.add(task)  # at most one per worker added, gone once done
             task.add_done_callback(self._tasks.discard)
 
+    async def close(self) -> None:
+        """Cancel the ``on_added`` hooks still running (before the pool's monitor goes away)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def on_remove(self, url: str) -> None:
         name = WorkerConfig(**{**self.template, "url": url}).resolved_name()
         try:
