@@ -1,0 +1,86 @@
+"""PNG plots of a benchmark: TTFT CDF per policy, hit rate per policy, requests per worker.
+
+Every title says whether the engines were simulated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _suffix(simulated: bool) -> str:
+    return " (simulated engines)" if simulated else " (real engines)"
+
+
+def ttft_cdf(ttfts_s: Mapping[str, Sequence[float]], path: Path, simulated: bool) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, values in ttfts_s.items():
+        ordered = sorted(v * 1000.0 for v in values)
+        if ordered:
+            ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            ax.step(ordered, ys, where="post", label=name)
+    ax.set_xscale("log")
+    ax.set(
+        xlabel="TTFT (ms, log scale)", ylabel="fraction of requests", title="TTFT CDF" + _suffix(simulated)
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def hit_rates(policies: Mapping[str, Mapping[str, Any]], path: Path, simulated: bool) -> Path:
+    names = list(policies)
+    values = [(policies[n].get("hit_rate") or 0.0) * 100 for n in names]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bars = ax.bar(names, values, color="tab:blue")
+    ax.bar_label(bars, fmt="%.1f%%")
+    ax.set(ylabel="engine-reported prefix hit rate (%)", ylim=(0, 100), title="Hit rate" + _suffix(simulated))
+    return _save(fig, path)
+
+
+def requests_per_worker(policies: Mapping[str, Mapping[str, Any]], path: Path, simulated: bool) -> Path:
+    names = list(policies)
+    workers = sorted({w for n in names for w in policies[n].get("requests_per_worker", {})})
+    fig, ax = plt.subplots(figsize=(max(6, len(names) * 1.6), 4))
+    width = 0.8 / max(1, len(workers))
+    for i, worker in enumerate(workers):
+        xs = [p + i * width for p in range(len(names))]
+        ax.bar(
+            xs,
+            [policies[n].get("requests_per_worker", {}).get(worker, 0) for n in names],
+            width,
+            label=worker,
+        )
+    ax.set_xticks([p + 0.4 - width / 2 for p in range(len(names))], names)
+    ax.set(ylabel="requests", title="Requests per worker" + _suffix(simulated))
+    if workers:
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def write_all(
+    document: Mapping[str, Any], ttfts_s: Mapping[str, Sequence[float]], directory: Path
+) -> list[Path]:
+    """The three plots under ``directory`` (created)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    simulated = bool(document.get("simulated"))
+    policies = document["policies"]
+    return [
+        ttft_cdf(ttfts_s, directory / "ttft_cdf.png", simulated),
+        hit_rates(policies, directory / "hit_rate.png", simulated),
+        requests_per_worker(policies, directory / "requests_per_worker.png", simulated),
+    ]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

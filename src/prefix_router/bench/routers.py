@@ -1,0 +1,44 @@
+"""The router under test: prefix-router started in-process per policy, or any external router by URL."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from prefix_router.config import Config, validate
+
+
+def router_config(workers: Sequence[str], policy: str, routing: Mapping[str, Any] | None = None) -> Config:
+    """A loopback router config over ``workers`` with ``policy`` and extra routing knobs."""
+    knobs = {**(routing or {}), "policy": policy}
+    return validate(
+        {"host": "127.0.0.1", "port": 0, "workers": list(workers), "routing": knobs, "log_level": "warning"}
+    )
+
+
+@contextlib.asynccontextmanager
+async def in_process(
+    workers: Sequence[str], policy: str, routing: Mapping[str, Any] | None = None
+) -> AsyncIterator[str]:
+    """prefix-router with a fresh state on a free loopback port of this process; yields its base URL."""
+    from prefix_router.proxy.app import create_app
+    from prefix_router.proxy.server import start
+
+    running = await start(create_app(router_config(workers, policy, routing)), "127.0.0.1", 0)
+    try:
+        yield running.url
+    finally:
+        await running.stop()
+
+
+def preload() -> None:
+    """Import the proxy now, so that its import time does not fall into the first policy's run."""
+    import prefix_router.proxy.app
+    import prefix_router.proxy.server  # noqa: F401
+
+
+@contextlib.asynccontextmanager
+async def external(url: str) -> AsyncIterator[str]:
+    """A router already running elsewhere (peers, or prefix-router started by hand)."""
+    yield url.rstrip("/")

@@ -1,0 +1,166 @@
+"""The benchmark's view of the engines: detection, fair cache reset, and counters from ``/metrics``.
+
+Fair warm reset: before each policy every worker's prefix cache is emptied with the engine's own flush
+call (vLLM and the simulated engine ``POST /reset_prefix_cache``, SGLang ``POST /flush_cache``), so every
+policy starts from the same cache state. Engines without one (llama.cpp, TGI) are reported: restart them
+between policies (``demo`` does) or accept that later policies start warm.
+
+Per-worker request counts come from the router's ``x-prefix-router-worker`` header; routers that do not
+send it (peers) are measured from the engines' counters (``vllm:request_success_total``) instead, and when
+an engine has no request counter, load balance is judged by the prompt tokens each engine was sent
+(``vllm:prefix_cache_queries``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from prefix_router.pool.engines import promtext
+from prefix_router.pool.engines.registry import detect, get_adapter
+
+REQUEST_COUNTERS = promtext.counter_names("vllm:request_success")
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+SIM_MARKERS = ("prefix-router-sim", "prefix_router_sim", "simulated")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    url: str
+    engine: str
+    simulated: bool
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Cumulative counters of one worker (None where the engine does not expose them)."""
+
+    requests: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+
+
+async def _get_text(session: aiohttp.ClientSession, url: str) -> str | None:
+    try:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                return None
+            return (await resp.content.read(MAX_METRICS_BYTES)).decode("utf-8", "replace")
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+    text = await _get_text(session, url)
+    if text is None:
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _session(timeout_s: float = 10.0) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+async def describe(url: str) -> WorkerInfo:
+    """Which engine serves ``url`` and whether it is a simulated one."""
+    async with _session() as session:
+        metrics = await _get_text(session, f"{url}/metrics")
+        models = await _get_json(session, f"{url}/v1/models")
+    blob = f"{metrics or ''} {models or ''}".lower()
+    return WorkerInfo(url, detect(metrics, models), any(m in blob for m in SIM_MARKERS), first_model(models))
+
+
+def first_model(models: dict[str, Any] | None) -> str | None:
+    """The id of the first model a ``/v1/models`` body lists."""
+    data = (models or {}).get("data")
+    if isinstance(data, list) and data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str):
+        return str(data[0]["id"])
+    return None
+
+
+async def describe_all(urls: Sequence[str]) -> list[WorkerInfo]:
+    return list(await asyncio.gather(*(describe(u) for u in urls)))
+
+
+async def reset(info: WorkerInfo) -> bool:
+    """Empty the worker's prefix cache; False when its engine has no flush call or it failed."""
+    flush = get_adapter(info.engine).flush_request()
+    paths = [flush.path] if flush else []
+    if info.engine == "generic":
+        paths = ["/reset_prefix_cache", "/flush_cache"]
+    async with _session() as session:
+        for path in paths:
+            if await _post_ok(session, f"{info.url}{path}", flush.method if flush else "POST"):
+                return True
+    return False
+
+
+async def _post_ok(session: aiohttp.ClientSession, url: str, method: str) -> bool:
+    try:
+        async with session.request(method, url) as resp:
+            return 200 <= resp.status < 300
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def reset_all(infos: Sequence[WorkerInfo]) -> dict[str, bool]:
+    results = await asyncio.gather(*(reset(i) for i in infos))
+    return {i.url: ok for i, ok in zip(infos, results, strict=True)}
+
+
+async def counters(info: WorkerInfo) -> Counters:
+    async with _session() as session:
+        text = await _get_text(session, f"{info.url}/metrics")
+    if text is None:
+        return Counters()
+    load = get_adapter(info.engine).parse_metrics(text)
+    samples = promtext.parse(text, frozenset(REQUEST_COUNTERS))
+    requests = sum(s.value for s in samples) if samples else None
+    return Counters(requests, load.prefix_cache_queries, load.prefix_cache_hits)
+
+
+async def counters_all(infos: Sequence[WorkerInfo]) -> dict[str, Counters]:
+    results = await asyncio.gather(*(counters(i) for i in infos))
+    return {i.url: c for i, c in zip(infos, results, strict=True)}
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else max(0.0, after - before)
+
+
+def requests_delta(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> dict[str, int] | None:
+    """Requests each worker served between two scrapes; None unless every worker exposes the counter."""
+    deltas = {url: _delta(after[url].requests, before[url].requests) for url in after}
+    if any(d is None for d in deltas.values()):
+        return None
+    return {url: round(d or 0.0) for url, d in deltas.items()}
+
+
+def prompt_tokens_delta(
+    before: Mapping[str, Counters], after: Mapping[str, Counters]
+) -> dict[str, int] | None:
+    """Prompt tokens each worker was asked to prefill (prefix-cache queries) between two scrapes."""
+    deltas = {url: _delta(after[url].prefix_queries, before[url].prefix_queries) for url in after}
+    if any(d is None for d in deltas.values()):
+        return None
+    return {url: round(d or 0.0) for url, d in deltas.items()}
+
+
+def engine_hit_rate(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> float | None:
+    """Prefix-cache hits / queries summed over workers between two scrapes (engine metrics)."""
+    queries = [_delta(after[u].prefix_queries, before[u].prefix_queries) for u in after]
+    hits = [_delta(after[u].prefix_hits, before[u].prefix_hits) for u in after]
+    if any(q is None for q in queries) or any(h is None for h in hits):
+        return None
+    total = sum(q or 0.0 for q in queries)
+    return round(sum(h or 0.0 for h in hits) / total, 4) if total else None
