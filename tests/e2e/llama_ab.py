@@ -1,6 +1,6 @@
 """Routing policies A/B on real llama.cpp instances: same request sequence, engine-side cache reuse and TTFT.
 
-Run as a benchmark (prints the table for docs/benchmarks-llama.md):
+Run as a benchmark (prints the table for docs/benchmarks.md (Real engines)):
     .venv/bin/python tests/e2e/llama_ab.py --instances 3 --prompts 6 --rounds 4 --seeds 3
 
 The engines are llama-cpp-python 0.3.36 servers with SmolLM2-135M-Instruct Q4_1 (``prefix-router engines

@@ -75,7 +75,7 @@ class DemoSetting:
 
 SIM_SETTING = DemoSetting(requests=300, arrivals=Arrivals("poisson", rate=10.0), workloads=_SIM_WORKLOADS)
 # real llama.cpp on CPU: two requests in flight at a time, small prompts, and a RAM prompt cache of about
-# four prompt states per engine (memory pressure, as in docs/benchmarks-llama.md)
+# four prompt states per engine (memory pressure, as in docs/benchmarks.md (Real engines))
 LLAMA_SETTING = DemoSetting(
     requests=48, arrivals=Arrivals("closed", concurrency=2), workloads=_LLAMA_WORKLOADS, timeout_s=300.0
 )
