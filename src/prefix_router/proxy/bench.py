@@ -1,6 +1,7 @@
 """``prefix-router bench-overhead``: what the router adds next to an engine that answers at once.
 
-One run starts an instant worker and one router per event loop (uvloop and plain asyncio) as separate
+One run starts an instant worker and one router per upstream client (aiohttp's, the default, and the lean
+``h1`` one) and event loop (uvloop by default; ``--loops uvloop,asyncio`` compares loops too) as separate
 processes, then measures, round after round and side by side with a direct connection to the worker:
 added latency (p50/p99, one request at a time), non-streaming throughput and streams per second (at a
 fixed concurrency). Throughput figures are also given as ratios to the direct connection.
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best round is reported")
     p.add_argument("--prompt-chars", type=int, default=2_000, help="size of the chat prompt sent")
     p.add_argument("--stream-chunks", type=int, default=8, help="SSE events per streamed answer")
-    p.add_argument("--loops", default="uvloop,asyncio", help="router event loops to compare")
+    p.add_argument("--loops", default="uvloop", help="router event loops to compare (uvloop,asyncio)")
+    p.add_argument("--clients", default="aiohttp,h1", help="router upstream clients to compare")
     p.set_defaults(func=run_bench)
 
 
@@ -156,7 +158,7 @@ async def measure(port: int, pid: int, plan: Plan, tick: Callable[[], None]) -> 
 
 async def bench(args: argparse.Namespace, console: Console) -> dict[str, Figures]:
     worker_port = free_port()
-    loops = [name.strip() for name in args.loops.split(",") if name.strip()]
+    loops, clients = names(args.loops), names(args.clients)
     plan = Plan(
         latency=bodies(args.latency_requests, args.prompt_chars, False),
         plain=bodies(args.requests, args.prompt_chars, False),
@@ -166,20 +168,27 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Figures
     with processes() as spawn:
         worker = ["-m", "prefix_router.proxy.instant_worker", "--port", str(worker_port)]
         plan.targets["direct"] = (worker_port, spawn([*worker, "--chunks", str(args.stream_chunks)]))
-        for name in loops:
-            port = free_port()
-            plan.targets[f"router ({name})"] = (port, spawn(router_argv(worker_port, port, name)))
+        for loop in loops:
+            for client in clients:
+                port = free_port()
+                argv = router_argv(worker_port, port, loop, client)
+                plan.targets[f"router ({client}, {loop})"] = (port, spawn(argv))
         for port, _ in plan.targets.values():
             await wait_listening(port)
         return await rounds(plan, args.rounds, console)
 
 
-def router_argv(worker_port: int, port: int, loop: str) -> list[str]:
+def names(csv: str) -> list[str]:
+    return [name.strip() for name in csv.split(",") if name.strip()]
+
+
+def router_argv(worker_port: int, port: int, loop: str, client: str = "aiohttp") -> list[str]:
     return [
         "-m", "prefix_router.proxy", "serve",
         "--worker", f"http://127.0.0.1:{worker_port}",
         "--port", str(port),
         "--set", f"event_loop={loop}",
+        "--set", f"upstream_client={client}",
         "--set", "log_level=warning",
     ]  # fmt: skip
 
@@ -219,7 +228,7 @@ def report(results: dict[str, Figures], args: argparse.Namespace, console: Conso
         f"concurrency {args.concurrency}, {os.cpu_count()} CPUs, best of {args.rounds} rounds"
     )
     for column in COLUMNS:
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=column == "target")
     for name, figures in results.items():
         table.add_row(*row(name, figures, results["direct"]))
     console.print(table)

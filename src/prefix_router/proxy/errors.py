@@ -48,6 +48,16 @@ def unavailable(message: str, retry_after: int) -> ProxyError:
     )
 
 
+def shutting_down(retry_after: int) -> ProxyError:
+    return ProxyError(
+        503,
+        "the router is shutting down",
+        type="service_unavailable",
+        code="shutting_down",
+        retry_after=retry_after,
+    )
+
+
 def overloaded(message: str, retry_after: int) -> ProxyError:
     return ProxyError(
         429, message, type="rate_limit_error", code="too_many_requests", retry_after=retry_after

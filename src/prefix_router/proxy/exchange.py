@@ -11,6 +11,7 @@ SSE error event.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,14 @@ from aiohttp import web
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.errors import ProxyError, overloaded, unavailable, upstream_failed
+from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
 from prefix_router.proxy.state import AppState
 from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
 from prefix_router.routing.types import Decision, Outcome
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -68,11 +71,13 @@ class Exchange:
         self.model = model
         self.policy = policy
         self.policy_label = policy or state.config.routing.policy
+        self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + state.config.timeouts.total_s
 
     async def run(self) -> web.StreamResponse:
+        self.check_path()
         self.check_model()
         opened = await self.open()
         if opened.complete:
@@ -80,6 +85,10 @@ class Exchange:
         return await self.send_stream(opened)
 
     # ------------------------------------------------------------------ choosing
+
+    def check_path(self) -> None:
+        if not forward.safe_path(self.path_qs):
+            raise ProxyError(400, "invalid request path", code="invalid_path")
 
     def check_model(self) -> None:
         if self.model is not None and not self.state.pool.knows_model(self.model):
@@ -89,6 +98,8 @@ class Exchange:
 
     def choose(self, excluded: set[str]) -> tuple[Worker, Decision | None] | None:
         pool, limits = self.state.pool, self.state.config.limits
+        if pool.total_in_flight >= limits.max_in_flight:  # admit() checked before the body was read
+            raise overloaded("the router is at its in-flight cap", limits.retry_after_s)
         names = [n for n in pool.candidates(self.model, limits.max_in_flight_per_worker) if n not in excluded]
         if not names:
             return None
@@ -111,6 +122,8 @@ class Exchange:
         excluded: set[str] = set()
         last: Failed | None = None
         for attempt in range(self.state.config.retries.max_attempts):
+            if attempt and self.state.deadlines.stopping:
+                raise shutting_down(self.state.config.limits.retry_after_s)
             pick = self.choose(excluded)
             if pick is None:
                 break
@@ -127,11 +140,14 @@ class Exchange:
         if last is None:
             return self.nobody()
         if last.status is not None:
-            headers = forward.downstream_headers(last.headers, last.worker, None)
-            return UpstreamReply(web.Response(status=last.status, body=last.body, headers=headers))
-        return upstream_failed(
-            f"upstream {last.kind} failure: {last.message}", timeout=last.kind == "timeout"
-        )
+            secret = forward.worker_secret(self.state.pool.get(last.worker))
+            headers = forward.downstream_headers(last.headers, last.worker, None, secret)
+            body = forward.redact(last.body, secret)
+            return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
+        # the worker's name, not the failure's text: that names internal addresses
+        log.info("giving up on %s after %s failure: %s", last.worker, last.kind, last.message)
+        message = f"upstream {last.kind} failure on worker {last.worker}"
+        return upstream_failed(message, timeout=last.kind == "timeout")
 
     async def attempt(self, worker: Worker, decision: Decision | None) -> Opened | Failed:
         flight = Flight(self.state, worker, self.parsed, decision, self.policy_label, self.started)
@@ -139,7 +155,7 @@ class Exchange:
         loop = asyncio.get_running_loop()
         first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
         try:
-            async with asyncio.timeout_at(first_byte_at):
+            async with self.state.deadlines.watch(worker.name, first_byte_at, first_byte=True):
                 response = await self.state.upstream.send(self.upstream_request(worker))
                 if response.status >= 500:
                     return await self.server_error(flight, response)
@@ -159,7 +175,7 @@ class Exchange:
         headers = forward.upstream_headers(
             self.request.headers, worker, self.state.config.auth.forward_client_auth
         )
-        url = forward.upstream_url(worker, self.request.raw_path)
+        url = forward.upstream_url(worker, self.path_qs)
         return UpstreamRequest(self.request.method, url, headers, self.raw)
 
     async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
@@ -186,7 +202,9 @@ class Exchange:
     def response_headers(self, opened: Opened) -> Any:
         decision = opened.flight.decision
         predicted = decision.predicted_tokens if decision is not None else None
-        return forward.downstream_headers(opened.response.headers, opened.flight.worker.name, predicted)
+        worker = opened.flight.worker
+        secret = forward.worker_secret(worker)
+        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
 
     def reply(self) -> ReplyAccumulator:
         limits = self.state.config.limits
@@ -196,7 +214,8 @@ class Exchange:
     async def send_whole(self, opened: Opened) -> web.StreamResponse:
         opened.response.release()
         status = opened.response.status
-        out = web.Response(status=status, body=opened.prefix, headers=self.response_headers(opened))
+        body = forward.redact(opened.prefix, forward.worker_secret(opened.flight.worker))
+        out = web.Response(status=status, body=body, headers=self.response_headers(opened))
         reply = self.reply()
         try:
             await out.prepare(self.request)
@@ -229,7 +248,7 @@ class Exchange:
         """Relay chunks as they come; on an upstream failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
         try:
-            async with asyncio.timeout_at(self.deadline):
+            async with self.state.deadlines.watch(opened.flight.worker.name, self.deadline, first_byte=False):
                 while chunk:
                     if opened.stream:
                         reply.feed(chunk)
@@ -248,6 +267,9 @@ class Exchange:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
             if self.request.transport is not None:
                 self.request.transport.abort()
+            return
+        if kind == "timeout" and self.state.deadlines.stopping:
+            await out.write(sse_error("the router is shutting down", "router_shutdown"))
             return
         message = "upstream timed out mid-stream" if kind == "timeout" else "upstream failed mid-stream"
         await out.write(sse_error(message, f"upstream_{kind}"))

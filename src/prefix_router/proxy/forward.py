@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 from multidict import CIMultiDict
 
@@ -32,8 +33,22 @@ _NOT_DOWNSTREAM = HOP_BY_HOP | {"server", "date", "set-cookie", WORKER_HEADER, M
 
 
 def upstream_url(worker: Worker, path_qs: str) -> str:
-    """The worker's base URL joined with the request's path and query (which starts with ``/v1/``)."""
+    """The worker's base URL joined with a path and query that passed ``safe_path``."""
     return worker.url + path_qs
+
+
+def safe_path(path_qs: str) -> bool:
+    """Whether an origin-form path (``request.rel_url``, never the raw request target, which may be an
+    absolute URL) can be appended to a worker's URL: it starts with ``/v1/`` (so the worker's authority
+    cannot be altered) and has no dot segments or backslashes, even percent-encoded (so it cannot climb
+    out of ``/v1/`` on the worker)."""
+    path = path_qs.split("?", 1)[0]
+    if not path.startswith("/v1/"):
+        return False
+    decoded = unquote(path)
+    if "\\" in decoded or any(c < " " for c in decoded):
+        return False
+    return not any(segment in (".", "..") for segment in decoded.split("/"))
 
 
 def upstream_headers(incoming: Mapping[str, str], worker: Worker, forward_auth: bool) -> dict[str, str]:
@@ -57,15 +72,30 @@ def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
 
 
 def downstream_headers(
-    upstream: Mapping[str, str], worker: str, predicted_tokens: int | None
+    upstream: Mapping[str, str], worker: str, predicted_tokens: int | None, secret: str | None = None
 ) -> CIMultiDict[str]:
-    """The upstream's headers that matter, plus the router's decision headers."""
+    """The upstream's headers that matter, plus the router's decision headers. A header echoing the
+    worker's credential (``secret``) is dropped."""
     dropped = _NOT_DOWNSTREAM | connection_tokens(upstream)
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in dropped)
+    out: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in upstream.items() if k.lower() not in dropped and not (secret and secret in v)
+    )
     out[WORKER_HEADER] = worker
     if predicted_tokens is not None:
         out[MATCH_HEADER] = str(predicted_tokens)
     return out
+
+
+def worker_secret(worker: Worker | None) -> str | None:
+    return worker.api_key.get_secret_value() if worker is not None and worker.api_key else None
+
+
+def redact(body: bytes, secret: str | None) -> bytes:
+    """A buffered body with the worker's credential blanked out, should the engine echo it."""
+    if not secret:
+        return body
+    token = secret.encode("utf-8", "surrogatepass")
+    return body.replace(token, b"[redacted]") if token in body else body
 
 
 def is_event_stream(headers: Mapping[str, str]) -> bool:

@@ -1,4 +1,5 @@
-"""A lean pooled HTTP/1.1 client implementing the ``Upstream`` seam (the router's default).
+"""A lean pooled HTTP/1.1 client implementing the ``Upstream`` seam (opt-in: ``upstream_client: h1``;
+the default is aiohttp's client, see ``prefix_router.proxy.upstream``).
 
 Measured by ``bench-overhead``: the aiohttp client costs the router about 150-190 microseconds of CPU per
 request, this one a fraction of that. It does only what a reverse proxy needs: one request at a time per

@@ -48,6 +48,12 @@ def admit(state: AppState, request: web.Request) -> None:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
+async def read_body(state: AppState, request: web.Request) -> bytes:
+    return await parsing.read_body(
+        request, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s
+    )
+
+
 def policy_override(state: AppState, request: web.Request) -> str | None:
     name = request.headers.get(POLICY_HEADER)
     if name is None:
@@ -61,9 +67,9 @@ def policy_override(state: AppState, request: web.Request) -> str | None:
 async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     state = request.app[STATE]
     admit(state, request)
-    raw = await parsing.read_body(request, state.config.limits.max_body_bytes)
+    raw = await read_body(state, request)
     tenant = tenant_of(request.headers) if state.config.routing.isolate_tenants else None
-    session = parsing.session_id(request.headers.get(state.config.session_header))
+    session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
     parsed = parsing.parse(endpoint, raw, state.router.keys, state.next_id(), tenant, session)
     policy = policy_override(state, request)
     model = parsed.body.get("model")
@@ -87,7 +93,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     """Any other ``/v1/*`` call goes to a load-balanced worker (serving the body's model, if named)."""
     state = request.app[STATE]
     admit(state, request)
-    raw = await parsing.read_body(request, state.config.limits.max_body_bytes)
+    raw = await read_body(state, request)
     model = parsing.body_model(raw, request.content_type)
     return await Exchange(state, request, raw, None, model, None).run()
 
@@ -105,6 +111,8 @@ async def health(request: web.Request) -> web.StreamResponse:
 
 async def ready(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    if state.deadlines.stopping:
+        return ProxyError(503, "shutting down", type="service_unavailable", code="shutting_down").response()
     up = sum(1 for w in state.pool if w.available)
     if up == 0:
         return ProxyError(503, "no healthy worker", type="service_unavailable", code="not_ready").response()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -30,14 +31,18 @@ class Parsed:
     tenant: str | None
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The raw body, refusing more than ``limit`` bytes with 413."""
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The raw body, refusing more than ``limit`` bytes with 413 and a body slower than ``timeout_s``
+    (slowloris) with 408."""
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(limit) from None
+    except TimeoutError:
+        raise too_slow(timeout_s) from None
     if len(raw) > limit:
         raise too_large(limit)
     return raw
@@ -45,6 +50,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 def too_large(limit: int) -> ProxyError:
     return ProxyError(413, f"request body over {limit} bytes", code="request_too_large")
+
+
+def too_slow(timeout_s: float) -> ProxyError:
+    return ProxyError(408, f"request body not received within {timeout_s:g} s", code="request_timeout")
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -99,13 +108,17 @@ def parse(
     return Parsed(endpoint, raw, body, route, stream, tenant)
 
 
-def session_id(value: str | None) -> str | None:
-    """The session header's value, long ones reduced to a digest so the router's map stays small."""
+def session_id(value: str | None, tenant: str | None = None) -> str | None:
+    """The session header's value, long ones reduced to a digest so the router's map stays small.
+
+    With a tenant (tenants isolated), the id is scoped to it: another tenant sending the same session id
+    can neither follow nor redirect this tenant's sticky routing."""
     if not value:
         return None
-    if len(value) <= MAX_SESSION_CHARS:
+    if tenant is None and len(value) <= MAX_SESSION_CHARS:
         return value
-    return hashlib.blake2b(value.encode("utf-8", "replace"), digest_size=16).hexdigest()
+    scoped = value if tenant is None else f"{tenant}\0{value}"
+    return hashlib.blake2b(scoped.encode("utf-8", "replace"), digest_size=16).hexdigest()
 
 
 def body_model(raw: bytes, content_type: str) -> str | None:

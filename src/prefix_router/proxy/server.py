@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 SHUTDOWN_TIMEOUT_S = 30.0
+# a client connection must send a complete request head within this long of opening (or of the previous
+# response): aiohttp closes it otherwise, which is what cuts slowloris-style slow headers
+KEEPALIVE_TIMEOUT_S = 60.0
 
 
 @dataclass(slots=True)
@@ -28,10 +31,20 @@ class Running:
 
 
 async def start(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = SHUTDOWN_TIMEOUT_S
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
 ) -> Running:
     """Start serving ``app`` on ``host:port`` (0: any free port) inside the running loop."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=keepalive_timeout,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=2048)
     try:
@@ -72,6 +85,7 @@ def run(
     event_loop: str,
     log_level: str = "info",
     shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
 ) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting and let in-flight requests finish (bounded)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -86,5 +100,6 @@ def run(
         access_log=None,
         handler_cancellation=True,
         shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=keepalive_timeout,
         print=lambda msg: logging.getLogger("prefix_router").info("%s", msg),
     )

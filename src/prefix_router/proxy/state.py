@@ -13,6 +13,7 @@ from prefix_router.config import Config
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.deadlines import Deadlines
 from prefix_router.proxy.metrics import ProxyMetrics
 from prefix_router.proxy.record import Recorder
 from prefix_router.proxy.upstream import Upstream
@@ -33,6 +34,7 @@ class AppState:
     rng: random.Random
     policies: frozenset[str]
     recorder: Recorder | None = None
+    deadlines: Deadlines = field(default_factory=Deadlines)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
 

@@ -1,0 +1,418 @@
+"""Fixtures for fault tests: routers over either upstream client, scriptable misbehaving engines on raw
+sockets, an engine that records when each request is cancelled, and the ``kit`` of helpers (test modules
+are imported with ``--import-mode=importlib`` and cannot import this file)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import psutil
+import pytest
+from aiohttp import web
+
+from prefix_router.config import load_config
+from prefix_router.proxy.app import create_app
+from prefix_router.proxy.server import Running, start
+from prefix_router.proxy.state import STATE, AppState
+from prefix_router.sim.server import READY_PREFIX
+
+CLIENTS = ("aiohttp", "h1")
+QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 20}]}
+RR = {"x-prefix-router-policy": "round_robin"}
+
+
+# ------------------------------------------------------------------------------------------ routers
+
+
+@dataclass
+class RouterHandle:
+    app: web.Application
+    running: Running
+
+    @property
+    def url(self) -> str:
+        return self.running.url
+
+    @property
+    def state(self) -> AppState:
+        return self.app[STATE]
+
+
+RouterFactory = Callable[..., Awaitable[RouterHandle]]
+
+
+def worker_entry(worker: Any) -> Any:
+    if isinstance(worker, str | dict):
+        return worker
+    return {"url": worker.url, "name": worker.name, "models": ["m"]}
+
+
+@pytest.fixture
+async def start_router() -> AsyncIterator[RouterFactory]:
+    """``await start_router(engine_a, engine_b, settings={...}, client="h1")``; stopped afterwards."""
+    handles: list[RouterHandle] = []
+
+    async def make(
+        *workers: Any, settings: dict[str, Any] | None = None, client: str = "aiohttp"
+    ) -> RouterHandle:
+        overrides = {**QUIET, "upstream_client": client, "workers": [worker_entry(w) for w in workers]}
+        config = load_config(env={}, overrides={**overrides, **(settings or {})})
+        app = create_app(config)
+        running = await start(app, shutdown_timeout=0.5, keepalive_timeout=config.timeouts.client_header_s)
+        handles.append(RouterHandle(app, running))
+        return handles[-1]
+
+    try:
+        yield make
+    finally:
+        for handle in handles:
+            await handle.running.stop()
+
+
+# ------------------------------------------------------------------------------------------ raw engines
+
+OK_MODELS = orjson.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+
+def http_response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+    head = f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def sse_event(text: str) -> bytes:
+    event = {
+        "id": "r",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}}],
+    }
+    return chunk(b"data: " + orjson.dumps(event) + b"\n\n")
+
+
+# What a raw engine answers to a generation request (POST): parts written 0.1 s apart, then the connection
+# is closed; ``None`` means: say nothing, keep the socket open until the client gives up.
+MODES: dict[str, bytes | tuple[bytes, ...] | None] = {
+    "hang": None,
+    "garbage": b"this is not HTTP at all\r\n\r\n",
+    "close": b"",
+    "bad_status": b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
+    "bad_chunked": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"zz\r\nnot a chunk\r\n",
+    "truncated": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    b'{"partial',
+    "http_500": http_response(500, b'{"error": {"message": "engine exploded"}}'),
+    "sse_then_close": (SSE_HEAD + sse_event("one "), sse_event("two ")),
+    "sse_then_reset": (SSE_HEAD + sse_event("one "), b"RESET"),
+    "sse_then_garbage": (SSE_HEAD + sse_event("one "), b"zz\r\nnot a chunk\r\n"),
+    "not_json_200": http_response(200, b"<html>definitely not json</html>", "text/html"),
+}
+
+
+class RawEngine:
+    """An engine on raw sockets: answers GETs (health, models) properly and generation requests per
+    ``mode`` (see ``MODES``); ``mode="hang_all"`` also hangs GETs. ``hanging``: connections it is
+    holding open without an answer (the client must hang up on them)."""
+
+    def __init__(self, name: str, mode: str) -> None:
+        self.name = name
+        self.mode = mode
+        self.open = 0
+        self.hanging = 0
+        self.generations = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        self._writers.add(writer)
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.open -= 1
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Serve one request; False when the connection is to be closed."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        method = head.split(b" ", 1)[0]
+        length = next(
+            (int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")), 0
+        )
+        await reader.readexactly(length)
+        if self.mode == "hang_all" or (method == b"POST" and MODES[self.mode] is None):
+            await self._hang(reader)
+            return False
+        if method != b"POST":
+            writer.write(http_response(200, OK_MODELS))
+            return True
+        self.generations += 1
+        answer = MODES[self.mode] or b""
+        for i, part in enumerate(answer if isinstance(answer, tuple) else (answer,)):
+            await asyncio.sleep(0.1 if i else 0)
+            if part == b"RESET":  # a TCP reset, as the kernel sends for a crashed process's sockets
+                linger = struct.pack("ii", 1, 0)
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                writer.transport.abort()
+                return False
+            writer.write(part)
+            await writer.drain()
+        return False
+
+    async def _hang(self, reader: asyncio.StreamReader) -> None:
+        self.hanging += 1
+        try:
+            await reader.read()  # until the client hangs up
+        finally:
+            self.hanging -= 1
+
+
+RawFactory = Callable[..., Awaitable[RawEngine]]
+
+
+@pytest.fixture
+async def raw_engine() -> AsyncIterator[RawFactory]:
+    engines: list[RawEngine] = []
+
+    async def make(name: str, mode: str) -> RawEngine:
+        engine = RawEngine(name, mode)
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    try:
+        yield make
+    finally:
+        for engine in engines:
+            await engine.stop()
+
+
+# ---------------------------------------------------------------------------------------- a recording engine
+
+
+@dataclass
+class Recording:
+    """A streaming engine that records, per request, when it started and when it was cancelled."""
+
+    name: str
+    chunk_delay_s: float = 0.01
+    chunks: int = 1000
+    delay_s: float = 0.0  # before the response head
+    active: int = 0
+    max_active: int = 0
+    served: int = 0
+    started: list[float] = field(default_factory=list)
+    cancelled: list[float] = field(default_factory=list)
+    running: Running | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.running is not None
+        return self.running.url
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=OK_MODELS, content_type="application/json")
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        self.started.append(time.monotonic())
+        try:
+            await asyncio.sleep(self.delay_s)
+            if body.get("stream"):
+                return await self._stream(request)
+            return web.json_response(
+                {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
+            )
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled.append(time.monotonic())
+            raise
+        finally:
+            self.active -= 1
+            self.served += 1
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(self.chunks):
+            event = {"choices": [{"index": 0, "delta": {"content": f"t{i} "}}]}
+            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            await asyncio.sleep(self.chunk_delay_s)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+RecordingFactory = Callable[..., Awaitable[Recording]]
+
+
+@pytest.fixture
+async def recording_engine() -> AsyncIterator[RecordingFactory]:
+    engines: list[Recording] = []
+
+    async def make(name: str = "rec", **options: Any) -> Recording:
+        engine = Recording(name, **options)
+        engine.running = await start(engine.app(), shutdown_timeout=0.2)
+        engines.append(engine)
+        return engine
+
+    try:
+        yield make
+    finally:
+        for engine in engines:
+            if engine.running is not None:
+                await engine.running.stop()
+
+
+# ------------------------------------------------------------------------------------------ engine processes
+
+
+@dataclass
+class SimProcess:
+    """A simulated engine in its own process (``python -m prefix_router.sim.server``)."""
+
+    process: asyncio.subprocess.Process
+    url: str
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    async def kill(self) -> None:
+        """SIGKILL: no goodbye to anyone, like a crashed engine or a lost node."""
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
+
+
+SimFactory = Callable[..., Awaitable[SimProcess]]
+
+
+@pytest.fixture
+async def sim_process() -> AsyncIterator[SimFactory]:
+    """``await sim_process(port=0, time_scale=1.0)``: an engine-sim process serving model ``m``."""
+    procs: list[SimProcess] = []
+
+    async def spawn(port: int = 0, time_scale: float = 1.0) -> SimProcess:
+        argv = ["-m", "prefix_router.sim.server", "--port", str(port), "--model", "m"]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, "--time-scale", str(time_scale), stdout=asyncio.subprocess.PIPE
+        )
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        ready = line.startswith(READY_PREFIX)
+        procs.append(SimProcess(process, line.removeprefix(READY_PREFIX).split()[0] if ready else ""))
+        assert ready, f"engine-sim did not start: {line!r}"
+        return procs[-1]
+
+    try:
+        yield spawn
+    finally:
+        for proc in procs:
+            await proc.kill()
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+class Kit:
+    CHAT = CHAT
+    RR = RR
+    CLIENTS = CLIENTS
+
+    @staticmethod
+    async def wait_until(
+        predicate: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0.01
+    ) -> float:
+        """Poll until ``predicate()``; returns the seconds it took (fails the test after ``timeout_s``)."""
+        began = time.monotonic()
+        while not predicate():
+            if time.monotonic() - began > timeout_s:
+                raise AssertionError(f"condition not met within {timeout_s} s")
+            await asyncio.sleep(step_s)
+        return time.monotonic() - began
+
+    @staticmethod
+    def client_sockets(port: int) -> list[Any]:
+        """This process's TCP sockets connected to ``port`` (the router's side of upstream connections)."""
+        return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+    @staticmethod
+    def lingering_sockets(port: int) -> list[Any]:
+        """Sockets to ``port`` the peer already closed but this process kept open: a leak."""
+        return [c for c in Kit.client_sockets(port) if c.status == psutil.CONN_CLOSE_WAIT]
+
+    @staticmethod
+    def quiescent(router: RouterHandle) -> bool:
+        """Nothing in flight anywhere: the pool, each worker, the routing core, the deadline registry."""
+        state = router.state
+        return (
+            state.pool.total_in_flight == 0
+            and all(w.in_flight == 0 for w in state.pool)
+            and state.router.load.tracked() == 0
+            and len(state.deadlines) == 0
+        )
+
+    @staticmethod
+    async def post(
+        url: str, body: Any = CHAT, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions"
+    ) -> tuple[int, Any, bytes]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+            resp = await http.post(url + path, data=orjson.dumps(body), headers=headers)
+            return resp.status, resp.headers, await resp.read()
+
+    @staticmethod
+    def events(raw: bytes) -> list[bytes]:
+        """The ``data:`` payloads of an SSE body."""
+        return [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+
+
+@pytest.fixture
+def kit() -> type[Kit]:
+    return Kit
