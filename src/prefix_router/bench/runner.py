@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prefix_router.bench.client import RequestRecord, send
+from prefix_router.bench.workloads.bodies import request_body
 from prefix_router.bench.workloads.types import Session, Turn, Workload
 
 
@@ -124,20 +125,6 @@ async def _turn(run: _Run, session: Session, index: int, turn: Turn, history: li
         history.extend(turn.messages)
         history.append(turn.scripted_reply or reply or {"role": "assistant", "content": ""})
     return record.ok
-
-
-def request_body(session: Session, turn: Turn, history: list[dict[str, Any]], model: str) -> dict[str, Any]:
-    """The OpenAI body of ``turn`` given the session's history so far."""
-    if turn.body is not None:
-        return {**turn.body, "model": turn.body.get("model") or model}
-    body: dict[str, Any] = {**session.extra_body, "model": model, "max_tokens": turn.max_tokens}
-    if session.endpoint == "completions":
-        body["prompt"] = turn.prompt or ""
-        return body
-    body["messages"] = [*history, *turn.messages]
-    if session.tools:
-        body["tools"] = list(session.tools)
-    return body
 
 
 def _headers(cfg: RunnerConfig, session: Session) -> dict[str, str]:

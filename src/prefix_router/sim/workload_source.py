@@ -22,26 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefix_router.bench.workloads.types import Session, Turn, Workload
+from prefix_router.bench.workloads.bodies import request_body
+from prefix_router.bench.workloads.types import Session, Workload
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.sim.openai_api import EngineLimits, parse
 from prefix_router.sim.requests import SimRequest
 from prefix_router.sim.text import ids_text
-
-
-def request_body(session: Session, turn: Turn, history: list[dict[str, Any]], model: str) -> dict[str, Any]:
-    """The OpenAI body of ``turn`` after ``history`` (as the benchmark runner builds it)."""
-    if turn.body is not None:
-        return {**turn.body, "model": turn.body.get("model") or model}
-    body: dict[str, Any] = {**session.extra_body, "model": model, "max_tokens": turn.max_tokens}
-    if session.endpoint == "completions":
-        body["prompt"] = turn.prompt or ""
-        return body
-    body["messages"] = [*history, *turn.messages]
-    if session.tools:
-        body["tools"] = list(session.tools)
-    return body
 
 
 def scale_arrivals(workload: Workload, rate_scale: float) -> Workload:

@@ -35,6 +35,7 @@ def test_cached_tokens_from_timings(fixture_json: Any) -> None:
 
 def test_llama_cpp_python_through_the_shim(fixture_text: Any, fixture_json: Any) -> None:
     adapter = get_adapter("llama-cpp-python")
+    assert (adapter.health_path, adapter.metrics_path) == ("/health", "/metrics")
     load = adapter.parse_metrics(fixture_text("llama_cpp_python_metrics.txt"))
     assert (load.prefix_cache_hits, load.prefix_cache_queries) == (29.0, 80.0)
     assert (load.running, load.queue_depth) == (0, 0)

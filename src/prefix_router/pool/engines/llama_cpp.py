@@ -70,18 +70,11 @@ class LlamaCppAdapter:
         return None
 
 
-class LlamaCppPythonAdapter:
-    """``llama-cpp-python``'s server behind prefix-router's shim (``prefix-router engines llama-cpp``)."""
+class LlamaCppPythonAdapter(LlamaCppAdapter):
+    """``llama-cpp-python``'s server behind prefix-router's shim (``prefix-router engines llama-cpp``): the
+    llama-server routes and metrics, plus a prefix-cache flush."""
 
     name: str = "llama_cpp_python"
-    health_path: str = "/health"
-    metrics_path: str | None = "/metrics"
-
-    def parse_metrics(self, text: str) -> EngineLoad:
-        return parse_llamacpp_metrics(text)
-
-    def cached_tokens(self, response: Mapping[str, Any]) -> int | None:
-        return llamacpp_cached_tokens(response)
 
     def flush_request(self) -> FlushRequest | None:
         return FlushRequest("POST", "/reset_prefix_cache")
