@@ -173,6 +173,9 @@ class LimitsConfig(_Section):
     max_connections: int = Field(default=0, ge=0)  # aiohttp upstream client pool size; 0 = unlimited
     max_idle_connections: int = Field(default=256, ge=1)  # h1 client: idle keep-alive connections per worker
     retry_after_s: int = Field(default=1, ge=0)
+    # bodies larger than this are parsed (JSON, routing key) in a worker thread: a 7 MB prompt of a million
+    # token ids takes about half a second, which would otherwise stall every request on the event loop
+    parse_in_thread_bytes: int = Field(default=1024 * 1024, ge=0)
 
 
 class AuthConfig(_Section):

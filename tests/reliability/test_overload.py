@@ -66,7 +66,7 @@ async def test_global_cap_holds_for_requests_admitted_while_their_bodies_were_in
 
 @pytest.mark.parametrize("client", CLIENTS)
 async def test_per_worker_cap(recording_engine: Any, start_router: Any, kit: Any, client: str) -> None:
-    engines = [await recording_engine(f"e{i}", chunk_delay_s=0.05, chunks=40) for i in range(2)]
+    engines = [await recording_engine(f"e{i}", chunk_delay_s=0.05, chunks=20) for i in range(2)]
     settings = {"limits.max_in_flight_per_worker": 2, "limits.retry_after_s": 3}
     router = await start_router(*engines, settings=settings, client=client)
     http_streams = [

@@ -181,19 +181,22 @@ class Kit:
     @staticmethod
     async def raw(port: int, data: bytes, timeout_s: float = 10.0, pause_s: float = 0.0) -> bytes:
         """Send raw bytes (in pieces ``pause_s`` apart when ``data`` is split with b"|PAUSE|") and read
-        until the router closes the connection or ``timeout_s``; returns what came back."""
+        until the router closes the connection or ``timeout_s``; returns what came back (``<cut>`` when
+        the router hung up on a request without a word)."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        received = bytearray()
         try:
             for i, piece in enumerate(data.split(b"|PAUSE|")):
                 if i:
                     await asyncio.sleep(pause_s)
                 writer.write(piece)
                 await writer.drain()
-            return await asyncio.wait_for(_read_all(reader), timeout_s)
+            await asyncio.wait_for(_read_all(reader, received), timeout_s)
         except (ConnectionError, TimeoutError):
-            return b"<cut>"
+            pass
         finally:
             writer.close()
+        return bytes(received) or b"<cut>"
 
     @staticmethod
     def status_of(response: bytes) -> int:
@@ -209,11 +212,9 @@ class Kit:
         return error
 
 
-async def _read_all(reader: asyncio.StreamReader) -> bytes:
-    chunks = []
+async def _read_all(reader: asyncio.StreamReader, into: bytearray) -> None:
     while chunk := await reader.read(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+        into += chunk
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from prefix_router.proxy.server import start
 
 MAX_BODY = 24 * 1024 * 1024
 FUZZ = settings(
-    max_examples=120,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
@@ -235,6 +235,11 @@ BIG_CASES = {
     "10 MB string": (orjson.dumps(chat("x" * 10_000_000)), 200),
     "1M token ids": (orjson.dumps({"model": "m", "prompt": list(range(1_000_000))}), 200),
     "token id out of range": (orjson.dumps({"model": "m", "prompt": [1, 2**40]}), 400),
+    "1M token ids, the last out of range": (
+        orjson.dumps({"model": "m", "prompt": [*range(999_999), -1]}),
+        400,
+    ),
+    "10 MB string with a wrong model type": (orjson.dumps({**chat("x" * 10_000_000), "model": 7}), 400),
     "5000 messages": (orjson.dumps(chat("hello there", 5000)), 200),
     "100k content parts": (orjson.dumps(chat([{"type": "text", "text": "a"}] * 100_000)), 200),
     "duplicate keys": (b'{"model": "x", "model": "m", "messages": [{"role": "user", "content": "hi"}]}', 200),

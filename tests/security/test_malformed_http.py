@@ -44,7 +44,6 @@ REFUSED = {
     "bare LF line ends": head().replace(b"\r\n", b"\n") + BODY,
     "space before colon": head("\r\nX-Evil : v") + BODY,
     "garbage request line": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 TLS hello\r\n\r\n",
-    "HTTP/0.9 style": b"GET /v1/models\r\n\r\n",
     "unknown HTTP version": b"POST /v1/chat/completions HTTP/7.1\r\nHost: r\r\n\r\n",
 }
 OPENAI_REFUSED = {  # refused by the router itself: an OpenAI error body
@@ -70,7 +69,7 @@ async def serves_normally(router: Any, kit: Any) -> bool:
 async def test_malformed_requests_are_refused(router: Any, kit: Any, name: str) -> None:
     response = await kit.raw(router.port, REFUSED[name], timeout_s=5)
     status = kit.status_of(response)
-    assert status in (400, 413, 431, 505) or response in (b"", b"<cut>"), response[:200]
+    assert status in (400, 413, 431, 505) or response == b"<cut>", response[:200]
     assert not router.engine.seen  # nothing malformed was forwarded
     assert await serves_normally(router, kit)
 
@@ -78,7 +77,7 @@ async def test_malformed_requests_are_refused(router: Any, kit: Any, name: str) 
 @pytest.mark.parametrize("name", list(OPENAI_REFUSED))
 async def test_oversized_bodies_get_an_openai_413(router: Any, kit: Any, name: str) -> None:
     data, expected = OPENAI_REFUSED[name]
-    response = await kit.raw(router.port, data, timeout_s=5)
+    response = await kit.raw(router.port, data, timeout_s=1)
     assert kit.status_of(response) == expected
     assert kit.openai_error(response.split(b"\r\n\r\n", 1)[1])["code"] == "request_too_large"
     assert not router.engine.seen
@@ -101,7 +100,7 @@ async def test_slowloris_head_is_cut_off(router: Any, kit: Any) -> None:
         pause_s=0.2,
         timeout_s=10,
     )
-    assert response in (b"", b"<cut>") or kit.status_of(response) >= 400
+    assert response == b"<cut>" or kit.status_of(response) >= 400
     assert time.monotonic() - began < 5.0
 
 
@@ -116,7 +115,7 @@ async def test_slowloris_body_gets_a_408(router: Any, kit: Any) -> None:
 
 
 async def test_a_body_that_stops_gets_a_408(router: Any, kit: Any) -> None:
-    response = await kit.raw(router.port, head() + BODY[:5], timeout_s=10)
+    response = await kit.raw(router.port, head() + BODY[:5], timeout_s=1)
     assert kit.status_of(response) == 408
 
 

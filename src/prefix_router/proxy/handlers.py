@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -70,7 +71,11 @@ async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     raw = await read_body(state, request)
     tenant = tenant_of(request.headers) if state.config.routing.isolate_tenants else None
     session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
-    parsed = parsing.parse(endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+    if len(raw) > state.config.limits.parse_in_thread_bytes:  # long parses stay off the event loop
+        parsed = await asyncio.to_thread(parsing.parse, *args)
+    else:
+        parsed = parsing.parse(*args)
     policy = policy_override(state, request)
     model = parsed.body.get("model")
     return await Exchange(
