@@ -159,3 +159,16 @@ def test_incremental_extension_equals_full_rehash(
     req = builder.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
     fast = builder.extend(req, endpoint, body, generated)  # type: ignore[arg-type]
     assert fast == builder.extension(endpoint, body, generated)  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages_st, st.text(max_size=200), st.integers(0, 400))
+def test_incremental_extension_respects_the_prefix_cap(
+    turn: list[dict[str, Any]], reply: str, cap: int
+) -> None:
+    builder = KeyBuilder(RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=cap))
+    body, generated = chat(turn), {"role": "assistant", "content": reply}
+    req = builder.build("chat", body, request_id="r")
+    fast = builder.extend(req, "chat", body, generated)
+    assert fast == builder.extension("chat", body, generated)
+    assert len(fast) <= cap // 16

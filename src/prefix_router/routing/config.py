@@ -14,7 +14,7 @@ class RoutingConfig:
     block_chars: int = 64
     chars_per_token: float = 4.0
     block_tokens: int = 16
-    max_prefix_chars: int | None = None
+    max_prefix_chars: int | None = 1_048_576  # examined prefix: 1 MiB of key (about 256 K tokens)
     isolate_tenants: bool = False
     tokenizer_path: str | None = None
     # prefix index bounds

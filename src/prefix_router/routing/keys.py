@@ -26,7 +26,6 @@ from prefix_router.routing.types import RouteRequest
 Endpoint = Literal["chat", "completions"]
 _US = "\x1f"  # field separator
 _RS = "\x1e"  # message separator
-_MAX_TOKEN_ID = 2**32
 
 
 class InvalidRequest(ValueError):
@@ -165,9 +164,10 @@ def _first_prompt(body: Mapping[str, Any]) -> str | list[int]:
 
 
 def _token_bytes(ids: Sequence[int]) -> bytes:
-    if any(t < 0 or t >= _MAX_TOKEN_ID for t in ids):
-        raise InvalidRequest("token ids must be in [0, 2^32)", "prompt")
-    return array("I", ids).tobytes()
+    try:
+        return array("I", ids).tobytes()  # refuses negative and too large ids
+    except (OverflowError, TypeError):
+        raise InvalidRequest("token ids must be integers in [0, 2^32)", "prompt") from None
 
 
 # ---------------------------------------------------------------- the builder
@@ -209,9 +209,15 @@ class KeyBuilder:
         return self.cfg.block_tokens * 4 if tokens_mode else self.cfg.block_chars
 
     def _tokens_mode(self, endpoint: Endpoint, body: Mapping[str, Any]) -> bool:
+        """Blocks of token ids: with a tokenizer, or for a completions prompt given as ids (a cheap check;
+        the prompt itself is validated once, in ``payload``)."""
         if self._tokenize is not None:
             return True
-        return endpoint == "completions" and not isinstance(_first_prompt(body), str)
+        if endpoint != "completions":
+            return False
+        prompt = body.get("prompt")
+        first = prompt[0] if isinstance(prompt, list) and prompt else prompt
+        return not isinstance(first, str)
 
     def _blocks(self, data: bytes, tokens_mode: bool, seed: int) -> tuple[int, ...]:
         size = self._block_bytes(tokens_mode)
@@ -262,20 +268,19 @@ class KeyBuilder:
         tenant: str | None = None,
     ) -> tuple[int, ...]:
         """``extension`` for a request built by ``build``, continuing its chain from its last block
-        instead of rehashing the whole prompt (character blocks, no prefix cap); equal results."""
-        if (
-            self._tokenize is not None
-            or self.cfg.max_prefix_chars is not None
-            or self._tokens_mode(endpoint, body)
-        ):
+        instead of rehashing the whole prompt (character blocks); equal results. Under the prefix cap: a
+        truncated key leaves less than a block of room, so nothing is added."""
+        if self._tokenize is not None or self._tokens_mode(endpoint, body):
             return self.extension(endpoint, body, generated, tenant=tenant)
         if endpoint == "chat":
             more = _message_text(generated, len(_messages(body)))
         else:
             more = str(generated.get("text") or "")
         data = req.tail + more.encode("utf-8", "surrogatepass")
+        cap = self.cfg.max_prefix_chars
+        room = None if cap is None else max(0, cap - len(req.blocks) * self.cfg.block_chars)
         seed = req.blocks[-1] if req.blocks else req.namespace
-        return req.blocks + chain_blocks(data, self.cfg.block_chars, seed)
+        return req.blocks + chain_blocks(data, self.cfg.block_chars, seed, room)
 
     def extension(
         self,
