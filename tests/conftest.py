@@ -189,23 +189,35 @@ class FakeEngine:
 EngineFactory = Callable[..., Awaitable[FakeEngine]]
 
 
+ServeApp = Callable[[web.Application], Awaitable[Running]]
+
+
 @pytest.fixture
-async def fake_engine() -> AsyncIterator[EngineFactory]:
+async def serve_app() -> AsyncIterator[ServeApp]:
+    """``await serve_app(app)`` serves an aiohttp app on a free loopback port; all are stopped afterwards."""
+    runnings: list[Running] = []
+
+    async def serve(app: web.Application) -> Running:
+        runnings.append(await start(app, shutdown_timeout=0.2))
+        return runnings[-1]
+
+    try:
+        yield serve
+    finally:
+        for running in reversed(runnings):
+            await running.stop()
+
+
+@pytest.fixture
+def fake_engine(serve_app: ServeApp) -> EngineFactory:
     """``await fake_engine(name="a", **behaviour)`` starts a fake engine; all are stopped afterwards."""
-    engines: list[FakeEngine] = []
 
     async def make(name: str = "engine", **behaviour: Any) -> FakeEngine:
         engine = FakeEngine(name, Behaviour(**behaviour))
-        engine.running = await start(engine.app(), shutdown_timeout=0.2)
-        engines.append(engine)
+        engine.running = await serve_app(engine.app())
         return engine
 
-    try:
-        yield make
-    finally:
-        for engine in engines:
-            if engine.running is not None:
-                await engine.running.stop()
+    return make
 
 
 @pytest.fixture

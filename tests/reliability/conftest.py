@@ -293,21 +293,13 @@ RecordingFactory = Callable[..., Awaitable[Recording]]
 
 
 @pytest.fixture
-async def recording_engine() -> AsyncIterator[RecordingFactory]:
-    engines: list[Recording] = []
-
+def recording_engine(serve_app: Callable[[web.Application], Awaitable[Running]]) -> RecordingFactory:
     async def make(name: str = "rec", **options: Any) -> Recording:
         engine = Recording(name, **options)
-        engine.running = await start(engine.app(), shutdown_timeout=0.2)
-        engines.append(engine)
+        engine.running = await serve_app(engine.app())
         return engine
 
-    try:
-        yield make
-    finally:
-        for engine in engines:
-            if engine.running is not None:
-                await engine.running.stop()
+    return make
 
 
 # ------------------------------------------------------------------------------------------ engine processes

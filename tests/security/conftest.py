@@ -113,21 +113,13 @@ class Echo:
 
 
 @pytest.fixture
-async def echo_engine() -> AsyncIterator[Callable[..., Awaitable[Echo]]]:
-    engines: list[Echo] = []
-
+def echo_engine(serve_app: Callable[[web.Application], Awaitable[Running]]) -> Callable[..., Awaitable[Echo]]:
     async def make(name: str = "echo", **options: Any) -> Echo:
         engine = Echo(name, **options)
-        engine.running = await start(engine.app(), shutdown_timeout=0.2)
-        engines.append(engine)
+        engine.running = await serve_app(engine.app())
         return engine
 
-    try:
-        yield make
-    finally:
-        for engine in engines:
-            if engine.running is not None:
-                await engine.running.stop()
+    return make
 
 
 class Tripwire:
