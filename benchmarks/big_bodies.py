@@ -4,7 +4,7 @@
 
     python benchmarks/big_bodies.py
 
-The worker answers at once (``prefix_router.proxy.instant_worker``; it refuses bodies over 1 MiB with 413,
+The worker answers at once (``prefix_router.bench.instant_worker``; it refuses bodies over 1 MiB with 413,
 which does not matter here: the router has parsed and hashed them by then).
 """
 
@@ -97,7 +97,7 @@ def main() -> int:
     body = orjson.dumps({"model": "instant", "prompt": list(range(args.tokens))})
     worker = free_port()
     ports = {name: free_port() for name in VARIANTS}
-    argvs = [["-m", "prefix_router.proxy.instant_worker", "--port", str(worker)]]
+    argvs = [["-m", "prefix_router.bench.instant_worker", "--port", str(worker)]]
     for name, extra in VARIANTS.items():
         base = ["-m", "prefix_router.proxy", "serve", "--worker", f"http://127.0.0.1:{worker}"]
         argvs.append([*base, "--port", str(ports[name]), "--set", "log_level=warning", *extra])

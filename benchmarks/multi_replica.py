@@ -5,7 +5,7 @@ does). Modes, all over the same requests and engines (``prefix_router.sim``'s cl
 
 - ``single``: one router sees everything (the target);
 - ``independent``: N replicas, each with only its own view (no shared state);
-- ``shared-index``: N replicas sharing index changes through a real redis-server (``prefix_router.state``);
+- ``shared-index``: N replicas sharing index changes through a real redis-server (``prefix_router.replication``);
 - ``shared``: the same plus shared in-flight counts (``sync_load`` every ``load_interval_s`` of simulated
   time, as the background task does every 0.5 s by default).
 
@@ -50,8 +50,8 @@ from prefix_router.sim.requests import RequestSource, SimRequest
 from prefix_router.sim.run import Scenario, trace_scenario, workload_scenario
 from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.sim.stats import details, summarize
-from prefix_router.state import RedisState, StateConfig
-from prefix_router.state.connect import make_client
+from prefix_router.replication import RedisState, StateConfig
+from prefix_router.replication.connect import make_client
 
 MODES = ("single", "independent", "shared-index", "shared")
 
@@ -329,7 +329,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="Mooncake-format trace")
-    source.add_argument("--workload", help="a benchmark workload name (prefix_router.bench.workloads)")
+    source.add_argument("--workload", help="a benchmark workload name (prefix_router.workloads)")
     p.add_argument("--workload-opt", action="append", default=[], metavar="K=V")
     p.add_argument("--instances", type=int, default=16)
     p.add_argument("--replicas", type=int, default=4)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -231,3 +233,28 @@ def free_port() -> Callable[[], int]:
             return int(s.getsockname()[1])
 
     return get
+
+
+# ---------------------------------------------------------------- recorded engine fixtures
+
+ENGINE_FIXTURES = Path(__file__).parent / "pool" / "engines" / "fixtures"  # see its README
+
+
+def read_fixture(name: str) -> str:
+    return (ENGINE_FIXTURES / name).read_text()
+
+
+def json_fixture(name: str) -> dict[str, Any]:
+    body = json.loads(read_fixture(name))
+    assert isinstance(body, dict)
+    return body
+
+
+@pytest.fixture
+def fixture_text() -> Any:
+    return read_fixture
+
+
+@pytest.fixture
+def fixture_json() -> Any:
+    return json_fixture

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 # module path -> registers these subcommands
 _COMMAND_MODULES = (
-    "prefix_router.proxy.cli",  # serve, bench-overhead
+    "prefix_router.proxy.cli",  # serve
     "prefix_router.sim.cli",  # engine-sim, simulate
-    "prefix_router.bench.cli",  # bench, demo, bench-index
-    "prefix_router.pool.engines.cli",  # engines
+    "prefix_router.bench.cli",  # bench, demo, bench-index, bench-overhead
+    "prefix_router.launch.cli",  # engines
 )
 
 
@@ -27,13 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a subcommand package not built yet
-            if exc.name is not None and exc.name.startswith("prefix_router"):
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ import pytest
 from prefix_router.bench import cli, demo
 from prefix_router.bench.commands import arrivals_from, parse_key_values, requests_for
 from prefix_router.bench.index_bench import IndexBenchConfig, run
-from prefix_router.sim.launcher import start_engines
+from prefix_router.launch.engine_sim import start_engines
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ from typing import Any
 
 from prefix_router.bench.harness import BenchPlan, run_bench
 from prefix_router.bench.summary import SCHEMA_KEYS
-from prefix_router.bench.workloads.registry import get_workload
+from prefix_router.workloads.registry import get_workload
 
 FakeEngine = Any  # tests/bench/conftest.py
 

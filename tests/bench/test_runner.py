@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefix_router.bench.runner import RunnerConfig, openai_base, request_body, run_workload
-from prefix_router.bench.workloads.types import Session, Turn, Workload
+from prefix_router.workloads.types import Session, Turn, Workload
 
 FakeEngine = Any  # the fake_openai fixture (tests/bench/conftest.py)
 

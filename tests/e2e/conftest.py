@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from prefix_router.pool.engines.llama_launcher import LlamaCppFleet, unavailable_reason
+from prefix_router.launch.llama_cpp import LlamaCppFleet, unavailable_reason
 
 
 def load_harness() -> ModuleType:

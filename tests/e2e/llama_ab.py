@@ -31,8 +31,8 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from prefix_router.config import load_config
+from prefix_router.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
 from prefix_router.pool.engines import get_adapter
-from prefix_router.pool.engines.llama_launcher import LlamaCppFleet, LlamaCppSettings
 from prefix_router.proxy.app import create_app
 from prefix_router.proxy.server import start
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from prefix_router.config import WorkerConfig
 from prefix_router.pool.http import Fetched, FetchError
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import orjson
 
-from prefix_router.config import ScrapeConfig, WorkerConfig
-from prefix_router.pool.discovery import Discovery, parse_models
 from prefix_router.pool.http import AiohttpFetcher, Fetched, FetchError
+from prefix_router.pool.identify import Discovery, parse_models
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
+from prefix_router.pool.settings import ScrapeConfig, WorkerConfig
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
 

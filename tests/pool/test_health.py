@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefix_router.config import HealthConfig, WorkerConfig
 from prefix_router.pool.health import HealthProber
 from prefix_router.pool.http import AiohttpFetcher, Fetched, FetchError
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import HealthConfig, WorkerConfig
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefix_router.config import WorkerConfig
 from prefix_router.pool.pool import PoolError, WorkerPool
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.routing.router import Router
 
 

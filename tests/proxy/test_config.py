@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from prefix_router.config import ConfigError, load_config
+from prefix_router.config import load_config
+from prefix_router.settings import ConfigError
 
 YAML = """
 port: 7000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefix_router.config import WorkerConfig
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.metrics import CounterSet, FastHistogram, ProxyMetrics
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from prefix_router.sim.launcher import running_engines
+from prefix_router.launch.engine_sim import running_engines
 
 MODEL = "sim-demo"
 SYSTEM = {"role": "system", "content": "You answer questions about the simulator. " * 40}

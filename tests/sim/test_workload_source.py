@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from prefix_router.bench.workloads.types import Session, Turn, Workload
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.sim.openai_api import EngineLimits
 from prefix_router.sim.profiles import get_profile
@@ -8,6 +7,7 @@ from prefix_router.sim.requests import SimRequest
 from prefix_router.sim.run import simulate, workload_scenario
 from prefix_router.sim.simulator import ClusterSpec
 from prefix_router.sim.workload_source import WorkloadSource
+from prefix_router.workloads.types import Session, Turn, Workload
 
 LIMITS = EngineLimits("sim-demo", 16, 32_768)
 SYSTEM = ({"role": "system", "content": "You are a careful assistant. " * 30},)

@@ -1,10 +1,10 @@
-"""Subcommands ``bench``, ``demo`` and ``bench-index`` (registered by ``prefix_router.cli``)."""
+"""Subcommands ``bench``, ``demo``, ``bench-index`` and ``bench-overhead`` (see ``prefix_router.cli``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from prefix_router.bench.workloads.registry import workload_names
+from prefix_router.workloads.registry import workload_names
 
 DEFAULT_POLICIES = "random,round_robin,least_load,prefix"
 
@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_bench(sub)
     _register_demo(sub)
     _register_index(sub)
+    from prefix_router.bench.overhead import register as register_overhead
+
+    register_overhead(sub)
 
 
 def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

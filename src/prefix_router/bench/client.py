@@ -18,7 +18,7 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionStreamOptionsParam
 
-from prefix_router.bench.workloads.types import Endpoint
+from prefix_router.workloads.types import Endpoint
 
 WORKER_HEADER = "x-prefix-router-worker"
 MATCH_HEADER = "x-prefix-router-prefix-match"  # the router's predicted cached tokens

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from prefix_router.bench import plots, table
 from prefix_router.bench.harness import BenchOutcome, BenchPlan, run_bench
-from prefix_router.bench.workloads.arrivals import Arrivals
-from prefix_router.bench.workloads.registry import get_workload, workload_specs
-from prefix_router.bench.workloads.types import Workload
 from prefix_router.config import parse_scalar
+from prefix_router.workloads.arrivals import Arrivals
+from prefix_router.workloads.registry import get_workload, workload_specs
+from prefix_router.workloads.types import Workload
 
 MAX_DURATION_REQUESTS = 20_000  # requests generated for --duration runs (the run stops at the deadline)
 MULTI_TURN_WORKLOADS = frozenset({"multi-turn", "mixed", "agents"})

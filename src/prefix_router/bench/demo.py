@@ -10,7 +10,7 @@ ShareGPT conversations under those tenants' system prompts. ``--workload unique`
 control (no shared prefixes) at the same size. Everything the engines report is simulated.
 
 ``--engine llama-cpp`` starts four real llama.cpp engines (SmolLM2-135M through llama-cpp-python, see
-``prefix_router.pool.engines.llama_launcher``) with a RAM prompt cache of about four prompt states each,
+``prefix_router.launch.llama_cpp``) with a RAM prompt cache of about four prompt states each,
 and replays a smaller workload (48 requests, 6 tenants with 200-token system prompts, two in flight at a
 time) that a CPU can serve in a few minutes; ``--workers URL...`` uses engines that are already running.
 """
@@ -30,8 +30,8 @@ from rich.console import Console
 from prefix_router.bench.commands import emit, exit_code, parse_key_values, plan_from, workload_from
 from prefix_router.bench.harness import run_bench
 from prefix_router.bench.table import output_console
-from prefix_router.bench.workloads.arrivals import Arrivals
 from prefix_router.config import parse_scalar
+from prefix_router.workloads.arrivals import Arrivals
 
 SIM_ENGINE_OPTIONS: Mapping[str, Any] = {
     "profile": "llama-3.1-8b-h100",
@@ -92,7 +92,7 @@ def engines(args: argparse.Namespace) -> Iterator[tuple[list[str], bool | None]]
     if args.workers:
         yield list(args.workers), None
     elif args.engine == "sim":
-        from prefix_router.sim.launcher import start_engines
+        from prefix_router.launch.engine_sim import start_engines
 
         with start_engines(args.engines, **sim_options(args)) as urls:
             yield urls, True
@@ -110,7 +110,7 @@ def sim_options(args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def _llama_fleet(instances: int) -> Iterator[list[str]]:
     try:
-        from prefix_router.pool.engines.llama_launcher import LaunchError, LlamaCppFleet, LlamaCppSettings
+        from prefix_router.launch.llama_cpp import LaunchError, LlamaCppFleet, LlamaCppSettings
     except ImportError as exc:  # pragma: no cover - the engines package is part of the project
         raise DemoError(f"the llama.cpp launcher is not available: {exc}") from None
     try:

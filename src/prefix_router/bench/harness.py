@@ -19,7 +19,7 @@ from rich.console import Console
 from prefix_router.bench import routers, workers
 from prefix_router.bench.runner import RunnerConfig, RunResult, run_workload
 from prefix_router.bench.summary import imbalance, report_document, summarize
-from prefix_router.bench.workloads.types import Session, Turn, Workload
+from prefix_router.workloads.types import Session, Turn, Workload
 
 RouterFactory = Callable[[str], contextlib.AbstractAsyncContextManager[str]]
 

@@ -31,11 +31,11 @@ from rich.table import Table
 
 from prefix_router.bench.summary import quantile
 from prefix_router.bench.table import output_console
-from prefix_router.bench.workloads.text import random_text, rng_for
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.router import Router
 from prefix_router.routing.types import Outcome, RouteRequest
+from prefix_router.workloads.text import random_text, rng_for
 
 CHAIN_BLOCKS = 64
 HIT_WORKERS = 3

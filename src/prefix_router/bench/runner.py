@@ -21,8 +21,8 @@ from openai import AsyncOpenAI
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prefix_router.bench.client import RequestRecord, send
-from prefix_router.bench.workloads.bodies import request_body
-from prefix_router.bench.workloads.types import Session, Turn, Workload
+from prefix_router.workloads.bodies import request_body
+from prefix_router.workloads.types import Session, Turn, Workload
 
 
 @dataclass(frozen=True, slots=True)

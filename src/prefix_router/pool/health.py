@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from prefix_router.config import HealthConfig
 from prefix_router.pool.http import Fetcher, FetchError
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import HealthConfig
 from prefix_router.pool.worker import Worker
 
 FALLBACK_PATH = "/v1/models"

@@ -7,12 +7,12 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from prefix_router.config import Config
-from prefix_router.pool.discovery import Discovery
 from prefix_router.pool.health import HealthProber
 from prefix_router.pool.http import Fetcher
+from prefix_router.pool.identify import Discovery
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
+from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 
@@ -23,16 +23,20 @@ class PoolMonitor:
     """Owns the prober, discovery and scraper and the three loops that drive them."""
 
     def __init__(
-        self, pool: WorkerPool, router: Router, fetcher: Fetcher, cfg: Config, clock: Callable[[], float]
+        self,
+        pool: WorkerPool,
+        router: Router,
+        fetcher: Fetcher,
+        settings: tuple[HealthConfig, ScrapeConfig, int],
+        clock: Callable[[], float],
     ) -> None:
+        health, scrape, max_models = settings
         self.pool = pool
         self.fetcher = fetcher
-        self.prober = HealthProber(pool, fetcher, cfg.health)
-        self.discovery = Discovery(
-            fetcher, cfg.health.timeout_s, cfg.limits.max_models_per_worker, cfg.scrape.max_bytes
-        )
-        self.scraper = MetricsScraper(pool, router, fetcher, cfg.scrape, clock)
-        self._cfg = cfg
+        self.prober = HealthProber(pool, fetcher, health)
+        self.discovery = Discovery(fetcher, health.timeout_s, max_models, scrape.max_bytes)
+        self.scraper = MetricsScraper(pool, router, fetcher, scrape, clock)
+        self._health, self._scrape = health, scrape
         self._tasks: list[asyncio.Task[None]] = []
 
     async def refresh(self, worker: Worker) -> None:
@@ -48,11 +52,11 @@ class PoolMonitor:
         if self._tasks:
             return
         loops: list[tuple[float, Callable[[], Awaitable[None]]]] = [
-            (self._cfg.health.interval_s, self.prober.probe_all),
-            (self._cfg.health.models_interval_s, self._discover_all),
+            (self._health.interval_s, self.prober.probe_all),
+            (self._health.models_interval_s, self._discover_all),
         ]
-        if self._cfg.scrape.enabled:
-            loops.append((self._cfg.scrape.interval_s, self.scraper.scrape_all))
+        if self._scrape.enabled:
+            loops.append((self._scrape.interval_s, self.scraper.scrape_all))
         self._tasks = [asyncio.create_task(_every(interval, fn)) for interval, fn in loops]
 
     async def stop(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prefix_router.config import WorkerConfig
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 

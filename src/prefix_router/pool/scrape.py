@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from prefix_router.config import ScrapeConfig
 from prefix_router.pool.engines.base import EngineLoad
 from prefix_router.pool.health import auth_headers
 from prefix_router.pool.http import Fetcher, FetchError
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import ScrapeConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 

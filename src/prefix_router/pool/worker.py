@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from prefix_router.config import WorkerConfig
 from prefix_router.pool.engines.base import EngineAdapter
+from prefix_router.pool.settings import WorkerConfig
 
 
 @dataclass(slots=True)

@@ -10,9 +10,9 @@ from typing import Any
 from prefix_router.pool.engines.base import EngineAdapter
 from prefix_router.pool.engines.usage import dig, openai_cached_tokens
 from prefix_router.pool.worker import Worker
+from prefix_router.proxy.context import AppState
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
-from prefix_router.proxy.state import AppState
 from prefix_router.routing.types import Decision, Outcome
 
 log = logging.getLogger(__name__)

@@ -8,12 +8,13 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from prefix_router.config import WorkerConfig, describe
+from prefix_router.config import describe
 from prefix_router.pool.pool import PoolError
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.auth import check_admin
+from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.errors import ProxyError, bad_request
 from prefix_router.proxy.handlers import Handler, json_response
-from prefix_router.proxy.state import STATE, AppState
 
 MAX_ADMIN_BODY = 64 * 1024
 

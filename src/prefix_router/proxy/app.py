@@ -10,19 +10,21 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from prefix_router.config import Config, ConfigError
+from prefix_router.config import Config
 from prefix_router.pool.http import AiohttpFetcher, Fetcher
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
+from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import admin, handlers
 from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.h1client import H1Upstream
 from prefix_router.proxy.metrics import ProxyMetrics
 from prefix_router.proxy.record import Recorder
-from prefix_router.proxy.state import STATE, AppState
 from prefix_router.proxy.upstream import AiohttpUpstream, Upstream
 from prefix_router.routing.router import Router
+from prefix_router.settings import ConfigError
 
 log = logging.getLogger("prefix_router.proxy")
 
@@ -69,7 +71,7 @@ def build_state(
         config=config,
         router=router,
         pool=pool,
-        monitor=PoolMonitor(pool, router, fetcher or AiohttpFetcher(), config, clock),
+        monitor=PoolMonitor(pool, router, fetcher or AiohttpFetcher(), monitor_settings(config), clock),
         metrics=metrics,
         upstream=upstream or build_upstream(config),
         client_keys=KeySet(config.auth.api_keys),
@@ -79,6 +81,10 @@ def build_state(
         policies=frozenset(router.policy_names()),
         recorder=build_recorder(config, clock, metrics),
     )
+
+
+def monitor_settings(config: Config) -> tuple[HealthConfig, ScrapeConfig, int]:
+    return config.health, config.scrape, config.limits.max_models_per_worker
 
 
 def build_router(config: Config, rng: random.Random) -> Router:
@@ -165,8 +171,8 @@ def _install_shared_state(app: web.Application, state: AppState) -> None:
     settings = state.config.state
     if settings.url is None:
         return
-    from prefix_router.state import StateConfig
-    from prefix_router.state.wiring import StateCollector, install
+    from prefix_router.replication import StateConfig
+    from prefix_router.replication.wiring import StateCollector, install
 
     knobs = settings.model_dump(exclude={"url", "replica_id"})
     slot = install(

@@ -1,4 +1,4 @@
-"""``prefix-router serve`` (and ``prefix-router bench-overhead``)."""
+"""``prefix-router serve``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import os
 import sys
 from typing import Any
 
-from prefix_router.config import Config, ConfigError, load_config
+from prefix_router.config import Config, load_config
 from prefix_router.routing.policies import POLICY_NAMES
+from prefix_router.settings import ConfigError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,9 +48,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--print-config", action="store_true", help="print the merged config (YAML) and exit")
     serve.set_defaults(func=run_serve)
-    from prefix_router.proxy.bench import register as register_bench
-
-    register_bench(sub)
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from aiohttp import web
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.proxy.context import AppState
 from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
-from prefix_router.proxy.state import AppState
 from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
 from prefix_router.routing.types import Decision, Outcome
 

@@ -12,10 +12,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefix_router.proxy import parse as parsing
 from prefix_router.proxy.auth import check_client, tenant_of
+from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.errors import ProxyError, bad_request, overloaded
 from prefix_router.proxy.exchange import Exchange, UpstreamReply
 from prefix_router.proxy.forward import POLICY_HEADER
-from prefix_router.proxy.state import STATE, AppState
 from prefix_router.routing.keys import Endpoint
 
 log = logging.getLogger(__name__)

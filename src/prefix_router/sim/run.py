@@ -61,8 +61,8 @@ def workload_scenario(
     options: dict[str, Any] | None = None,
     sessions: bool = False,
 ) -> Scenario:
-    from prefix_router.bench.workloads.registry import get_workload
     from prefix_router.sim.workload_source import WorkloadSource, scale_arrivals
+    from prefix_router.workloads.registry import get_workload
 
     model = spec.profile.model
     built = get_workload(name, requests=limit, seed=spec.seed, model=model, **(options or {}))

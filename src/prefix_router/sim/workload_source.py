@@ -1,4 +1,4 @@
-"""Replaying the benchmark workloads (``prefix_router.bench.workloads``) in the simulator.
+"""Replaying the benchmark workloads (``prefix_router.workloads``) in the simulator.
 
 Each turn becomes the OpenAI body the benchmark runner would send (history carried forward, the
 engine's generated reply appended for the next turn unless the turn scripts one). The router's view is
@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefix_router.bench.workloads.bodies import request_body
-from prefix_router.bench.workloads.types import Session, Workload
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.sim.openai_api import EngineLimits, parse
 from prefix_router.sim.requests import SimRequest
 from prefix_router.sim.text import ids_text
+from prefix_router.workloads.bodies import request_body
+from prefix_router.workloads.types import Session, Workload
 
 
 def scale_arrivals(workload: Workload, rate_scale: float) -> Workload:

@@ -17,11 +17,12 @@ from aiohttp import web
 from kubernetes.client import Configuration
 from yarl import URL
 
-from prefix_router.config import ConfigError, load_config
+from prefix_router.config import load_config
 from prefix_router.proxy import cli
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.context import STATE
 from prefix_router.proxy.server import Running, start
-from prefix_router.proxy.state import STATE
+from prefix_router.settings import ConfigError
 
 QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.enabled": False}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}

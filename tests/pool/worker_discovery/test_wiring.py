@@ -8,8 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from prefix_router.config import DiscoverySettings
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import DiscoverySettings
 from prefix_router.pool.worker import Worker
 from prefix_router.pool.worker_discovery.wiring import DiscoveryCollector, WorkerDiscovery, pod_namespace
 from prefix_router.routing.config import RoutingConfig

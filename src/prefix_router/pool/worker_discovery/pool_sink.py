@@ -8,8 +8,8 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from prefix_router.config import WorkerConfig
 from prefix_router.pool.pool import PoolError, WorkerPool
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.pool.worker import Worker
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,12 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prefix_router.config import ConfigError, DiscoverySettings
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import DiscoverySettings
 from prefix_router.pool.worker_discovery.dns import DnsDiscovery
 from prefix_router.pool.worker_discovery.membership import Membership
 from prefix_router.pool.worker_discovery.pool_sink import AddedHook, PoolSink
+from prefix_router.settings import ConfigError
 
 log = logging.getLogger(__name__)
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -1,0 +1,59 @@
+"""Sharing in-flight counts between replicas: one Redis hash per replica (``worker -> in flight``) that
+expires unless refreshed, and a sorted set of live replicas scored by their last refresh (Redis time)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import redis.asyncio as aioredis
+
+from prefix_router.replication.config import StateConfig
+
+
+async def exchange(
+    client: aioredis.Redis,
+    cfg: StateConfig,
+    origin: str,
+    local: Mapping[str, int],
+    server_now: float,
+) -> list[dict[bytes, bytes]]:
+    """Publish this replica's counts; return the hashes of the other live replicas (at most
+    ``cfg.max_replicas``)."""
+    members = await _publish(client, cfg, origin, local, int(server_now * 1000))
+    others = [m for m in members if m != origin.encode()]
+    if not others:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for member in others:
+            pipe.hgetall(cfg.load_key(member.decode("utf-8", "replace")))
+        hashes: list[dict[bytes, bytes]] = await pipe.execute()
+    return hashes
+
+
+async def _publish(
+    client: aioredis.Redis, cfg: StateConfig, origin: str, local: Mapping[str, int], now_ms: int
+) -> list[bytes]:
+    key, ttl_ms = cfg.load_key(origin), int(cfg.load_ttl_s * 1000)
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.delete(key)
+        if local:
+            pipe.hset(key, mapping={name: count for name, count in local.items()})
+        pipe.pexpire(key, ttl_ms)
+        pipe.zadd(cfg.replicas_key, {origin: now_ms})
+        pipe.zremrangebyscore(cfg.replicas_key, "-inf", now_ms - ttl_ms)
+        pipe.pexpire(cfg.replicas_key, 4 * ttl_ms)
+        pipe.zrevrangebyscore(cfg.replicas_key, "+inf", now_ms - ttl_ms, start=0, num=cfg.max_replicas)
+        replies = await pipe.execute()
+    members: list[bytes] = replies[-1]
+    return members
+
+
+def totals(hashes: list[dict[bytes, bytes]], workers: Collection[str]) -> dict[str, int]:
+    """Sum of the other replicas' counts for each of ``workers`` (others and bad values ignored)."""
+    out = dict.fromkeys(workers, 0)
+    for table in hashes:
+        for raw_name, raw_count in table.items():
+            name = raw_name.decode("utf-8", "replace")
+            if name in out and raw_count.isdigit():
+                out[name] += int(raw_count)
+    return out

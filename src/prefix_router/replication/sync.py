@@ -1,0 +1,332 @@
+"""RedisState: this replica's prefix index shared with the other replicas through Redis.
+
+- Publish: the router's change hook puts every local index change in a bounded outbox (O(1), never
+  waits); a task drains it in batches and XADDs them (pipelined, stream trimmed to about
+  ``stream_maxlen`` entries).
+- Subscribe: a task XREADs the entries after the last one seen and applies the other replicas' changes
+  with ``Router.apply`` (its own are skipped). Times travel as ages, so replicas need no common clock.
+- Warm-up: ``start()`` applies the stream backlog before returning (bounded by ``warmup_timeout_s``),
+  so a new replica does not route blind; ``ready`` is then true (``warmed`` says whether it succeeded).
+- Load: every ``load_interval_s`` each replica publishes its in-flight counts per worker (a hash with a
+  TTL) and adds the other replicas' sums to its load view (``LoadTracker.set_remote_in_flight``).
+- Failures: Redis down or slow never blocks routing. Each task counts failures, backs off exponentially,
+  reconnects and catches up from the last id seen; remote load is forgotten once stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from prefix_router.replication import load_share, stream
+from prefix_router.replication.backoff import Backoff
+from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
+from prefix_router.replication.config import StateConfig
+from prefix_router.replication.outbox import Outbox
+from prefix_router.replication.stats import StateStats
+from prefix_router.routing.router import ChangeHook, IndexChange, Router
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutError)
+
+
+class RedisState:
+    """Shared prefix state of one router replica. ``client`` serves publishing and load sharing,
+    ``reader`` the blocking reads (its socket timeout must exceed ``read_block_ms``)."""
+
+    def __init__(
+        self,
+        router: Router,
+        client: aioredis.Redis,
+        reader: aioredis.Redis,
+        replica_id: str,
+        cfg: StateConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.router, self.client, self.reader = router, client, reader
+        self.cfg = cfg or StateConfig()
+        self.replica_id = replica_id
+        self._rng = rng if rng is not None else random.Random()
+        self.origin = f"{replica_id}/{self._rng.getrandbits(32):08x}"
+        self.clock, self.wall = clock, wall
+        self.outbox = Outbox(self.cfg.outbox_capacity)
+        self.counters = StateStats()
+        self.last_id = stream.START_ID
+        self.warmed = False
+        self.connected = False
+        self._ready = False
+        self._offset = 0.0  # Redis clock - local wall clock
+        self._tasks: list[asyncio.Task[None]] = []
+        self._previous_hook: ChangeHook | None = None
+        self._load_ok_at: float | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def is_ready(self) -> bool:
+        return self._ready
+
+    async def start(self, run_tasks: bool = True) -> None:
+        """Hook the router, warm up from the backlog (bounded), then run the background tasks."""
+        self._hook()
+        await self._warm_up()
+        self._ready = True
+        if run_tasks:
+            for loop in (self._flush_loop, self._read_loop, self._load_loop):
+                self._tasks.append(asyncio.create_task(loop(), name=f"redis-state-{loop.__name__}"))
+
+    async def stop(self) -> None:
+        """Cancel the tasks, publish what is left (bounded by ``op_timeout_s``), unhook, close."""
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.cfg.op_timeout_s)
+        self._tasks.clear()
+        with contextlib.suppress(*ERRORS):
+            await asyncio.wait_for(self.flush(), self.cfg.op_timeout_s)
+        self._unhook()
+        self._ready = False
+        for client in {id(c): c for c in (self.client, self.reader)}.values():
+            with contextlib.suppress(*ERRORS):
+                await client.aclose()
+
+    def stats(self) -> dict[str, float]:
+        out = self.counters.as_dict()
+        out.update(
+            failures=float(self.counters.failures),
+            outbox_size=float(len(self.outbox)),
+            outbox_dropped=float(self.outbox.dropped),
+            connected=float(self.connected),
+            warmed=float(self.warmed),
+            ready=float(self._ready),
+        )
+        return out
+
+    # ------------------------------------------------------------ router hook
+
+    def _hook(self) -> None:
+        if self.router.on_change != self._on_change:
+            self._previous_hook = self.router.on_change
+            self.router.on_change = self._on_change
+
+    def _unhook(self) -> None:
+        if self.router.on_change == self._on_change:
+            self.router.on_change = self._previous_hook
+
+    def _on_change(self, change: IndexChange) -> None:
+        self.outbox.put(change)
+        if self._previous_hook is not None:
+            self._previous_hook(change)
+
+    # ------------------------------------------------------------ warm-up
+
+    async def _warm_up(self) -> None:
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._apply_backlog(), self.cfg.warmup_timeout_s)
+        except ERRORS as exc:
+            _reraise_cancellation()
+            self.counters.read_failures += 1
+            self._failed("warm-up", exc)
+        else:
+            self.warmed = True
+            self._succeeded()
+        self.counters.warmup_seconds = time.perf_counter() - started
+
+    async def _apply_backlog(self) -> None:
+        await self.resync()
+        while True:
+            entries = await stream.read_range(
+                self.reader, self.cfg.stream_key, self.last_id, self.cfg.read_count
+            )
+            self.counters.warmup_changes += self._apply(entries)
+            if len(entries) < self.cfg.read_count:
+                return
+
+    # ------------------------------------------------------------ one step of each task (public for tests
+    # and for drivers that run without the background tasks, like the benchmark)
+
+    async def flush_once(self) -> int:
+        """Publish up to ``batch_max x entries_per_flush`` queued changes; returns how many."""
+        changes = self.outbox.take(self.cfg.batch_max * self.cfg.entries_per_flush)
+        if not changes:
+            return 0
+        payloads = self._encode(changes)
+        if not payloads:
+            return len(changes)
+        try:
+            await stream.publish(
+                self.client, self.cfg.stream_key, self.cfg.stream_maxlen, self._origin(), payloads
+            )
+        except ERRORS:
+            self.outbox.requeue(changes)
+            raise
+        self.counters.published_entries += len(payloads)
+        self.counters.published_changes += len(changes)
+        return len(changes)
+
+    async def flush(self) -> None:
+        """Publish everything queued."""
+        while await self.flush_once():
+            pass
+
+    async def read_once(self, block_ms: int | None = None) -> int:
+        """Apply the entries published since the last one seen; returns how many changes were applied."""
+        entries = await stream.read_after(
+            self.reader, self.cfg.stream_key, self.last_id, self.cfg.read_count, block_ms
+        )
+        return self._apply(entries)
+
+    async def sync_load(self) -> None:
+        """Publish this replica's in-flight counts and take in the other replicas' sums."""
+        workers = self.router.workers()
+        local = {w: n for w in workers if (n := self.router.load.in_flight(w)) > 0}
+        server_now = self.wall() + self._offset
+        hashes = await load_share.exchange(self.client, self.cfg, self.origin, local, server_now)
+        for worker, count in load_share.totals(hashes, workers).items():
+            self.router.load.set_remote_in_flight(worker, count)
+        self.counters.remote_replicas = len(hashes)
+        self._load_ok_at = self.clock()
+
+    async def resync(self) -> None:
+        """After (re)connecting: learn Redis's clock; restart from the beginning if the stream is gone or
+        older than the last id seen (Redis restarted empty); count a gap if entries were trimmed unseen."""
+        self._offset = await stream.server_time(self.client) - self.wall()
+        found = await stream.bounds(self.reader, self.cfg.stream_key)
+        if found is None or stream.parse_id(found[1]) < stream.parse_id(self.last_id):
+            self.last_id = stream.START_ID
+            return
+        first = found[0]
+        seen = stream.parse_id(self.last_id)
+        if first is not None and seen != (0, 0) and stream.parse_id(first) > seen:
+            self.counters.gaps += 1
+
+    # ------------------------------------------------------------ background tasks
+
+    async def _flush_loop(self) -> None:
+        await self._forever(self.flush_once, "publish_failures", self.outbox.wait)
+
+    async def _read_loop(self) -> None:
+        needs_resync = False
+
+        async def step() -> None:
+            nonlocal needs_resync
+            if needs_resync:
+                await self.resync()
+            needs_resync = True
+            await self.read_once(self.cfg.read_block_ms)
+            needs_resync = False
+
+        await self._forever(step, "read_failures")
+
+    async def _load_loop(self) -> None:
+        async def pause() -> None:
+            await asyncio.sleep(self.cfg.load_interval_s)
+
+        await self._forever(self.sync_load, "load_failures", pause)
+
+    async def _forever(
+        self,
+        step: Callable[[], Coroutine[Any, Any, Any]],
+        counter: str,
+        before: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        backoff = Backoff(self.cfg.backoff_initial_s, self.cfg.backoff_max_s, self._rng)
+        while True:
+            _reraise_cancellation()  # a cancellation swallowed inside redis-py must still end the task
+            if before is not None:
+                await before()
+            try:
+                await step()
+            except ERRORS as exc:
+                _reraise_cancellation()  # redis-py may turn a cancellation into a connection error
+                setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+                self._failed(counter, exc)
+                self._forget_stale_load()
+                await asyncio.sleep(backoff.next())
+            else:
+                backoff.reset()
+                self._succeeded()
+
+    # ------------------------------------------------------------ helpers
+
+    def _origin(self) -> bytes:
+        return self.origin.encode("utf-8")
+
+    def _encode(self, changes: Sequence[IndexChange]) -> list[bytes]:
+        now, parts = self.clock(), []
+        for change in changes:
+            try:
+                parts.append(encode_change(change, max(0.0, now - change.at)))
+            except CodecError:
+                self.counters.encode_errors += 1
+        size = self.cfg.batch_max
+        return [encode_batch(parts[i : i + size]) for i in range(0, len(parts), size)]
+
+    def _apply(self, entries: Sequence[stream.Entry]) -> int:
+        now, server_now = self.clock(), self.wall() + self._offset
+        workers, origin, applied = set(self.router.workers()), self._origin(), 0
+        for entry_id, fields in entries:
+            self.last_id = entry_id
+            self.counters.received_entries += 1
+            if fields.get(b"o") == origin:
+                self.counters.own_entries += 1
+                continue
+            transit = max(0.0, server_now - stream.id_seconds(entry_id))
+            applied += self._apply_payload(fields.get(b"d", b""), now - transit, workers)
+        self.counters.applied_changes += applied
+        return applied
+
+    def _apply_payload(self, payload: bytes, published_at: float, workers: set[str]) -> int:
+        try:
+            changes = decode_batch(payload)
+        except CodecError:
+            self.counters.decode_errors += 1
+            return 0
+        applied = 0
+        for change in changes:
+            if change.worker in workers:
+                self.router.apply(change.at(published_at))
+                applied += 1
+            else:
+                self.counters.unknown_worker_changes += 1
+        return applied
+
+    def _succeeded(self) -> None:
+        if not self.connected:
+            if self.counters.failures:
+                self.counters.reconnects += 1
+                log.warning("shared state: connected to Redis again")
+            self.connected = True
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        if self.connected:
+            log.warning("shared state: Redis unavailable (%s: %s); routing on local state", what, exc)
+        self.connected = False
+
+    def _forget_stale_load(self) -> None:
+        stale = self._load_ok_at is None or self.clock() - self._load_ok_at > self.cfg.load_ttl_s
+        if stale:
+            for worker in self.router.workers():
+                self.router.load.set_remote_in_flight(worker, 0)
+
+
+def _reraise_cancellation() -> None:
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -1,7 +1,0 @@
-"""Shared prefix state for several router replicas, through Redis Streams (``serve --state URL``)."""
-
-from prefix_router.state.config import StateConfig
-from prefix_router.state.connect import attach, default_replica_id
-from prefix_router.state.sync import RedisState
-
-__all__ = ["RedisState", "StateConfig", "attach", "default_replica_id"]

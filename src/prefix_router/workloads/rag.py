@@ -1,0 +1,44 @@
+"""RAG / long documents: a few long shared documents, each request asks a different question about one.
+
+The prompt puts the document before the question, so requests on the same document share it whole.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from prefix_router.workloads.chatbots import zipf_weights
+from prefix_router.workloads.text import random_text, rng_for, tagged_text
+from prefix_router.workloads.types import Session, Turn
+
+SYSTEM_PROMPT = "Answer the question using only the document. Quote the relevant passage."
+
+
+@dataclass(frozen=True, slots=True)
+class RagOptions:
+    documents: int = 4
+    document_tokens: int = 4096
+    zipf_s: float = 0.0  # document popularity; 0 = uniform
+    question_tokens: int = 32
+    output_tokens: int = 48
+
+
+def build(opts: RagOptions, requests: int, seed: int) -> list[Session]:
+    if opts.documents < 1:
+        raise ValueError("documents must be >= 1")
+    docs = [
+        tagged_text(f"document {d}", rng_for("rag", seed, d), opts.document_tokens)
+        for d in range(opts.documents)
+    ]
+    rng = random.Random(f"rag-requests:{seed}")
+    picks = rng.choices(range(opts.documents), weights=zipf_weights(opts.documents, opts.zipf_s), k=requests)
+    return [_session(i, d, docs[d], opts, rng) for i, d in enumerate(picks)]
+
+
+def _session(index: int, doc_index: int, document: str, opts: RagOptions, rng: random.Random) -> Session:
+    question = f"Question {index}: {random_text(rng, opts.question_tokens)}?"
+    content = f"<document id={doc_index}>\n{document}\n</document>\n\n{question}"
+    turn = Turn(max_tokens=opts.output_tokens, messages=({"role": "user", "content": content},))
+    preamble = ({"role": "system", "content": SYSTEM_PROMPT},)
+    return Session(session_id=f"rag-{index}", arrival_s=0.0, turns=(turn,), preamble=preamble)

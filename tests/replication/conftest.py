@@ -1,0 +1,184 @@
+"""A real ``redis-server`` per test (on a free loopback port, no persistence), stopped by the fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from prefix_router.replication import RedisState, StateConfig, attach
+from prefix_router.routing.config import RoutingConfig
+from prefix_router.routing.router import Router
+from prefix_router.routing.types import Outcome, RouteRequest
+
+REDIS = shutil.which("redis-server")
+WORKERS = ("w0", "w1", "w2", "w3")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RedisProcess:
+    """One redis-server on a fixed port that a test may kill, pause and restart."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary, self.workdir, self.port = binary, workdir, _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        args += ["--dir", str(self.workdir), "--protected-mode", "yes", "--loglevel", "warning"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_listening()
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.01)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def pause(self, paused: bool) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    if REDIS is None:
+        if os.environ.get("CI"):  # CI installs it (.ci/run): a missing server there is a failure
+            pytest.fail("redis-server is not installed (Debian package redis-server)")
+        pytest.skip("redis-server is not installed (Debian package redis-server)")
+    server = RedisProcess(REDIS, tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            server.pause(False)
+        server.kill()
+
+
+def make_router(seed: int = 0, **knobs: object) -> Router:
+    cfg = RoutingConfig(block_tokens=16, worker_capacity_tokens=16 * 10_000, **knobs)  # type: ignore[arg-type]
+    router = Router(cfg, random.Random(seed))
+    for name in WORKERS:
+        router.add_worker(name)
+    return router
+
+
+def fast_config(**changes: object) -> StateConfig:
+    base: dict[str, object] = dict(
+        read_block_ms=50, load_interval_s=0.05, load_ttl_s=1.0, backoff_initial_s=0.02, backoff_max_s=0.2,
+        op_timeout_s=0.5, connect_timeout_s=0.5, warmup_timeout_s=2.0,
+    )  # fmt: skip
+    base.update(changes)
+    return StateConfig(**base)  # type: ignore[arg-type]
+
+
+class Replicas:
+    """Routers attached to one Redis; all stopped at teardown."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.states: list[RedisState] = []
+
+    async def add(self, seed: int = 0, cfg: StateConfig | None = None, **kw: object) -> RedisState:
+        router = make_router(seed)
+        state = await attach(router, self.url, f"r{len(self.states)}", cfg or fast_config(), **kw)  # type: ignore[arg-type]
+        self.states.append(state)
+        return state
+
+    async def close(self) -> None:
+        for state in self.states:
+            await state.stop()
+
+
+@pytest.fixture
+async def replicas(redis_server: RedisProcess) -> AsyncIterator[Replicas]:
+    group = Replicas(redis_server.url)
+    try:
+        yield group
+    finally:
+        await group.close()
+
+
+class Kit:
+    """Helpers for the tests (a fixture: test modules cannot import each other here)."""
+
+    WORKERS = WORKERS
+    make_router = staticmethod(make_router)
+    fast_config = staticmethod(fast_config)
+
+    @staticmethod
+    def request(rid: str, blocks: tuple[int, ...]) -> RouteRequest:
+        return RouteRequest(rid, blocks, 16, 16 * len(blocks) + 3, hash_key=blocks[0] if blocks else 0)
+
+    @staticmethod
+    def dispatch(
+        router: Router,
+        rid: str,
+        blocks: tuple[int, ...],
+        now: float,
+        finish: bool = True,
+        candidates: list[str] | None = None,
+    ) -> str:
+        """Route and dispatch one request (the index insert is shared); optionally finish it."""
+        req = Kit.request(rid, blocks)
+        decision = router.route(req, candidates or list(WORKERS), now)
+        router.dispatched(req, decision, now)
+        if finish:
+            router.finished(req, decision.worker, Outcome(), now)
+        return decision.worker
+
+    @staticmethod
+    def prefix(tag: int, length: int = 4) -> tuple[int, ...]:
+        return tuple(tag * 1000 + i for i in range(length))
+
+    @staticmethod
+    async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError("condition not reached in time")
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def kit() -> type[Kit]:
+    return Kit
