@@ -1,7 +1,12 @@
-"""Merge per-router benchmark JSON files into one comparison table (terminal + Markdown + JSON).
+"""The fair peer run's tables from its result files (``benchmarks/peers.py`` writes them).
 
-    .venv/bin/python benchmarks/peers_table.py OUT/*.json --baseline "prefix-router random" \
-        --json OUT/peers.json --markdown OUT/peers.md
+    .venv/bin/python benchmarks/peers_table.py OUT [--json OUT/peers.json] [--markdown OUT/peers.md]
+
+OUT holds ``runs.json`` (what ran: cells, rates, commands) and one directory per cell
+(``<workload>-<load>/``) with one ``prefix-router bench --json`` file per router and that router's
+Prometheus page (``<router>.metrics.txt``). Prints the results table and the verdict against the peers
+(TTFT mean and p99 of ``prefix-router prefix`` vs each peer row), writes them as Markdown and the whole
+matrix as JSON. Exit status 0 whether or not the targets were met (the verdict says).
 """
 
 from __future__ import annotations
@@ -10,26 +15,76 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from prefix_router.bench.merge import markdown, merge
-from prefix_router.bench.table import render
+from prefix_router.bench import merge, peer_matrix
+
+
+def load_cells(out: Path) -> list[dict[str, Any]]:
+    """One entry per cell: workload, load, rate, the pooled document and vllm-router's decisions."""
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        if run["rc"] != 0:
+            print(
+                f"left out (exit {run['rc']}): {run['workload']} {run['load']} {run['label']}",
+                file=sys.stderr,
+            )
+            continue
+        key = (run["workload"], run["load"])
+        cell = cells.setdefault(key, {"workload": key[0], "load": key[1], "rate": run["rate"], "runs": {}})
+        cell["runs"].setdefault(run["label"], []).append(run)
+    for cell in cells.values():
+        directory = out / f"{cell['workload']}-{cell['load']}"
+        labels = sorted(cell["runs"], key=lambda label: (peer_matrix.is_peer(label), label))
+        documents = {label: [_json(directory, run) for run in cell["runs"][label]] for label in labels}
+        checked = merge.merge([docs[0] for docs in documents.values()])  # same workers and workload?
+        policies = {
+            label: peer_matrix.pool(
+                [doc["policies"][label] for doc in docs],
+                [rec for run in cell["runs"][label] for rec in _records(directory, run)],
+            )
+            for label, docs in documents.items()
+        }
+        cell["document"] = {**checked, "policies": policies}
+        cell["router_decisions"] = {label: _decisions(directory, cell["runs"][label]) for label in labels}
+    return list(cells.values())
+
+
+def _json(directory: Path, run: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads((directory / f"{run['file']}.json").read_text()))
+
+
+def _records(directory: Path, run: dict[str, Any]) -> list[dict[str, Any]]:
+    path = directory / f"{run['file']}.records.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _decisions(directory: Path, runs: list[dict[str, Any]]) -> dict[str, float]:
+    """vllm-router's decision counters summed over the repeats (empty for other routers)."""
+    total: dict[str, float] = {}
+    for run in runs:
+        path = directory / f"{run['file']}.metrics.txt"
+        for key, value in peer_matrix.router_decisions(path.read_text() if path.exists() else "").items():
+            total[key] = total.get(key, 0.0) + value
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("files", nargs="+", type=Path)
-    parser.add_argument("--baseline", help="label the ratios are taken against")
-    parser.add_argument("--json", type=Path, help="write the merged document here")
-    parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
+    parser.add_argument("out", type=Path, help="the directory benchmarks/peers.py wrote")
+    parser.add_argument("--json", type=Path, help="write the matrix document here")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown tables here")
     args = parser.parse_args(argv)
-    document = merge([json.loads(f.read_text()) for f in args.files], args.baseline)
-    render(document)
+    matrix = peer_matrix.build(load_cells(args.out))
+    text = peer_matrix.markdown(matrix)
+    print(text)
     if args.json:
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        args.json.write_text(json.dumps(matrix, indent=2) + "\n")
     if args.markdown:
-        args.markdown.write_text(markdown(document, first_column="router / policy"))
+        args.markdown.write_text(text)
     return 0
 
 

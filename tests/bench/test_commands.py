@@ -44,6 +44,20 @@ def test_bench_command_writes_json_and_report(sim_workers: list[str], tmp_path: 
     assert "SIMULATED" in (tmp_path / "rep" / "table.txt").read_text()
 
 
+def test_bench_records_one_line_per_request(sim_workers: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "records.jsonl"
+    args = _parser().parse_args([
+        "bench", "--workers", *sim_workers, "--policies", "prefix", "--workload", "chatbots",
+        "--workload-opt", "tenants=2", "--workload-opt", "system_tokens=64", "--requests", "6",
+        "--concurrency", "2", "--no-progress", "--records", str(out),
+    ])  # fmt: skip
+    assert args.func(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and {r["policy"] for r in rows} == {"prefix"}
+    assert all(r["ok"] and r["ttft_s"] > 0 and r["e2e_s"] >= r["ttft_s"] and r["worker"] for r in rows)
+    assert all(r["prompt_tokens"] > 0 and r["cached_tokens"] is not None for r in rows)
+
+
 def test_demo_against_given_workers(
     sim_workers: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -50,3 +50,17 @@ def test_counter_deltas() -> None:
 def test_first_model() -> None:
     assert workers.first_model({"data": [{"id": "m1"}, {"id": "m2"}]}) == "m1"
     assert workers.first_model({"data": []}) is None and workers.first_model(None) is None
+
+
+def test_busy_fraction_from_simulated_engines() -> None:
+    page = (
+        'prefix_router_sim:busy_seconds_total{engine="0",model_name="m"} 3.0\n'
+        'prefix_router_sim:time_scale{engine="0",model_name="m"} 2.0\n'
+    )
+    assert workers.busy_wall_s(page) == 6.0  # model seconds x time scale
+    assert workers.busy_wall_s('vllm:num_requests_running{engine="0"} 1\n') is None
+    before = {"a": Counters(busy_s=1.0), "b": Counters(busy_s=0.0)}
+    after = {"a": Counters(busy_s=9.0), "b": Counters(busy_s=4.0)}
+    assert workers.busy_fraction(before, after, wall_s=10.0) == pytest.approx(0.6)
+    assert workers.busy_fraction(before, {"a": Counters(busy_s=9.0), "b": Counters()}, 10.0) is None
+    assert workers.busy_fraction(before, after, wall_s=0.0) is None

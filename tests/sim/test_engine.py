@@ -176,3 +176,11 @@ def test_cached_tokens_never_exceed_the_prompt(
 def _check(events: list[Any], prompts: dict[str, int]) -> None:
     for event in events:
         assert 0 <= event.cached_tokens < prompts[event.request_id]
+
+
+def test_busy_time_adds_up_the_work_not_the_idle_gaps(demo_profile: EngineProfile, kit: Any) -> None:
+    engine = EngineModel(demo_profile)
+    _, end, _ = kit.run_one(engine, kit.request("a", kit.chain("a", 10), 16, output=20), 0.0)
+    assert engine.stats.busy_s == pytest.approx(end)  # busy from its arrival at 0 to its end
+    _, end2, _ = kit.run_one(engine, kit.request("b", kit.chain("b", 10), 16, output=20), end + 100.0)
+    assert engine.stats.busy_s == pytest.approx(end + (end2 - end - 100.0))  # the 100 s idle gap is not busy

@@ -11,6 +11,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from prefix_router.launch.engine_sim import running_engines
+from prefix_router.pool.engines import promtext
 
 MODEL = "sim-demo"
 SYSTEM = {"role": "system", "content": "You answer questions about the simulator. " * 40}
@@ -189,3 +190,61 @@ async def test_non_streaming_disconnect_cancels_generation(url: str) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await wait_running(url, 0)
+
+
+async def post_json(url: str, body: Any) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_render_and_tokenize_give_the_ids_the_engine_prefills(url: str, client: AsyncOpenAI) -> None:
+    messages: Any = [SYSTEM, {"role": "user", "content": "how many tokens?"}]
+    status, rendered = await post_json(
+        f"{url}/v1/chat/completions/render", {"model": MODEL, "messages": messages}
+    )
+    assert status == 200 and isinstance(rendered["token_ids"], list) and rendered["model"] == MODEL
+    status, tokenized = await post_json(f"{url}/tokenize", {"model": MODEL, "messages": messages})
+    assert status == 200 and tokenized["tokens"] == rendered["token_ids"]
+    assert tokenized["count"] == len(tokenized["tokens"]) and tokenized["max_model_len"] > 0
+    reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(rendered["token_ids"])
+    status, listed = await post_json(
+        f"{url}/v1/completions/render", {"model": MODEL, "prompt": ["a b c", [1, 2]]}
+    )
+    assert status == 200 and [item["token_ids"] for item in listed][1] == [1, 2] and len(listed) == 2
+    status, plain = await post_json(f"{url}/tokenize", {"prompt": "a b c"})
+    assert status == 200 and plain["tokens"] == listed[0]["token_ids"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        (
+            "/v1/chat/completions/render",
+            {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+            404,
+        ),
+        ("/v1/chat/completions/render", {"model": MODEL, "messages": "x"}, 400),
+        ("/v1/completions/render", {"model": MODEL}, 400),
+        ("/tokenize", {"model": MODEL}, 400),
+    ],
+)
+async def test_render_errors_are_openai_errors(url: str, path: str, body: Any, status: int) -> None:
+    code, answer = await post_json(url + path, body)
+    assert code == status and set(answer["error"]) == {"message", "type", "param", "code"}
+    async with aiohttp.ClientSession() as session, session.post(url + path, data=b"{") as resp:
+        assert resp.status == 400 and "error" in await resp.json()
+
+
+async def test_request_success_and_busy_time_metrics(url: str, client: AsyncOpenAI) -> None:
+    assert await metric(url, "prefix_router_sim:time_scale") == 0.2
+    assert await metric(url, "prefix_router_sim:busy_seconds_total") == 0.0
+    await client.chat.completions.create(model=MODEL, messages=[SYSTEM], max_tokens=3)
+    await client.completions.create(model=MODEL, prompt="a", max_tokens=2)
+    await client.completions.create(model=MODEL, prompt="b", max_tokens=2)
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
+        page = await resp.text()
+    samples = promtext.parse(page, {"vllm:request_success_total"})
+    assert {s.labels["finished_reason"]: s.value for s in samples} == {"length": 3}
+    busy = await metric(url, "prefix_router_sim:busy_seconds_total")
+    assert busy > 0

@@ -5,11 +5,15 @@ from hypothesis import strategies as st
 
 from prefix_router.sim.text import (
     END,
+    GENERATION_PROMPT,
+    VOCAB_SIZE,
     generate_ids,
     ids_text,
     namespace_seed,
     render_chat,
     text_blocks,
+    text_ids,
+    text_pieces,
     token_count,
 )
 
@@ -63,3 +67,30 @@ def test_namespaces_do_not_share_blocks() -> None:
     assert (
         text_blocks(text, 16, namespace_seed("a", "salt"))[0] != text_blocks(text, 16, namespace_seed("a"))[0]
     )
+
+
+@given(st.text(max_size=400), st.text(max_size=200))
+def test_token_ids_of_a_prefix_are_a_prefix(prefix: str, rest: str) -> None:
+    short, long = text_ids(prefix), text_ids(prefix + rest)
+    full = len(prefix) // 4
+    assert long[:full] == short[:full]
+    assert len(short) == token_count(prefix) == len(text_pieces(prefix))
+    assert all(0 <= t < VOCAB_SIZE for t in long)
+
+
+def test_token_ids_are_deterministic_and_tell_tokens_apart() -> None:
+    assert text_ids("") == []
+    assert text_ids("hello world") == text_ids("hello world")
+    assert text_ids("abcd")[0] != text_ids("abce")[0]
+    assert text_ids("ab") != text_ids("ab\x00")  # a short last token is not a NUL-padded one
+    ids = text_ids("".join(f"{i:04d}" for i in range(2000)))
+    assert len(set(ids)) > 1950  # 2,000 distinct tokens: ~16 collisions expected in a 128,256-id vocabulary
+    assert text_ids("é€😀x") != text_ids("é€😀y")
+
+
+def test_generation_prompt_and_open_final_message() -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure: "}]
+    closed = render_chat(messages)
+    assert closed.endswith(END + GENERATION_PROMPT)
+    assert render_chat(messages, add_generation_prompt=False) == closed.removesuffix(GENERATION_PROMPT)
+    assert render_chat(messages, continue_final_message=True).endswith("Sure: ")

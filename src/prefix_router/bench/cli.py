@@ -67,6 +67,7 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sim.add_argument("--real", dest="simulated", action="store_false", help="label as real engines")
     add_workload_args(p, "mixed")
     add_output_args(p)
+    p.add_argument("--records", metavar="OUT", help="write one JSON line per request (per policy) to OUT")
     p.set_defaults(func=_run_bench)
 
 

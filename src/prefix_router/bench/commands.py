@@ -109,7 +109,23 @@ def bench_command(args: argparse.Namespace) -> int:
     workload = workload_from(args)
     outcome = asyncio.run(run_bench(plan_from(args, workload)))
     emit(outcome, args)
+    if args.records:
+        write_records(outcome, Path(args.records))
     return exit_code(outcome.document)
+
+
+RECORD_FIELDS = ("session_id", "turn", "endpoint", "start_s", "ttft_s", "e2e_s", "ok", "error", "status",
+                 "prompt_tokens", "cached_tokens", "output_tokens", "worker")  # fmt: skip
+
+
+def write_records(outcome: BenchOutcome, path: Path) -> None:
+    """One JSON object per request: the policy plus what the client measured (times in seconds)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for policy, result in outcome.results.items():
+            for record in result.records:
+                row = {"policy": policy, **{f: getattr(record, f) for f in RECORD_FIELDS}}
+                out.write(json.dumps(row) + "\n")
 
 
 def demo_command(args: argparse.Namespace) -> int:

@@ -153,6 +153,7 @@ def _summary(
     summary = summarize(result, per_worker)
     tokens = workers.prompt_tokens_delta(before, after)
     summary["engine_metrics_hit_rate"] = workers.engine_hit_rate(before, after)
+    summary["busy_fraction"] = workers.busy_fraction(before, after, result.wall_s)
     summary["hit_rate_source"] = "responses (usage.prompt_tokens_details.cached_tokens)"
     if summary["hit_rate"] is None and summary["engine_metrics_hit_rate"] is not None:
         summary["hit_rate"] = summary["engine_metrics_hit_rate"]

@@ -8,7 +8,8 @@ between policies (``demo`` does) or accept that later policies start warm.
 Per-worker request counts come from the router's ``x-prefix-router-worker`` header; routers that do not
 send it (peers) are measured from the engines' counters (``vllm:request_success_total``) instead, and when
 an engine has no request counter, load balance is judged by the prompt tokens each engine was sent
-(``vllm:prefix_cache_queries``).
+(``vllm:prefix_cache_queries``). Simulated engines also export their busy time, from which a run states
+how busy the fleet was (``busy_fraction``; simulated).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from prefix_router.pool.engines import promtext
 from prefix_router.pool.engines.registry import detect, get_adapter
 
 REQUEST_COUNTERS = promtext.counter_names("vllm:request_success")
+BUSY_COUNTERS = promtext.counter_names("prefix_router_sim:busy_seconds")  # simulated engines only
+TIME_SCALE_GAUGE = "prefix_router_sim:time_scale"
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 SIM_MARKERS = ("prefix-router-sim", "prefix_router_sim", "simulated")
 
@@ -44,6 +47,7 @@ class Counters:
     requests: float | None = None
     prefix_queries: float | None = None
     prefix_hits: float | None = None
+    busy_s: float | None = None  # engine busy time in wall seconds (simulated engines export it)
 
 
 async def _get_text(session: aiohttp.ClientSession, url: str) -> str | None:
@@ -126,7 +130,15 @@ async def counters(info: WorkerInfo) -> Counters:
     load = get_adapter(info.engine).parse_metrics(text)
     samples = promtext.parse(text, frozenset(REQUEST_COUNTERS))
     requests = sum(s.value for s in samples) if samples else None
-    return Counters(requests, load.prefix_cache_queries, load.prefix_cache_hits)
+    return Counters(requests, load.prefix_cache_queries, load.prefix_cache_hits, busy_wall_s(text))
+
+
+def busy_wall_s(text: str) -> float | None:
+    """A simulated engine's busy time in wall seconds (model seconds x time scale); None elsewhere."""
+    samples = promtext.parse(text, frozenset((*BUSY_COUNTERS, TIME_SCALE_GAUGE)))
+    busy = promtext.total(samples, *BUSY_COUNTERS)
+    scale = promtext.total(samples, TIME_SCALE_GAUGE)
+    return None if busy is None else busy * (scale or 1.0)
 
 
 async def counters_all(infos: Sequence[WorkerInfo]) -> dict[str, Counters]:
@@ -154,6 +166,16 @@ def prompt_tokens_delta(
     if any(d is None for d in deltas.values()):
         return None
     return {url: round(d or 0.0) for url, d in deltas.items()}
+
+
+def busy_fraction(
+    before: Mapping[str, Counters], after: Mapping[str, Counters], wall_s: float
+) -> float | None:
+    """Mean fraction of ``wall_s`` the engines spent running steps; None unless every engine says."""
+    deltas = [_delta(after[u].busy_s, before[u].busy_s) for u in after]
+    if not deltas or wall_s <= 0 or any(d is None for d in deltas):
+        return None
+    return round(sum(d or 0.0 for d in deltas) / (len(deltas) * wall_s), 4)
 
 
 def engine_hit_rate(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> float | None:

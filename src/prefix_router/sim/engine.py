@@ -79,6 +79,7 @@ class EngineStats:
     cancelled: int = 0
     rejected: int = 0
     steps: int = 0
+    busy_s: float = 0.0  # engine time spent running steps (prefill or decode)
 
 
 @dataclass(slots=True, eq=False)
@@ -249,6 +250,7 @@ class EngineModel:
         else:
             self._run_decode(span, events)
         self._clock = span.end
+        self.stats.busy_s += span.end - span.start
         self._apply_cancels()
         self._plan(span.end)
         return events

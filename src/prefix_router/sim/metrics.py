@@ -1,12 +1,15 @@
 """Prometheus metrics of the simulated engine under vLLM's names, so routers treat it like vLLM.
 
 A collector reads the engine's state at scrape time; each server has its own registry (no globals).
-Older vLLM names (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are exported as well.
+Older vLLM names (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are exported as well, and
+two of its own: ``prefix_router_sim:busy_seconds_total`` (engine time spent running steps, model seconds)
+and ``prefix_router_sim:time_scale`` (wall seconds per model second), so a benchmark can state how busy
+the fleet was: busy fraction = busy seconds x time scale / wall seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,9 +21,17 @@ LABELS = ("model_name", "engine")
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: EngineModel, model: str) -> None:
+    def __init__(
+        self,
+        engine: EngineModel,
+        model: str,
+        time_scale: float = 1.0,
+        finished: Mapping[str, int] | None = None,
+    ) -> None:
         self.engine = engine
         self.values = [model, "0"]
+        self.time_scale = time_scale
+        self.finished = finished
 
     def collect(self) -> Iterator[Metric]:
         e, stats = self.engine, self.engine.stats
@@ -34,6 +45,12 @@ class EngineCollector(Collector):
         yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", stats.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Generation tokens processed.", stats.generation_tokens)
         yield self._counter("vllm:num_preemptions", "Cumulative preemptions.", 0)
+        if self.finished is not None:
+            yield self._finished(self.finished)
+        busy_doc = "Simulated engine time spent running steps, in model seconds (simulated)."
+        yield self._counter("prefix_router_sim:busy_seconds", busy_doc, stats.busy_s)
+        scale_doc = "Wall seconds per model second of this simulated engine (--time-scale)."
+        yield self._gauge("prefix_router_sim:time_scale", scale_doc, self.time_scale)
         yield self._cache_config()
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -44,6 +61,13 @@ class EngineCollector(Collector):
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=LABELS)
         family.add_metric(self.values, value)
+        return family
+
+    def _finished(self, finished: Mapping[str, int]) -> CounterMetricFamily:
+        doc = "Count of successfully processed requests."
+        family = CounterMetricFamily("vllm:request_success", doc, labels=(*LABELS, "finished_reason"))
+        for reason in sorted(finished):
+            family.add_metric([*self.values, reason], finished[reason])
         return family
 
     def _cache_config(self) -> GaugeMetricFamily:
@@ -60,9 +84,13 @@ class EngineCollector(Collector):
         return family
 
 
-def metrics_registry(engine: EngineModel, model: str) -> CollectorRegistry:
+def metrics_registry(
+    engine: EngineModel, model: str, time_scale: float = 1.0, finished: Mapping[str, int] | None = None
+) -> CollectorRegistry:
+    """The engine's metrics; ``finished`` (requests by finished_reason, kept by the HTTP server) is
+    exported as ``vllm:request_success_total``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, model))
+    registry.register(EngineCollector(engine, model, time_scale, finished))
     return registry
 
 

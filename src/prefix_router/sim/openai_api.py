@@ -76,21 +76,40 @@ class EngineLimits:
 # ---------------------------------------------------------------------- parsing
 
 
-def parse(endpoint: Endpoint, body: Any, limits: EngineLimits, request_id: str) -> ApiRequest:
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    """A validated request body: its prompts (rendered chat text, completion text or token ids)."""
+
+    endpoint: Endpoint
+    model: str
+    prompts: tuple[str | list[int], ...]
+    max_tokens: int | None
+    cache_salt: str | None
+    stream: bool
+    include_usage: bool
+
+
+def validate(endpoint: Endpoint, body: Any, limits: EngineLimits) -> Prompts:
+    """Check a request body as the engine does (raises ``ApiError``); renders chat messages."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     model = _model(body, limits)
     max_tokens = _max_tokens(body)
     _check_n(body)
     salt = _optional_str(body, "cache_salt")
-    seed = namespace_seed(model, salt)
     prompts = _chat_prompts(body) if endpoint == "chat" else _completion_prompts(body)
-    gens = tuple(
-        _generation(endpoint, prompt, seed, max_tokens, limits, f"{request_id}-{i}")
-        for i, prompt in enumerate(prompts)
-    )
     stream = _flag(body, "stream")
-    return ApiRequest(endpoint, model, gens, stream, stream and _include_usage(body))
+    return Prompts(endpoint, model, tuple(prompts), max_tokens, salt, stream, stream and _include_usage(body))
+
+
+def parse(endpoint: Endpoint, body: Any, limits: EngineLimits, request_id: str) -> ApiRequest:
+    checked = validate(endpoint, body, limits)
+    seed = namespace_seed(checked.model, checked.cache_salt)
+    gens = tuple(
+        _generation(endpoint, prompt, seed, checked.max_tokens, limits, f"{request_id}-{i}")
+        for i, prompt in enumerate(checked.prompts)
+    )
+    return ApiRequest(endpoint, checked.model, gens, checked.stream, checked.include_usage)
 
 
 def _model(body: Mapping[str, Any], limits: EngineLimits) -> str:
@@ -126,10 +145,10 @@ def _optional_str(body: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def _flag(body: Mapping[str, Any], key: str) -> bool:
-    value = body.get(key, False)
+def _flag(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise ApiError(f"'{key}' must be a boolean", key)
     return value
@@ -145,6 +164,12 @@ def _include_usage(body: Mapping[str, Any]) -> bool:
 
 
 def _chat_prompts(body: Mapping[str, Any]) -> list[str | list[int]]:
+    return [chat_prompt(body)]
+
+
+def chat_prompt(body: Mapping[str, Any]) -> str:
+    """The rendered prompt of a chat body (``messages``, ``tools``, ``add_generation_prompt``,
+    ``continue_final_message`` as in vLLM); raises ``ApiError`` on a malformed body."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError("'messages' must be a non-empty array", "messages")
@@ -153,7 +178,16 @@ def _chat_prompts(body: Mapping[str, Any]) -> list[str | list[int]]:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise ApiError("'tools' must be an array", "tools")
-    return [render_chat(messages, tools)]
+    add_prompt = _flag(body, "add_generation_prompt", default=True)
+    continue_final = _flag(body, "continue_final_message")
+    if add_prompt and continue_final and "add_generation_prompt" in body:
+        raise ApiError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
+    return render_chat(
+        messages, tools, add_generation_prompt=add_prompt, continue_final_message=continue_final
+    )
 
 
 def _check_message(message: Any, where: str) -> None:

@@ -1,8 +1,10 @@
 """``prefix-router engine-sim``: an OpenAI-compatible HTTP engine backed by the engine model (simulated).
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE streaming or not),
-``GET /v1/models``, ``GET /health``, ``POST /reset_prefix_cache``, ``GET /metrics`` (vLLM names), plus
-``/server_info`` and ``/model_info`` for routers that probe them. Client disconnect aborts generation.
+``GET /v1/models``, ``GET /health``, ``POST /reset_prefix_cache``, ``GET /metrics`` (vLLM names), vLLM's
+``POST /v1/chat/completions/render``, ``POST /v1/completions/render`` and ``POST /tokenize`` (prompt token
+ids, for routers that route on them; see ``render_api``), plus ``/server_info`` and ``/model_info`` for
+routers that probe them. Client disconnect aborts generation.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import contextlib
 import signal
 import sys
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -24,6 +27,7 @@ from prefix_router.sim.engine import EngineModel, RequestRejected
 from prefix_router.sim.metrics import metrics_registry, render
 from prefix_router.sim.openai_api import ApiError, ApiRequest, Endpoint, EngineLimits, parse
 from prefix_router.sim.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
+from prefix_router.sim.render_api import render_chat, render_completions, tokenize
 from prefix_router.sim.streaming import complete, stream
 
 READY_PREFIX = "ENGINE-SIM READY "
@@ -58,6 +62,7 @@ class SimContext:
     engine: EngineModel
     driver: EngineDriver
     limits: EngineLimits
+    finished: Counter[str] = field(default_factory=Counter)  # requests by vLLM finished_reason
 
 
 CONTEXT = web.AppKey("engine_sim_context", SimContext)
@@ -80,6 +85,9 @@ def build_app(cfg: EngineSimConfig) -> web.Application:
     app.cleanup_ctx.append(_driver_lifecycle)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions/render", _render_chat)
+    app.router.add_post("/v1/completions/render", _render_completions)
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_post("/reset_prefix_cache", _reset)
@@ -122,8 +130,33 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             return await stream(request, api, request_id, tickets)
         return await complete(api, request_id, tickets)
     finally:
-        for ticket in tickets:
+        for generation, ticket in zip(api.generations, tickets, strict=True):
+            ctx.finished[generation.finish_reason if ticket.done else "abort"] += 1
             ctx.driver.cancel(ticket)
+
+
+async def _render_chat(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return await _answer(request, lambda body: render_chat(body, ctx.limits, uuid.uuid4().hex))
+
+
+async def _render_completions(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return await _answer(request, lambda body: render_completions(body, ctx.limits, uuid.uuid4().hex))
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return await _answer(request, lambda body: tokenize(body, ctx.limits))
+
+
+async def _answer(request: web.Request, build: Callable[[Any], Any]) -> web.Response:
+    """A JSON answer built from the request body, or the OpenAI error ``build`` raised."""
+    try:
+        payload = build(await _json_body(request))
+    except ApiError as err:
+        return web.json_response(err.body(), status=err.status)
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -172,7 +205,7 @@ async def _reset(request: web.Request) -> web.Response:
 
 
 def _metrics_handler(ctx: SimContext) -> Callable[[web.Request], Any]:
-    registry = metrics_registry(ctx.engine, ctx.model)
+    registry = metrics_registry(ctx.engine, ctx.model, ctx.driver.time_scale, ctx.finished)
 
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=render(registry), content_type="text/plain", charset="utf-8")

@@ -3,6 +3,8 @@
 Tokenizer: one token per 4 characters of text, cut from the start of the rendered prompt, so a text
 prefix is a token prefix (``token_count = ceil(len / 4)``); a block of 16 tokens is 64 characters. Real
 tokenizers average about 4 characters per token on English text. Prompts given as token ids are used as is.
+A token's id (``text_ids``, for the render and tokenize endpoints) is a hash of its 4 characters in
+``[0, VOCAB_SIZE)``: equal texts give equal ids in every engine process, and a text prefix an id prefix.
 
 Chat template: messages are rendered one after the other, each as ``<|role|>\\n...<|end|>\\n`` (tools first,
 as templates put them in the system part), followed by the generation prompt ``<|assistant|>\\n``. An
@@ -21,10 +23,13 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 import xxhash
 
 CHARS_PER_TOKEN = 4
+VOCAB_SIZE = 128_256  # ids of text tokens lie in [0, VOCAB_SIZE) (Llama 3's vocabulary size)
+_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5], np.uint64)
 END = "<|end|>\n"
 GENERATION_PROMPT = "<|assistant|>\n"
 _CONSONANTS = "bdfgklmnprstvz"
@@ -34,6 +39,25 @@ SYLLABLES = tuple(f" {a}{v}{b}" for a in _CONSONANTS for v in _VOWELS for b in "
 
 def token_count(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def text_ids(text: str) -> list[int]:
+    """The token ids of ``text``: one per 4 characters (the last token may be shorter), deterministic."""
+    if not text:
+        return []
+    points = np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.uint64)
+    padded = np.zeros(-(-len(points) // CHARS_PER_TOKEN) * CHARS_PER_TOKEN, dtype=np.uint64)
+    padded[: len(points)] = points + 1  # + 1: a short last token differs from one padded with NUL
+    h = (padded.reshape(-1, CHARS_PER_TOKEN) * _MIX).sum(axis=1, dtype=np.uint64)
+    h ^= h >> np.uint64(31)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(29)
+    return (h % np.uint64(VOCAB_SIZE)).astype(np.int64).tolist()  # type: ignore[no-any-return]
+
+
+def text_pieces(text: str) -> list[str]:
+    """The text of each token of ``text`` (what ``text_ids`` hashes)."""
+    return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
 
 
 def namespace_seed(model: str, salt: str | None = None) -> int:
@@ -82,13 +106,26 @@ def natural_length(seed: int, low: int = 16, high: int = 256) -> int:
 # ---------------------------------------------------------------------- chat template
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
-    """The prompt text of a chat request (see the module docstring)."""
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """The prompt text of a chat request (see the module docstring).
+
+    ``continue_final_message`` leaves the last message open (no end marker, no generation prompt), as
+    vLLM's option of that name does.
+    """
     parts = []
     if tools:
         parts.append("<|tools|>\n" + _json(tools) + END)
     parts.extend(render_message(m) for m in messages)
-    parts.append(GENERATION_PROMPT)
+    if continue_final_message and parts:
+        parts[-1] = parts[-1].removesuffix(END)
+    elif add_generation_prompt:
+        parts.append(GENERATION_PROMPT)
     return "".join(parts)
 
 
