@@ -46,6 +46,9 @@ def load_cells(out: Path) -> list[dict[str, Any]]:
             )
             for label, docs in documents.items()
         }
+        for label, pooled in policies.items():
+            loads = [run.get("load_avg") for run in cell["runs"][label] if run.get("load_avg") is not None]
+            pooled["machine_load_avg"] = round(sum(loads) / len(loads), 1) if loads else None
         cell["document"] = {**checked, "policies": policies}
         cell["router_decisions"] = {label: _decisions(directory, cell["runs"][label]) for label in labels}
     return list(cells.values())

@@ -18,7 +18,7 @@ vllm_router_kv_routing_inputs_total{transport="http",result="render"} 120
 def _summary(mean: float, p99: float, errors: int = 0) -> dict[str, Any]:
     return {"requests": 100, "errors": errors, "hit_rate": 0.5, "busy_fraction": 0.8,
             "ttft_ms": {"mean": mean, "p50": mean, "p90": p99, "p99": p99},
-            "requests_per_worker": {"http://w2": 60, "w1": 40}}  # fmt: skip
+            "requests_per_worker": {"http://w2": 60, "w1": 40}, "machine_load_avg": 8.0}  # fmt: skip
 
 
 def _cell(load: str, ours: dict[str, Any], **peers: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +73,6 @@ def test_markdown_tables() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("| workload | load (busy) | router / policy |")
     assert "| mixed | hot (4/s, 80 %) | prefix-router prefix | 100 | 0 | 50.0% | 84.0 |" in text
-    assert "40 / 60 |" in lines[2]  # requests per worker in worker order (w1, w2)
+    assert lines[2].endswith("| 40 / 60 | 8.0 |")  # requests per worker in worker order (w1, w2), load
     assert "vllm-router (no token ids: 25 %)" in text
     assert "| mixed | hot | vllm-router | 0.84 | 0.83 | <= 0.85 | yes |" in text

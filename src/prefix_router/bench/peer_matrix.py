@@ -5,6 +5,9 @@ run; ``benchmarks/peers_table.py`` reads those files and calls ``build`` and ``m
 is one ``merge.merge`` document (its routers' summaries) plus its load level, arrival rate and, per
 router, what the router's own metrics said (``router_decisions``).
 
+``machine load`` is the 1-minute load average of the (shared) machine at the end of the router's runs:
+on 2 cores, figures measured at a load of 8 were measured on a starved CPU.
+
 Verdict, per cell and peer row: ``ours`` (prefix-router's row) against that peer on TTFT mean and p99;
 ``ok`` when ours is no worse on both, and, in hot cells, at least ``HOT_MARGIN`` better on both.
 """
@@ -114,12 +117,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 # ---------------------------------------------------------------------- Markdown
 
 HEADERS = ("workload", "load (busy)", "router / policy", "requests", "errors", "hit rate", "TTFT mean ms",
-           "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "requests per worker")  # fmt: skip
+           "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "requests per worker", "machine load")  # fmt: skip
 
 
 def markdown(matrix: Mapping[str, Any]) -> str:
     """The results table and the verdict table, as Markdown."""
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 7 + ["---"]) + "|"]
+    lines = [
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join(["---"] * 3 + ["---:"] * 7 + ["---", "---:"]) + "|",
+    ]
     for cell in matrix["cells"]:
         for label, summary in cell["document"]["policies"].items():
             lines.append("| " + " | ".join(_row(cell, label, summary)) + " |")
@@ -136,7 +142,19 @@ def _row(cell: Mapping[str, Any], label: str, s: Mapping[str, Any]) -> list[str]
     times = [_ms(ttft[k]) for k in ("mean", "p50", "p90", "p99")]
     workers = _per_worker(s.get("requests_per_worker") or {})
     rate = "-" if hit is None else f"{hit * 100:.1f}%"
-    return [cell["workload"], load, name, str(s["requests"]), str(s["errors"]), rate, *times, workers]
+    machine = s.get("machine_load_avg")
+    machine_text = "-" if machine is None else f"{machine:.1f}"
+    return [
+        cell["workload"],
+        load,
+        name,
+        str(s["requests"]),
+        str(s["errors"]),
+        rate,
+        *times,
+        workers,
+        machine_text,
+    ]
 
 
 def _decision_note(decisions: Mapping[str, float]) -> str:
