@@ -12,8 +12,8 @@ from prefix_router.pool.identify import Discovery, parse_models
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
 from prefix_router.pool.settings import ScrapeConfig, WorkerConfig
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 VLLM_METRICS = """# HELP vllm:num_requests_waiting waiting
 vllm:num_requests_waiting{model_name="m"} 7.0
@@ -75,7 +75,7 @@ async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: Worke
     assert worker.learned_capacity == 16_000 and router.index.capacity_tokens("w1") == 16_000
     # the engine stops answering: its last load goes stale and stops counting, routing carries on
     fetcher.table["http://w1:8000/metrics"] = FetchError("timeout")
-    clock[0] = 100.0 + RoutingConfig().engine_load_stale_s + 1
+    clock[0] = 100.0 + RoutingSettings().trackers.engine_load_stale_s + 1
     assert await scraper.scrape(worker) is None
     assert router.load.snapshot("w1", clock[0]).queue_depth == 0
 
@@ -107,7 +107,7 @@ async def test_a_hung_metrics_endpoint_is_bounded_by_its_timeout(fake_engine: An
     running = await start(app, shutdown_timeout=0.1)
     fetcher = AiohttpFetcher()
     try:
-        router = Router(RoutingConfig())
+        router = Router(RoutingSettings())
         pool = WorkerPool(router, 4)
         worker = pool.add(WorkerConfig(url=running.url, engine="vllm"))
         from prefix_router.pool.engines import get_adapter

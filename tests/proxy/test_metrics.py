@@ -7,12 +7,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.metrics import CounterSet, FastHistogram, ProxyMetrics
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 
 def metrics_with(*workers: str) -> tuple[ProxyMetrics, WorkerPool]:
-    pool = WorkerPool(Router(RoutingConfig()), 8)
+    pool = WorkerPool(Router(RoutingSettings()), 8)
     for name in workers:
         pool.add(WorkerConfig(url=f"http://{name}:1", name=name))
     return ProxyMetrics(pool), pool

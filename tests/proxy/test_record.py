@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from prefix_router.config import RecordConfig
 from prefix_router.proxy.record import Recorder
+from prefix_router.proxy.settings import RecordConfig
 from prefix_router.routing.types import RouteRequest
 
 

@@ -7,21 +7,21 @@ from typing import Any
 import aiohttp
 from prometheus_client import generate_latest
 
-from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import STATE
 from prefix_router.proxy.server import Running, start
-from prefix_router.replication.wiring import StateCollector, StateSlot, install
+from prefix_router.replication.wiring import ReplicationCollector, ReplicationSlot, install
 
 QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
 
 
-async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, StateSlot, Any]:
+async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, ReplicationSlot, Any]:
     workers = [{"url": e.url, "name": e.name} for e in engines]
     app = create_app(load_config(env={}, overrides={**QUIET, "workers": workers}))
     app_state = app[STATE]
-    slot = install(app, app_state.router, url, cfg=kit.fast_config(), clock=app_state.clock)
-    app_state.metrics.registry.register(StateCollector(slot))
+    slot = install(app, app_state.router, kit.fast_config(url=url), clock=app_state.clock)
+    app_state.metrics.registry.register(ReplicationCollector(slot))
     return await start(app, shutdown_timeout=0.2), slot, app_state
 
 
@@ -49,15 +49,15 @@ async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine:
                 again, predicted = await chat(session, second.url, prompt + " and one more question")
                 assert again == worker and predicted > 0
             text = generate_latest(state_b.metrics.registry).decode()
-        assert "prefix_router_state_applied_changes_total" in text
-        assert "prefix_router_state_connected 1.0" in text
+        assert "prefix_router_replication_applied_changes_total" in text
+        assert "prefix_router_replication_connected 1.0" in text
         assert len(set(placed)) > 1
     finally:
         await first.stop()
         await second.stop()
-    assert slot_a.state is not None and not slot_a.state.ready
+    assert slot_a.replication is not None and not slot_a.replication.ready
 
 
 def test_an_empty_slot_is_not_ready() -> None:
-    slot = StateSlot()
+    slot = ReplicationSlot()
     assert not slot.ready() and slot.stats() == {}

@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import InvalidRequest, KeyBuilder, build_request, extension_blocks
+from prefix_router.routing.settings import KeySettings
 
-CFG = RoutingConfig(block_chars=16, block_tokens=4)
+CFG = KeySettings(block_chars=16, block_tokens=4)
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": messages, **extra}
 
 
-def blocks(body: dict[str, Any], tenant: str | None = None, cfg: RoutingConfig = CFG) -> tuple[int, ...]:
+def blocks(body: dict[str, Any], tenant: str | None = None, cfg: KeySettings = CFG) -> tuple[int, ...]:
     return build_request("chat", body, cfg, request_id="r", tenant=tenant).blocks
 
 
@@ -57,7 +57,7 @@ def test_tools_change_or_tenant_change_the_key() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
     other = {"type": "function", "function": {"name": "g", "parameters": {}}}
     assert blocks(chat(msgs, tools=[tool])) != blocks(chat(msgs, tools=[other]))
-    isolated = RoutingConfig(block_chars=16, block_tokens=4, isolate_tenants=True)
+    isolated = KeySettings(block_chars=16, block_tokens=4, isolate_tenants=True)
     assert blocks(chat(msgs), "t1", isolated)[0] != blocks(chat(msgs), "t2", isolated)[0]
     assert blocks(chat(msgs), "t1")[0] == blocks(chat(msgs), "t2")[0]  # shared when not isolated
 
@@ -136,7 +136,7 @@ def test_arbitrary_json_is_routed_or_rejected_never_crashes(body: dict[str, Any]
 
 
 def test_max_prefix_chars_caps_the_examined_prefix() -> None:
-    cfg = RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=32)
+    cfg = KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=32)
     body = chat([{"role": "user", "content": "x" * 500}])
     assert len(blocks(body, cfg=cfg)) == 2
 
@@ -162,11 +162,11 @@ def test_incremental_extension_equals_full_rehash(
 
 
 @settings(max_examples=100, deadline=None)
-@given(messages_st, st.text(max_size=200), st.integers(0, 400))
+@given(messages_st, st.text(max_size=200), st.integers(1, 400))  # 0 is refused (KeySettings)
 def test_incremental_extension_respects_the_prefix_cap(
     turn: list[dict[str, Any]], reply: str, cap: int
 ) -> None:
-    builder = KeyBuilder(RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=cap))
+    builder = KeyBuilder(KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=cap))
     body, generated = chat(turn), {"role": "assistant", "content": reply}
     req = builder.build("chat", body, request_id="r")
     fast = builder.extend(req, "chat", body, generated)

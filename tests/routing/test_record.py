@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import build_request
 from prefix_router.routing.record import record_line
+from prefix_router.routing.settings import KeySettings
 
-CFG = RoutingConfig(block_chars=64, block_tokens=16)
+CFG = KeySettings(block_chars=64, block_tokens=16)
 
 
 def test_records_share_leading_ids_exactly_when_prefixes_are_shared() -> None:

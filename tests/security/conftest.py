@@ -14,8 +14,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.server import Running, start
 

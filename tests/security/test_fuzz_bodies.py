@@ -21,8 +21,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
 from prefix_router.proxy.server import start
 
 MAX_BODY = 24 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Tenant isolation (``routing.isolate_tenants``; a tenant is the client's bearer token): one tenant's
+"""Tenant isolation (``routing.keys.isolate_tenants``; a tenant is the client's bearer token): one tenant's
 requests can never match, probe or evict another tenant's prefixes, nor follow or redirect its sessions.
 The control runs (isolation off) show the side channel these tests close."""
 
@@ -24,11 +24,11 @@ def chat(user: str, system: str = SYSTEM) -> dict[str, Any]:
 
 async def three_workers(echo_engine: Any, start_router: Any, isolate: bool, **settings: Any) -> Any:
     engines = [await echo_engine(f"w{i}") for i in range(3)]
-    return await start_router(*engines, settings={"routing.isolate_tenants": isolate, **settings})
+    return await start_router(*engines, settings={"routing.keys.isolate_tenants": isolate, **settings})
 
 
 def blocks_of(router: Any, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, ...]:
-    tenant = tenant_of(headers) if router.state.config.routing.isolate_tenants else None
+    tenant = tenant_of(headers) if router.state.config.routing.keys.isolate_tenants else None
     route = router.state.router.keys.build("chat", body, request_id="probe", tenant=tenant)
     blocks: tuple[int, ...] = route.blocks
     return blocks
@@ -55,7 +55,7 @@ async def test_another_tenant_cannot_evict_a_prefix(echo_engine: Any, start_rout
     floods the index with them: A's entries stay."""
     failing = [await echo_engine(f"f{i}", status=503) for i in range(2)]
     router = await start_router(
-        *failing, settings={"routing.isolate_tenants": True, "retries.max_attempts": 2}
+        *failing, settings={"routing.keys.isolate_tenants": True, "retries.max_attempts": 2}
     )
     index = router.state.router.index
     for engine in failing:

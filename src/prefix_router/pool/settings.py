@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -50,6 +50,23 @@ class WorkerConfig(Section):
     def resolved_name(self) -> str:
         """The configured name, or host:port of the URL."""
         return self.name or self.url.split("://", 1)[1].split("/", 1)[0]
+
+
+def workers_from_urls(value: Any) -> Any:
+    """A ``workers`` list may be given as URLs (comma-separated in an environment variable)."""
+    value = split_list(value)
+    if isinstance(value, list):
+        return [{"url": w} if isinstance(w, str) else w for w in value]
+    return value
+
+
+def unique_worker_names(workers: list[WorkerConfig]) -> list[WorkerConfig]:
+    """Refuses two workers of one name (index entries, metrics and shared state are keyed by it)."""
+    names = [w.resolved_name() for w in workers]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise ValueError(f"duplicate worker name {dup!r}")
+    return workers
 
 
 def normalize_url(value: str) -> str:

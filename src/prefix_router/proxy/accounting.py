@@ -81,7 +81,7 @@ def settle(state: AppState, flight: Flight, reply: ReplyAccumulator, status: int
     predicted = flight.decision.predicted_tokens if flight.decision is not None else 0
     state.metrics.cached_tokens(flight.worker.name, predicted, cached)
     if state.recorder is not None:
-        state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.chars_per_token))
+        state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.keys.chars_per_token))
 
 
 def cached_tokens(body: dict[str, Any] | None, adapter: EngineAdapter | None) -> int | None:

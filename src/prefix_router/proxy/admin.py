@@ -8,10 +8,10 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from prefix_router.config import describe
 from prefix_router.pool.pool import PoolError
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.auth import check_admin
+from prefix_router.proxy.config import describe
 from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.errors import ProxyError, bad_request
 from prefix_router.proxy.handlers import Handler, json_response

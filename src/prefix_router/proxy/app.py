@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from prefix_router.config import Config
 from prefix_router.pool.http import AiohttpFetcher, Fetcher
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
@@ -18,6 +17,7 @@ from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import admin, handlers
 from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.h1client import H1Upstream
 from prefix_router.proxy.metrics import ProxyMetrics
@@ -50,7 +50,7 @@ def create_app(
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
-    _install_shared_state(app, state)
+    _install_replication(app, state)
     _install_discovery(app, state)
     state.pool.on_health_change(_log_health)
     state.pool.on_health_change(_ejection_cutter(state))
@@ -167,27 +167,18 @@ def _log_health(worker: Worker, healthy: bool) -> None:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
 
 
-def _install_shared_state(app: web.Application, state: AppState) -> None:
-    settings = state.config.state
+def _install_replication(app: web.Application, state: AppState) -> None:
+    settings = state.config.replication
     if settings.url is None:
         return
-    from prefix_router.replication import StateConfig
-    from prefix_router.replication.wiring import StateCollector, install
+    from prefix_router.replication.wiring import ReplicationCollector, install
 
-    knobs = settings.model_dump(exclude={"url", "replica_id"})
-    slot = install(
-        app,
-        state.router,
-        settings.url,
-        replica_id=settings.replica_id,
-        cfg=StateConfig(**knobs),
-        clock=state.clock,
-    )
-    state.metrics.registry.register(StateCollector(slot))
+    slot = install(app, state.router, settings, clock=state.clock)
+    state.metrics.registry.register(ReplicationCollector(slot))
 
 
 def _install_discovery(app: web.Application, state: AppState) -> None:
-    """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the shared state's
+    """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the replication's
     warm-up knows the workers) and stops first on cleanup (before the monitor's fetcher closes)."""
     settings = state.config.discovery
     if settings.kind is None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from prefix_router.config import Config
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.config import Config
 from prefix_router.proxy.deadlines import Deadlines
 from prefix_router.proxy.metrics import ProxyMetrics
 from prefix_router.proxy.record import Recorder

@@ -69,7 +69,7 @@ async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     state = request.app[STATE]
     admit(state, request)
     raw = await read_body(state, request)
-    tenant = tenant_of(request.headers) if state.config.routing.isolate_tenants else None
+    tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
     session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
     args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
     if len(raw) > state.config.limits.parse_in_thread_bytes:  # long parses stay off the event loop

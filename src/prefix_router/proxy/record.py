@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from prefix_router.config import RecordConfig
+from prefix_router.proxy.settings import RecordConfig
 from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.types import RouteRequest
 

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import orjson
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
+from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.types import RouteRequest
 
 Endpoint = Literal["chat", "completions"]
@@ -174,9 +174,9 @@ def _token_bytes(ids: Sequence[int]) -> bytes:
 
 
 class KeyBuilder:
-    """Turns request bodies into ``RouteRequest``s under one configuration (and optional tokenizer)."""
+    """Turns request bodies into ``RouteRequest``s under one key configuration (and optional tokenizer)."""
 
-    def __init__(self, cfg: RoutingConfig, tokenize: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(self, cfg: KeySettings, tokenize: Callable[[str], list[int]] | None = None) -> None:
         self.cfg = cfg
         self._tokenize = tokenize if tokenize is not None else _load_tokenizer(cfg.tokenizer_path)
 
@@ -317,7 +317,7 @@ def _load_tokenizer(path: str | None) -> Callable[[str], list[int]] | None:
 def build_request(
     endpoint: Endpoint,
     body: Mapping[str, Any],
-    cfg: RoutingConfig,
+    cfg: KeySettings,
     *,
     request_id: str,
     tenant: str | None = None,
@@ -331,7 +331,7 @@ def extension_blocks(
     endpoint: Endpoint,
     body: Mapping[str, Any],
     generated: Mapping[str, Any],
-    cfg: RoutingConfig,
+    cfg: KeySettings,
     *,
     tenant: str | None = None,
 ) -> tuple[int, ...]:

@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prefix_router.routing.bounded import BoundedLRU
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
-from prefix_router.routing.policies import POLICY_NAMES, make_policy
+from prefix_router.routing.policies import POLICIES
 from prefix_router.routing.policies.base import load_cap, under_cap
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, Decision, Outcome, Policy, RouteRequest, WorkerSnapshot
 
 
@@ -59,23 +59,24 @@ ChangeHook = Callable[[IndexChange], None]
 
 
 class Router:
-    def __init__(self, cfg: RoutingConfig, rng: random.Random | None = None) -> None:
+    def __init__(self, cfg: RoutingSettings, rng: random.Random | None = None) -> None:
         self.cfg = cfg
         self.rng = rng if rng is not None else random.Random()
-        self.keys = KeyBuilder(cfg)
+        self.keys = KeyBuilder(cfg.keys)
         self.index = PrefixIndex(
-            block_tokens=cfg.block_tokens,
-            default_capacity_tokens=cfg.worker_capacity_tokens,
-            max_total_blocks=cfg.max_total_blocks,
-            ttl_s=cfg.ttl_s,
-            max_prefix_blocks=cfg.max_prefix_blocks,
+            block_tokens=cfg.keys.block_tokens,
+            default_capacity_tokens=cfg.index.worker_capacity_tokens,
+            max_total_blocks=cfg.index.max_total_blocks,
+            ttl_s=cfg.index.ttl_s,
+            max_prefix_blocks=cfg.index.max_prefix_blocks,
         )
-        self.load = LoadTracker(cfg.max_tracked_requests, cfg.engine_load_stale_s)
-        self.policies: dict[str, Policy] = {name: make_policy(name, cfg) for name in POLICY_NAMES}
+        self.load = LoadTracker(cfg.trackers.max_tracked_requests, cfg.trackers.engine_load_stale_s)
+        self.policies: dict[str, Policy] = {spec.name: spec.build(cfg.knobs(spec.name)) for spec in POLICIES}
+        self._honour_sessions = frozenset(spec.name for spec in POLICIES if spec.honours_sessions)
         if cfg.policy not in self.policies:
             raise KeyError(f"unknown policy {cfg.policy!r}")
-        self._sessions: BoundedLRU[str, str] = BoundedLRU(cfg.max_sessions)
-        self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.max_tracked_requests)
+        self._sessions: BoundedLRU[str, str] = BoundedLRU(cfg.sessions.max_sessions)
+        self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
         self.on_change: ChangeHook | None = None
 
@@ -111,21 +112,23 @@ class Router:
     ) -> Decision:
         if not candidates:
             raise ValueError("route needs at least one candidate")
-        chosen_policy = self.policies[policy or self.cfg.policy]
+        name = policy or self.cfg.policy
+        chosen_policy = self.policies[name]
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
-        sticky = self._sticky(req, snaps) if chosen_policy.honours_sessions else None
+        sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
         decision = sticky or chosen_policy.select(req, snaps, Context(now, self.rng, matches))
         matched = matches.get(decision.worker, 0)
         predicted = min(matched * self.index.block_tokens, req.prompt_tokens)
         return Decision(decision.worker, decision.branch, matched, predicted)
 
     def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
-        if not (self.cfg.session_affinity and req.session):
+        sessions = self.cfg.sessions
+        if not (sessions.affinity and req.session):
             return None
         worker = self._sessions.get(req.session)
         snap = next((s for s in snaps if s.name == worker), None)
-        if snap is None or not under_cap(snap, load_cap(snaps, self.cfg.load_factor, self.cfg.load_slack)):
+        if snap is None or not under_cap(snap, load_cap(snaps, sessions.load_factor, sessions.load_slack)):
             return None
         return Decision(snap.name, "session")
 
@@ -161,7 +164,7 @@ class Router:
         stats.reports += 1
         stats.predicted_tokens += prediction.tokens
         stats.actual_tokens += cached
-        if cached >= prediction.tokens * self.cfg.feedback_tolerance or prediction.deepest_seen is None:
+        if cached >= prediction.tokens * self.cfg.feedback.tolerance or prediction.deepest_seen is None:
             return
         stats.mismatches += 1
         self.index.forget_older(worker, prediction.deepest_seen)

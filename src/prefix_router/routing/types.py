@@ -83,12 +83,9 @@ class Policy(Protocol):
     """The one small contract every routing policy implements (one module per policy).
 
     ``select`` must return one of ``workers`` (never empty). The hooks are optional no-ops.
-    Session affinity is applied by the router before ``select``, only for policies that honour it (the
-    baselines do not, so that they stay honest baselines).
+    Session affinity is applied by the router before ``select``, only for policies whose row
+    (``policies.spec.PolicySpec``) honours it (the baselines do not, so that they stay honest baselines).
     """
-
-    name: str
-    honours_sessions: bool  # whether the router's session affinity applies under this policy
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision: ...
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Outcome
 from prefix_router.sim.engine import EngineEvent, EngineModel, RequestRejected
 from prefix_router.sim.events import EngineStepEnd, EventQueue, MetricsScrape, RequestArrival
@@ -67,7 +67,7 @@ class ClusterSimulation:
         spec: ClusterSpec,
         policy: str,
         source: RequestSource,
-        routing: RoutingConfig,
+        routing: RoutingSettings,
         progress: ProgressHook | None = None,
         keep_arrivals: bool = False,
     ) -> None:
@@ -96,7 +96,7 @@ class ClusterSimulation:
             block_tokens=self.source.engine_block_tokens,
         )
 
-    def _router(self, routing: RoutingConfig) -> Router:
+    def _router(self, routing: RoutingSettings) -> Router:
         router = Router(routing, rng=random.Random(f"router:{self.spec.seed}"))
         for name in self.names:
             router.add_worker(name, capacity_tokens=self.spec.capacity_tokens)

@@ -17,9 +17,9 @@ from aiohttp import web
 from kubernetes.client import Configuration
 from yarl import URL
 
-from prefix_router.config import load_config
 from prefix_router.proxy import cli
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import STATE
 from prefix_router.proxy.server import Running, start
 from prefix_router.settings import ConfigError

@@ -38,9 +38,7 @@ def eligible(workers: Sequence[WorkerSnapshot], load_factor: float, slack: int) 
 
 
 class NoHooks:
-    """No-op hooks for policies without state of their own. Baselines ignore session affinity."""
-
-    honours_sessions = False
+    """No-op hooks for policies without state of their own."""
 
     def on_worker_removed(self, worker: str) -> None:
         return None

@@ -17,7 +17,5 @@ def outstanding(worker: WorkerSnapshot) -> float:
 
 
 class LeastLoadPolicy(NoHooks):
-    name = "least_load"
-
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         return Decision(pick_min(workers, outstanding, ctx.rng).name, "least_load")

@@ -14,8 +14,6 @@ from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerS
 
 
 class PowerOfTwoPolicy(NoHooks):
-    name = "power_of_two"
-
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         pair = ctx.rng.sample(list(workers), 2) if len(workers) > 1 else list(workers)
         return Decision(pick_min(pair, outstanding, ctx.rng).name, "power_of_two")

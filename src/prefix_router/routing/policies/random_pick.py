@@ -12,8 +12,6 @@ from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerS
 
 
 class RandomPolicy(NoHooks):
-    name = "random"
-
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         chosen = ctx.rng.choices(workers, weights=[w.weight for w in workers])[0]
         return Decision(chosen.name, "random")

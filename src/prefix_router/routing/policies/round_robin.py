@@ -13,8 +13,6 @@ from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerS
 
 
 class RoundRobinPolicy(NoHooks):
-    name = "round_robin"
-
     def __init__(self) -> None:
         self._counter = 0
 
