@@ -124,7 +124,7 @@ async def test_429_with_retry_after_over_the_global_in_flight_cap(
     slow = await fake_engine("slow", delay_s=0.5)
     router = await start_router(slow, settings={"limits.max_in_flight": 1})
     first = asyncio.create_task(call(router.url, orjson.dumps(CHAT)))
-    while router.state.pool.total_in_flight == 0:
+    while router.state.pool.total_in_flight() == 0:
         await asyncio.sleep(0.01)
     status, headers, body = await call(router.url, orjson.dumps(CHAT))
     assert status == 429 and int(headers["Retry-After"]) >= 0
@@ -136,7 +136,7 @@ async def test_429_when_every_worker_is_at_its_cap(fake_engine: Any, start_route
     slow = await fake_engine("slow", delay_s=0.5)
     router = await start_router(slow, settings={"limits.max_in_flight_per_worker": 1})
     first = asyncio.create_task(call(router.url, orjson.dumps(CHAT)))
-    while router.state.pool.total_in_flight == 0:
+    while router.state.pool.total_in_flight() == 0:
         await asyncio.sleep(0.01)
     status, headers, _ = await call(router.url, orjson.dumps(CHAT))
     assert status == 429 and "Retry-After" in headers

@@ -82,7 +82,7 @@ async def test_first_byte_timeout_retries_then_504(fake_engine: Any, start_route
     alone = await start_router(hung, settings=settings)
     status, _, body = await post(alone.url)
     assert status == 504 and body["error"]["code"] == "upstream_timeout"
-    assert alone.state.pool.total_in_flight == 0
+    assert alone.state.pool.total_in_flight() == 0
 
 
 async def test_total_timeout_ends_a_stream_with_an_error_event(fake_engine: Any, start_router: Any) -> None:
@@ -92,7 +92,7 @@ async def test_total_timeout_ends_a_stream_with_an_error_event(fake_engine: Any,
     with pytest.raises(openai.APIError, match="timed out"):
         async for _ in stream:
             pass
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_mid_stream_failure_ends_with_error_event_and_no_retry(
@@ -108,7 +108,7 @@ async def test_mid_stream_failure_ends_with_error_event_and_no_retry(
             got.append(chunk.choices[0].delta.content or "")
     assert got == ["aaaa ", "bbbb "]  # what streamed before the failure, then a clean error event
     assert sum(len(e.generations) for e in engines) == 1  # never retried once bytes were sent
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_mid_stream_failure_raw_bytes(fake_engine: Any, start_router: Any) -> None:
@@ -128,14 +128,14 @@ async def test_client_disconnect_cancels_upstream_and_releases(fake_engine: Any,
     async with aiohttp.ClientSession() as http:
         resp = await http.post(router.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         await resp.content.readany()
-        assert router.state.pool.total_in_flight == 1
+        assert router.state.pool.total_in_flight() == 1
         resp.close()  # hang up mid-stream
     await asyncio.wait_for(slow.cancelled.wait(), 2.0)
     for _ in range(100):
-        if router.state.pool.total_in_flight == 0:
+        if router.state.pool.total_in_flight() == 0:
             break
         await asyncio.sleep(0.01)
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
     assert slow.streams_finished == 0
     assert router.state.router.load.tracked() == 0
 
@@ -147,10 +147,10 @@ async def test_client_disconnect_while_waiting_for_first_byte(fake_engine: Any, 
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(http.post(router.url + "/v1/chat/completions", json=CHAT), 0.3)
     for _ in range(100):
-        if router.state.pool.total_in_flight == 0:
+        if router.state.pool.total_in_flight() == 0:
             break
         await asyncio.sleep(0.01)
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_one_bad_request_does_not_affect_others(fake_engine: Any, start_router: Any) -> None:

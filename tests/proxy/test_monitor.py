@@ -51,4 +51,4 @@ async def test_engine_is_detected_from_metrics(fake_engine: Any, start_router: A
     router = await start_router(engine)
     worker = router.state.pool.require("a")
     assert worker.adapter is not None and worker.adapter.name == "vllm"
-    assert orjson.loads(orjson.dumps(worker.public()))["engine"] == "vllm"
+    assert orjson.loads(orjson.dumps(router.state.pool.public(worker)))["engine"] == "vllm"

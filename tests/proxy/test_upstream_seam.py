@@ -75,7 +75,7 @@ async def test_retry_on_connect_failure_then_success(start_router: Any) -> None:
         assert status == 200 and headers["x-prefix-router-worker"] == "b" and body == OK_BODY
     assert any(r.url.startswith("http://a.invalid") for r in upstream.sent)
     assert all(reply.released and not reply.aborted for reply in upstream.replies)
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_5xx_bodies_are_drained_and_the_attempt_released(start_router: Any) -> None:
@@ -84,7 +84,7 @@ async def test_5xx_bodies_are_drained_and_the_attempt_released(start_router: Any
     status, headers, body = await post(router.url)
     assert status == 503 and body == b'{"error": "busy"}' and headers["x-prefix-router-worker"] == "a"
     assert upstream.replies[0].released
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_requests_only_ever_go_to_configured_workers(start_router: Any) -> None:
@@ -129,6 +129,6 @@ async def test_an_unexpected_error_is_an_openai_500_and_releases(start_router: A
     router = await start_router(worker("a"), upstream=Broken())
     status, _, body = await post(router.url)
     assert status == 500 and orjson.loads(body)["error"]["code"] == "internal_error"
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
     status, _, _ = await post(router.url)  # and the router keeps serving
     assert status == 500

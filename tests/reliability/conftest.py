@@ -227,12 +227,15 @@ async def raw_engine() -> AsyncIterator[RawFactory]:
 
 @dataclass
 class Recording:
-    """A streaming engine that records, per request, when it started and when it was cancelled."""
+    """A streaming engine that records, per request, when it started and when it was cancelled.
+    ``/v1/embeddings`` (a pass-through path for the router) is answered after ``delay_s`` and counted in
+    ``active`` too; ``/health`` answers ``health_status``."""
 
     name: str
     chunk_delay_s: float = 0.01
     chunks: int = 1000
     delay_s: float = 0.0  # before the response head
+    health_status: int = 200
     active: int = 0
     max_active: int = 0
     served: int = 0
@@ -248,6 +251,7 @@ class Recording:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/embeddings", self._embed)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         return app
@@ -256,7 +260,19 @@ class Recording:
         return web.Response(body=OK_MODELS, content_type="application/json")
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(text="ok")
+        return web.Response(text="ok", status=self.health_status)
+
+    async def _embed(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await asyncio.sleep(self.delay_s)
+            data = [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}]
+            return web.json_response({"object": "list", "data": data, "model": "m"})
+        finally:
+            self.active -= 1
+            self.served += 1
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -385,8 +401,8 @@ class Kit:
         """Nothing in flight anywhere: the pool, each worker, the routing core, the deadline registry."""
         state = router.state
         return (
-            state.pool.total_in_flight == 0
-            and all(w.in_flight == 0 for w in state.pool)
+            state.pool.total_in_flight() == 0
+            and all(state.pool.in_flight(w.name) == 0 for w in state.pool)
             and state.router.load.tracked() == 0
             and len(state.deadlines) == 0
         )

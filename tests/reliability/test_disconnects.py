@@ -47,7 +47,7 @@ async def test_every_upstream_request_is_cancelled_within_100ms(
     router = await start_router(*engines, client=client)
     http, responses = await open_streams(router.url, STREAMS, {**kit.CHAT, "stream": True})
     assert sum(e.active for e in engines) == STREAMS
-    assert router.state.pool.total_in_flight == STREAMS
+    assert router.state.pool.total_in_flight() == STREAMS
     assert len(router.state.deadlines) == STREAMS  # one watched wait per stream, no more
     hung_up = await hang_up(http, responses)
     await kit.wait_until(lambda: sum(e.active for e in engines) == 0, timeout_s=5.0, step_s=0.002)

@@ -37,7 +37,6 @@ class Worker:
     health: HealthState = field(default_factory=HealthState)
     health_path: str | None = None
     draining: bool = False
-    in_flight: int = 0
     learned_capacity: int | None = None
     last_scrape_s: float | None = None
 
@@ -52,10 +51,6 @@ class Worker:
             capacity_tokens=cfg.capacity_tokens,
             configured_models=frozenset(cfg.models),
         )
-
-    def capacity(self) -> int | None:
-        """KV-cache capacity in tokens: configured, else learned from the engine's metrics."""
-        return self.capacity_tokens or self.learned_capacity
 
     @property
     def available(self) -> bool:
@@ -75,8 +70,9 @@ class Worker:
             return sorted(self.configured_models)
         return list(self.discovered or ())
 
-    def public(self) -> dict[str, Any]:
-        """A JSON-able view for the admin API: never the upstream credentials."""
+    def public(self, in_flight: int) -> dict[str, Any]:
+        """A JSON-able view for the admin API (``in_flight`` is the routing core's count): never the
+        upstream credentials."""
         return {
             "name": self.name,
             "url": self.url,
@@ -85,7 +81,7 @@ class Worker:
             "models": self.model_ids(),
             "healthy": self.health.healthy,
             "draining": self.draining,
-            "in_flight": self.in_flight,
+            "in_flight": in_flight,
             "consecutive_failures": self.health.failures,
             "last_error": self.health.last_error,
             "has_api_key": self.api_key is not None,

@@ -37,7 +37,8 @@ def admin_only(handler: Handler) -> Handler:
 
 @admin_only
 async def list_workers(request: web.Request) -> web.StreamResponse:
-    return json_response({"workers": [w.public() for w in request.app[STATE].pool]})
+    pool = request.app[STATE].pool
+    return json_response({"workers": [pool.public(w) for w in pool]})
 
 
 @admin_only
@@ -46,15 +47,16 @@ async def add_worker(request: web.Request) -> web.StreamResponse:
     cfg = worker_config(await read_json(request))
     worker = state.pool.add(cfg)
     await state.monitor.refresh(worker)
-    return json_response({"worker": worker.public()}, status=201)
+    return json_response({"worker": state.pool.public(worker)}, status=201)
 
 
 @admin_only
 async def remove_worker(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    view = state.pool.public(state.pool.require(request.match_info["name"]))  # with what still runs there
     worker = state.pool.remove(request.match_info["name"])
     state.metrics.forget_worker(worker.name)
-    return json_response({"removed": worker.public()})
+    return json_response({"removed": view})
 
 
 @admin_only
@@ -74,7 +76,7 @@ async def routing_summary(request: web.Request) -> web.StreamResponse:
 
 
 def set_draining(state: AppState, name: str, draining: bool) -> web.Response:
-    return json_response({"worker": state.pool.drain(name, draining).public()})
+    return json_response({"worker": state.pool.public(state.pool.drain(name, draining))})
 
 
 async def read_json(request: web.Request) -> Any:

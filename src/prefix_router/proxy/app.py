@@ -77,7 +77,6 @@ def build_state(
         client_keys=KeySet(config.auth.api_keys),
         admin_token=KeySet([config.auth.admin_token] if config.auth.admin_token else []),
         clock=clock,
-        rng=rng,
         policies=frozenset(router.policy_names()),
         recorder=build_recorder(config, clock, metrics),
     )
@@ -135,7 +134,7 @@ async def _shutdown(app: web.Application) -> None:
     """SIGTERM: the listener is closed already; in-flight requests get ``timeouts.shutdown_s`` to finish."""
     state = app[STATE]
     state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
-    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight)
+    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
 
 
 def _ejection_cutter(state: AppState) -> Callable[[Worker, bool], None]:

@@ -31,7 +31,6 @@ class AppState:
     client_keys: KeySet
     admin_token: KeySet
     clock: Callable[[], float]
-    rng: random.Random
     policies: frozenset[str]
     recorder: Recorder | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)

@@ -26,9 +26,10 @@ from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, un
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
 from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
-from prefix_router.routing.types import Decision, Outcome
+from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
+PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
 
 
 @dataclass(slots=True)
@@ -69,8 +70,9 @@ class Exchange:
         self.raw = raw
         self.parsed = parsed
         self.model = model
-        self.policy = policy
+        self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
         self.policy_label = policy or state.config.routing.policy
+        self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
         loop = asyncio.get_running_loop()
@@ -96,18 +98,17 @@ class Exchange:
                 404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
             )
 
-    def choose(self, excluded: set[str]) -> tuple[Worker, Decision | None] | None:
+    def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
         pool, limits = self.state.pool, self.state.config.limits
-        if pool.total_in_flight >= limits.max_in_flight:  # admit() checked before the body was read
+        if pool.total_in_flight() >= limits.max_in_flight:  # admit() checked before the body was read
             raise overloaded("the router is at its in-flight cap", limits.retry_after_s)
         names = [n for n in pool.candidates(self.model, limits.max_in_flight_per_worker) if n not in excluded]
         if not names:
             return None
-        if self.parsed is None:
-            return least_loaded([pool.require(n) for n in names], self.state), None
-        decision = self.state.router.route(self.parsed.route, names, self.state.clock(), self.policy)
-        self.state.metrics.branches.inc((self.policy_label, decision.branch))
-        self.state.metrics.predicted.observe(decision.predicted_tokens)
+        decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
+        if self.parsed is not None:
+            self.state.metrics.branches.inc((self.policy_label, decision.branch))
+            self.state.metrics.predicted.observe(decision.predicted_tokens)
         return pool.require(decision.worker), decision
 
     def nobody(self) -> ProxyError:
@@ -149,8 +150,10 @@ class Exchange:
         message = f"upstream {last.kind} failure on worker {last.worker}"
         return upstream_failed(message, timeout=last.kind == "timeout")
 
-    async def attempt(self, worker: Worker, decision: Decision | None) -> Opened | Failed:
-        flight = Flight(self.state, worker, self.parsed, decision, self.policy_label, self.started)
+    async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
+        flight = Flight(
+            self.state, worker, self.route, decision, self.parsed, self.policy_label, self.started
+        )
         response: UpstreamResponse | None = None
         loop = asyncio.get_running_loop()
         first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
@@ -200,8 +203,7 @@ class Exchange:
     # ------------------------------------------------------------------ relaying
 
     def response_headers(self, opened: Opened) -> Any:
-        decision = opened.flight.decision
-        predicted = decision.predicted_tokens if decision is not None else None
+        predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
         return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
@@ -288,10 +290,9 @@ def sse_error(message: str, code: str) -> bytes:
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
-def least_loaded(workers: list[Worker], state: AppState) -> Worker:
-    """Fewest in flight relative to weight; ties broken at random."""
-    best = min(w.in_flight / w.weight for w in workers)
-    return state.rng.choice([w for w in workers if w.in_flight / w.weight == best])
+def passthrough_route(state: AppState) -> RouteRequest:
+    """A pass-through call as the routing core sees it: an id, no blocks (nothing to match or index)."""
+    return RouteRequest(state.next_id(), (), state.router.index.block_tokens, 0, hash_key=0)
 
 
 async def read_up_to(response: UpstreamResponse, limit: int) -> tuple[bytes, bool]:

@@ -45,7 +45,7 @@ def guarded(handler: Handler) -> Handler:
 def admit(state: AppState, request: web.Request) -> None:
     """Client key check and the global in-flight cap, before reading the body."""
     check_client(state.client_keys, request.headers)
-    if state.pool.total_in_flight >= state.config.limits.max_in_flight:
+    if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
@@ -95,7 +95,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 @guarded
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Any other ``/v1/*`` call goes to a load-balanced worker (serving the body's model, if named)."""
+    """Any other ``/v1/*`` call goes to the least loaded worker (serving the body's model, if named),
+    chosen and counted by the routing core like any request."""
     state = request.app[STATE]
     admit(state, request)
     raw = await read_body(state, request)

@@ -4,7 +4,13 @@ It owns the prefix index (what each worker probably caches), the load tracker (w
 doing, as seen by this router), the session table and one instance of every policy. Policies only read;
 the router writes, so the index reflects what was really dispatched whichever policy chose.
 
-Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``.
+Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``. A request
+without blocks (the proxy's pass-through calls) is counted in the load like any other; with no blocks
+and an outcome that reports nothing it writes nothing to the index (no change is emitted either).
+``finished`` may come after its worker was removed: it then releases the load and nothing else.
+
+Workers: ``remove_worker`` forgets a worker entirely; ``forget_cache`` keeps it (and its in-flight count)
+but drops what the index and the session table say it caches (an ejected engine probably restarted).
 
 Engine feedback: when a response reports fewer cached tokens than predicted (below
 ``feedback_tolerance`` x the prediction), the engine evicted the predicted blocks earlier than the index
@@ -15,6 +21,7 @@ blocks were just recomputed and are kept.)
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,6 +102,11 @@ class Router:
         for policy in self.policies.values():
             policy.on_worker_removed(name)
 
+    def forget_cache(self, name: str) -> None:
+        """Drop ``name``'s index entries and sessions; its load, capacity and feedback stats stay."""
+        self.index.forget_older(name, math.inf)
+        self._sessions.drop_values(name)
+
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         if name in self.index.workers():
             self.index.set_capacity(name, capacity_tokens)
@@ -150,6 +162,8 @@ class Router:
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.request_id)
         prediction = self._predictions.pop(req.request_id)
+        if worker not in self.index:  # removed meanwhile: nothing to learn, no state to re-create
+            return
         if not outcome.ok:
             keep = (prediction.tokens // self.index.block_tokens) if prediction else 0
             self._trim(worker, req.blocks, keep, now)
@@ -173,10 +187,14 @@ class Router:
     # ------------------------------------------------------------ index writes (shared with replicas)
 
     def _insert(self, worker: str, blocks: tuple[int, ...], now: float) -> None:
+        if not blocks:
+            return
         self.index.insert(worker, blocks, now)
         self._emit(IndexChange("insert", worker, blocks, at=now))
 
     def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> None:
+        if len(blocks) <= keep:
+            return
         self.index.trim(worker, blocks, keep)
         self._emit(IndexChange("trim", worker, blocks, keep, now))
 
