@@ -24,6 +24,7 @@ from prefix_router.pool.settings import (
     ScrapeConfig,
     WorkerConfig,
 )
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, SESSION_HEADER
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.policies import POLICY_NAMES
 from prefix_router.settings import ConfigError, Section, split_list
@@ -109,7 +110,7 @@ class RecordConfig(Section):
     """``--record FILE``: one Mooncake-format line per request, hashes only."""
 
     file: str | None = None
-    block_tokens: int = Field(default=512, gt=0)
+    block_tokens: int = Field(default=MOONCAKE_BLOCK_TOKENS, gt=0)
     max_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     queue_size: int = Field(default=10_000, gt=0)
     salt: int | None = Field(default=None, ge=0)
@@ -151,7 +152,7 @@ class Config(Section):
     record: RecordConfig = Field(default_factory=RecordConfig)
     state: StateSettings = Field(default_factory=StateSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
-    session_header: str = Field(default="x-session-id", min_length=1, max_length=128)
+    session_header: str = Field(default=SESSION_HEADER, min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     upstream_client: Literal["aiohttp", "h1"] = "aiohttp"  # h1: the lean opt-in client
     log_level: Literal["debug", "info", "warning", "error"] = "info"

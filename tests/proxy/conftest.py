@@ -12,7 +12,7 @@ from openai import AsyncOpenAI
 
 from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE, AppState
+from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.server import Running, start
 from prefix_router.proxy.upstream import Upstream
 
@@ -27,8 +27,8 @@ class RouterHandle:
         return self.running.url
 
     @property
-    def state(self) -> AppState:
-        return self.app[STATE]
+    def state(self) -> AppContext:
+        return self.app[CONTEXT]
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE, AppState
+from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.server import Running, start
 from prefix_router.sim.server import READY_PREFIX
 
@@ -44,8 +44,8 @@ class RouterHandle:
         return self.running.url
 
     @property
-    def state(self) -> AppState:
-        return self.app[STATE]
+    def state(self) -> AppContext:
+        return self.app[CONTEXT]
 
 
 RouterFactory = Callable[..., Awaitable[RouterHandle]]

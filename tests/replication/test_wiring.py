@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 
 from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE
+from prefix_router.proxy.context import CONTEXT
 from prefix_router.proxy.server import Running, start
 from prefix_router.replication.wiring import StateCollector, StateSlot, install
 
@@ -19,7 +19,7 @@ QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.in
 async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, StateSlot, Any]:
     workers = [{"url": e.url, "name": e.name} for e in engines]
     app = create_app(load_config(env={}, overrides={**QUIET, "workers": workers}))
-    app_state = app[STATE]
+    app_state = app[CONTEXT]
     slot = install(app, app_state.router, url, cfg=kit.fast_config(), clock=app_state.clock)
     app_state.metrics.registry.register(StateCollector(slot))
     return await start(app, shutdown_timeout=0.2), slot, app_state
@@ -38,7 +38,7 @@ async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine:
     first, slot_a, _ = await start_replica(redis_server.url, engines, kit)
     second, slot_b, state_b = await start_replica(redis_server.url, engines, kit)
     try:
-        assert slot_a.ready() and slot_b.ready()
+        assert all(s.state is not None and s.state.ready for s in (slot_a, slot_b))
         prompts = [f"document {i}: " + "lorem ipsum dolor sit amet " * 40 for i in range(6)]
         async with aiohttp.ClientSession() as session:
             placed = [(await chat(session, first.url, p))[0] for p in prompts]
@@ -58,6 +58,6 @@ async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine:
     assert slot_a.state is not None and not slot_a.state.ready
 
 
-def test_an_empty_slot_is_not_ready() -> None:
+def test_an_empty_slot_has_no_state_and_no_stats() -> None:
     slot = StateSlot()
-    assert not slot.ready() and slot.stats() == {}
+    assert slot.state is None and slot.stats() == {}

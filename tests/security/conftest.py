@@ -16,7 +16,7 @@ from aiohttp import web
 
 from prefix_router.config import load_config
 from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE, AppState
+from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.server import Running, start
 
 QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
@@ -36,8 +36,8 @@ class RouterHandle:
         return self.running.port
 
     @property
-    def state(self) -> AppState:
-        return self.app[STATE]
+    def state(self) -> AppContext:
+        return self.app[CONTEXT]
 
 
 @pytest.fixture

@@ -11,11 +11,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
 import aiohttp
 
-FailureKind = Literal["connect", "timeout", "io"]
+
+class FailureKind(StrEnum):
+    """Why an attempt on a worker failed: the ``kind`` label of ``prefix_router_upstream_errors_total``."""
+
+    CONNECT = "connect"  # no connection: nothing was sent
+    TIMEOUT = "timeout"
+    IO = "io"  # the connection broke, or what came back is not HTTP
+    STATUS = "status"  # the worker answered 5xx
 
 
 class UpstreamError(Exception):
@@ -69,7 +77,7 @@ class _AiohttpResponse:
         try:
             return await self._resp.content.readany()
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("io", describe(exc)) from None
+            raise UpstreamError(FailureKind.IO, describe(exc)) from None
 
     def release(self) -> None:
         self._unwatch()
@@ -150,9 +158,9 @@ class AiohttpUpstream:
                 allow_redirects=False,
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise UpstreamError("connect", describe(exc)) from None
+            raise UpstreamError(FailureKind.CONNECT, describe(exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("io", describe(exc)) from None
+            raise UpstreamError(FailureKind.IO, describe(exc)) from None
         return _AiohttpResponse(resp)
 
     async def close(self) -> None:

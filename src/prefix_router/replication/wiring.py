@@ -1,9 +1,9 @@
 """Plugging the shared state into an aiohttp router app: ``install(app, router, url)`` adds start-up and
-clean-up hooks and returns a slot whose ``ready()`` the ``/ready`` handler may consult; ``StateCollector``
-maps the state's counters to Prometheus metrics.
+clean-up hooks and returns the slot that holds the state once started; ``StateCollector`` maps the state's
+counters to Prometheus metrics.
 
 aiohttp runs ``on_startup`` hooks before it accepts connections, so the warm-up from the stream backlog is
-over before a probe can reach ``/ready``.
+over before a probe can reach ``/ready``: ``/ready`` has nothing to wait for here.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ class StateSlot:
 
     def __init__(self) -> None:
         self.state: RedisState | None = None
-
-    def ready(self) -> bool:
-        return self.state is not None and self.state.ready
 
     def stats(self) -> dict[str, float]:
         return self.state.stats() if self.state is not None else {}
