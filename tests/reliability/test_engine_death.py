@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
+from prefix_router.protocol import WORKER_HEADER
+
 SETTINGS = {
     "health.interval_s": 0.1,
     "health.timeout_s": 0.5,
@@ -51,7 +53,7 @@ async def batch(router: Any, kit: Any, n: int, offset: int, max_tokens: int = 30
         status, headers, raw = await kit.post(
             router.url, body=chat(offset + i, stream, max_tokens), headers=kit.RR
         )
-        return headers.get("x-prefix-router-worker", "?"), outcome(status, headers, raw, stream, kit)
+        return headers.get(WORKER_HEADER, "?"), outcome(status, headers, raw, stream, kit)
 
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 

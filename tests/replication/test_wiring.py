@@ -8,12 +8,12 @@ import aiohttp
 from prometheus_client import generate_latest
 
 from prefix_router.config import load_config
+from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
 from prefix_router.proxy.app import create_app
 from prefix_router.proxy.context import CONTEXT
 from prefix_router.proxy.server import Running, start
 from prefix_router.replication.wiring import StateCollector, StateSlot, install
-
-QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
+from support.routers import QUIET
 
 
 async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, StateSlot, Any]:
@@ -30,7 +30,7 @@ async def chat(session: aiohttp.ClientSession, base: str, prompt: str) -> tuple[
     async with session.post(base + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
         await resp.read()
-        return resp.headers["x-prefix-router-worker"], int(resp.headers["x-prefix-router-prefix-match"])
+        return resp.headers[WORKER_HEADER], int(resp.headers[MATCH_HEADER])
 
 
 async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine: Any, kit: Any) -> None:
