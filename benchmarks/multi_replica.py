@@ -223,8 +223,8 @@ def run_mode(scenario: Scenario, mode: str, args: argparse.Namespace, url: str |
     finally:
         if sync is not None:
             sync.close()
-    row = {"mode": mode, "replicas": replicas, **summarize(result.recorder)}
-    row["details"] = details(result.recorder, result.wall_s)
+    row = {"mode": mode, "replicas": replicas, **summarize(result.stats)}
+    row["details"] = details(result.stats, result.wall_s)
     if sync is not None:
         row["redis"] = {**sync.totals(), "syncs": sync.syncs, "sync_wall_s": sync.sync_seconds}
     return row

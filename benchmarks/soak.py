@@ -26,7 +26,6 @@ import random
 import secrets
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,9 @@ import psutil  # type: ignore[import-untyped,unused-ignore]
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from prefix_router.launch.net import free_port
+from prefix_router.protocol import SESSION_HEADER
 
 READY_PREFIX = "ENGINE-SIM READY "
 MIB = 1024 * 1024
@@ -72,12 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
@@ -221,7 +217,7 @@ class Workload:
         conv.turns_left -= 1
         if conv.turns_left <= 0:
             self.conversations.remove(conv)
-        headers = {"Authorization": f"Bearer tenant-{conv.tenant}", "x-session-id": conv.session}
+        headers = {"Authorization": f"Bearer tenant-{conv.tenant}", SESSION_HEADER: conv.session}
         return "/v1/chat/completions", self._body(messages=list(conv.messages)), headers, conv
 
     def _user(self) -> dict[str, str]:

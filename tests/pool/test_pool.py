@@ -34,9 +34,9 @@ def test_duplicates_unknowns_and_the_size_bound(router: Router) -> None:
 def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool, router: Router) -> None:
     w1, w2 = pool.require("w1"), pool.require("w2")
     assert pool.candidates("any", 10) == ["w1", "w2"]  # unknown model lists accept anything
-    w1.discovered = {"m1": {"id": "m1"}}
+    w1.listed_models = {"m1": {"id": "m1"}}
     assert pool.candidates("m1", 10) == ["w1", "w2"] and pool.candidates("m2", 10) == ["w2"]
-    w2.discovered = {}
+    w2.listed_models = {}
     assert not pool.knows_model("m2") and pool.knows_model("m1")
     pool.drain("w1")
     assert pool.candidates("m1", 10) == [] and pool.any_available() is True
@@ -49,10 +49,10 @@ def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool, router
     assert pool.in_flight("w1") == 0 and pool.total_in_flight() == 0
 
 
-def test_configured_models_win_over_discovered(router: Router) -> None:
+def test_configured_models_win_over_listed(router: Router) -> None:
     pool = WorkerPool(router, max_workers=4)
     worker = pool.add(WorkerConfig(url="http://a:1", models=["x"]))
-    worker.discovered = {"y": {"id": "y"}}
+    worker.listed_models = {"y": {"id": "y"}}
     assert worker.serves("x") and not worker.serves("y")
     assert [m["id"] for m in pool.models()] == ["x"]
 

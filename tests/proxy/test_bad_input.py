@@ -9,6 +9,8 @@ import aiohttp
 import orjson
 import pytest
 
+from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -145,8 +147,8 @@ async def test_429_when_every_worker_is_at_its_cap(fake_engine: Any, start_route
 
 async def test_400_for_an_unknown_policy_header(fake_engine: Any, start_router: Any) -> None:
     router = await start_router(await fake_engine("a"))
-    status, _, body = await call(router.url, orjson.dumps(CHAT), headers={"x-prefix-router-policy": "nope"})
-    assert status == 400 and assert_openai_error(body)["param"] == "x-prefix-router-policy"
+    status, _, body = await call(router.url, orjson.dumps(CHAT), headers={POLICY_HEADER: "nope"})
+    assert status == 400 and assert_openai_error(body)["param"] == POLICY_HEADER
 
 
 async def test_policy_header_selects_the_policy(fake_engine: Any, start_router: Any) -> None:
@@ -154,10 +156,8 @@ async def test_policy_header_selects_the_policy(fake_engine: Any, start_router: 
     router = await start_router(*engines)
     seen = set()
     for _ in range(6):
-        _, headers, _ = await call(
-            router.url, orjson.dumps(CHAT), headers={"x-prefix-router-policy": "round_robin"}
-        )
-        seen.add(headers["x-prefix-router-worker"])
+        _, headers, _ = await call(router.url, orjson.dumps(CHAT), headers={POLICY_HEADER: "round_robin"})
+        seen.add(headers[WORKER_HEADER])
     assert seen == {"a", "b", "c"}
     metrics = router.state.metrics.render().decode()
     counted = [line for line in metrics.splitlines() if line.startswith("prefix_router_requests_total{")]

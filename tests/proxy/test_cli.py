@@ -11,6 +11,8 @@ from typing import Any
 import aiohttp
 from openai import AsyncOpenAI
 
+from prefix_router.protocol import WORKER_HEADER
+
 
 async def wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
     async with aiohttp.ClientSession() as http:
@@ -60,7 +62,7 @@ async def test_serve_end_to_end(fake_engine: Any, free_port: Any) -> None:
             model="m", messages=[{"role": "user", "content": "hi"}]
         )
         assert raw.parse().choices[0].message.content == "served"
-        assert raw.headers["x-prefix-router-worker"] == "a"
+        assert raw.headers[WORKER_HEADER] == "a"
         stream = await client.completions.create(model="m", prompt="x", stream=True)
         assert "".join([c.choices[0].text async for c in stream]) == "served"
     finally:

@@ -6,10 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.keys import InvalidRequest, KeyBuilder, build_request, extension_blocks
+from prefix_router.routing.keys import InvalidRequest, KeyBuilder
 from prefix_router.routing.settings import KeySettings
 
 CFG = KeySettings(block_chars=16, block_tokens=4)
+KEYS = KeyBuilder(CFG)
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -17,7 +18,7 @@ def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 def blocks(body: dict[str, Any], tenant: str | None = None, cfg: KeySettings = CFG) -> tuple[int, ...]:
-    return build_request("chat", body, cfg, request_id="r", tenant=tenant).blocks
+    return KeyBuilder(cfg).build("chat", body, request_id="r", tenant=tenant).blocks
 
 
 def is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -46,7 +47,7 @@ def test_multi_turn_keys_are_prefixes_of_each_other(
 def test_generated_reply_extends_to_the_next_turn_key() -> None:
     body = chat([{"role": "system", "content": "s" * 100}, {"role": "user", "content": "q" * 40}])
     reply = {"role": "assistant", "content": "a" * 70}
-    ext = extension_blocks("chat", body, reply, CFG)
+    ext = KEYS.extension("chat", body, reply)
     next_turn = chat([*body["messages"], reply, {"role": "user", "content": "next" * 10}])
     assert is_prefix(ext, blocks(next_turn))
     assert len(ext) > len(blocks(body))
@@ -85,12 +86,12 @@ def test_images_hash_by_url_and_tool_calls_count() -> None:
 
 
 def test_completions_prompt_forms() -> None:
-    text = build_request("completions", {"model": "m", "prompt": "p" * 40}, CFG, request_id="r")
-    batch = build_request("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, CFG, request_id="r")
+    text = KEYS.build("completions", {"model": "m", "prompt": "p" * 40}, request_id="r")
+    batch = KEYS.build("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, request_id="r")
     assert text.blocks == batch.blocks and len(text.blocks) == 2 and text.prompt_tokens == 10
-    ids = build_request("completions", {"model": "m", "prompt": list(range(10))}, CFG, request_id="r")
+    ids = KEYS.build("completions", {"model": "m", "prompt": list(range(10))}, request_id="r")
     assert ids.prompt_tokens == 10 and len(ids.blocks) == 2
-    more = build_request("completions", {"model": "m", "prompt": [list(range(12))]}, CFG, request_id="r")
+    more = KEYS.build("completions", {"model": "m", "prompt": [list(range(12))]}, request_id="r")
     assert is_prefix(ids.blocks, more.blocks)
 
 
@@ -113,7 +114,7 @@ def test_completions_prompt_forms() -> None:
 )
 def test_bad_bodies_are_rejected_with_the_param(endpoint: Any, body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
-        build_request(endpoint, body, CFG, request_id="r")
+        KEYS.build(endpoint, body, request_id="r")
     assert err.value.param == param
 
 
@@ -129,7 +130,7 @@ json_st = st.recursive(
 def test_arbitrary_json_is_routed_or_rejected_never_crashes(body: dict[str, Any]) -> None:
     for endpoint in ("chat", "completions"):
         try:
-            req = build_request(endpoint, body, CFG, request_id="r")  # type: ignore[arg-type]
+            req = KEYS.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
         except InvalidRequest:
             continue
         assert req.prompt_tokens >= 0

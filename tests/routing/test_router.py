@@ -28,7 +28,7 @@ def rr(rid: str, blocks: tuple[int, ...], session: str | None = None) -> RouteRe
 def run(router: Router, req: RouteRequest, now: float, **outcome: object) -> str:
     d = router.route(req, ["a", "b", "c"], now)
     router.dispatched(req, d, now)
-    router.first_token(req.request_id, now)
+    router.first_token(req.request_id)
     router.finished(req, d.worker, Outcome(**outcome), now)  # type: ignore[arg-type]
     return d.worker
 

@@ -96,7 +96,7 @@ class WorkerPool:
         seen: dict[str, dict[str, object]] = {}
         for worker in self._workers.values():
             for model_id in worker.model_ids():
-                entry = (worker.discovered or {}).get(model_id)
+                entry = (worker.listed_models or {}).get(model_id)
                 seen.setdefault(model_id, dict(entry) if entry else _model_entry(model_id))
         return list(seen.values())
 

@@ -83,7 +83,7 @@ def normalize_url(value: str) -> str:
 
 
 class HealthConfig(Section):
-    """Active health probes and model discovery."""
+    """Active health probes and identification (the models a worker lists, every ``models_interval_s``)."""
 
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)

@@ -32,7 +32,7 @@ class Worker:
     api_key: SecretStr | None = None
     capacity_tokens: int | None = None
     configured_models: frozenset[str] = frozenset()
-    discovered: dict[str, dict[str, Any]] | None = None
+    listed_models: dict[str, dict[str, Any]] | None = None  # from the worker's ``/v1/models``
     adapter: EngineAdapter | None = None
     health: HealthState = field(default_factory=HealthState)
     health_path: str | None = None
@@ -58,17 +58,17 @@ class Worker:
         return self.health.healthy and not self.draining
 
     def serves(self, model: str) -> bool:
-        """Configured models win; then discovered ones; a worker with no known list accepts any model."""
+        """Configured models win; then the listed ones; a worker with no known list accepts any model."""
         if self.configured_models:
             return model in self.configured_models
-        if self.discovered is not None:
-            return model in self.discovered
+        if self.listed_models is not None:
+            return model in self.listed_models
         return True
 
     def model_ids(self) -> list[str]:
         if self.configured_models:
             return sorted(self.configured_models)
-        return list(self.discovered or ())
+        return list(self.listed_models or ())
 
     def public(self, in_flight: int) -> dict[str, Any]:
         """A JSON-able view for the admin API (``in_flight`` is the routing core's count): never the

@@ -10,9 +10,10 @@ from typing import Any
 from prefix_router.pool.engines.base import EngineAdapter
 from prefix_router.pool.engines.usage import dig, openai_cached_tokens
 from prefix_router.pool.worker import Worker
-from prefix_router.proxy.context import AppState
+from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
+from prefix_router.proxy.upstream import FailureKind
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class Flight:
 
     def __init__(
         self,
-        state: AppState,
+        state: AppContext,
         worker: Worker,
         route: RouteRequest,
         decision: Decision,
@@ -48,12 +49,12 @@ class Flight:
     def first_byte(self) -> None:
         now = self._state.clock()
         self._state.metrics.ttft.observe(now - self.started)
-        self._state.router.first_token(self.route.request_id, now)
+        self._state.router.first_token(self.route.request_id)
 
-    def fail(self, kind: str, status: int, error: str) -> None:
+    def fail(self, kind: FailureKind, status: int, error: str) -> None:
         """The attempt failed before anything reached the client."""
         self._state.metrics.upstream_errors.inc((self.worker.name, kind))
-        if kind == "connect" and self._state.pool.get(self.worker.name) is self.worker:
+        if kind == FailureKind.CONNECT and self._state.pool.get(self.worker.name) is self.worker:
             self._state.pool.report(self.worker, False, error)  # passive health check
         self.finish(status, Outcome(ok=False))
 
@@ -67,7 +68,7 @@ class Flight:
         state.metrics.latency.observe(now - self.started)
 
 
-def settle(state: AppState, flight: Flight, reply: ReplyAccumulator, status: int, ok: bool) -> None:
+def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: int, ok: bool) -> None:
     """Finish a flight whose response reached the client, learning what the engine cached (routed
     requests only: a pass-through call teaches the index nothing)."""
     parsed = flight.parsed
@@ -92,7 +93,7 @@ def cached_tokens(body: dict[str, Any] | None, adapter: EngineAdapter | None) ->
     return found
 
 
-def extension_blocks(state: AppState, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
+def extension_blocks(state: AppContext, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
     if generated is None:
         return ()
     try:

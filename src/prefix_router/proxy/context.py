@@ -15,13 +15,13 @@ from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.deadlines import Deadlines
 from prefix_router.proxy.metrics import ProxyMetrics
-from prefix_router.proxy.record import Recorder
+from prefix_router.proxy.record import TraceRecorder
 from prefix_router.proxy.upstream import Upstream
 from prefix_router.routing.router import Router
 
 
 @dataclass(eq=False)
-class AppState:
+class AppContext:
     config: Config
     router: Router
     pool: WorkerPool
@@ -32,7 +32,7 @@ class AppState:
     admin_token: KeySet
     clock: Callable[[], float]
     policies: frozenset[str]
-    recorder: Recorder | None = None
+    recorder: TraceRecorder | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
@@ -41,4 +41,4 @@ class AppState:
         return f"{self._prefix}-{next(self._ids)}"
 
 
-STATE = web.AppKey("prefix_router_state", AppState)
+CONTEXT = web.AppKey("prefix_router_context", AppContext)

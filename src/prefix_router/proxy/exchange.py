@@ -21,11 +21,11 @@ from aiohttp import web
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.context import AppState
+from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
-from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.upstream import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Opened:
 class Failed:
     """Why an attempt failed; ``status`` and ``body`` when the worker answered 5xx."""
 
-    kind: str
+    kind: FailureKind
     message: str
     worker: str
     status: int | None = None
@@ -58,7 +58,7 @@ class Failed:
 class Exchange:
     def __init__(
         self,
-        state: AppState,
+        state: AppContext,
         request: web.Request,
         raw: bytes,
         parsed: Parsed | None,
@@ -148,7 +148,7 @@ class Exchange:
         # the worker's name, not the failure's text: that names internal addresses
         log.info("giving up on %s after %s failure: %s", last.worker, last.kind, last.message)
         message = f"upstream {last.kind} failure on worker {last.worker}"
-        return upstream_failed(message, timeout=last.kind == "timeout")
+        return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
         flight = Flight(
@@ -166,7 +166,7 @@ class Exchange:
         except UpstreamError as exc:
             return self.failed(flight, response, exc.kind, str(exc))
         except TimeoutError:
-            return self.failed(flight, response, "timeout", "no answer in time")
+            return self.failed(flight, response, FailureKind.TIMEOUT, "no answer in time")
         except BaseException:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
@@ -191,13 +191,17 @@ class Exchange:
     async def server_error(self, flight: Flight, response: UpstreamResponse) -> Failed:
         body, complete = await read_up_to(response, 64 * 1024)
         _finish_reading(response, complete)
-        flight.fail("status", response.status, f"HTTP {response.status}")
+        flight.fail(FailureKind.STATUS, response.status, f"HTTP {response.status}")
         message = f"HTTP {response.status}"
-        return Failed("status", message, flight.worker.name, response.status, response.headers, body)
+        return Failed(
+            FailureKind.STATUS, message, flight.worker.name, response.status, response.headers, body
+        )
 
-    def failed(self, flight: Flight, response: UpstreamResponse | None, kind: str, message: str) -> Failed:
+    def failed(
+        self, flight: Flight, response: UpstreamResponse | None, kind: FailureKind, message: str
+    ) -> Failed:
         _abort(response)
-        flight.fail(kind, 504 if kind == "timeout" else 502, message)
+        flight.fail(kind, 504 if kind == FailureKind.TIMEOUT else 502, message)
         return Failed(kind, message, flight.worker.name)
 
     # ------------------------------------------------------------------ relaying
@@ -258,22 +262,24 @@ class Exchange:
                     chunk = await response.next_chunk()
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
-            kind = "timeout" if isinstance(exc, TimeoutError) else "io"
+            kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
             self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
             await self.end_broken(out, opened, kind)
             return False
         response.release()
         return True
 
-    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: str) -> None:
+    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: FailureKind) -> None:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
             if self.request.transport is not None:
                 self.request.transport.abort()
             return
-        if kind == "timeout" and self.state.deadlines.stopping:
+        if kind == FailureKind.TIMEOUT and self.state.deadlines.stopping:
             await out.write(sse_error("the router is shutting down", "router_shutdown"))
             return
-        message = "upstream timed out mid-stream" if kind == "timeout" else "upstream failed mid-stream"
+        message = (
+            "upstream timed out mid-stream" if kind == FailureKind.TIMEOUT else "upstream failed mid-stream"
+        )
         await out.write(sse_error(message, f"upstream_{kind}"))
 
 
@@ -290,7 +296,7 @@ def sse_error(message: str, code: str) -> bytes:
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
-def passthrough_route(state: AppState) -> RouteRequest:
+def passthrough_route(state: AppContext) -> RouteRequest:
     """A pass-through call as the routing core sees it: an id, no blocks (nothing to match or index)."""
     return RouteRequest(state.next_id(), (), state.router.index.block_tokens, 0, hash_key=0)
 

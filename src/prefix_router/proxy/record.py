@@ -29,7 +29,7 @@ _MASK63 = (1 << 63) - 1
 FLUSH_INTERVAL_S = 0.5
 
 
-class Recorder:
+class TraceRecorder:
     def __init__(self, cfg: RecordConfig, clock: Callable[[], float], on_drop: Callable[[], None]) -> None:
         if cfg.file is None:
             raise ValueError("record.file is not set")

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, SESSION_HEADER
 from prefix_router.settings import Section, split_list
 
 
@@ -70,7 +71,7 @@ class RecordConfig(Section):
     """``--record FILE``: one Mooncake-format line per request, hashes only."""
 
     file: str | None = None
-    block_tokens: int = Field(default=512, gt=0)
+    block_tokens: int = Field(default=MOONCAKE_BLOCK_TOKENS, gt=0)
     max_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     queue_size: int = Field(default=10_000, gt=0)
     salt: int | None = Field(default=None, ge=0)
@@ -81,7 +82,7 @@ class ServerSettings(Section):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    session_header: str = Field(default="x-session-id", min_length=1, max_length=128)
+    session_header: str = Field(default=SESSION_HEADER, min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     upstream_client: Literal["aiohttp", "h1"] = "aiohttp"  # h1: the lean opt-in client
     log_level: Literal["debug", "info", "warning", "error"] = "info"

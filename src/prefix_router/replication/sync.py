@@ -78,9 +78,6 @@ class RedisReplication:
     def ready(self) -> bool:
         return self._ready
 
-    def is_ready(self) -> bool:
-        return self._ready
-
     async def start(self, run_tasks: bool = True) -> None:
         """Hook the router, warm up from the backlog (bounded), then run the background tasks."""
         self._hook()

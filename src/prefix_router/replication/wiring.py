@@ -3,7 +3,7 @@ and clean-up hooks and returns a slot holding the replication once started; ``Re
 its counters to Prometheus metrics.
 
 aiohttp runs ``on_startup`` hooks before it accepts connections, so the warm-up from the stream backlog is
-over before a probe can reach ``/ready``.
+over before a probe can reach ``/ready``: ``/ready`` has nothing to wait for here.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ class ReplicationSlot:
 
     def __init__(self) -> None:
         self.replication: RedisReplication | None = None
-
-    def ready(self) -> bool:
-        return self.replication is not None and self.replication.ready
 
     def stats(self) -> dict[str, float]:
         return self.replication.stats() if self.replication is not None else {}

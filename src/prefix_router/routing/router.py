@@ -25,6 +25,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from prefix_router.routing.bounded import BoundedLRU
 from prefix_router.routing.index import PrefixIndex
@@ -33,14 +34,30 @@ from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.policies import POLICIES
 from prefix_router.routing.policies.base import load_cap, under_cap
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Context, Decision, Outcome, Policy, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import (
+    Branch,
+    Context,
+    Decision,
+    Outcome,
+    Policy,
+    RouteRequest,
+    WorkerSnapshot,
+)
+
+
+class ChangeKind(StrEnum):
+    """What an :class:`IndexChange` does to the index (one method of ``PrefixIndex`` each)."""
+
+    INSERT = "insert"
+    TRIM = "trim"
+    FORGET_OLDER = "forget_older"
 
 
 @dataclass(frozen=True, slots=True)
 class IndexChange:
     """One update of the index, for replicas that share their view (see ``apply``)."""
 
-    kind: str  # "insert" | "trim" | "forget_older"
+    kind: ChangeKind
     worker: str
     blocks: tuple[int, ...] = ()
     keep: int = 0
@@ -142,7 +159,7 @@ class Router:
         snap = next((s for s in snaps if s.name == worker), None)
         if snap is None or not under_cap(snap, load_cap(snaps, sessions.load_factor, sessions.load_slack)):
             return None
-        return Decision(snap.name, "session")
+        return Decision(snap.name, Branch.SESSION)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -156,7 +173,7 @@ class Router:
         if req.session:
             self._sessions.set(req.session, worker)
 
-    def first_token(self, request_id: str, now: float) -> None:
+    def first_token(self, request_id: str) -> None:
         self.load.first_token(request_id)
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
@@ -182,7 +199,7 @@ class Router:
             return
         stats.mismatches += 1
         self.index.forget_older(worker, prediction.deepest_seen)
-        self._emit(IndexChange("forget_older", worker, at=prediction.deepest_seen))
+        self._emit(IndexChange(ChangeKind.FORGET_OLDER, worker, at=prediction.deepest_seen))
 
     # ------------------------------------------------------------ index writes (shared with replicas)
 
@@ -190,13 +207,13 @@ class Router:
         if not blocks:
             return
         self.index.insert(worker, blocks, now)
-        self._emit(IndexChange("insert", worker, blocks, at=now))
+        self._emit(IndexChange(ChangeKind.INSERT, worker, blocks, at=now))
 
     def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> None:
         if len(blocks) <= keep:
             return
         self.index.trim(worker, blocks, keep)
-        self._emit(IndexChange("trim", worker, blocks, keep, now))
+        self._emit(IndexChange(ChangeKind.TRIM, worker, blocks, keep, now))
 
     def _emit(self, change: IndexChange) -> None:
         if self.on_change is not None:
@@ -206,11 +223,11 @@ class Router:
         """Apply another replica's index update to the local index (never re-emitted)."""
         if change.worker not in self.index.workers():
             return
-        if change.kind == "insert":
+        if change.kind == ChangeKind.INSERT:
             self.index.insert(change.worker, change.blocks, change.at)
-        elif change.kind == "trim":
+        elif change.kind == ChangeKind.TRIM:
             self.index.trim(change.worker, change.blocks, change.keep)
-        elif change.kind == "forget_older":
+        elif change.kind == ChangeKind.FORGET_OLDER:
             self.index.forget_older(change.worker, change.at)
 
     # ------------------------------------------------------------ introspection

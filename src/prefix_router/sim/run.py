@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
 from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings
 from prefix_router.sim.openai_api import EngineLimits
 from prefix_router.sim.oracle import oracle
 from prefix_router.sim.requests import RequestSource, TraceSource
 from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec, ProgressHook
 from prefix_router.sim.stats import details, summarize
-from prefix_router.sim.trace import TRACE_BLOCK_TOKENS, read_trace, tile
+from prefix_router.sim.trace import read_trace, tile
 
 # The traces README's reference setting for the Mooncake trace: 16 engines with 1 M tokens of cache each.
 TRACE_DEFAULT_CAPACITY_TOKENS = 1_000_000
@@ -46,7 +47,7 @@ def trace_scenario(
     def routing(policy: str) -> RoutingSettings:
         return RoutingSettings(
             policy=policy,
-            keys=KeySettings(block_tokens=TRACE_BLOCK_TOKENS),
+            keys=KeySettings(block_tokens=MOONCAKE_BLOCK_TOKENS),
             index=IndexSettings(worker_capacity_tokens=spec.capacity_tokens),
         )
 
@@ -95,8 +96,8 @@ def simulate(
         )
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals
-        summaries[policy] = summarize(result.recorder)
-        extra[policy] = details(result.recorder, result.wall_s)
+        summaries[policy] = summarize(result.stats)
+        extra[policy] = details(result.stats, result.wall_s)
     return _report(scenario, summaries, extra, _oracle(scenario, arrivals or []))
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from prefix_router.routing.hashing import hash_bytes
 from prefix_router.routing.policies.base import NoHooks, load_cap, pick_min, under_cap
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
 _Ring = tuple[list[int], list[str]]
@@ -70,8 +70,10 @@ class ConsistentHashPolicy(NoHooks):
         for step in range(len(points)):
             worker = by_name[names[(start + step) % len(points)]]
             if under_cap(worker, cap):
-                return Decision(worker.name, "hash" if step == 0 else "hash_overflow")
-        return Decision(pick_min(workers, lambda w: w.in_flight / w.weight, ctx.rng).name, "load_fallback")
+                return Decision(worker.name, Branch.HASH if step == 0 else Branch.HASH_OVERFLOW)
+        return Decision(
+            pick_min(workers, lambda w: w.in_flight / w.weight, ctx.rng).name, Branch.LOAD_FALLBACK
+        )
 
     def on_worker_removed(self, worker: str) -> None:
         self._rings.clear()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from prefix_router.routing.policies.base import NoHooks, load_cap
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
 
@@ -71,7 +71,7 @@ class PrefixPolicy(NoHooks):
         return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), best))
 
 
-def _branch(matched: int, best: int) -> str:
+def _branch(matched: int, best: int) -> Branch:
     if best == 0:
-        return "load_balance"
-    return "prefix_hit" if matched == best else "load_fallback"
+        return Branch.LOAD_BALANCE
+    return Branch.PREFIX_HIT if matched == best else Branch.LOAD_FALLBACK
