@@ -71,6 +71,8 @@ ROUTERS: dict[str, RouterSpec] = {
     "prefix": RouterSpec("prefix-router prefix", "prefix-router", "prefix"),
     "random": RouterSpec("prefix-router random", "prefix-router", "random"),
     "least_load": RouterSpec("prefix-router least_load", "prefix-router", "least_load"),
+    # prefix-router's in-process emulation of SGLang's cache_aware, beside the real one (a fidelity check)
+    "sglang-emulation": RouterSpec("prefix-router sglang_cache_aware", "prefix-router", "sglang_cache_aware"),
     "sglang": RouterSpec("sglang-router cache_aware stock", "sglang-router", "cache_aware"),
     "sglang-nodelay": RouterSpec("sglang-router cache_aware +nodelay", "sglang-router", "cache_aware", True),
     "vllm": RouterSpec("vllm-router cache_aware stock", "vllm-router", "cache_aware"),
