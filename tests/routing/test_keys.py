@@ -144,7 +144,7 @@ def test_max_prefix_chars_caps_the_examined_prefix() -> None:
 def test_tokenizer_mode_blocks_are_token_ids() -> None:
     builder = KeyBuilder(CFG, tokenize=lambda text: [ord(c) for c in text])
     req = builder.build("chat", chat([{"role": "user", "content": "y" * 30}]), request_id="r")
-    assert req.prompt_tokens == len("user\x1f\x1f" + "y" * 30 + "\x1f\x1f\x1e")
+    assert req.prompt_tokens == len("user\x1f\x1f\x1f" + "y" * 30 + "\x1f\x1f\x1e")  # role, name, reasoning
     assert len(req.blocks) == req.prompt_tokens // 4
 
 

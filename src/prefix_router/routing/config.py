@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +17,10 @@ class RoutingConfig:
     max_prefix_chars: int | None = 1_048_576  # examined prefix: 1 MiB of key (about 256 K tokens)
     isolate_tenants: bool = False
     tokenizer_path: str | None = None
+    image_tokens: int = 576  # an image part's value in the key (engines expand images to many tokens)
+    # exact mode: model name -> local model directory (tokenizer.json + tokenizer_config.json)
+    exact_models: dict[str, str] = field(default_factory=dict)
+    tool_choice_none_drops_tools: bool = False  # exact mode: vLLM's --exclude-tools-when-tool-choice-none
     # prefix index bounds
     worker_capacity_tokens: int = 1_000_000
     max_total_blocks: int = 2_000_000
