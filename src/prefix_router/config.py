@@ -45,6 +45,7 @@ _POSITIVE_KNOBS = frozenset(
         "engine_load_stale_s",
         "max_prefix_chars",
         "max_prefix_blocks",
+        "image_tokens",
     }
 )
 
@@ -86,6 +87,9 @@ class LimitsConfig(Section):
     # bodies larger than this are parsed (JSON, routing key) in a worker thread: a 7 MB prompt of a million
     # token ids takes about half a second, which would otherwise stall every request on the event loop
     parse_in_thread_bytes: int = Field(default=1024 * 1024, ge=0)
+    # with exact-mode models configured (routing.exact_models), rendering the chat template and tokenizing
+    # cost milliseconds for a long prompt: bodies over this are keyed in a worker thread
+    exact_parse_in_thread_bytes: int = Field(default=8 * 1024, ge=0)
 
 
 class AuthConfig(Section):
@@ -186,6 +190,7 @@ def _check_routing_knobs(knobs: Mapping[str, Any]) -> None:
     policy = knobs.get("policy")
     if policy is not None and policy not in POLICY_NAMES:
         raise ValueError(f"policy: unknown policy {policy!r} (one of {', '.join(POLICY_NAMES)})")
+    _check_exact_models(knobs.get("exact_models"))
     for key, value in knobs.items():
         if key not in fields:
             raise ValueError(f"unknown routing knob {key!r}")
@@ -193,6 +198,18 @@ def _check_routing_knobs(knobs: Mapping[str, Any]) -> None:
             continue
         if value < 0 or (value == 0 and key in _POSITIVE_KNOBS):
             raise ValueError(f"{key}: must be {'> 0' if key in _POSITIVE_KNOBS else '>= 0'}")
+
+
+def _check_exact_models(models: Any) -> None:
+    """``exact_models``: model name -> a local directory with tokenizer.json and tokenizer_config.json."""
+    if models is None:
+        return
+    if not isinstance(models, Mapping):
+        raise ValueError("exact_models: expected a mapping of model name -> model directory")
+    for model, directory in models.items():
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if not isinstance(directory, str) or not (Path(directory) / name).is_file():
+                raise ValueError(f"exact_models.{model}: no {name} in {directory!r}")
 
 
 # ---------------------------------------------------------------------------------------------- loading

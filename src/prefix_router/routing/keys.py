@@ -113,7 +113,9 @@ class KeyBuilder:
         model = _require_model(body)
         adapter = _opt_str(body, "lora_path") or _opt_str(body, "lora_adapter")
         salt = _opt_str(body, "cache_salt")
-        options = canonical.prompt_options(body, canonical.UNRENDERED_OPTIONS if exact else canonical.PROMPT_OPTIONS)
+        options = canonical.prompt_options(
+            body, canonical.UNRENDERED_OPTIONS if exact else canonical.PROMPT_OPTIONS
+        )
         mode = "exact" if exact else None
         isolated = tenant if self.cfg.isolate_tenants else None
         return namespace_seed((model, adapter, salt, options, mode, isolated))
@@ -197,7 +199,12 @@ class KeyBuilder:
         return template.completion_ids(prompt) if isinstance(prompt, str) else prompt
 
     def _exact_request(
-        self, ids: list[int], body: Mapping[str, Any], request_id: str, tenant: str | None, session: str | None
+        self,
+        ids: list[int],
+        body: Mapping[str, Any],
+        request_id: str,
+        tenant: str | None,
+        session: str | None,
     ) -> RouteRequest:
         seed = self.namespace(body, tenant, exact=True)
         data = _token_bytes(ids)

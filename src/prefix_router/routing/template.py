@@ -22,6 +22,7 @@ Knobs: ``RoutingConfig.exact_models`` (model name -> directory), ``image_tokens`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -69,7 +70,9 @@ def _tojson(
     value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
     sort_keys: bool = False,
 ) -> str:  # fmt: skip
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise(message: str) -> None:
@@ -126,7 +129,9 @@ def _templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
 class ChatTemplate:
     """One model's chat template and tokenizer: request bodies -> the token ids the engine will see."""
 
-    def __init__(self, directory: str | Path, image_tokens: int = 576, drop_tools_on_none: bool = False) -> None:
+    def __init__(
+        self, directory: str | Path, image_tokens: int = 576, drop_tools_on_none: bool = False
+    ) -> None:
         from tokenizers import Tokenizer  # optional dependency (the ``exact`` extra)
 
         path = Path(directory)
@@ -255,10 +260,8 @@ def _call(call: Any) -> Any:
     function = dict(call["function"])
     args = function.get("arguments")
     if isinstance(args, str):
-        try:
+        with contextlib.suppress(orjson.JSONDecodeError):  # templates then print the string as is
             function["arguments"] = orjson.loads(args)
-        except orjson.JSONDecodeError:
-            pass
     return {**call, "function": function}
 
 
@@ -278,5 +281,3 @@ def load_templates(
 ) -> dict[str, ChatTemplate]:
     """One ``ChatTemplate`` per configured model (fails at start-up, not per request)."""
     return {m: ChatTemplate(d, image_tokens, drop_tools_on_none) for m, d in models.items()}
-
-

@@ -25,18 +25,19 @@ from typing import Any
 from prefix_router.workloads.text import rng_for
 
 CATEGORIES = ("chat", "agent", "reasoning", "multimodal", "kwargs")
-_WORDS = (
-    "the of and to in is that for it as with be by on not this are or from at which but have an they you "
-    "were their one all we can her has there been if more when will would who so no time data model system "
-    "cache token request server memory engine batch prefix route worker query answer result value table "
-    "index block queue graph node layer vector matrix policy latency throughput network stream signal "
-    "customer product service account payment invoice contract review summary chapter section figure "
-    "example method function variable library module package version release feature support issue change "
-    "update deploy cluster region storage volume backup restore monitor alert metric dashboard trace event "
-    "configuration authentication authorization infrastructure availability consistency replication "
-    "transaction serialization recommendation interpretation approximately significantly respectively "
-    "Kubernetes PostgreSQL JSON HTTP API SDK UTF-8 OAuth gRPC TLS"
-).split()
+_WORD_TEXT = """
+the of and to in is that for it as with be by on not this are or from at which but have an they you
+were their one all we can her has there been if more when will would who so no time data model
+system cache token request server memory engine batch prefix route worker query answer result value
+table index block queue graph node layer vector matrix policy latency throughput network stream
+signal customer product service account payment invoice contract review summary chapter section
+figure example method function variable library module package version release feature support issue
+change update deploy cluster region storage volume backup restore monitor alert metric dashboard
+trace event configuration authentication authorization infrastructure availability consistency
+replication transaction serialization recommendation interpretation approximately significantly
+respectively Kubernetes PostgreSQL JSON HTTP API SDK UTF-8 OAuth gRPC TLS
+"""
+_WORDS = tuple(_WORD_TEXT.split())
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,12 @@ def agent_cases(rng: random.Random, system_chars: int) -> Iterator[Case]:
     tools = [tool(rng, i) for i in range(rng.randint(3, 6))]
     others = [tool(rng, i + 10) for i in range(3)]
     question = _user(rng)
-    yield Case("agent", "other-tools", _body([system, question], tools=tools), _body([system, _user(rng)], tools=others))
+    yield Case(
+        "agent",
+        "other-tools",
+        _body([system, question], tools=tools),
+        _body([system, _user(rng)], tools=others),
+    )
     yield Case("agent", "tool-key-order", _body([system, question], tools=tools),
                _body([system, question], tools=reordered(tools)))  # fmt: skip
     yield Case("agent", "tools-added", _body([system, question]), _body([system, question], tools=tools))
@@ -170,7 +176,10 @@ def reasoning_cases(rng: random.Random, system_chars: int) -> Iterator[Case]:
     reply = {**_assistant(rng), "reasoning_content": prose(rng, 800)}
     sent_back = {"role": "assistant", "content": reply["content"]}
     yield Case("reasoning", "next-turn", _body(history), _body([*history, sent_back, _user(rng)]), reply)
-    inline = {"role": "assistant", "content": "<think>\n" + prose(rng, 600) + "\n</think>\n\n" + prose(rng, 300)}
+    inline = {
+        "role": "assistant",
+        "content": "<think>\n" + prose(rng, 600) + "\n</think>\n\n" + prose(rng, 300),
+    }
     later = [*history, sent_back, _user(rng)]
     yield Case("reasoning", "inline-think-history", _body([*later, inline]),
                _body([*later, inline, _user(rng)]))  # fmt: skip
@@ -208,12 +217,16 @@ def kwargs_cases(rng: random.Random, system_chars: int) -> Iterator[Case]:
     msgs = [system, _user(rng), _assistant(rng), _user(rng)]
     tools = [tool(rng, i) for i in range(2)]
     plain = _body(msgs)
-    yield Case("kwargs", "enable-thinking-false", plain, _body(msgs, chat_template_kwargs={"enable_thinking": False}))
+    yield Case(
+        "kwargs", "enable-thinking-false", plain, _body(msgs, chat_template_kwargs={"enable_thinking": False})
+    )
     yield Case("kwargs", "reasoning-effort", plain, _body(msgs, reasoning_effort="high"))
     docs = [{"title": "doc", "text": prose(rng, 500)}]
     yield Case("kwargs", "documents", plain, _body(msgs, documents=docs))
     yield Case("kwargs", "no-generation-prompt", plain, _body(msgs, add_generation_prompt=False))
-    yield Case("kwargs", "tool-choice-none", _body(msgs, tools=tools), _body(msgs, tools=tools, tool_choice="none"))
+    yield Case(
+        "kwargs", "tool-choice-none", _body(msgs, tools=tools), _body(msgs, tools=tools, tool_choice="none")
+    )
 
 
 _MAKERS = {

