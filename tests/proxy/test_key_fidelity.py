@@ -140,3 +140,23 @@ async def test_sampling_fields_give_identical_keys(router: RouterHandle) -> None
     full = await predicted(router, body(tools=TOOLS))
     sampled = {k: v for k, v in SAMPLING.items() if k not in ("stream", "n")}  # the client reads one answer
     assert await predicted(router, body(tools=TOOLS, **sampled)) == full
+
+
+async def test_exact_mode_predicts_whole_pages_of_the_rendered_tokens(
+    fake_engine: Any, start_router: Any, model_dirs: dict[str, Any]
+) -> None:
+    """With the model's template and tokenizer (a body over 8 KiB: keyed in a worker thread), a repeat is
+    predicted at exactly its full pages of rendered tokens, and another tool list at the pages before the
+    tools."""
+    from prefix_router.routing.template import ChatTemplate
+
+    path = model_dirs["qwen2.5"].path
+    engines = [await fake_engine(n, reply="ok") for n in ("a", "b")]
+    router = await start_router(*engines, settings={"routing.exact_models": {"m": str(path)}})
+    template = ChatTemplate(path)
+    ids = template.chat_ids(body(tools=TOOLS))
+    other = template.chat_ids(body(tools=OTHER_TOOLS))
+    common = next(i for i, (x, y) in enumerate(zip(ids, other, strict=False)) if x != y)
+    assert await predicted(router, body(tools=TOOLS)) == 0
+    assert await predicted(router, body(tools=TOOLS)) == len(ids) // 16 * 16
+    assert await predicted(router, body(tools=OTHER_TOOLS)) == common // 16 * 16
