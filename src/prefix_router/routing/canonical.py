@@ -7,9 +7,9 @@ share key blocks where their rendered prompts share tokens, and no further:
 0. a marker when the request has tools (Llama 3.x writes "Environment: ipython" into its system header
    when tools are given, before the system text: with and without tools never share);
 1. the first message when it is a system (or developer) message;
-2. ``tools`` (or legacy ``functions``) serialised in the client's order with the client's key order, as
-   transformers' ``tojson`` writes them (it does not sort keys), then a marker when
-   ``tool_choice`` is ``"none"`` (engines may drop the tools then);
+2. ``tools`` (or legacy ``functions``) serialised in the client's order with the client's key order
+   (transformers' ``tojson`` does not sort keys; in token blocks with its very separators), then a marker
+   when ``tool_choice`` is ``"none"`` (engines may drop the tools then);
 3. ``documents`` (RAG templates render them after the system part and tools);
 4. every other message in order: role, then each non-empty field behind a tag: name, reasoning,
    content, tool calls (name and arguments), ``tool_call_id`` (a generated reply adds only its text:
@@ -164,11 +164,13 @@ def _json(value: object, param: str) -> str:
         raise InvalidRequest("expected JSON values", param) from None
 
 
-def _tojson(value: object) -> str:
-    """As templates write tools (transformers' ``tojson``: key order kept, ``", "`` and ``": "``), so that a
-    key in token blocks counts about as many tokens as the rendered tools."""
+def _tojson(value: object, spaced: bool) -> str:
+    """A tool schema with its key order kept. ``spaced``: exactly as transformers' ``tojson`` writes it
+    (``", "`` and ``": "``), so that a key in token blocks counts about as many tokens as the rendered
+    tools; otherwise compact (orjson, ten times faster; in character blocks the fewer bytes only make the
+    token estimate lower)."""
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False) if spaced else orjson.dumps(value).decode()
     except (TypeError, ValueError):
         raise InvalidRequest("'tools' must hold JSON values", "tools") from None
 
@@ -212,13 +214,13 @@ def last_user_index(messages: Sequence[Any]) -> int:
 # ---------------------------------------------------------------- sections
 
 
-def _tools_text(body: Mapping[str, Any]) -> str:
+def _tools_text(body: Mapping[str, Any], spaced: bool) -> str:
     tools = body.get("tools") or body.get("functions")
     if not tools:
         return ""
     if not isinstance(tools, list):
         raise InvalidRequest("'tools' must be an array", "tools")
-    text = "\n".join(_tojson(t) for t in tools)
+    text = "\n".join(_tojson(t, spaced) for t in tools)
     none = US + "none" if body.get("tool_choice") == "none" or body.get("function_call") == "none" else ""
     return f"{GS}tools{US}{text}{none}{RS}"
 
@@ -249,14 +251,17 @@ def reply_text(body: Mapping[str, Any], reply: Mapping[str, Any]) -> str:
     return text[:-1] if _TAGS[2] in text else ""
 
 
-def chat_text(body: Mapping[str, Any], extra: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The canonical text of a chat request (with ``extra`` messages appended)."""
+def chat_text(
+    body: Mapping[str, Any], extra: Sequence[Mapping[str, Any]] = (), spaced_json: bool = False
+) -> str:
+    """The canonical text of a chat request (with ``extra`` messages appended); ``spaced_json`` for keys
+    in token blocks (see ``_tojson``)."""
     messages = [*messages_of(body), *extra]
     first = messages[0]
     start = 1 if isinstance(first, Mapping) and first.get("role") in SYSTEM_ROLES else 0
     last_user = last_user_index(messages)
     head = message_text(first, 0, last_user < 0) if start else ""
     rest = [message_text(m, i, i > last_user) for i, m in enumerate(messages[start:], start)]
-    tools = _tools_text(body)
+    tools = _tools_text(body, spaced_json)
     flag = f"{GS}t{RS}" if tools else ""
     return flag + head + tools + _documents_text(body) + "".join(rest) + generation_text(body)

@@ -128,7 +128,7 @@ class KeyBuilder:
         """The bytes that are cut into blocks: UTF-8 text, or token ids as 4-byte integers."""
         if endpoint == "chat":
             more = canonical.reply_text(body, generated) if generated is not None else ""
-            return self._encode_text(chat_text(body) + more)
+            return self._encode_text(chat_text(body, spaced_json=self._tokenize is not None) + more)
         prompt = _first_prompt(body)
         tail = str(generated.get("text") or "") if generated is not None else ""
         if isinstance(prompt, str):
