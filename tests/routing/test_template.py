@@ -163,3 +163,11 @@ def test_the_sandbox_refuses_unsafe_templates(tmp_path: Path, model_dirs: dict[s
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": evil}))
     with pytest.raises(TemplateError, match="SecurityError"):
         ChatTemplate(tmp_path).render(chat([{"role": "user", "content": "x"}]))
+
+
+def test_text_the_tokenizer_refuses_falls_back_to_the_default_key(model_dirs: dict[str, Any]) -> None:
+    keys = builder(model_dirs["smollm2"].path)
+    req = keys.build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r")
+    assert not req.exact and req.blocks == KeyBuilder(RoutingConfig()).build(
+        "chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r"
+    ).blocks

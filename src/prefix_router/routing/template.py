@@ -208,11 +208,17 @@ class ChatTemplate:
     def chat_ids(
         self, body: Mapping[str, Any], reply: Mapping[str, Any] | None = None, generation_prompt: bool = True
     ) -> list[int]:
-        return self.encode(self.render(body, reply, generation_prompt))
+        return self._safe_encode(self.render(body, reply, generation_prompt), False)
 
     def completion_ids(self, prompt: str) -> list[int]:
         """A completions prompt, with the special tokens the tokenizer adds (BOS), as engines do."""
-        return self.encode(prompt, special=True)
+        return self._safe_encode(prompt, True)
+
+    def _safe_encode(self, text: str, special: bool) -> list[int]:
+        try:
+            return self.encode(text, special)
+        except Exception as exc:  # e.g. lone surrogates, which the Rust tokenizer refuses
+            raise TemplateError(f"tokenizer: {type(exc).__name__}") from None
 
 
 def media_ids(hex_digest: str, count: int) -> list[int]:
