@@ -168,6 +168,10 @@ def test_the_sandbox_refuses_unsafe_templates(tmp_path: Path, model_dirs: dict[s
 def test_text_the_tokenizer_refuses_falls_back_to_the_default_key(model_dirs: dict[str, Any]) -> None:
     keys = builder(model_dirs["smollm2"].path)
     req = keys.build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r")
-    assert not req.exact and req.blocks == KeyBuilder(RoutingConfig()).build(
-        "chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r"
-    ).blocks
+    assert (
+        not req.exact
+        and req.blocks
+        == KeyBuilder(RoutingConfig())
+        .build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r")
+        .blocks
+    )
