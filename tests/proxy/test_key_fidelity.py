@@ -11,7 +11,8 @@ import copy
 from typing import Any
 
 import pytest
-from tests.proxy.conftest import RouterHandle
+
+from support.routers import RouterHandle
 
 MATCH = "x-prefix-router-prefix-match"
 SYSTEM = "You are the operations assistant of a storage cluster. Follow the runbook. " * 270  # ~20k chars
@@ -152,7 +153,7 @@ async def test_exact_mode_predicts_whole_pages_of_the_rendered_tokens(
 
     path = model_dirs["qwen2.5"].path
     engines = [await fake_engine(n, reply="ok") for n in ("a", "b")]
-    router = await start_router(*engines, settings={"routing.exact_models": {"m": str(path)}})
+    router = await start_router(*engines, settings={"routing.keys.exact_models": {"m": str(path)}})
     template = ChatTemplate(path)
     ids = template.chat_ids(body(tools=TOOLS))
     other = template.chat_ids(body(tools=OTHER_TOOLS))

@@ -6,18 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.config import RoutingConfig
-from prefix_router.routing.keys import InvalidRequest, KeyBuilder, build_request, extension_blocks
+from prefix_router.routing.keys import InvalidRequest, KeyBuilder
+from prefix_router.routing.settings import KeySettings
 
-CFG = RoutingConfig(block_chars=16, block_tokens=4)
+CFG = KeySettings(block_chars=16, block_tokens=4)
+KEYS = KeyBuilder(CFG)
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": messages, **extra}
 
 
-def blocks(body: dict[str, Any], tenant: str | None = None, cfg: RoutingConfig = CFG) -> tuple[int, ...]:
-    return build_request("chat", body, cfg, request_id="r", tenant=tenant).blocks
+def blocks(body: dict[str, Any], tenant: str | None = None, cfg: KeySettings = CFG) -> tuple[int, ...]:
+    return KeyBuilder(cfg).build("chat", body, request_id="r", tenant=tenant).blocks
 
 
 def is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -46,7 +47,7 @@ def test_multi_turn_keys_are_prefixes_of_each_other(
 def test_generated_reply_extends_to_the_next_turn_key() -> None:
     body = chat([{"role": "system", "content": "s" * 100}, {"role": "user", "content": "q" * 40}])
     reply = {"role": "assistant", "content": "a" * 70}
-    ext = extension_blocks("chat", body, reply, CFG)
+    ext = KEYS.extension("chat", body, reply)
     next_turn = chat([*body["messages"], reply, {"role": "user", "content": "next" * 10}])
     assert is_prefix(ext, blocks(next_turn))
     assert len(ext) > len(blocks(body))
@@ -57,7 +58,7 @@ def test_tools_change_or_tenant_change_the_key() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
     other = {"type": "function", "function": {"name": "g", "parameters": {}}}
     assert blocks(chat(msgs, tools=[tool])) != blocks(chat(msgs, tools=[other]))
-    isolated = RoutingConfig(block_chars=16, block_tokens=4, isolate_tenants=True)
+    isolated = KeySettings(block_chars=16, block_tokens=4, isolate_tenants=True)
     assert blocks(chat(msgs), "t1", isolated)[0] != blocks(chat(msgs), "t2", isolated)[0]
     assert blocks(chat(msgs), "t1")[0] == blocks(chat(msgs), "t2")[0]  # shared when not isolated
 
@@ -85,12 +86,12 @@ def test_images_hash_by_url_and_tool_calls_count() -> None:
 
 
 def test_completions_prompt_forms() -> None:
-    text = build_request("completions", {"model": "m", "prompt": "p" * 40}, CFG, request_id="r")
-    batch = build_request("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, CFG, request_id="r")
+    text = KEYS.build("completions", {"model": "m", "prompt": "p" * 40}, request_id="r")
+    batch = KEYS.build("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, request_id="r")
     assert text.blocks == batch.blocks and len(text.blocks) == 2 and text.prompt_tokens == 10
-    ids = build_request("completions", {"model": "m", "prompt": list(range(10))}, CFG, request_id="r")
+    ids = KEYS.build("completions", {"model": "m", "prompt": list(range(10))}, request_id="r")
     assert ids.prompt_tokens == 10 and len(ids.blocks) == 2
-    more = build_request("completions", {"model": "m", "prompt": [list(range(12))]}, CFG, request_id="r")
+    more = KEYS.build("completions", {"model": "m", "prompt": [list(range(12))]}, request_id="r")
     assert is_prefix(ids.blocks, more.blocks)
 
 
@@ -113,7 +114,7 @@ def test_completions_prompt_forms() -> None:
 )
 def test_bad_bodies_are_rejected_with_the_param(endpoint: Any, body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
-        build_request(endpoint, body, CFG, request_id="r")
+        KEYS.build(endpoint, body, request_id="r")
     assert err.value.param == param
 
 
@@ -129,14 +130,14 @@ json_st = st.recursive(
 def test_arbitrary_json_is_routed_or_rejected_never_crashes(body: dict[str, Any]) -> None:
     for endpoint in ("chat", "completions"):
         try:
-            req = build_request(endpoint, body, CFG, request_id="r")  # type: ignore[arg-type]
+            req = KEYS.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
         except InvalidRequest:
             continue
         assert req.prompt_tokens >= 0
 
 
 def test_max_prefix_chars_caps_the_examined_prefix() -> None:
-    cfg = RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=32)
+    cfg = KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=32)
     body = chat([{"role": "user", "content": "x" * 500}])
     assert len(blocks(body, cfg=cfg)) == 2
 
@@ -162,11 +163,11 @@ def test_incremental_extension_equals_full_rehash(
 
 
 @settings(max_examples=100, deadline=None)
-@given(messages_st, st.text(max_size=200), st.integers(0, 400))
+@given(messages_st, st.text(max_size=200), st.integers(1, 400))  # 0 is refused (KeySettings)
 def test_incremental_extension_respects_the_prefix_cap(
     turn: list[dict[str, Any]], reply: str, cap: int
 ) -> None:
-    builder = KeyBuilder(RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=cap))
+    builder = KeyBuilder(KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=cap))
     body, generated = chat(turn), {"role": "assistant", "content": reply}
     req = builder.build("chat", body, request_id="r")
     fast = builder.extend(req, "chat", body, generated)
@@ -226,13 +227,13 @@ def test_text_parts_are_joined_with_a_newline() -> None:
 
 
 def test_an_image_is_valued_at_image_tokens() -> None:
-    cfg = RoutingConfig(block_chars=16, block_tokens=4, image_tokens=300)
+    cfg = KeySettings(block_chars=16, block_tokens=4, image_tokens=300)
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     text = {"type": "text", "text": "t" * 64}
-    with_image = build_request(
-        "chat", chat([{"role": "user", "content": [image, text]}]), cfg, request_id="r"
+    with_image = KeyBuilder(cfg).build(
+        "chat", chat([{"role": "user", "content": [image, text]}]), request_id="r"
     )
-    without = build_request("chat", chat([{"role": "user", "content": [text]}]), cfg, request_id="r")
+    without = KeyBuilder(cfg).build("chat", chat([{"role": "user", "content": [text]}]), request_id="r")
     assert with_image.prompt_tokens - without.prompt_tokens in range(300, 302)
 
 
@@ -293,8 +294,8 @@ SAMPLING_ST = st.fixed_dictionaries(
 def test_sampling_fields_never_change_the_key(
     messages: list[dict[str, Any]], sampling: dict[str, Any]
 ) -> None:
-    plain = build_request("chat", chat(messages, tools=[TOOL_F]), CFG, request_id="r")
-    other = build_request("chat", chat(messages, tools=[TOOL_F], **sampling), CFG, request_id="r")
+    plain = KEYS.build("chat", chat(messages, tools=[TOOL_F]), request_id="r")
+    other = KEYS.build("chat", chat(messages, tools=[TOOL_F], **sampling), request_id="r")
     assert (plain.blocks, plain.prompt_tokens, plain.hash_key, plain.tail) == (
         other.blocks, other.prompt_tokens, other.hash_key, other.tail,
     )  # fmt: skip
@@ -317,16 +318,16 @@ def test_a_reply_with_reasoning_or_a_tool_call_extends_only_what_the_next_turn_s
     body = chat([SYSTEM, {"role": "user", "content": "q" * 64}])
     prompt = blocks(body)
     reasoned = {"role": "assistant", "content": "a" * 200, "reasoning_content": ""}
-    assert extension_blocks("chat", body, reasoned, CFG) == prompt
+    assert KEYS.extension("chat", body, reasoned) == prompt
     inline = {"role": "assistant", "content": "<think>\n" + "r" * 100 + "</think>" + "a" * 200}
-    assert extension_blocks("chat", body, inline, CFG) == prompt
+    assert KEYS.extension("chat", body, inline) == prompt
     call = {"type": "function", "function": {"name": "f", "arguments": '{"x": 1}' * 20}}
     with_text = {"role": "assistant", "content": "a" * 200, "tool_calls": [call]}
-    ext = extension_blocks("chat", body, with_text, CFG)
+    ext = KEYS.extension("chat", body, with_text)
     nxt = blocks(chat([*body["messages"], with_text, {"role": "tool", "content": "r" * 64}]))
     assert len(prompt) < len(ext) and is_prefix(ext, nxt)
     only_call = {"role": "assistant", "content": None, "tool_calls": [call]}
-    assert extension_blocks("chat", body, only_call, CFG) == prompt
+    assert KEYS.extension("chat", body, only_call) == prompt
     builder = KeyBuilder(CFG)
     req = builder.build("chat", body, request_id="r")
     for reply in (reasoned, inline, with_text, only_call):

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from prefix_router.config import load_config
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.proxy.config import load_config
 from prefix_router.routing.keys import KeyBuilder
+from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError
 from prefix_router.settings import ConfigError
 
@@ -30,7 +30,7 @@ def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 def builder(path: Path, **knobs: Any) -> KeyBuilder:
-    return KeyBuilder(RoutingConfig(exact_models={"m": str(path)}, **knobs))
+    return KeyBuilder(KeySettings(exact_models={"m": str(path)}, **knobs))
 
 
 def shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -146,11 +146,11 @@ def test_completions_prompts_are_tokenized_like_chat(model_dirs: dict[str, Any])
 
 def test_exact_models_are_checked_at_config_load(tmp_path: Path, model_dirs: dict[str, Any]) -> None:
     good = str(model_dirs["smollm2"].path)
-    assert load_config(env={}, overrides={"routing.exact_models": {"m": good}}).routing.exact_models == {
-        "m": good
-    }
-    with pytest.raises(ConfigError, match=r"exact_models\.m"):
-        load_config(env={}, overrides={"routing.exact_models": {"m": str(tmp_path)}})
+    assert load_config(
+        env={}, overrides={"routing.keys.exact_models": {"m": good}}
+    ).routing.keys.exact_models == {"m": good}
+    with pytest.raises(ConfigError, match=r"exact_models"):
+        load_config(env={}, overrides={"routing.keys.exact_models": {"m": str(tmp_path)}})
     (tmp_path / "tokenizer.json").write_text((model_dirs["smollm2"].path / "tokenizer.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "x"}))
     with pytest.raises(TemplateError, match="no chat_template"):
@@ -171,7 +171,7 @@ def test_text_the_tokenizer_refuses_falls_back_to_the_default_key(model_dirs: di
     assert (
         not req.exact
         and req.blocks
-        == KeyBuilder(RoutingConfig())
+        == KeyBuilder(KeySettings())
         .build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r")
         .blocks
     )

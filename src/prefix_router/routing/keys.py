@@ -30,19 +30,19 @@ import math
 import re
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
+from prefix_router.protocol import Endpoint
 from prefix_router.routing import canonical
 from prefix_router.routing.canonical import MEDIA, chat_text, has_reasoning
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
+from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError, load_templates, media_ids
 from prefix_router.routing.types import InvalidRequest, RouteRequest
 
-__all__ = ["Endpoint", "InvalidRequest", "KeyBuilder", "build_request", "chat_text", "extension_blocks"]
+__all__ = ["Endpoint", "InvalidRequest", "KeyBuilder", "chat_text"]
 
 log = logging.getLogger(__name__)
-Endpoint = Literal["chat", "completions"]
 _MEDIA_RE = re.compile(f"{MEDIA}([0-9a-f]{{16}}){MEDIA}")
 
 
@@ -94,11 +94,11 @@ def _token_bytes(ids: Sequence[int]) -> bytes:
 
 
 class KeyBuilder:
-    """Turns request bodies into ``RouteRequest``s under one configuration (and optional tokenizer)."""
+    """Turns request bodies into ``RouteRequest``s under one key configuration (and optional tokenizer)."""
 
     def __init__(
         self,
-        cfg: RoutingConfig,
+        cfg: KeySettings,
         tokenize: Callable[[str], list[int]] | None = None,
         templates: Mapping[str, ChatTemplate] | None = None,
     ) -> None:
@@ -366,28 +366,3 @@ def _load_tokenizer(path: str | None) -> Callable[[str], list[int]] | None:
         return list(tokenizer.encode(text, add_special_tokens=False).ids)
 
     return encode
-
-
-def build_request(
-    endpoint: Endpoint,
-    body: Mapping[str, Any],
-    cfg: RoutingConfig,
-    *,
-    request_id: str,
-    tenant: str | None = None,
-    session: str | None = None,
-) -> RouteRequest:
-    """One-off ``KeyBuilder(cfg).build``; with a tokenizer configured, keep a ``KeyBuilder`` instead."""
-    return KeyBuilder(cfg).build(endpoint, body, request_id=request_id, tenant=tenant, session=session)
-
-
-def extension_blocks(
-    endpoint: Endpoint,
-    body: Mapping[str, Any],
-    generated: Mapping[str, Any],
-    cfg: RoutingConfig,
-    *,
-    tenant: str | None = None,
-) -> tuple[int, ...]:
-    """One-off ``KeyBuilder(cfg).extension``: ``generated`` is the assistant message or ``{"text": ...}``."""
-    return KeyBuilder(cfg).extension(endpoint, body, generated, tenant=tenant)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from prefix_router.bench.fidelity.corpus import _assistant, _system, _user
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import KeyBuilder
+from prefix_router.routing.settings import KeySettings
 from prefix_router.workloads.text import rng_for
 
 
@@ -48,9 +48,9 @@ def _mean_us(build: Callable[[], object], repeat: int) -> float:
 def measure_cost(model_dir: Path, chars: int, repeat: int = 20, rounds: int = 5) -> Cost:
     body = body_of(chars)
     builders = {
-        "default": KeyBuilder(RoutingConfig()),
-        "tokens": KeyBuilder(RoutingConfig(tokenizer_path=str(model_dir / "tokenizer.json"))),
-        "exact": KeyBuilder(RoutingConfig(exact_models={"m": str(model_dir)})),
+        "default": KeyBuilder(KeySettings()),
+        "tokens": KeyBuilder(KeySettings(tokenizer_path=str(model_dir / "tokenizer.json"))),
+        "exact": KeyBuilder(KeySettings(exact_models={"m": str(model_dir)})),
     }
     samples: dict[str, list[float]] = {name: [] for name in builders}
     for _ in range(rounds):

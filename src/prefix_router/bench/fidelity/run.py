@@ -34,8 +34,8 @@ from prefix_router.bench.fidelity.corpus import Case, corpus
 from prefix_router.bench.fidelity.cost import Cost, measure_cost
 from prefix_router.bench.fidelity.models import ModelDir, all_model_dirs, smollm2_gguf
 from prefix_router.bench.fidelity.truth import Oracle
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import KeySettings, RoutingSettings
 from prefix_router.routing.types import Outcome
 
 MODES = ("exact", "default", "default-tok")
@@ -91,11 +91,13 @@ def _predict(router: Router, case: Case, reply: dict[str, Any] | None, worker: s
 
 
 def measure(model: ModelDir, cases: Sequence[Case], progress: Progress | None = None) -> list[Row]:
-    oracle = Oracle(model.path, RoutingConfig().image_tokens)
+    oracle = Oracle(model.path, KeySettings().image_tokens)
     routers = {
-        "exact": Router(RoutingConfig(exact_models={"m": str(model.path)})),
-        "default": Router(RoutingConfig()),
-        "default-tok": Router(RoutingConfig(tokenizer_path=str(model.path / "tokenizer.json"))),
+        "exact": Router(RoutingSettings(keys=KeySettings(exact_models={"m": str(model.path)}))),
+        "default": Router(RoutingSettings()),
+        "default-tok": Router(
+            RoutingSettings(keys=KeySettings(tokenizer_path=str(model.path / "tokenizer.json")))
+        ),
     }
     rows: list[Row] = []
     task = progress.add_task(model.name, total=len(cases)) if progress else None
@@ -109,7 +111,7 @@ def measure(model: ModelDir, cases: Sequence[Case], progress: Progress | None = 
         for mode, router in routers.items():
             got = _predict(router, case, reply, f"w{i}")
             rows.append(
-                Row(model.name, case.category, case.name, mode, got, true, size, router.cfg.block_tokens)
+                Row(model.name, case.category, case.name, mode, got, true, size, router.cfg.keys.block_tokens)
             )
     return rows
 
