@@ -86,15 +86,10 @@ def fixture_json() -> Any:
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``name -> ModelDir``: SmolLM2's own chat template and the bundled layouts, derived once per session
-    from the GGUF that ``make llama`` installs (missing: a failure in CI, a skip elsewhere)."""
-    import os
-
+    from the GGUF that ``make llama`` installs (missing: a failure, never a skip)."""
     from prefix_router.bench.fidelity.models import all_model_dirs, smollm2_gguf
 
     gguf = smollm2_gguf()
     if gguf is None:
-        reason = "the SmolLM2 GGUF is not installed (scripts/install-llama-cpp.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pytest.fail("the SmolLM2 GGUF is not installed: run scripts/install-llama-cpp.sh (make llama)")
     return {m.name: m for m in all_model_dirs(gguf, tmp_path_factory.mktemp("models"))}
