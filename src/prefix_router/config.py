@@ -16,17 +16,18 @@ from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from prefix_router.pool.settings import (
     DiscoverySettings,
     HealthConfig,
     ScrapeConfig,
     WorkerConfig,
+    url_identity,
 )
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.policies import POLICY_NAMES
-from prefix_router.settings import ConfigError, Section, split_list
+from prefix_router.settings import ConfigError, Section, header_secret, split_list
 
 ENV_PREFIX = "PREFIX_ROUTER_"
 # routing knobs that must be strictly positive (the others only non-negative)
@@ -50,12 +51,15 @@ _POSITIVE_KNOBS = frozenset(
 
 
 class TimeoutConfig(Section):
-    """Upstream timeouts per phase, in seconds. A non-streamed answer arrives whole, so ``first_byte_s``
-    bounds its whole generation; streams are bounded by ``total_s``."""
+    """Upstream timeouts per phase, in seconds. ``first_byte_s`` is the request's budget for its first
+    byte, all attempts together (retries happen within it, so a slow generation is never run again on
+    another worker once it used the budget up); a non-streamed answer arrives whole, so it bounds its
+    whole generation. A stream is bounded by ``total_s``, and by ``stream_idle_s`` between two chunks."""
 
     connect_s: float = Field(default=3.0, gt=0)
     first_byte_s: float = Field(default=300.0, gt=0)
     total_s: float = Field(default=1800.0, gt=0)
+    stream_idle_s: float = Field(default=120.0, gt=0)
     shutdown_s: float = Field(default=30.0, ge=0)  # on SIGTERM: in-flight requests get this long
     # client side: a request head must arrive within client_header_s of the connection opening (or of the
     # previous response: the keep-alive idle limit), and its body within client_body_s (else 408)
@@ -95,14 +99,38 @@ class AuthConfig(Section):
     api_keys: list[SecretStr] = Field(default_factory=list, max_length=100_000)
     forward_client_auth: bool = False
 
-    _split_keys = field_validator("api_keys", mode="before")(split_list)
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        """An empty list given explicitly (``PREFIX_ROUTER_AUTH__API_KEYS=""``) would turn authentication
+        off without a word: refused. Without client keys, leave the setting out."""
+        value = split_list(value)
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list would turn client authentication off; leave the setting out")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        return [header_secret(key) for key in value]
 
     @field_validator("admin_token")
     @classmethod
     def _check_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 8:
+        if value is None:
+            return None
+        value = header_secret(value)
+        if len(value.get_secret_value()) < 8:
             raise ValueError("admin token must have at least 8 characters")
         return value
+
+
+class TenantsConfig(Section):
+    """What clients learn of the router's decisions and how far tenants are kept apart (docs/security.md).
+    Isolation in the router's own index is ``routing.isolate_tenants``."""
+
+    decision_headers: bool = True  # x-prefix-router-worker / -prefix-match on every routed answer
+    cache_salt: bool = False  # set vLLM's per-request cache_salt per tenant in bodies sent to vLLM workers
 
 
 class RecordConfig(Section):
@@ -148,6 +176,7 @@ class Config(Section):
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
     state: StateSettings = Field(default_factory=StateSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
@@ -178,7 +207,21 @@ class Config(Section):
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup is not None:
             raise ValueError(f"duplicate worker name {dup!r}")
+        urls = [url_identity(w.url) for w in value]
+        same = next((w for w, u in zip(value, urls, strict=True) if urls.count(u) > 1), None)
+        if same is not None:
+            raise ValueError(f"the same URL under two names: {same.url}")
         return value
+
+    @model_validator(mode="after")
+    def _isolation_default(self) -> Config:
+        """``routing.isolate_tenants`` unset: on when clients are told apart by more than one key, or
+        their own credentials go to the engines."""
+        if self.routing.isolate_tenants is not None:
+            return self
+        isolate = len(self.auth.api_keys) > 1 or self.auth.forward_client_auth
+        routing = dataclasses.replace(self.routing, isolate_tenants=isolate)
+        return self.model_copy(update={"routing": routing})
 
 
 def _check_routing_knobs(knobs: Mapping[str, Any]) -> None:

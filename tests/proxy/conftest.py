@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +11,7 @@ from aiohttp import web
 from openai import AsyncOpenAI
 
 from prefix_router.config import load_config
+from prefix_router.pool.http import Fetched
 from prefix_router.proxy.app import create_app
 from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.server import Running, start
@@ -33,6 +34,18 @@ class RouterHandle:
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)
 
+    def admit(self, name: str) -> None:
+        """Admit a worker as if its first probe had passed (one that is down by the time of the test:
+        an engine that died after start-up)."""
+        self.state.pool.report(self.state.pool.require(name), True)
+
+
+class UpFetcher:
+    """The probes' side of an in-memory network: every worker answers 200 ``{}``."""
+
+    async def get(self, url: str, headers: Mapping[str, str], timeout_s: float, max_bytes: int) -> Fetched:
+        return Fetched(200, b"{}")
+
 
 RouterFactory = Callable[..., Awaitable[RouterHandle]]
 
@@ -54,7 +67,8 @@ async def start_router() -> AsyncIterator[RouterFactory]:
         *workers: Any, settings: dict[str, Any] | None = None, upstream: Upstream | None = None
     ) -> RouterHandle:
         overrides = {**QUIET, "workers": [worker_entry(w) for w in workers], **(settings or {})}
-        app = create_app(load_config(env={}, overrides=overrides), upstream=upstream)
+        fetcher = UpFetcher() if upstream is not None else None
+        app = create_app(load_config(env={}, overrides=overrides), upstream=upstream, fetcher=fetcher)
         handle = RouterHandle(app, await start(app, shutdown_timeout=0.2))
         handles.append(handle)
         return handle

@@ -16,7 +16,7 @@ from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
-from prefix_router.proxy import admin, handlers
+from prefix_router.proxy import admin, handlers, http_errors
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.h1client import H1Upstream
@@ -47,6 +47,7 @@ def create_app(
     app[STATE] = state
     handlers.add_routes(app)
     admin.add_routes(app)
+    http_errors.add_catch_all(app)  # last: what no route above takes
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
@@ -162,7 +163,7 @@ async def _cleanup(app: web.Application) -> None:
 
 def _log_health(worker: Worker, healthy: bool) -> None:
     if healthy:
-        log.warning("worker %s re-admitted", worker.name)
+        log.warning("worker %s admitted (healthy)", worker.name)
     else:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
 

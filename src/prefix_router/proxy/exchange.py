@@ -2,10 +2,14 @@
 on another worker while nothing has reached the client), then relay the answer and settle the accounts.
 
 Retry rule: a connect failure, a timeout or a 5xx before the first byte is sent to the client is retried
-on the next best worker (excluding those tried), up to ``retries.max_attempts``. A non-streamed body is
-read whole (up to ``limits.max_response_buffer_bytes``) before anything is sent, so it is retryable until
-complete; a stream is committed with its first chunk and never retried: a later failure ends it with an
-SSE error event.
+on the next best worker (excluding those tried), up to ``retries.max_attempts``, within the request's
+first-byte budget (``timeouts.first_byte_s``, all attempts together): an attempt that used the budget up
+is not run again elsewhere (a slow generation would only be repeated), while one cut short (a connect
+failure, a 5xx, an ejected worker) leaves the rest of the budget to the next. A non-streamed body is read
+whole (up to ``limits.max_response_buffer_bytes``) before anything is sent, so it is retryable until
+complete; a stream is committed with its first chunk and never retried: a later failure (the engine
+breaks, stays silent for ``timeouts.stream_idle_s``, its worker is ejected, ``total_s`` or the shutdown
+deadline passes) ends it with an SSE error event naming the cause.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from aiohttp import web
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.proxy.auth import tenant_salt
 from prefix_router.proxy.context import AppState
+from prefix_router.proxy.deadlines import Cause, Watch
 from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
@@ -74,7 +80,10 @@ class Exchange:
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
         loop = asyncio.get_running_loop()
-        self.deadline = loop.time() + state.config.timeouts.total_s
+        timeouts = state.config.timeouts
+        self.deadline = loop.time() + timeouts.total_s
+        self.first_byte_deadline = min(loop.time() + timeouts.first_byte_s, self.deadline)
+        self.bodies: dict[bool, bytes] = {}  # the body sent upstream, by whether the worker takes a salt
 
     async def run(self) -> web.StreamResponse:
         self.check_path()
@@ -121,9 +130,12 @@ class Exchange:
     async def open(self) -> Opened:
         excluded: set[str] = set()
         last: Failed | None = None
+        loop = asyncio.get_running_loop()
         for attempt in range(self.state.config.retries.max_attempts):
             if attempt and self.state.deadlines.stopping:
                 raise shutting_down(self.state.config.limits.retry_after_s)
+            if attempt and loop.time() >= self.first_byte_deadline:
+                break  # the first-byte budget is spent: no further generation is started
             pick = self.choose(excluded)
             if pick is None:
                 break
@@ -141,7 +153,8 @@ class Exchange:
             return self.nobody()
         if last.status is not None:
             secret = forward.worker_secret(self.state.pool.get(last.worker))
-            headers = forward.downstream_headers(last.headers, last.worker, None, secret)
+            shown = last.worker if self.state.config.tenants.decision_headers else None
+            headers = forward.downstream_headers(last.headers, shown, None, secret)
             body = forward.redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
@@ -152,10 +165,8 @@ class Exchange:
     async def attempt(self, worker: Worker, decision: Decision | None) -> Opened | Failed:
         flight = Flight(self.state, worker, self.parsed, decision, self.policy_label, self.started)
         response: UpstreamResponse | None = None
-        loop = asyncio.get_running_loop()
-        first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
         try:
-            async with self.state.deadlines.watch(worker.name, first_byte_at, first_byte=True):
+            async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):
                 response = await self.state.upstream.send(self.upstream_request(worker))
                 if response.status >= 500:
                     return await self.server_error(flight, response)
@@ -176,7 +187,20 @@ class Exchange:
             self.request.headers, worker, self.state.config.auth.forward_client_auth
         )
         url = forward.upstream_url(worker, self.path_qs)
-        return UpstreamRequest(self.request.method, url, headers, self.raw)
+        return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
+
+    def body_for(self, worker: Worker) -> bytes:
+        """The client's bytes, or (``tenants.cache_salt``, a vLLM worker, a client with a key) the body
+        with the tenant's ``cache_salt``, so that the engine's prefix cache is not shared across tenants."""
+        if self.parsed is None or not self.state.config.tenants.cache_salt:
+            return self.raw
+        salted = forward.takes_cache_salt(worker)
+        body = self.bodies.get(salted)
+        if body is None:
+            salt = tenant_salt(self.request.headers) if salted else None
+            body = self.raw if salt is None else forward.salted_body(self.parsed.body, salt)
+            self.bodies[salted] = body
+        return body
 
     async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
         if forward.is_event_stream(response.headers):
@@ -204,6 +228,8 @@ class Exchange:
         predicted = decision.predicted_tokens if decision is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
+        if not self.state.config.tenants.decision_headers:
+            return forward.downstream_headers(opened.response.headers, None, None, secret)
         return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
 
     def reply(self) -> ReplyAccumulator:
@@ -245,34 +271,39 @@ class Exchange:
         return out
 
     async def pump(self, out: web.StreamResponse, opened: Opened, reply: ReplyAccumulator) -> bool:
-        """Relay chunks as they come; on an upstream failure end the stream cleanly. Returns success."""
+        """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream
+        failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
+        idle_s, loop = self.state.config.timeouts.stream_idle_s, asyncio.get_running_loop()
+        watch = self.state.deadlines.watch(opened.flight.worker.name, self.deadline)
+        idle = False  # whether the deadline now watched is the idle one (else the request's total_s)
         try:
-            async with self.state.deadlines.watch(opened.flight.worker.name, self.deadline, first_byte=False):
+            async with watch:
                 while chunk:
                     if opened.stream:
                         reply.feed(chunk)
                     await out.write(chunk)
+                    until = loop.time() + idle_s
+                    idle = until < self.deadline
+                    watch.push(until if idle else self.deadline)
                     chunk = await response.next_chunk()
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
             kind = "timeout" if isinstance(exc, TimeoutError) else "io"
             self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
-            await self.end_broken(out, opened, kind)
+            await self.end_broken(out, opened, stream_cut(watch, exc, idle))
             return False
         response.release()
         return True
 
-    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: str) -> None:
+    async def end_broken(self, out: web.StreamResponse, opened: Opened, cut: tuple[str, str]) -> None:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
             if self.request.transport is not None:
                 self.request.transport.abort()
             return
-        if kind == "timeout" and self.state.deadlines.stopping:
-            await out.write(sse_error("the router is shutting down", "router_shutdown"))
-            return
-        message = "upstream timed out mid-stream" if kind == "timeout" else "upstream failed mid-stream"
-        await out.write(sse_error(message, f"upstream_{kind}"))
+        message, code = cut
+        log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
+        await out.write(sse_error(message, code))
 
 
 class UpstreamReply(Exception):
@@ -281,6 +312,19 @@ class UpstreamReply(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__("upstream reply")
         self.response = response
+
+
+def stream_cut(watch: Watch, exc: Exception, idle: bool) -> tuple[str, str]:
+    """Why a stream was cut, as the (message, code) of its SSE error event."""
+    if isinstance(exc, UpstreamError):
+        return "upstream failed mid-stream", "upstream_io"
+    if watch.cause is Cause.SHUTDOWN:
+        return "the router is shutting down", "router_shutdown"
+    if watch.cause is Cause.EJECTED:
+        return "the worker was ejected by health checks mid-stream", "worker_ejected"
+    if idle:
+        return "no data from upstream within timeouts.stream_idle_s", "upstream_idle_timeout"
+    return "upstream timed out mid-stream", "upstream_timeout"
 
 
 def sse_error(message: str, code: str) -> bytes:

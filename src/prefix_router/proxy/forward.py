@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
+import orjson
 from multidict import CIMultiDict
 
 from prefix_router.pool.worker import Worker
@@ -29,6 +31,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 _NOT_UPSTREAM = HOP_BY_HOP | {"authorization", "accept-encoding", "expect", "cookie", POLICY_HEADER}
+# request bodies in these encodings reach the router decoded (aiohttp's server decodes exactly these, and
+# counts the decoded bytes against the body limit): they go upstream decoded, without the header
+DECODED_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 _NOT_DOWNSTREAM = HOP_BY_HOP | {"server", "date", "set-cookie", WORKER_HEADER, MATCH_HEADER}
 
 
@@ -54,6 +59,8 @@ def safe_path(path_qs: str) -> bool:
 def upstream_headers(incoming: Mapping[str, str], worker: Worker, forward_auth: bool) -> dict[str, str]:
     """Client headers minus hop-by-hop ones; the worker's own credentials replace the client's."""
     dropped = _NOT_UPSTREAM | connection_tokens(incoming)
+    if incoming.get("Content-Encoding", "").lower() in DECODED_ENCODINGS:
+        dropped |= {"content-encoding"}
     out = {k: v for k, v in incoming.items() if k.lower() not in dropped}
     out["Accept-Encoding"] = "identity"  # bodies cross unchanged and stay readable for accounting
     if worker.api_key is not None:
@@ -72,14 +79,17 @@ def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
 
 
 def downstream_headers(
-    upstream: Mapping[str, str], worker: str, predicted_tokens: int | None, secret: str | None = None
+    upstream: Mapping[str, str], worker: str | None, predicted_tokens: int | None, secret: str | None = None
 ) -> CIMultiDict[str]:
-    """The upstream's headers that matter, plus the router's decision headers. A header echoing the
-    worker's credential (``secret``) is dropped."""
+    """The upstream's headers that matter, plus the router's decision headers (none without ``worker``:
+    ``tenants.decision_headers: false``). A header echoing the worker's credential (``secret``) is
+    dropped."""
     dropped = _NOT_DOWNSTREAM | connection_tokens(upstream)
     out: CIMultiDict[str] = CIMultiDict(
         (k, v) for k, v in upstream.items() if k.lower() not in dropped and not (secret and secret in v)
     )
+    if worker is None:
+        return out
     out[WORKER_HEADER] = worker
     if predicted_tokens is not None:
         out[MATCH_HEADER] = str(predicted_tokens)
@@ -96,6 +106,19 @@ def redact(body: bytes, secret: str | None) -> bytes:
         return body
     token = secret.encode("utf-8", "surrogatepass")
     return body.replace(token, b"[redacted]") if token in body else body
+
+
+def takes_cache_salt(worker: Worker) -> bool:
+    """Whether the worker's engine keys its prefix cache by the request's ``cache_salt`` (vLLM)."""
+    engine = worker.adapter.name if worker.adapter is not None else worker.engine
+    return engine == "vllm"
+
+
+def salted_body(body: Mapping[str, Any], salt: str) -> bytes:
+    """The body with ``cache_salt`` set to ``salt``, followed by the client's own salt if it gave one (so
+    it can still partition its own cache, but never share another tenant's)."""
+    own = body.get("cache_salt")
+    return orjson.dumps({**body, "cache_salt": f"{salt}-{own}" if isinstance(own, str) and own else salt})
 
 
 def is_event_stream(headers: Mapping[str, str]) -> bool:

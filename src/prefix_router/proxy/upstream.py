@@ -153,6 +153,9 @@ class AiohttpUpstream:
             raise UpstreamError("connect", describe(exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("io", describe(exc)) from None
+        except ValueError:  # refused before sending (a header with a control character): this worker's
+            # problem (its configured credential), so a failure to retry elsewhere; the text is not kept
+            raise UpstreamError("connect", "the request could not be encoded for this worker") from None
         return _AiohttpResponse(resp)
 
     async def close(self) -> None:

@@ -15,7 +15,7 @@ class RoutingConfig:
     chars_per_token: float = 4.0
     block_tokens: int = 16
     max_prefix_chars: int | None = 1_048_576  # examined prefix: 1 MiB of key (about 256 K tokens)
-    isolate_tenants: bool = False
+    isolate_tenants: bool | None = None  # None: the composition root decides (the proxy: by its keys)
     tokenizer_path: str | None = None
     # prefix index bounds
     worker_capacity_tokens: int = 1_000_000
