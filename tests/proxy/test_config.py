@@ -122,3 +122,42 @@ def test_routing_core_refusals_become_config_errors() -> None:
     cfg = load_config(env={}).model_copy(update={"routing": RoutingConfig(policy="nope")})
     with pytest.raises(ConfigError, match="invalid config: routing: unknown policy"):
         create_app(cfg)
+
+
+@pytest.mark.parametrize(
+    ("workers", "message"),
+    [
+        ("http://a:1,http://A:1/", "the same URL under two names"),
+        ("http://a:80,http://a", "the same URL under two names"),
+        ("http://a:99999", "Port out of range"),
+        ("http://a:x1", "Port could not be cast"),
+        ("http://:1", "no host"),
+        ("http://[fe80::1:1", "Invalid IPv6 URL"),
+    ],
+)
+def test_worker_urls_are_checked(workers: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={"PREFIX_ROUTER_WORKERS": workers})
+
+
+def test_one_engine_twice_under_different_base_paths_is_two_workers() -> None:
+    workers = [{"url": "http://a:1/x", "name": "x"}, {"url": "http://a:1/y", "name": "y"}, "http://[::1]:1"]
+    cfg = load_config(env={}, overrides={"workers": workers})
+    assert [w.url for w in cfg.workers] == ["http://a:1/x", "http://a:1/y", "http://[::1]:1"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "isolated"),
+    [
+        ({}, False),
+        ({"auth.api_keys": ["k1"]}, False),
+        ({"auth.api_keys": ["k1", "k2"]}, True),
+        ({"auth.forward_client_auth": True}, True),
+        ({"auth.api_keys": ["k1", "k2"], "routing.isolate_tenants": False}, False),
+        ({"routing.isolate_tenants": True}, True),
+    ],
+)
+def test_tenant_isolation_defaults_to_on_with_several_tenants(
+    settings: dict[str, object], isolated: bool
+) -> None:
+    assert load_config(env={}, overrides=settings).routing.isolate_tenants is isolated

@@ -5,6 +5,7 @@ are imported with ``--import-mode=importlib`` and cannot import this file)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import struct
 import sys
@@ -322,17 +323,21 @@ class SimProcess:
             self.process.kill()
         await self.process.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its sockets open and answers nothing (a hung engine)."""
+        self.process.send_signal(signal.SIGSTOP)
+
 
 SimFactory = Callable[..., Awaitable[SimProcess]]
 
 
 @pytest.fixture
 async def sim_process() -> AsyncIterator[SimFactory]:
-    """``await sim_process(port=0, time_scale=1.0)``: an engine-sim process serving model ``m``."""
+    """``await sim_process(port=0, time_scale=1.0, model="m")``: an engine-sim process serving ``model``."""
     procs: list[SimProcess] = []
 
-    async def spawn(port: int = 0, time_scale: float = 1.0) -> SimProcess:
-        argv = ["-m", "prefix_router.sim.server", "--port", str(port), "--model", "m"]
+    async def spawn(port: int = 0, time_scale: float = 1.0, model: str = "m") -> SimProcess:
+        argv = ["-m", "prefix_router.sim.server", "--port", str(port), "--model", model]
         process = await asyncio.create_subprocess_exec(
             sys.executable, *argv, "--time-scale", str(time_scale), stdout=asyncio.subprocess.PIPE
         )

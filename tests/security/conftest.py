@@ -5,6 +5,9 @@ with ``--import-mode=importlib`` and cannot import this file)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -197,6 +200,20 @@ class Kit:
         return int(parts[1]) if len(parts) > 1 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else 0
 
     @staticmethod
+    async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+        """Poll until ``predicate()`` (fails the test after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met within {timeout_s} s")
+            await asyncio.sleep(0.01)
+
+    @staticmethod
+    async def refused_config(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run ``serve`` with a configuration it must refuse: (exit code, stderr)."""
+        return await _refused_config(*args, env=env)
+
+    @staticmethod
     def openai_error(raw: bytes) -> dict[str, Any]:
         body = orjson.loads(raw)
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
@@ -212,3 +229,77 @@ async def _read_all(reader: asyncio.StreamReader, into: bytearray) -> None:
 @pytest.fixture
 def kit() -> type[Kit]:
     return Kit
+
+
+# ------------------------------------------------------------------------------------------ serve processes
+
+
+@dataclass
+class ServeProcess:
+    process: asyncio.subprocess.Process
+    url: str
+
+    async def stop(self) -> bytes:
+        """SIGTERM, wait, and return what it wrote to stderr (its log)."""
+        if self.process.returncode is None:
+            self.process.terminate()
+        _, err = await asyncio.wait_for(self.process.communicate(), 30)
+        return err
+
+
+ServeFactory = Callable[..., Awaitable[ServeProcess]]
+
+
+@pytest.fixture
+async def serve_process(free_port: Callable[[], int]) -> AsyncIterator[ServeFactory]:
+    """``await serve_process("--worker", url, env={...})``: a real ``prefix-router serve`` process on a free
+    port, ready (``/ready`` 200) when returned; stopped afterwards."""
+    procs: list[ServeProcess] = []
+
+    async def spawn(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServeProcess:
+        port = free_port()
+        argv = ["-m", "prefix_router.proxy", "serve", "--port", str(port), *args]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})}
+        )
+        procs.append(ServeProcess(process, f"http://127.0.0.1:{port}"))
+        if ready:
+            await _wait_ready(procs[-1])
+        return procs[-1]
+
+    try:
+        yield spawn
+    finally:
+        for proc in procs:
+            if proc.process.returncode is None:
+                proc.process.kill()
+                await proc.process.wait()
+
+
+async def _wait_ready(proc: ServeProcess, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline and proc.process.returncode is None:
+            try:
+                async with http.get(proc.url + "/ready") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"serve did not become ready (exit code {proc.process.returncode})")
+
+
+async def _refused_config(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``serve`` with a configuration it must refuse: (exit code, stderr)."""
+    argv = ["-m", "prefix_router.proxy", "serve", "--port", "0", *args]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})}
+    )
+    try:
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return int(process.returncode or 0), err.decode()
