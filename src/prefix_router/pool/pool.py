@@ -133,6 +133,7 @@ class WorkerPool:
     def _set_health(self, worker: Worker, healthy: bool) -> None:
         worker.health.healthy = healthy
         worker.health.pending = False
+        worker.health.ejections += 0 if healthy else 1
         if not healthy and worker.name in self._workers:
             self._router.remove_worker(worker.name)  # forget what the engine probably lost
             self._router.add_worker(worker.name, capacity_tokens=worker.capacity(), weight=worker.weight)

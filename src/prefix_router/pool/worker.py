@@ -18,6 +18,7 @@ class HealthState:
 
     healthy: bool = False
     pending: bool = True
+    ejections: int = 0
     failures: int = 0
     successes: int = 0
     last_error: str | None = None

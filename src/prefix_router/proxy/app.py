@@ -162,8 +162,10 @@ async def _cleanup(app: web.Application) -> None:
 
 
 def _log_health(worker: Worker, healthy: bool) -> None:
-    if healthy:
-        log.warning("worker %s admitted (healthy)", worker.name)
+    if healthy and not worker.health.ejections:
+        log.info("worker %s admitted (its first probe passed)", worker.name)
+    elif healthy:
+        log.warning("worker %s re-admitted", worker.name)
     else:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
 

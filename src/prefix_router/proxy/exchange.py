@@ -83,7 +83,7 @@ class Exchange:
         timeouts = state.config.timeouts
         self.deadline = loop.time() + timeouts.total_s
         self.first_byte_deadline = min(loop.time() + timeouts.first_byte_s, self.deadline)
-        self.bodies: dict[bool, bytes] = {}  # the body sent upstream, by whether the worker takes a salt
+        self.bodies: dict[bool, bytes] | None = None  # tenants.cache_salt: the bodies sent upstream
 
     async def run(self) -> web.StreamResponse:
         self.check_path()
@@ -195,6 +195,8 @@ class Exchange:
         if self.parsed is None or not self.state.config.tenants.cache_salt:
             return self.raw
         salted = forward.takes_cache_salt(worker)
+        if self.bodies is None:
+            self.bodies = {}
         body = self.bodies.get(salted)
         if body is None:
             salt = tenant_salt(self.request.headers) if salted else None
@@ -275,8 +277,11 @@ class Exchange:
         failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
         idle_s, loop = self.state.config.timeouts.stream_idle_s, asyncio.get_running_loop()
-        watch = self.state.deadlines.watch(opened.flight.worker.name, self.deadline)
-        idle = False  # whether the deadline now watched is the idle one (else the request's total_s)
+        # the idle deadline is moved on only once it lags by ``slack`` (a reschedule costs about 10 us:
+        # not once per token): a silence is cut after between idle_s - slack and idle_s
+        slack = min(1.0, idle_s / 20)
+        watched = min(loop.time() + idle_s, self.deadline)
+        watch = self.state.deadlines.watch(opened.flight.worker.name, watched)
         try:
             async with watch:
                 while chunk:
@@ -284,14 +289,15 @@ class Exchange:
                         reply.feed(chunk)
                     await out.write(chunk)
                     until = loop.time() + idle_s
-                    idle = until < self.deadline
-                    watch.push(until if idle else self.deadline)
+                    if until - watched > slack and watched < self.deadline:
+                        watched = min(until, self.deadline)
+                        watch.push(watched)
                     chunk = await response.next_chunk()
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
             kind = "timeout" if isinstance(exc, TimeoutError) else "io"
             self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
-            await self.end_broken(out, opened, stream_cut(watch, exc, idle))
+            await self.end_broken(out, opened, stream_cut(watch, exc, idle=watched < self.deadline))
             return False
         response.release()
         return True
