@@ -4,7 +4,6 @@ failures that end early (a refused connection, a 5xx) are still retried within w
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -19,11 +18,10 @@ async def test_a_slow_generation_runs_once_then_504(
     settings = {"timeouts.first_byte_s": 0.4, "retries.max_attempts": 3}
     workers = [{"url": e.url, "name": e.name, "models": ["m"]} for e in engines]
     router = await start_router(*workers, settings=settings, client=client)
-    began = time.monotonic()
     status, _, body = await kit.post(router.url)
     assert status == 504 and orjson.loads(body)["error"]["code"] == "upstream_timeout"
-    assert time.monotonic() - began < 1.0  # one budget, not one per attempt
-    assert sum(len(e.generations) for e in engines) == 1  # the generation was not started again elsewhere
+    # one generation: before, each of the 3 workers got it in turn (0.4 s each, 3 generations)
+    assert sum(len(e.generations) for e in engines) == 1
     assert router.state.metrics.retries.get() == 0
     await kit.wait_until(lambda: kit.quiescent(router))
 
