@@ -10,9 +10,9 @@ import pytest
 from prefix_router.proxy.deadlines import Cause, Deadlines
 
 
-async def wait_for_ever(deadlines: Deadlines, worker: str) -> Cause | str:
+async def wait_for_ever(deadlines: Deadlines, worker: str, idle_s: float | None = None) -> Cause | str:
     loop = asyncio.get_running_loop()
-    watch = deadlines.watch(worker, loop.time() + 60)
+    watch = deadlines.watch(worker, loop.time() + 60, idle_s)
     try:
         async with watch:
             await asyncio.Event().wait()
@@ -21,18 +21,41 @@ async def wait_for_ever(deadlines: Deadlines, worker: str) -> Cause | str:
     return "finished"
 
 
-async def test_eject_ends_every_wait_on_that_worker_only() -> None:
+async def test_eject_ends_that_workers_first_byte_waits_and_silent_streams() -> None:
     deadlines = Deadlines()
-    waits = {name: asyncio.ensure_future(wait_for_ever(deadlines, name[0])) for name in ("a1", "a2", "b1")}
+    loop = asyncio.get_running_loop()
+    waits = {
+        "a first byte": asyncio.ensure_future(wait_for_ever(deadlines, "a")),
+        "a stream": asyncio.ensure_future(wait_for_ever(deadlines, "a", idle_s=60)),
+        "b first byte": asyncio.ensure_future(wait_for_ever(deadlines, "b")),
+    }
     await asyncio.sleep(0.01)
     assert len(deadlines) == 3
-    assert deadlines.eject("a", asyncio.get_running_loop().time()) == 2
-    assert await asyncio.wait_for(asyncio.gather(waits["a1"], waits["a2"]), 1) == [Cause.EJECTED] * 2
-    assert not waits["b1"].done()
+    ejected = loop.time()
+    assert deadlines.eject("a", ejected, grace_s=0.2) == 2
+    assert await asyncio.wait_for(waits["a first byte"], 1) is Cause.EJECTED
+    assert loop.time() - ejected < 0.15  # at once
+    assert await asyncio.wait_for(waits["a stream"], 1) is Cause.EJECTED
+    assert loop.time() - ejected >= 0.19  # a silent stream: after the grace
+    assert not waits["b first byte"].done()
     assert len(deadlines) == 1
-    waits["b1"].cancel()
+    waits["b first byte"].cancel()
     await asyncio.gather(*waits.values(), return_exceptions=True)
     assert len(deadlines) == 0  # cancelled waits leave the registry too
+
+
+async def test_a_stream_that_keeps_flowing_outlives_an_ejection() -> None:
+    """Its owner keeps pushing within the shortened idle limit: the stream runs on."""
+    deadlines = Deadlines()
+    loop = asyncio.get_running_loop()
+    watch = deadlines.watch("a", loop.time() + 60, idle_s=60)
+    async with watch:
+        deadlines.eject("a", loop.time(), grace_s=0.1)
+        assert watch.idle_s == 0.1
+        for _ in range(6):  # 0.3 s of chunks every 0.05 s
+            await asyncio.sleep(0.05)
+            watch.push(loop.time() + (watch.idle_s or 0))
+    assert watch.cause is Cause.EJECTED  # it was ejected, yet it was not cut
 
 
 async def test_stop_brings_every_wait_forward_and_caps_new_ones() -> None:
@@ -84,7 +107,6 @@ async def test_a_push_never_outlives_the_shutdown_or_an_ejection() -> None:
     watch = deadlines.watch("a", loop.time() + 60)
     with pytest.raises(TimeoutError):
         async with watch:
-            deadlines.eject("a", loop.time())
-            watch.push(loop.time() + 60)  # too late: the ejection ended the wait
-            await asyncio.sleep(1)
+            deadlines.eject("a", loop.time(), grace_s=1)
+            await asyncio.sleep(1)  # a first-byte wait: ended at once
     assert watch.cause is Cause.EJECTED

@@ -23,7 +23,7 @@ LONG = {
 async def stream_until_frozen(router: Any, engine: Any, kit: Any) -> tuple[int, list[bytes], float]:
     """Start a long stream, freeze the engine once tokens flow; (status, events, seconds after freezing)."""
     request = asyncio.ensure_future(kit.post(router.url, body=LONG))
-    await kit.wait_until(lambda: router.state.pool.total_in_flight == 1, timeout_s=10)
+    await kit.wait_until(lambda: router.state.pool.total_in_flight() == 1, timeout_s=10)
     await asyncio.sleep(0.5)  # tokens are flowing
     engine.freeze()
     frozen = time.monotonic()

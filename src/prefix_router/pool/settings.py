@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -60,6 +60,28 @@ class WorkerConfig(Section):
         return self.name or self.url.split("://", 1)[1].split("/", 1)[0]
 
 
+def workers_from_urls(value: Any) -> Any:
+    """A ``workers`` list may be given as URLs (comma-separated in an environment variable)."""
+    value = split_list(value)
+    if isinstance(value, list):
+        return [{"url": w} if isinstance(w, str) else w for w in value]
+    return value
+
+
+def unique_worker_names(workers: list[WorkerConfig]) -> list[WorkerConfig]:
+    """Refuses two workers of one name (index entries, metrics and shared state are keyed by it), and one
+    engine under two names (its load would be counted twice, apart)."""
+    names = [w.resolved_name() for w in workers]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise ValueError(f"duplicate worker name {dup!r}")
+    urls = [url_identity(w.url) for w in workers]
+    same = next((w for w, u in zip(workers, urls, strict=True) if urls.count(u) > 1), None)
+    if same is not None:
+        raise ValueError(f"the same URL under two names: {same.url}")
+    return workers
+
+
 def normalize_url(value: str) -> str:
     """``http(s)://host[:port][/base]`` without a trailing slash or ``/v1`` (endpoints are appended).
     The host must be a DNS name, an IPv4 address or a bracketed IPv6 address; the port 1-65535."""
@@ -109,7 +131,7 @@ def url_identity(url: str) -> str:
 
 
 class HealthConfig(Section):
-    """Active health probes and model discovery."""
+    """Active health probes and identification (the models a worker lists, every ``models_interval_s``)."""
 
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
