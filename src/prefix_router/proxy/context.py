@@ -34,6 +34,7 @@ class AppContext:
     policies: frozenset[str]
     recorder: TraceRecorder | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
+    active: int = 0  # /v1/* requests being handled (the drain waits for them)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
 

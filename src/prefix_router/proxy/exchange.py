@@ -20,6 +20,7 @@ from aiohttp import web
 
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
+from prefix_router.proxy.access import RequestNote
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
 from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
@@ -64,14 +65,17 @@ class Exchange:
         parsed: Parsed | None,
         model: str | None,
         policy: str | None,
+        note: RequestNote,
     ) -> None:
         self.state = state
         self.request = request
+        self.note = note
         self.raw = raw
         self.parsed = parsed
         self.model = model
         self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
         self.policy_label = policy or state.config.routing.policy
+        note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
         self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
@@ -97,6 +101,8 @@ class Exchange:
             raise ProxyError(
                 404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
             )
+        if self.model is not None:
+            self.note.model = self.model  # known to the pool: a bounded label
 
     def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
         pool, limits = self.state.pool, self.state.config.limits
@@ -106,9 +112,12 @@ class Exchange:
         if not names:
             return None
         decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
+        note = self.note
+        note.worker, note.attempts = decision.worker, note.attempts + 1
         if self.parsed is not None:
             self.state.metrics.branches.inc((self.policy_label, decision.branch))
             self.state.metrics.predicted.observe(decision.predicted_tokens)
+            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
         return pool.require(decision.worker), decision
 
     def nobody(self) -> ProxyError:
@@ -142,7 +151,8 @@ class Exchange:
             return self.nobody()
         if last.status is not None:
             secret = forward.worker_secret(self.state.pool.get(last.worker))
-            headers = forward.downstream_headers(last.headers, last.worker, None, secret)
+            rid = self.note.request_id
+            headers = forward.downstream_headers(last.headers, last.worker, None, secret, rid)
             body = forward.redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
@@ -151,9 +161,7 @@ class Exchange:
         return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
-        flight = Flight(
-            self.state, worker, self.route, decision, self.parsed, self.policy_label, self.started
-        )
+        flight = Flight(self.state, worker, self.route, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
         loop = asyncio.get_running_loop()
         first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
@@ -171,12 +179,12 @@ class Exchange:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
             raise
-        flight.first_byte()
+        self.note.ttft_s = flight.first_byte()
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
         headers = forward.upstream_headers(
-            self.request.headers, worker, self.state.config.auth.forward_client_auth
+            self.request.headers, worker, self.state.config.auth.forward_client_auth, self.note.request_id
         )
         url = forward.upstream_url(worker, self.path_qs)
         return UpstreamRequest(self.request.method, url, headers, self.raw)
@@ -210,7 +218,9 @@ class Exchange:
         predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
-        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
+        return forward.downstream_headers(
+            opened.response.headers, worker.name, predicted, secret, self.note.request_id
+        )
 
     def reply(self) -> ReplyAccumulator:
         limits = self.state.config.limits
@@ -228,6 +238,7 @@ class Exchange:
             await out.write_eof()
         except BaseException:
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
             raise
         if self.parsed is not None and 200 <= status < 300:
             reply.feed_body(opened.prefix)
@@ -244,6 +255,7 @@ class Exchange:
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
             opened.response.abort()
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return out

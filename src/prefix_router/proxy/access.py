@@ -1,0 +1,85 @@
+"""One client request as the operator sees it: its id, what the router decided, how it ended.
+
+``RequestNote`` is made when a ``/v1/*`` request arrives (``handlers.guarded``), filled in by the exchange
+(worker, policy branch, predicted tokens, time to first byte, attempts) and closed once with the status the
+client got: that counts ``prefix_router_requests_total`` (requests, not attempts) and writes the access log
+line (``access_log``, logger ``prefix_router.access``):
+
+    method=POST path=/v1/chat/completions status=200 model=m worker=a policy=prefix branch=prefix_hit
+    predicted_tokens=208 ttft_ms=12.3 duration_ms=345.6 attempts=1 request_id=pr-1a2b3c4d-17
+
+Request ids: a client's ``x-request-id`` is kept when it is 1-128 characters among letters, digits and
+``. _ : -`` (anything else could forge log fields or headers); otherwise the router makes one. Either way
+it is sent to the engine and returned to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+from prefix_router.protocol import REQUEST_ID_HEADER
+from prefix_router.proxy.logs import ACCESS_LOGGER, Fields
+
+access_log = logging.getLogger(ACCESS_LOGGER)
+_VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+NONE = "none"  # a label value: no worker / no policy / no model
+
+
+class RequestNote:
+    __slots__ = (
+        "attempts",
+        "branch",
+        "method",
+        "model",
+        "path",
+        "policy",
+        "predicted_tokens",
+        "request_id",
+        "started",
+        "status",
+        "ttft_s",
+        "worker",
+    )
+
+    def __init__(self, request_id: str, method: str, path: str, started: float) -> None:
+        self.request_id = request_id
+        self.method = method
+        self.path = path
+        self.started = started
+        self.model = NONE  # a label: a model the pool knows, else "none"
+        self.worker = NONE
+        self.policy = NONE
+        self.branch: str | None = None
+        self.predicted_tokens: int | None = None
+        self.ttft_s: float | None = None
+        self.attempts = 0
+        self.status: int | None = None  # set when it differs from the response's (499: the client left)
+
+    def fields(self, status: int, now: float) -> dict[str, object]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "status": status,
+            "model": self.model,
+            "worker": self.worker,
+            "policy": self.policy,
+            "branch": self.branch,
+            "predicted_tokens": self.predicted_tokens,
+            "ttft_ms": None if self.ttft_s is None else self.ttft_s * 1e3,
+            "duration_ms": (now - self.started) * 1e3,
+            "attempts": self.attempts,
+            "request_id": self.request_id,
+        }
+
+
+def request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's ``x-request-id`` when well formed, else None (the router makes one)."""
+    value = headers.get(REQUEST_ID_HEADER)
+    return value if value is not None and _VALID_ID.fullmatch(value) else None
+
+
+def log_access(note: RequestNote, status: int, now: float) -> None:
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info(Fields(note.fields(status, now)))
