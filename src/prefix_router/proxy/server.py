@@ -22,6 +22,7 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # response): aiohttp closes it otherwise, which is what cuts slowloris-style slow headers
 KEEPALIVE_TIMEOUT_S = 60.0
 AFTER_DRAIN_S = 1.0
+log = logging.getLogger("prefix_router")
 
 
 @dataclass(slots=True)
@@ -188,19 +189,43 @@ async def serve(app: web.Application, host: str, port: int, keepalive_timeout: f
 def _signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, hooks: Hooks) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    reloads: set[asyncio.Task[None]] = set()
-
-    def reload() -> None:
-        if hooks.reload is None:
-            logging.getLogger("prefix_router").info("SIGHUP: nothing to reload")
-        elif not reloads:  # one at a time; a SIGHUP during a reload is folded into it
-            task = loop.create_task(hooks.reload())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, reload)
+    reloader = Reloader(loop, hooks.reload)
+    loop.add_signal_handler(signal.SIGHUP, reloader.signal)
     if hooks.early is not None and hooks.early.pending:
-        reload()
+        reloader.signal()
+
+
+class Reloader:
+    """Runs ``reload`` on SIGHUP, one at a time: a SIGHUP during a reload runs one more after it (the file
+    may have changed after it was read); a failing reload is logged, never fatal."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, reload: Callable[[], Coroutine[Any, Any, None]] | None
+    ) -> None:
+        self._loop, self._reload = loop, reload
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def signal(self) -> None:
+        if self._reload is None:
+            log.info("SIGHUP: nothing to reload")
+        elif self._task is not None:
+            self._again = True
+        else:
+            self._task = self._loop.create_task(self._run(self._reload))
+
+    async def _run(self, reload: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        try:
+            while True:
+                self._again = False
+                try:
+                    await reload()
+                except Exception:
+                    log.exception("SIGHUP: the reload failed; the configuration in use stays")
+                if not self._again:
+                    return
+        finally:
+            self._task = None
 
 
 def _url(address: Any) -> str:
