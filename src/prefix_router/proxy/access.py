@@ -6,11 +6,13 @@ client got: that counts ``prefix_router_requests_total`` (requests, not attempts
 line (``access_log``, logger ``prefix_router.access``):
 
     method=POST path=/v1/chat/completions status=200 model=m worker=a policy=prefix branch=prefix_hit
-    predicted_tokens=208 ttft_ms=12.3 duration_ms=345.6 attempts=1 request_id=pr-1a2b3c4d-17
+    predicted_tokens=208 ttft_ms=12.3 duration_ms=345.6 attempts=1
+    request_id=0b6f3c5e-9a41-4d27-8e1f-00000000002a
 
 Request ids: a client's ``x-request-id`` is kept when it is 1-128 characters among letters, digits and
-``. _ : -`` (anything else could forge log fields or headers); otherwise the router makes one. Either way
-it is sent to the engine and returned to the client.
+``. _ : -`` (anything else could forge log fields or headers); otherwise the router makes one, shaped as a
+UUID (llama-cpp-python's server refuses any other id with a 400). Either way it is sent to the engine and
+returned to the client.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def guarded(handler: NotedHandler) -> Handler:
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
         state = request.app[CONTEXT]
-        rid = request_id(request.headers) or state.next_id()
+        rid = request_id(request.headers) or state.next_request_id()
         note = RequestNote(rid, request.method, request.rel_url.raw_path, state.clock())
         state.active += 1
         status = CLIENT_GONE
