@@ -132,10 +132,13 @@ async def _startup(app: web.Application) -> None:
 
 
 async def _shutdown(app: web.Application) -> None:
-    """SIGTERM: the listener is closed already; in-flight requests get ``timeouts.shutdown_s`` to finish."""
+    """The listener is closed. After ``serve``'s drain (``lifecycle.drain``, SIGTERM) nothing is left to
+    wait for; an app stopped without one (``server.start``'s ``Running.stop``) gives what runs
+    ``timeouts.shutdown_s``."""
     state = app[CONTEXT]
-    state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
-    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
+    if not state.deadlines.stopping:
+        state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
+        log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
 
 
 def _ejection_cutter(state: AppContext) -> Callable[[Worker, bool], None]:

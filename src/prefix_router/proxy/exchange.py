@@ -24,6 +24,7 @@ from aiohttp import web
 
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
+from prefix_router.proxy.access import RequestNote
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
 from prefix_router.proxy.auth import tenant_salt
 from prefix_router.proxy.context import AppContext
@@ -70,14 +71,17 @@ class Exchange:
         parsed: Parsed | None,
         model: str | None,
         policy: str | None,
+        note: RequestNote,
     ) -> None:
         self.state = state
         self.request = request
+        self.note = note
         self.raw = raw
         self.parsed = parsed
         self.model = model
         self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
         self.policy_label = policy or state.config.routing.policy
+        note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
         self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
@@ -106,6 +110,8 @@ class Exchange:
             raise ProxyError(
                 404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
             )
+        if self.model is not None:
+            self.note.model = self.model  # known to the pool: a bounded label
 
     def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
         pool, limits = self.state.pool, self.state.config.limits
@@ -115,9 +121,12 @@ class Exchange:
         if not names:
             return None
         decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
+        note = self.note
+        note.worker, note.attempts = decision.worker, note.attempts + 1
         if self.parsed is not None:
             self.state.metrics.branches.inc((self.policy_label, decision.branch))
             self.state.metrics.predicted.observe(decision.predicted_tokens)
+            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
         return pool.require(decision.worker), decision
 
     def nobody(self) -> ProxyError:
@@ -155,7 +164,7 @@ class Exchange:
         if last.status is not None:
             secret = forward.worker_secret(self.state.pool.get(last.worker))
             shown = last.worker if self.state.config.tenants.decision_headers else None
-            headers = forward.downstream_headers(last.headers, shown, None, secret)
+            headers = forward.downstream_headers(last.headers, shown, None, secret, self.note.request_id)
             body = forward.redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
@@ -164,9 +173,7 @@ class Exchange:
         return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
-        flight = Flight(
-            self.state, worker, self.route, decision, self.parsed, self.policy_label, self.started
-        )
+        flight = Flight(self.state, worker, self.route, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
         try:
             async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):
@@ -182,12 +189,12 @@ class Exchange:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
             raise
-        flight.first_byte()
+        self.note.ttft_s = flight.first_byte()
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
         headers = forward.upstream_headers(
-            self.request.headers, worker, self.state.config.auth.forward_client_auth
+            self.request.headers, worker, self.state.config.auth.forward_client_auth, self.note.request_id
         )
         url = forward.upstream_url(worker, self.path_qs)
         return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
@@ -236,9 +243,10 @@ class Exchange:
         predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
+        rid = self.note.request_id
         if not self.state.config.tenants.decision_headers:
-            return forward.downstream_headers(opened.response.headers, None, None, secret)
-        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
+            return forward.downstream_headers(opened.response.headers, None, None, secret, rid)
+        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
 
     def reply(self) -> ReplyAccumulator:
         limits = self.state.config.limits
@@ -256,6 +264,7 @@ class Exchange:
             await out.write_eof()
         except BaseException:
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
             raise
         if self.parsed is not None and 200 <= status < 300:
             reply.feed_body(opened.prefix)
@@ -272,6 +281,7 @@ class Exchange:
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
             opened.response.abort()
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return out

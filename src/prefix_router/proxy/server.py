@@ -1,14 +1,18 @@
 """Running a router app: always with handler cancellation (a client disconnect cancels its handler,
-which aborts the upstream request), no access log on the hot path, the router's own connection handler
-(errors outside the app in the OpenAI shape, see ``http_errors``), and the event loop chosen by config."""
+which aborts the upstream request), without aiohttp's access log (the router writes its own, see
+``proxy.access``), with the router's own connection handler (errors outside the app in the OpenAI shape,
+see ``http_errors``), and the event loop chosen by config. ``run`` binds the address before anything starts
+(a port in use is one line, ``ListenError``), keeps the listener open while it drains on SIGTERM, and
+reloads on SIGHUP (``Hooks``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-from collections.abc import Callable
+import signal
+import socket
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +24,8 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # a client connection must send a complete request head within this long of opening (or of the previous
 # response): aiohttp closes it otherwise, which is what cuts slowloris-style slow headers
 KEEPALIVE_TIMEOUT_S = 60.0
+AFTER_DRAIN_S = 1.0
+log = logging.getLogger("prefix_router")
 
 
 class ProxyRunner(web.AppRunner):
@@ -91,48 +97,149 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+class ListenError(OSError):
+    """The listening address cannot be bound (in use, not permitted, not resolvable): one line."""
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Bound (not yet listening) sockets for every address ``host`` resolves to, as asyncio would make
+    them; fails before anything starts, with one line."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()}") from None
+    return sockets
+
+
+class EarlyHangup:
+    """Made first thing in a serving process: a SIGHUP before the server's own handler is installed is
+    remembered (``serve`` reloads once serving) instead of ending the process (SIGHUP's default)."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        signal.signal(signal.SIGHUP, self._hangup)
+
+    def _hangup(self, signum: int, frame: object) -> None:
+        self.pending = True
+
+
+@dataclass(slots=True)
+class Hooks:
+    """What the serving process does around the server: ``serving`` once it listens (with its addresses),
+    ``drain`` on SIGTERM/SIGINT before the listener closes, ``reload`` on SIGHUP."""
+
+    serving: Callable[[list[str]], None] = lambda addresses: None
+    drain: Callable[[], Coroutine[Any, Any, None]] | None = None
+    reload: Callable[[], Coroutine[Any, Any, None]] | None = None
+    early: EarlyHangup | None = None
+
+
 def run(
     app: web.Application,
     host: str,
     port: int,
     event_loop: str,
-    log_level: str = "info",
-    shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
+    hooks: Hooks | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; then stop accepting and let in-flight requests finish (bounded).
-    What ``web.run_app`` does, with ``ProxyRunner`` (``run_app`` cannot take another runner)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Serve until SIGTERM/SIGINT, then ``hooks.drain`` with the listener still open, then close.
+    SIGHUP runs ``hooks.reload`` (never ends the process). Raises ``ListenError`` when the address cannot
+    be bound (before the app starts)."""
     tune_gc()
     loop = loop_factory(event_loop)()
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(app, host, port, shutdown_timeout, keepalive_timeout))
     try:
-        loop.run_until_complete(main)
-    except (web.GracefulExit, KeyboardInterrupt):
-        pass
+        loop.run_until_complete(serve(app, host, port, keepalive_timeout, hooks or Hooks()))
     finally:
-        main.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            loop.run_until_complete(main)  # the runner's cleanup: drain, then the app's cleanup
         _cancel_all(loop)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _serve(
-    app: web.Application, host: str, port: int, shutdown_timeout: float, keepalive_timeout: float
-) -> None:
+async def serve(app: web.Application, host: str, port: int, keepalive_timeout: float, hooks: Hooks) -> None:
+    sockets = bind(host, port)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    _signals(loop, stop, hooks)
     runner = ProxyRunner(
-        app, handle_signals=True, shutdown_timeout=shutdown_timeout, keepalive_timeout=keepalive_timeout
+        app,
+        shutdown_timeout=AFTER_DRAIN_S,  # the drain waited already: what still runs is cancelled
+        keepalive_timeout=keepalive_timeout,
     )
-    await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, backlog=2048).start()
-        logging.getLogger("prefix_router").info("serving on http://%s:%d", host, port)
-        await asyncio.Event().wait()  # until a signal raises GracefulExit
+        await runner.setup()
+        for sock in sockets:
+            await web.SockSite(runner, sock, backlog=2048).start()
+        hooks.serving([_url(address) for address in runner.addresses])
+        await stop.wait()
+        if hooks.drain is not None:
+            await hooks.drain()
     finally:
         await runner.cleanup()
+        for sock in sockets:
+            sock.close()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+
+
+def _signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, hooks: Hooks) -> None:
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    reloader = Reloader(loop, hooks.reload)
+    loop.add_signal_handler(signal.SIGHUP, reloader.signal)
+    if hooks.early is not None and hooks.early.pending:
+        reloader.signal()
+
+
+class Reloader:
+    """Runs ``reload`` on SIGHUP, one at a time: a SIGHUP during a reload runs one more after it (the file
+    may have changed after it was read); a failing reload is logged, never fatal."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, reload: Callable[[], Coroutine[Any, Any, None]] | None
+    ) -> None:
+        self._loop, self._reload = loop, reload
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def signal(self) -> None:
+        if self._reload is None:
+            log.info("SIGHUP: nothing to reload")
+        elif self._task is not None:
+            self._again = True
+        else:
+            self._task = self._loop.create_task(self._run(self._reload))
+
+    async def _run(self, reload: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        try:
+            while True:
+                self._again = False
+                try:
+                    await reload()
+                except Exception:
+                    log.exception("SIGHUP: the reload failed; the configuration in use stays")
+                if not self._again:
+                    return
+        finally:
+            self._task = None
+
+
+def _url(address: Any) -> str:
+    host, port = address[0], address[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:

@@ -116,3 +116,5 @@ class ServerSettings(Section):
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     upstream_client: Literal["aiohttp", "h1"] = "aiohttp"  # h1: the lean opt-in client
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"  # text: key=value lines; json: one JSON object per line
+    access_log: bool = True  # one line per /v1/* request (logger prefix_router.access)
