@@ -171,7 +171,7 @@ class Exchange:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
             raise
-        flight.first_byte()
+        flight.first_byte(opened.response.status)
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
