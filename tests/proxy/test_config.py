@@ -44,7 +44,8 @@ def test_yaml_is_read(config_file: Path) -> None:
     assert worker.api_key is not None and worker.api_key.get_secret_value() == "upstream-key"
     assert "upstream-key" not in repr(cfg)
     assert cfg.routing.policy == "least_load" and cfg.routing.keys.block_chars == 128
-    assert cfg.routing.keys.block_tokens == 16  # untouched knobs keep their defaults
+    assert cfg.routing.keys.block_tokens == 32  # a block of 128 chars is 32 tokens (chars_per_token 4)
+    assert cfg.routing.keys.hash_prefix_chars == 512  # untouched knobs keep their defaults
     assert cfg.timeouts.connect_s == 1.5
 
 

@@ -54,7 +54,8 @@ async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, sta
     assert "prefix_router_predicted_prefix_tokens_count 3.0" in text
     assert 'prefix_router_in_flight{worker="a"} 0.0' in text
     assert 'prefix_router_worker_healthy{worker="a"} 1.0' in text
-    assert 'prefix_router_cached_tokens_total{kind="actual",worker="a"} 96.0' in text
+    assert 'prefix_router_cached_tokens_total{kind="reported",worker="a"} 96.0' in text
+    assert 'prefix_router_cache_reports_total{verdict="unreported",worker="a"} 0.0' in text
 
 
 async def test_metrics_forget_removed_workers(fake_engine: Any, start_router: Any) -> None:

@@ -67,7 +67,7 @@ def build_state(
 ) -> AppContext:
     router = build_router(config, rng)
     pool = build_pool(config, router)
-    metrics = ProxyMetrics(pool)
+    metrics = ProxyMetrics(pool, router)
     return AppContext(
         config=config,
         router=router,

@@ -189,7 +189,7 @@ class Exchange:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
             raise
-        self.note.ttft_s = flight.first_byte()
+        self.note.ttft_s = flight.first_byte(opened.response.status)
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
