@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prefix_router.routing.drain import PrefillDrain
 from prefix_router.routing.types import WorkerSnapshot
 
 
@@ -23,6 +24,7 @@ from prefix_router.routing.types import WorkerSnapshot
 class _Tracked:
     worker: str
     uncached: int
+    work: float
     prefilling: bool = True
 
 
@@ -43,16 +45,19 @@ class LoadTracker:
         self._live: dict[str, WorkerSnapshot] = {}
         self._counts: dict[str, _Counts] = {}
         self._next_stale_check = 0.0
+        self.drain = PrefillDrain()
 
     # ------------------------------------------------------------ workers
 
     def add_worker(self, worker: str, weight: float = 1.0) -> None:
         self._live.setdefault(worker, WorkerSnapshot(worker)).weight = weight
         self._counts.setdefault(worker, _Counts())
+        self.drain.add_worker(worker)
 
     def remove_worker(self, worker: str) -> None:
         self._live.pop(worker, None)
         self._counts.pop(worker, None)
+        self.drain.remove_worker(worker)
         for rid in [r for r, t in self._requests.items() if t.worker == worker]:
             del self._requests[rid]
 
@@ -63,27 +68,36 @@ class LoadTracker:
 
     # ------------------------------------------------------------ requests
 
-    def start(self, request_id: str, worker: str, uncached_tokens: int) -> None:
+    def start(
+        self, request_id: str, worker: str, uncached_tokens: int, now: float = 0.0, work: float | None = None
+    ) -> None:
+        """``work``: the prefill's token-equivalents (``drain.prefill_work``; default: uncached)."""
         if request_id in self._requests:
-            self.finish(request_id)
+            self.finish(request_id, now)
         snap, counts = self._ensure(worker)
+        work = float(uncached_tokens) if work is None else work
+        self.drain.dispatched(worker, work, now)
         counts.own += 1
         snap.in_flight += 1
         snap.pending_prefill_tokens += uncached_tokens
-        self._requests[request_id] = _Tracked(worker, uncached_tokens)
+        snap.pending_prefill_requests += 1
+        self._requests[request_id] = _Tracked(worker, uncached_tokens, work)
         while len(self._requests) > self.max_tracked:
-            self.finish(next(iter(self._requests)))
+            self.finish(next(iter(self._requests)), now)
 
-    def first_token(self, request_id: str) -> None:
+    def first_token(self, request_id: str, now: float = 0.0) -> None:
         tracked = self._requests.get(request_id)
-        if tracked is not None:
+        if tracked is not None and tracked.prefilling:
             self._prefill_done(tracked)
+            self.drain.first_token(tracked.worker, tracked.work, now)
 
-    def finish(self, request_id: str) -> str | None:
+    def finish(self, request_id: str, now: float = 0.0) -> str | None:
         tracked = self._requests.pop(request_id, None)
         if tracked is None:
             return None
-        self._prefill_done(tracked)
+        if tracked.prefilling:
+            self._prefill_done(tracked)
+            self.drain.abandoned(tracked.worker, tracked.work, now)
         if tracked.worker in self._live:
             self._counts[tracked.worker].own -= 1
             self._live[tracked.worker].in_flight -= 1
@@ -93,6 +107,7 @@ class LoadTracker:
         snap = self._live.get(tracked.worker)
         if tracked.prefilling and snap is not None:
             snap.pending_prefill_tokens -= tracked.uncached
+            snap.pending_prefill_requests -= 1
         tracked.prefilling = False
 
     # ------------------------------------------------------------ outside views
@@ -133,8 +148,11 @@ class LoadTracker:
     def snapshots(self, workers: Sequence[str], now: float) -> list[WorkerSnapshot]:
         """The live load of ``workers`` (read-only views; unknown names read as idle)."""
         self._drop_stale(now)
-        live = self._live
-        return [live.get(w) or WorkerSnapshot(w) for w in workers]
+        live, drain = self._live, self.drain
+        out = [live.get(w) or WorkerSnapshot(w) for w in workers]
+        for snap in out:
+            snap.prefill_backlog = drain.remaining(snap.name, now)
+        return out
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
         return self.snapshots([worker], now)[0]

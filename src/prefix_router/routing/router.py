@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from prefix_router.routing.bounded import BoundedLRU
 from prefix_router.routing.config import RoutingConfig
+from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
@@ -137,15 +138,17 @@ class Router:
         seen = self.index.last_access(worker, deepest) if deepest is not None else None
         self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, seen))
         self._insert(worker, req.blocks, now)
-        self.load.start(req.request_id, worker, req.prompt_tokens - decision.predicted_tokens)
+        uncached = req.prompt_tokens - decision.predicted_tokens
+        work = prefill_work(uncached, decision.predicted_tokens, self.cfg.attention_tokens)
+        self.load.start(req.request_id, worker, uncached, now, work)
         if req.session:
             self._sessions.set(req.session, worker)
 
     def first_token(self, request_id: str, now: float) -> None:
-        self.load.first_token(request_id)
+        self.load.first_token(request_id, now)
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
-        self.load.finish(req.request_id)
+        self.load.finish(req.request_id, now)
         prediction = self._predictions.pop(req.request_id)
         if not outcome.ok:
             keep = (prediction.tokens // self.index.block_tokens) if prediction else 0

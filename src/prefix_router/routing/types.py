@@ -41,6 +41,8 @@ class WorkerSnapshot:
     weight: float = 1.0
     in_flight: int = 0
     pending_prefill_tokens: int = 0
+    pending_prefill_requests: int = 0  # dispatched through this router, first token not seen yet
+    prefill_backlog: float = 0.0  # estimated prefill work still to compute, token-equivalents (drain.py)
     queue_depth: int = 0
     kv_usage: float | None = None
 
