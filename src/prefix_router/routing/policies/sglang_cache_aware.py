@@ -1,0 +1,118 @@
+"""sglang_cache_aware: an EMULATION of SGLang's router ``cache_aware`` policy, as a baseline.
+
+Re-implemented from the public source of sgl-router (``src/policies/cache_aware.rs``, ``tree.rs``, the
+defaults of ``launch_router``), not SGLang's code; it lets the simulator and the benchmark compare with
+SGLang's algorithm in process, on exactly the same requests and engines.
+
+Algorithm, per request (the loads are this router's in-flight requests per candidate):
+1. Imbalance gate: if ``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold x min``, the
+   least loaded candidate (the first one in candidate order on ties). Branch ``load_balance``.
+2. Otherwise the longest prefix match in the policy's own approximate tree; match rate = matched / prompt
+   tokens. Above ``cache_threshold``: the worker holding the deepest matched node (ties: a fixed
+   arbitrary order, as SGLang returns the first tenant of a hash map) -> ``prefix_hit``; else the worker
+   whose tree is smallest -> ``smallest_tree``.
+The chosen worker's tree then records the whole prompt. The tree is the router's record of what it sent
+(never corrected by the engines): every ``eviction_interval_s`` each worker's tree is cut back to
+``max_tree_chars`` characters, least recently used leaves first. With SGLang's default (2^26 characters,
+about 16 M tokens per worker) the tree remembers far more than an engine's KV cache holds.
+
+Emulation details: the tree is keyed by the routing key's chained blocks (whole blocks, not characters),
+sizes are converted with ``chars_per_token``; the approximate tree is bounded in total by the routing
+index's ``max_total_blocks`` (the fullest worker's tree gives way), where SGLang's grows between evictions.
+No session affinity (SGLang's cache_aware has none). Fallback: none needed.
+Knobs (SGLang's launch_router defaults): ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
+``balance_rel_threshold`` 1.5, ``eviction_interval_s`` 120, ``max_tree_chars`` 2^26.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prefix_router.routing.hashing import hash_bytes
+from prefix_router.routing.index import PrefixIndex
+from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+
+_UNBOUNDED_TOKENS = 1 << 60
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangCacheAwareSettings:
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    eviction_interval_s: float = 120.0
+    max_tree_chars: int = 2**26
+
+
+class SGLangCacheAwarePolicy:
+    name = "sglang_cache_aware"
+    honours_sessions = False
+
+    def __init__(
+        self,
+        settings: SGLangCacheAwareSettings,
+        *,
+        block_tokens: int,
+        chars_per_token: float,
+        max_total_blocks: int,
+    ) -> None:
+        self.settings = settings
+        self.tree = PrefixIndex(
+            block_tokens=block_tokens,
+            default_capacity_tokens=_UNBOUNDED_TOKENS,
+            max_total_blocks=max_total_blocks,
+            ttl_s=math.inf,
+        )
+        self.max_tree_tokens = max(1, int(settings.max_tree_chars / chars_per_token))
+        self._order: dict[str, int] = {}
+        self._next_eviction: float | None = None
+
+    # ------------------------------------------------------------ decision
+
+    def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
+        self._maintain(workers, ctx.now)
+        chosen, branch = self._choose(req, workers, ctx.now)
+        self.tree.insert(chosen, req.blocks, ctx.now)
+        return Decision(chosen, branch)
+
+    def _choose(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], now: float) -> tuple[str, str]:
+        s = self.settings
+        loads = [w.in_flight for w in workers]
+        high, low = max(loads), min(loads)
+        if high - low > s.balance_abs_threshold and high > low * s.balance_rel_threshold:
+            return workers[loads.index(low)].name, "load_balance"
+        names = [w.name for w in workers]
+        matches = self.tree.match(req.blocks)
+        best = max((matches.get(n, 0) for n in names), default=0)
+        rate = best * req.block_tokens / req.prompt_tokens if req.prompt_tokens > 0 else 0.0
+        if best > 0:
+            holder = min((n for n in names if matches.get(n, 0) == best), key=self._order.__getitem__)
+            if rate > s.cache_threshold:
+                return holder, "prefix_hit"
+            self.tree.insert(holder, req.blocks[:best], now)  # SGLang's match refreshes the holder's path
+        return min(names, key=lambda n: (self.tree.tokens_of(n), self._order[n])), "smallest_tree"
+
+    # ------------------------------------------------------------ tree upkeep
+
+    def _maintain(self, workers: Sequence[WorkerSnapshot], now: float) -> None:
+        for w in workers:
+            if w.name not in self._order:
+                self._order[w.name] = hash_bytes(w.name.encode())
+                self.tree.add_worker(w.name)
+        if self._next_eviction is None:
+            self._next_eviction = now + self.settings.eviction_interval_s
+        elif now >= self._next_eviction:
+            self._next_eviction = now + self.settings.eviction_interval_s
+            self.evict()
+
+    def evict(self) -> None:
+        """Cut every worker's tree back to ``max_tree_chars`` (least recently used blocks first)."""
+        for name in self.tree.workers():
+            self.tree.set_capacity(name, self.max_tree_tokens)
+            self.tree.set_capacity(name, _UNBOUNDED_TOKENS)
+
+    def on_worker_removed(self, worker: str) -> None:
+        self.tree.remove_worker(worker)
+        self._order.pop(worker, None)
