@@ -27,6 +27,10 @@ class RoutingConfig:
     load_slack: int = 2
     queue_penalty_tokens: int = 512
     in_flight_penalty_tokens: int = 512
+    recompute_weight: float = 1.0  # prefix: future cost of a recomputed token, beyond its own prefill
+    saturation_weight: float = 1.0  # prefix: extra weight per request waiting for prefill (fleet mean)
+    # prefill cost per token grows with its context: 1 + context / attention_tokens (about 6 x hidden size)
+    attention_tokens: int = 32_768
     session_affinity: bool = True
     # engine feedback: a report below this fraction of the prediction means the engine evicted earlier
     feedback_tolerance: float = 0.5

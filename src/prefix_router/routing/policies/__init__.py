@@ -9,9 +9,18 @@ from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
 from prefix_router.routing.policies.prefix import PrefixPolicy
 from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
+from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
 from prefix_router.routing.types import Policy
 
-POLICY_NAMES = ("random", "round_robin", "least_load", "power_of_two", "consistent_hash", "prefix")
+POLICY_NAMES = (
+    "random",
+    "round_robin",
+    "least_load",
+    "power_of_two",
+    "consistent_hash",
+    "prefix",
+    "sglang_cache_aware",
+)
 
 
 def make_policy(name: str, cfg: RoutingConfig) -> Policy:
@@ -28,7 +37,20 @@ def make_policy(name: str, cfg: RoutingConfig) -> Policy:
         return ConsistentHashPolicy(cfg.load_factor, load_slack=0)
     if name == "prefix":
         return PrefixPolicy(
-            cfg.load_factor, cfg.load_slack, cfg.queue_penalty_tokens, cfg.in_flight_penalty_tokens
+            cfg.load_factor,
+            cfg.load_slack,
+            cfg.queue_penalty_tokens,
+            cfg.in_flight_penalty_tokens,
+            cfg.recompute_weight,
+            cfg.saturation_weight,
+            cfg.attention_tokens,
+        )
+    if name == "sglang_cache_aware":
+        return SGLangCacheAwarePolicy(
+            SGLangCacheAwareSettings(),
+            block_tokens=cfg.block_tokens,
+            chars_per_token=cfg.chars_per_token,
+            max_total_blocks=cfg.max_total_blocks,
         )
     raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
