@@ -107,6 +107,16 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
+        "--config", metavar="FILE", help="a `serve` YAML config: its routing section sets the router's knobs"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a routing knob, with serve's keys: routing.load_factor=1.5 (after --config)",
+    )
+    p.add_argument(
         "--sessions",
         action="store_true",
         help="pass session ids to the router (its session affinity then overrides every policy)",
@@ -122,7 +132,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    with _progress(not args.no_progress) as progress:
+    with progress_bars(not args.no_progress) as progress:
         report = simulate(scenario, policies, progress)
     print_report(report, console)
     if args.json_out:
@@ -147,10 +157,33 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     default_capacity = TRACE_DEFAULT_CAPACITY_TOKENS if args.trace else profile.kv_capacity_tokens
     capacity = args.kv_capacity_tokens or default_capacity
     spec = ClusterSpec(args.instances, profile, capacity, args.seed, args.scrape_interval)
+    knobs = routing_knobs(args.config, args.set)
     if args.trace:
-        return trace_scenario(args.trace, spec, args.rate_scale, args.limit, args.tile)
+        return trace_scenario(args.trace, spec, args.rate_scale, args.limit, args.tile, knobs)
     options = _options(args.workload_opt)
-    return workload_scenario(args.workload, spec, args.rate_scale, args.limit, options, args.sessions)
+    return workload_scenario(args.workload, spec, args.rate_scale, args.limit, options, args.sessions, knobs)
+
+
+def routing_knobs(path: str | None, pairs: list[str]) -> dict[str, Any]:
+    """The routing knobs given by ``--config FILE`` (its ``routing`` section) and ``--set routing.KEY=VALUE``,
+    validated exactly as ``serve`` validates them; only the knobs given (the policy comes from --policies)."""
+    from prefix_router.config import parse_scalar, read_yaml, validate
+
+    section = read_yaml(path).get("routing") if path else None
+    if section is not None and not isinstance(section, dict):
+        raise ValueError(f"config file {path}: routing must be a mapping")
+    knobs: dict[str, Any] = dict(section or {})
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        group, dot, name = key.strip().partition(".")
+        if not sep or group != "routing" or not dot or not name:
+            raise ValueError(
+                f"--set {pair!r}: expected routing.KEY=VALUE (simulate takes routing knobs only)"
+            )
+        knobs[name] = parse_scalar(value)
+    knobs.pop("policy", None)
+    routing = validate({"routing": knobs}).routing
+    return {name: getattr(routing, name) for name in knobs}
 
 
 def _options(pairs: list[str]) -> dict[str, Any]:
@@ -164,7 +197,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 @contextmanager
-def _progress(enabled: bool) -> Iterator[ProgressFactory | None]:
+def progress_bars(enabled: bool) -> Iterator[ProgressFactory | None]:
     if not enabled:
         yield None
         return

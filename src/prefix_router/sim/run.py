@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,19 +35,24 @@ class Scenario:
     rate_scale: float = 1.0
 
 
+def routing_factory(knobs: Mapping[str, Any] | None, capacity_tokens: int, **fixed: Any) -> RoutingFactory:
+    """The router's settings per policy: the defaults, with the index's per-worker capacity = the engines'
+    KV capacity, then ``knobs`` (``simulate --config/--set``, already validated), then ``fixed`` (what the
+    requests impose, e.g. the trace's block size) and the policy."""
+    base = dataclasses.replace(RoutingConfig(), worker_capacity_tokens=capacity_tokens, **dict(knobs or {}))
+    return lambda policy: dataclasses.replace(base, policy=policy, **fixed)
+
+
 def trace_scenario(
     path: str | Path,
     spec: ClusterSpec,
     rate_scale: float = 1.0,
     limit: int | None = None,
     copies: int = 1,
+    knobs: Mapping[str, Any] | None = None,
 ) -> Scenario:
     rows = tile(read_trace(path), copies)[:limit] if copies > 1 else read_trace(path, limit)
-
-    def routing(policy: str) -> RoutingConfig:
-        return RoutingConfig(
-            policy=policy, block_tokens=TRACE_BLOCK_TOKENS, worker_capacity_tokens=spec.capacity_tokens
-        )
+    routing = routing_factory(knobs, spec.capacity_tokens, block_tokens=TRACE_BLOCK_TOKENS)
 
     source = lambda: TraceSource(rows, spec.seed, rate_scale)  # noqa: E731
     label = Path(path).name + (f" x{copies} tiled" if copies > 1 else "")
@@ -60,6 +66,7 @@ def workload_scenario(
     limit: int | None = None,
     options: dict[str, Any] | None = None,
     sessions: bool = False,
+    knobs: Mapping[str, Any] | None = None,
 ) -> Scenario:
     from prefix_router.sim.workload_source import WorkloadSource, scale_arrivals
     from prefix_router.workloads.registry import get_workload
@@ -69,9 +76,7 @@ def workload_scenario(
     workload = scale_arrivals(built, rate_scale)
     limits = EngineLimits(model, spec.profile.block_size, spec.profile.max_model_len)
 
-    def routing(policy: str) -> RoutingConfig:
-        return RoutingConfig(policy=policy, worker_capacity_tokens=spec.capacity_tokens)
-
+    routing = routing_factory(knobs, spec.capacity_tokens)
     source = lambda: WorkloadSource(workload, routing("prefix"), limits, sessions)  # noqa: E731
     return Scenario(name, spec, source, routing, rate_scale)
 
