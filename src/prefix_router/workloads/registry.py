@@ -17,6 +17,7 @@ from typing import Any
 
 from prefix_router.workloads import (
     agents,
+    bursty,
     chatbots,
     mixed,
     mooncake,
@@ -53,6 +54,8 @@ def _specs() -> tuple[WorkloadSpec, ...]:
                      agents.AgentOptions, agents.build, 400, poisson),
         WorkloadSpec("rag", "a few long shared documents, different questions",
                      rag.RagOptions, rag.build, 200, poisson),
+        WorkloadSpec("bursty", "tenants' system prompts and conversations, traffic in per-tenant bursts",
+                     bursty.BurstyOptions, bursty.build, 1000, trace),
         WorkloadSpec("unique", "no sharing at all (negative control)",
                      unique.UniqueOptions, unique.build, 400, poisson),
         WorkloadSpec("mooncake", "Mooncake conversation trace replay (hash ids -> text blocks)",
