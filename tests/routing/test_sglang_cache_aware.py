@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.policies import make_policy
-from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
+from prefix_router.routing.index import PrefixIndex
+from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
 from prefix_router.routing.router import Router
 from prefix_router.routing.types import Context, RouteRequest, WorkerSnapshot
 
 
 def policy(**knobs: float) -> SGLangCacheAwarePolicy:
-    settings = SGLangCacheAwareSettings(**knobs)  # type: ignore[arg-type]
-    return SGLangCacheAwarePolicy(settings, block_tokens=16, chars_per_token=4.0, max_total_blocks=100_000)
+    return SGLangCacheAwarePolicy(SGLangCacheAwareKnobs.model_validate(knobs))
+
+
+def tree(p: SGLangCacheAwarePolicy) -> PrefixIndex:
+    assert p.tree is not None
+    return p.tree
 
 
 def req(blocks: tuple[int, ...], prompt: int | None = None, rid: str = "r") -> RouteRequest:
@@ -56,7 +63,7 @@ def test_the_imbalance_gate_needs_both_thresholds() -> None:
     assert pick(5, 2) == (home, "prefix_hit")  # relative gap, absolute gap 3 <= 4
     assert pick(20, 14) == (home, "prefix_hit")  # absolute gap 6, but 20 <= 1.5 x 14
     assert pick(10, 2) == (other, "load_balance")  # both: the least loaded
-    assert p.tree.match((1, 2, 3)) == {home: 3, other: 3}  # the chosen worker's tree learns the prompt
+    assert tree(p).match((1, 2, 3)) == {home: 3, other: 3}  # the chosen worker's tree learns the prompt
 
 
 def test_the_tree_remembers_what_was_sent_until_the_periodic_eviction() -> None:
@@ -64,16 +71,16 @@ def test_the_tree_remembers_what_was_sent_until_the_periodic_eviction() -> None:
     p = policy(max_tree_chars=64, eviction_interval_s=10.0)
     chosen = p.select(req((1, 2, 3)), workers(0, 0), ctx(now=0.0)).worker
     p.select(req((1, 2, 3)), workers(0, 0), ctx(now=5.0))
-    assert p.tree.match((1, 2, 3)) == {chosen: 3}  # not cut back between eviction passes
+    assert tree(p).match((1, 2, 3)) == {chosen: 3}  # not cut back between eviction passes
     p.select(req((9,)), workers(0, 0), ctx(now=11.0))
-    assert p.tree.blocks_of(chosen) <= 1
+    assert tree(p).blocks_of(chosen) <= 1
 
 
 def test_removed_workers_leave_the_tree() -> None:
     p = policy()
     chosen = p.select(req((1, 2, 3)), workers(0, 0), ctx()).worker
     p.on_worker_removed(chosen)
-    assert p.tree.match((1, 2, 3)) == {}
+    assert tree(p).match((1, 2, 3)) == {}
 
 
 def test_it_runs_in_the_router_like_any_policy_and_ignores_sessions() -> None:
@@ -86,3 +93,12 @@ def test_it_runs_in_the_router_like_any_policy_and_ignores_sessions() -> None:
     router.dispatched(r, d, 0.0)
     r2 = RouteRequest("2", (1, 2, 3, 4, 5), 16, 80, 0, session="s")
     assert router.route(r2, ["a", "b"], 1.0).worker == d.worker
+
+
+def test_knobs_have_sglangs_defaults_and_constraints() -> None:
+    knobs = SGLangCacheAwareKnobs()
+    assert (knobs.cache_threshold, knobs.balance_abs_threshold, knobs.balance_rel_threshold) == (0.3, 64, 1.5)
+    assert (knobs.eviction_interval_s, knobs.max_tree_chars) == (120.0, 2**26)
+    for bad in ({"cache_threshold": 1.5}, {"balance_rel_threshold": 0.5}, {"max_tree_blocks": 0}):
+        with pytest.raises(ValueError):
+            SGLangCacheAwareKnobs.model_validate(bad)

@@ -9,7 +9,7 @@ from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
 from prefix_router.routing.policies.prefix import PrefixPolicy
 from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
-from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
+from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
 from prefix_router.routing.types import Policy
 
 POLICY_NAMES = (
@@ -46,12 +46,7 @@ def make_policy(name: str, cfg: RoutingConfig) -> Policy:
             cfg.attention_tokens,
         )
     if name == "sglang_cache_aware":
-        return SGLangCacheAwarePolicy(
-            SGLangCacheAwareSettings(),
-            block_tokens=cfg.block_tokens,
-            chars_per_token=cfg.chars_per_token,
-            max_total_blocks=cfg.max_total_blocks,
-        )
+        return SGLangCacheAwarePolicy(SGLangCacheAwareKnobs())
     raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 

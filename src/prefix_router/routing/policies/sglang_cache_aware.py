@@ -17,102 +17,110 @@ The chosen worker's tree then records the whole prompt. The tree is the router's
 about 16 M tokens per worker) the tree remembers far more than an engine's KV cache holds.
 
 Emulation details: the tree is keyed by the routing key's chained blocks (whole blocks, not characters),
-sizes are converted with ``chars_per_token``; the approximate tree is bounded in total by the routing
-index's ``max_total_blocks`` (the fullest worker's tree gives way), where SGLang's grows between evictions.
-No session affinity (SGLang's cache_aware has none). Fallback: none needed.
+sizes are converted with ``chars_per_token``; the trees are bounded in total by ``max_tree_blocks`` (the
+fullest worker's tree gives way), where SGLang's grow freely between evictions. No session affinity
+(SGLang's cache_aware has none). Fallback: none needed.
 Knobs (SGLang's launch_router defaults): ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
-``balance_rel_threshold`` 1.5, ``eviction_interval_s`` 120, ``max_tree_chars`` 2^26.
+``balance_rel_threshold`` 1.5, ``eviction_interval_s`` 120, ``max_tree_chars`` 2^26; ours:
+``chars_per_token`` 4, ``max_tree_blocks`` 2,000,000.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from pydantic import Field
 
 from prefix_router.routing.hashing import hash_bytes
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.settings import Section
 
 _UNBOUNDED_TOKENS = 1 << 60
 
 
-@dataclass(frozen=True, slots=True)
-class SGLangCacheAwareSettings:
-    cache_threshold: float = 0.3
-    balance_abs_threshold: int = 64
-    balance_rel_threshold: float = 1.5
-    eviction_interval_s: float = 120.0
-    max_tree_chars: int = 2**26
+class SGLangCacheAwareKnobs(Section):
+    """``sglang_cache_aware``'s knobs: SGLang's, with its launch_router defaults, and two of ours."""
+
+    cache_threshold: float = Field(default=0.3, ge=0, le=1)  # match rate above which the holder wins
+    balance_abs_threshold: int = Field(default=64, ge=0)  # imbalanced: max - min in flight above this
+    balance_rel_threshold: float = Field(default=1.5, ge=1)  # ... and max above this x min
+    eviction_interval_s: float = Field(default=120.0, gt=0)  # trees are cut back this often
+    max_tree_chars: int = Field(default=2**26, gt=0)  # per worker, after a cut
+    chars_per_token: float = Field(default=4.0, gt=0)  # tree sizes: characters -> tokens
+    max_tree_blocks: int = Field(default=2_000_000, gt=0)  # all trees together (memory bound)
 
 
 class SGLangCacheAwarePolicy:
     name = "sglang_cache_aware"
     honours_sessions = False
 
-    def __init__(
-        self,
-        settings: SGLangCacheAwareSettings,
-        *,
-        block_tokens: int,
-        chars_per_token: float,
-        max_total_blocks: int,
-    ) -> None:
-        self.settings = settings
-        self.tree = PrefixIndex(
-            block_tokens=block_tokens,
-            default_capacity_tokens=_UNBOUNDED_TOKENS,
-            max_total_blocks=max_total_blocks,
-            ttl_s=math.inf,
-        )
-        self.max_tree_tokens = max(1, int(settings.max_tree_chars / chars_per_token))
+    def __init__(self, knobs: SGLangCacheAwareKnobs) -> None:
+        self.settings = knobs
+        self.max_tree_tokens = max(1, int(knobs.max_tree_chars / knobs.chars_per_token))
+        self.tree: PrefixIndex | None = None  # built at the first request, with its block size
         self._order: dict[str, int] = {}
         self._next_eviction: float | None = None
 
     # ------------------------------------------------------------ decision
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        self._maintain(workers, ctx.now)
-        chosen, branch = self._choose(req, workers, ctx.now)
-        self.tree.insert(chosen, req.blocks, ctx.now)
+        tree = self._tree(req.block_tokens)
+        self._maintain(tree, workers, ctx.now)
+        chosen, branch = self._choose(tree, req, workers, ctx.now)
+        tree.insert(chosen, req.blocks, ctx.now)
         return Decision(chosen, branch)
 
-    def _choose(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], now: float) -> tuple[str, str]:
+    def _tree(self, block_tokens: int) -> PrefixIndex:
+        if self.tree is None:
+            self.tree = PrefixIndex(
+                block_tokens=block_tokens,
+                default_capacity_tokens=_UNBOUNDED_TOKENS,
+                max_total_blocks=self.settings.max_tree_blocks,
+                ttl_s=math.inf,
+            )
+        return self.tree
+
+    def _choose(
+        self, tree: PrefixIndex, req: RouteRequest, workers: Sequence[WorkerSnapshot], now: float
+    ) -> tuple[str, str]:
         s = self.settings
         loads = [w.in_flight for w in workers]
         high, low = max(loads), min(loads)
         if high - low > s.balance_abs_threshold and high > low * s.balance_rel_threshold:
             return workers[loads.index(low)].name, "load_balance"
         names = [w.name for w in workers]
-        matches = self.tree.match(req.blocks)
+        matches = tree.match(req.blocks)
         best = max((matches.get(n, 0) for n in names), default=0)
         rate = best * req.block_tokens / req.prompt_tokens if req.prompt_tokens > 0 else 0.0
         if best > 0:
             holder = min((n for n in names if matches.get(n, 0) == best), key=self._order.__getitem__)
             if rate > s.cache_threshold:
                 return holder, "prefix_hit"
-            self.tree.insert(holder, req.blocks[:best], now)  # SGLang's match refreshes the holder's path
-        return min(names, key=lambda n: (self.tree.tokens_of(n), self._order[n])), "smallest_tree"
+            tree.insert(holder, req.blocks[:best], now)  # SGLang's match refreshes the holder's path
+        return min(names, key=lambda n: (tree.tokens_of(n), self._order[n])), "smallest_tree"
 
     # ------------------------------------------------------------ tree upkeep
 
-    def _maintain(self, workers: Sequence[WorkerSnapshot], now: float) -> None:
+    def _maintain(self, tree: PrefixIndex, workers: Sequence[WorkerSnapshot], now: float) -> None:
         for w in workers:
             if w.name not in self._order:
                 self._order[w.name] = hash_bytes(w.name.encode())
-                self.tree.add_worker(w.name)
+                tree.add_worker(w.name)
         if self._next_eviction is None:
             self._next_eviction = now + self.settings.eviction_interval_s
         elif now >= self._next_eviction:
             self._next_eviction = now + self.settings.eviction_interval_s
-            self.evict()
+            self.evict(tree)
 
-    def evict(self) -> None:
+    def evict(self, tree: PrefixIndex) -> None:
         """Cut every worker's tree back to ``max_tree_chars`` (least recently used blocks first)."""
-        for name in self.tree.workers():
-            self.tree.set_capacity(name, self.max_tree_tokens)
-            self.tree.set_capacity(name, _UNBOUNDED_TOKENS)
+        for name in tree.workers():
+            tree.set_capacity(name, self.max_tree_tokens)
+            tree.set_capacity(name, _UNBOUNDED_TOKENS)
 
     def on_worker_removed(self, worker: str) -> None:
-        self.tree.remove_worker(worker)
+        if self.tree is not None:
+            self.tree.remove_worker(worker)
         self._order.pop(worker, None)
