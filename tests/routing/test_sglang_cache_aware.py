@@ -7,8 +7,8 @@ import random
 import pytest
 
 from prefix_router.routing.config import RoutingConfig
-from prefix_router.routing.policies import make_policy
 from prefix_router.routing.index import PrefixIndex
+from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
 from prefix_router.routing.router import Router
 from prefix_router.routing.types import Context, RouteRequest, WorkerSnapshot
