@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap
+from prefix_router.routing.policies.prefix import delayed_requests
 from prefix_router.routing.router import Router
 from prefix_router.routing.types import Context, Outcome, RouteRequest, WorkerSnapshot
 
@@ -27,8 +29,18 @@ def snaps(*in_flight: int) -> list[WorkerSnapshot]:
     return [WorkerSnapshot(f"w{i}", in_flight=n) for i, n in enumerate(in_flight)]
 
 
-def ctx(matches: dict[str, int]) -> Context:
-    return Context(0.0, random.Random(0), matches)
+class Caches:
+    """The index's view of the caches: every cache ``fill`` full."""
+
+    def __init__(self, fill: float) -> None:
+        self.level = fill
+
+    def fill(self, worker: str) -> float:
+        return self.level
+
+
+def ctx(matches: dict[str, int], fill: float = 1.0, request_work: float = 0.0) -> Context:
+    return Context(0.0, random.Random(0), matches, Caches(fill), request_work)
 
 
 def test_a_long_fully_matched_prompt_leaves_a_holder_at_the_cap() -> None:
@@ -49,23 +61,34 @@ def test_the_cap_boundary_one_below_it_still_takes_the_request() -> None:
 
 def test_the_holder_is_left_only_when_its_wait_exceeds_twice_the_recomputation() -> None:
     policy = make_policy("prefix", CFG)
-    # recomputing 20,000 tokens elsewhere is 26,103 token-equivalents; x2 with its future cost
+    # recomputing 20,000 tokens elsewhere is 26,103 token-equivalents; x2 on a full cache
     stays = [WorkerSnapshot("w0", prefill_backlog=45_000), WorkerSnapshot("w1")]
     leaves = [WorkerSnapshot("w0", prefill_backlog=60_000), WorkerSnapshot("w1")]
     assert policy.select(long_request(), stays, ctx({"w0": BLOCKS})).worker == "w0"
     assert policy.select(long_request(), leaves, ctx({"w0": BLOCKS})).worker == "w1"
 
 
+def test_a_cache_with_room_costs_only_the_recomputation() -> None:
+    policy = make_policy("prefix", CFG)
+    workers = [WorkerSnapshot("w0", prefill_backlog=45_000), WorkerSnapshot("w1")]
+    assert policy.select(long_request(), workers, ctx({"w0": BLOCKS}, fill=0.0)).worker == "w1"
+
+
 def test_a_saturated_fleet_sticks_harder() -> None:
     policy = make_policy("prefix", CFG)
-    # the same wait as above, but four requests wait for their first token on every worker
-    workers = [
-        WorkerSnapshot("w0", prefill_backlog=60_000, pending_prefill_requests=4),
-        WorkerSnapshot("w1", pending_prefill_requests=4),
-    ]
-    assert policy.select(long_request(), workers, ctx({"w0": BLOCKS})).worker == "w0"
+    # the wait that made the holder lose above, but the fleet's backlog is three typical requests deep
+    workers = [WorkerSnapshot("w0", prefill_backlog=60_000), WorkerSnapshot("w1")]
+    saturated = ctx({"w0": BLOCKS}, request_work=10_000)
+    assert policy.select(long_request(), workers, saturated).worker == "w0"
     plain = make_policy("prefix", RoutingConfig(saturation_weight=0.0))
-    assert plain.select(long_request(), workers, ctx({"w0": BLOCKS})).worker == "w1"
+    assert plain.select(long_request(), workers, saturated).worker == "w1"
+
+
+def test_the_delayed_requests_grow_without_bound_with_the_queue() -> None:
+    values = [delayed_requests(w) for w in (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)]
+    assert values[0] == 0.0 and values == sorted(values)
+    assert values[1] == pytest.approx(1.0)  # rho = 0.5
+    assert values[-1] > 10 * 10
 
 
 @settings(max_examples=40, deadline=None)

@@ -13,6 +13,9 @@ prefill rate. Per worker this model keeps:
   time it took while the worker had work, as an exponential moving average (``alpha`` per sample);
   a worker without samples yet uses the fleet's average, and 0 (no drain) before any sample at all.
 
+It also keeps the work of a typical dispatched request (``mean_work``, a moving average with weight
+``WORK_ALPHA``), the unit in which a backlog counts as "requests waiting".
+
 Work is in *token-equivalents* (``prefill_work``): a prompt token at context position ``c`` costs
 ``1 + c / attention_tokens`` tokens, since attention makes long prompts slower per token; with work in
 these units one drain rate fits short and long prompts alike. Bounded: one entry per worker.
@@ -21,6 +24,8 @@ these units one drain rate fits short and long prompts alike. Bounded: one entry
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+WORK_ALPHA = 0.02  # weight of one request in the moving average of dispatched work (about 50 requests)
 
 
 def prefill_work(uncached: int, cached: int, attention_tokens: float) -> float:
@@ -50,6 +55,7 @@ class PrefillDrain:
         self._workers: dict[str, _Worker] = {}
         self._rate_sum = 0.0
         self._rated = 0
+        self.mean_work = 0.0
 
     def add_worker(self, worker: str) -> None:
         self._workers.setdefault(worker, _Worker())
@@ -89,6 +95,9 @@ class PrefillDrain:
         state = self._workers.get(worker)
         if state is None:
             return
+        self.mean_work = (
+            work if self.mean_work <= 0 else self.mean_work + WORK_ALPHA * (work - self.mean_work)
+        )
         state.estimate = self.remaining(worker, now) + work
         state.estimate_at = now
         if state.pending <= 0:  # the worker's prefill was idle: a learning interval starts now

@@ -80,7 +80,6 @@ class LoadTracker:
         counts.own += 1
         snap.in_flight += 1
         snap.pending_prefill_tokens += uncached_tokens
-        snap.pending_prefill_requests += 1
         self._requests[request_id] = _Tracked(worker, uncached_tokens, work)
         while len(self._requests) > self.max_tracked:
             self.finish(next(iter(self._requests)), now)
@@ -107,7 +106,6 @@ class LoadTracker:
         snap = self._live.get(tracked.worker)
         if tracked.prefilling and snap is not None:
             snap.pending_prefill_tokens -= tracked.uncached
-            snap.pending_prefill_requests -= 1
         tracked.prefilling = False
 
     # ------------------------------------------------------------ outside views

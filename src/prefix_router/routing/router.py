@@ -116,7 +116,9 @@ class Router:
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if chosen_policy.honours_sessions else None
-        decision = sticky or chosen_policy.select(req, snaps, Context(now, self.rng, matches))
+        decision = sticky or chosen_policy.select(
+            req, snaps, Context(now, self.rng, matches, self.index, self.load.drain.mean_work)
+        )
         matched = matches.get(decision.worker, 0)
         predicted = min(matched * self.index.block_tokens, req.prompt_tokens)
         return Decision(decision.worker, decision.branch, matched, predicted)

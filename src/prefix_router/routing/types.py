@@ -41,7 +41,6 @@ class WorkerSnapshot:
     weight: float = 1.0
     in_flight: int = 0
     pending_prefill_tokens: int = 0
-    pending_prefill_requests: int = 0  # dispatched through this router, first token not seen yet
     prefill_backlog: float = 0.0  # estimated prefill work still to compute, token-equivalents (drain.py)
     queue_depth: int = 0
     kv_usage: float | None = None
@@ -72,13 +71,25 @@ class Outcome:
     extension_blocks: tuple[int, ...] = ()
 
 
+class CacheView(Protocol):
+    """What the router's prefix index says about a worker's cache (read-only)."""
+
+    def fill(self, worker: str) -> float:
+        """The fraction of the worker's cache in use (0: empty, 1: full, inserting evicts)."""
+        ...
+
+
 @dataclass(slots=True)
 class Context:
-    """Everything a policy may read besides the request and the candidates."""
+    """Everything a policy may read besides the request and the candidates: the time, the seeded rng,
+    the matched blocks per worker, the index's view of the caches, and the prefill work of a typical
+    request (token-equivalents, a moving average over dispatched requests; 0 before any)."""
 
     now: float
     rng: random.Random
     matches: dict[str, int] = field(default_factory=dict)
+    cache: CacheView | None = None
+    request_work: float = 0.0
 
 
 class Policy(Protocol):

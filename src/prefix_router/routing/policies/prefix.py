@@ -4,25 +4,31 @@ Algorithm. For each candidate under the bounded-load cap (``in_flight + 1 <= cei
 flight + 1) / total weight) + load_slack``, times its weight; all candidates if none is), in token-
 equivalents of prefill work (``drain.prefill_work``: a token at context c costs 1 + c / attention_tokens):
 
-    cost = backlog                                  prefill still queued there (learned drain, drain.py)
-         + queue_penalty_tokens x engine queue      (scraped, when fresh: other routers' requests)
-         + in_flight_penalty_tokens x in flight     (decode steps slow down with the batch)
-         + (1 + recompute_weight + saturation_weight x W) x work
-    work = the request's prefill there: its prompt minus the prefix that worker holds (index)
-    W    = requests waiting for their first token, per candidate (fleet mean)
+    cost = backlog                                 prefill still queued there (learned drain, drain.py)
+         + queue_penalty_tokens x engine queue     (scraped, when fresh: other routers' requests)
+         + in_flight_penalty_tokens x in flight    (decode steps slow down with the batch)
+         + (1 + recompute_weight x fill + saturation_weight x D) x work
+    work = this request's prefill there: its prompt minus the prefix that worker holds (index)
+    fill = the fraction of that worker's cache in use (index): 1 when inserting there evicts
+    D    = requests delayed by a token of prefill placed now: W / (1 - rho), W the fleet's mean backlog
+           counted in typical requests, rho the utilisation of an M/M/1 queue that long
 
 divided by the worker's weight; the cheapest wins, ties broken at random (seeded).
 
-Why. ``backlog + work`` is this request's own time to first token. The rest prices the future:
-- a recomputed token is paid twice more than its own prefill: the holder's copy of the prefix is left
-  unused in its cache while the new copy evicts something elsewhere (``recompute_weight``, 1 token);
-- the prefill capacity it takes delays the requests queued behind it: about W of them, by M/G/1's
-  W = rho / (1 - rho) (``saturation_weight``); W grows without bound as the fleet saturates, so the
-  policy sticks to the holders harder and harder exactly when capacity is scarce.
-So a worker holding the prefix is left only when its expected wait exceeds the recomputation by that
-margin (``2 + W`` times it); a hot prefix is then copied deliberately to the cheapest other worker, and
-from then on both holders share it by cost. Prompts that match nowhere go where the wait is shortest.
-The bounded-load cap is a hard guarantee on top: no worker takes a request above it.
+Why. ``backlog + work`` is this request's own time to first token (FCFS chunked prefill). The rest prices
+the future of the work this choice creates:
+- cache: new blocks on a full cache evict someone's blocks, which will likely be needed again, and a
+  copy of a prefix held elsewhere leaves a duplicate in the pooled cache (``recompute_weight`` x fill);
+- capacity: the prefill delays the requests that will queue behind it before the backlog drains; an
+  M/M/1 queue of W requests is a fleet at utilisation rho, and about W / (1 - rho) requests arrive before
+  it drains (``saturation_weight``). This grows without bound as the fleet saturates, so the policy
+  sticks to the holders harder and harder exactly when capacity is scarce, and balances freely when the
+  fleet is idle.
+So the holder of a prefix is left only when its wait exceeds the recomputation by that margin; a hot
+prefix is then copied deliberately to the cheapest other worker (the emptiest cache among equals), and
+from then on both holders share it by cost. Prompts that match nowhere go where the wait is shortest,
+preferring caches with room. The bounded-load cap is a hard guarantee on top: no worker takes a request
+above it, however long the prefix it holds.
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
@@ -38,7 +44,7 @@ from collections.abc import Sequence
 
 from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.policies.base import NoHooks, load_cap
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import CacheView, Context, Decision, RouteRequest, WorkerSnapshot
 
 
 class PrefixPolicy(NoHooks):
@@ -63,10 +69,13 @@ class PrefixPolicy(NoHooks):
         self.saturation_weight = saturation_weight
         self.attention_tokens = attention_tokens
 
-    def weight_of_work(self, workers: Sequence[WorkerSnapshot]) -> float:
-        """``1 + recompute_weight + saturation_weight x W``: what one token of prefill placed now costs."""
-        waiting = sum(w.pending_prefill_requests for w in workers) / max(1, len(workers))
-        return 1.0 + self.recompute_weight + self.saturation_weight * waiting
+    def saturation(self, workers: Sequence[WorkerSnapshot], request_work: float) -> float:
+        """``saturation_weight x`` the requests delayed by a token of prefill placed now (see the header);
+        0 while no typical request size is known yet."""
+        if request_work <= 0 or not workers:
+            return 0.0
+        waiting = sum(w.prefill_backlog for w in workers) / len(workers) / request_work
+        return self.saturation_weight * delayed_requests(waiting)
 
     def cheapest(
         self,
@@ -74,7 +83,8 @@ class PrefixPolicy(NoHooks):
         workers: Sequence[WorkerSnapshot],
         matches: dict[str, int],
         cap: float,
-        factor: float,
+        base: float,
+        cache: CacheView | None,
     ) -> list[WorkerSnapshot]:
         """The workers under ``cap`` with the lowest cost, in one inlined pass (this runs for every
         candidate of every request)."""
@@ -84,12 +94,14 @@ class PrefixPolicy(NoHooks):
             self.in_flight_penalty_tokens,
             self.attention_tokens,
         )
+        evicting = self.recompute_weight if cache is not None else 0.0
         for w in workers:
             if w.in_flight + 1 > cap * w.weight:
                 continue
             cached = min(prompt, matches.get(w.name, 0) * block)
             work = prefill_work(prompt - cached, cached, attention)
             wait = w.prefill_backlog + w.queue_depth * queue_penalty + w.in_flight * flight_penalty
+            factor = base + (evicting * cache.fill(w.name) if cache is not None and work else 0.0)
             cost = (wait + factor * work) / w.weight
             if cost < best:
                 best, tied = cost, [w]
@@ -98,14 +110,24 @@ class PrefixPolicy(NoHooks):
         return tied
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        factor = self.weight_of_work(workers)
+        base = 1.0 + self.saturation(workers, ctx.request_work)
         cap = load_cap(workers, self.load_factor, self.load_slack)
-        tied = self.cheapest(req, workers, ctx.matches, cap, factor)
-        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf, factor)
+        tied = self.cheapest(req, workers, ctx.matches, cap, base, ctx.cache)
+        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf, base, ctx.cache)
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
         names = {w.name for w in workers} if ctx.matches else set()
         best = max((m for n, m in ctx.matches.items() if n in names), default=0)
         return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), best))
+
+
+def delayed_requests(waiting: float) -> float:
+    """Requests delayed by work added to a queue holding ``waiting`` requests: those that will arrive
+    before it drains, W / (1 - rho), with the utilisation rho of an M/M/1 queue of that length
+    (W = rho^2 / (1 - rho)). 0 for an empty queue; grows without bound as the queue does."""
+    if waiting <= 0:
+        return 0.0
+    rho = (math.sqrt(waiting * waiting + 4.0 * waiting) - waiting) / 2.0
+    return waiting / (1.0 - rho)
 
 
 def _branch(matched: int, best: int) -> str:
