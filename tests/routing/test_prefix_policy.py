@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap
-from prefix_router.routing.policies.prefix import delayed_requests
+from prefix_router.routing.policies.prefix import PrefixKnobs, delayed_requests
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, Outcome, RouteRequest, WorkerSnapshot
 
-CFG = RoutingConfig()
+CFG = PrefixKnobs()
 LONG = 20_000  # tokens: recomputing this prompt costs far more than any in-flight penalty
 BLOCKS = LONG // 16
 
@@ -44,7 +44,7 @@ def ctx(matches: dict[str, int], fill: float = 1.0, request_work: float = 0.0) -
 
 
 def test_a_long_fully_matched_prompt_leaves_a_holder_at_the_cap() -> None:
-    policy = make_policy("prefix", CFG)
+    policy = make_policy("prefix")
     workers = snaps(4, 0, 0, 0)
     assert workers[0].in_flight + 1 > load_cap(workers, CFG.load_factor, CFG.load_slack)  # at the cap
     d = policy.select(long_request(), workers, ctx({"w0": BLOCKS}))
@@ -52,7 +52,7 @@ def test_a_long_fully_matched_prompt_leaves_a_holder_at_the_cap() -> None:
 
 
 def test_the_cap_boundary_one_below_it_still_takes_the_request() -> None:
-    policy = make_policy("prefix", CFG)
+    policy = make_policy("prefix")
     workers = snaps(3, 0, 0, 0)  # cap = ceil(1.25 x 4 / 4) + 2 = 4: the holder may take a 4th request
     assert workers[0].in_flight + 1 == load_cap(workers, CFG.load_factor, CFG.load_slack)
     d = policy.select(long_request(), workers, ctx({"w0": BLOCKS}))
@@ -60,7 +60,7 @@ def test_the_cap_boundary_one_below_it_still_takes_the_request() -> None:
 
 
 def test_the_holder_is_left_only_when_its_wait_exceeds_twice_the_recomputation() -> None:
-    policy = make_policy("prefix", CFG)
+    policy = make_policy("prefix")
     # recomputing 20,000 tokens elsewhere is 26,103 token-equivalents; x2 on a full cache
     stays = [WorkerSnapshot("w0", prefill_backlog=45_000), WorkerSnapshot("w1")]
     leaves = [WorkerSnapshot("w0", prefill_backlog=60_000), WorkerSnapshot("w1")]
@@ -69,18 +69,18 @@ def test_the_holder_is_left_only_when_its_wait_exceeds_twice_the_recomputation()
 
 
 def test_a_cache_with_room_costs_only_the_recomputation() -> None:
-    policy = make_policy("prefix", CFG)
+    policy = make_policy("prefix")
     workers = [WorkerSnapshot("w0", prefill_backlog=45_000), WorkerSnapshot("w1")]
     assert policy.select(long_request(), workers, ctx({"w0": BLOCKS}, fill=0.0)).worker == "w1"
 
 
 def test_a_saturated_fleet_sticks_harder() -> None:
-    policy = make_policy("prefix", CFG)
+    policy = make_policy("prefix")
     # the wait that made the holder lose above, but the fleet's backlog is three typical requests deep
     workers = [WorkerSnapshot("w0", prefill_backlog=60_000), WorkerSnapshot("w1")]
     saturated = ctx({"w0": BLOCKS}, request_work=10_000)
     assert policy.select(long_request(), workers, saturated).worker == "w0"
-    plain = make_policy("prefix", RoutingConfig(saturation_weight=0.0))
+    plain = make_policy("prefix", PrefixKnobs(saturation_weight=0.0))
     assert plain.select(long_request(), workers, saturated).worker == "w1"
 
 
@@ -103,7 +103,7 @@ def test_no_worker_ever_exceeds_the_cap_under_one_hot_long_prefix(
 ) -> None:
     """Requests that all share one long prefix arrive and finish in any order: the worker chosen for each
     is under the bounded-load cap computed over every worker just before the decision."""
-    router = Router(CFG, rng=random.Random(1))
+    router = Router(RoutingSettings(), rng=random.Random(1))
     names = [f"w{i}" for i in range(workers)]
     for name in names:
         router.add_worker(name)

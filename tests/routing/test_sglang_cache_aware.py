@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.index import PrefixIndex
-from prefix_router.routing.policies import make_policy
+from prefix_router.routing.policies import make_policy, policy_spec
 from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, RouteRequest, WorkerSnapshot
 
 
@@ -84,10 +84,11 @@ def test_removed_workers_leave_the_tree() -> None:
 
 
 def test_it_runs_in_the_router_like_any_policy_and_ignores_sessions() -> None:
-    router = Router(RoutingConfig(policy="sglang_cache_aware"), rng=random.Random(0))
+    router = Router(RoutingSettings(policy="sglang_cache_aware"), rng=random.Random(0))
     for name in ("a", "b"):
         router.add_worker(name)
-    assert make_policy("sglang_cache_aware", RoutingConfig()).honours_sessions is False
+    assert policy_spec("sglang_cache_aware").honours_sessions is False
+    assert isinstance(make_policy("sglang_cache_aware"), SGLangCacheAwarePolicy)
     r = RouteRequest("1", (1, 2, 3, 4), 16, 64, 0, session="s")
     d = router.route(r, ["a", "b"], 0.0)
     router.dispatched(r, d, 0.0)

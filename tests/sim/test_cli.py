@@ -73,18 +73,26 @@ def test_engine_sim_options() -> None:
 
 def test_routing_knobs_come_from_a_serve_config_and_set(tmp_path: Path) -> None:
     config = tmp_path / "serve.yaml"
-    config.write_text("port: 9000\nrouting:\n  load_factor: 2.0\n  recompute_weight: 3\n")
-    knobs = cli.routing_knobs(str(config), ["routing.load_factor=1.5", "routing.load_slack=0"])
-    assert knobs == {"load_factor": 1.5, "recompute_weight": 3.0, "load_slack": 0}
-    for bad in (["load_factor=2"], ["routing.nope=1"], ["routing.load_factor=-1"], ["port=1"]):
+    config.write_text(
+        "port: 9000\nrouting:\n  policy: random\n  policies:\n"
+        "    prefix: {load_factor: 2.0, recompute_weight: 3}\n"
+    )
+    sets = ["routing.policies.prefix.load_factor=1.5", "routing.index.max_prefix_blocks=4"]
+    knobs = cli.routing_knobs(str(config), sets)
+    assert knobs == {
+        "policies": {"prefix": {"load_factor": 1.5, "recompute_weight": 3}},
+        "index": {"max_prefix_blocks": 4},
+    }
+    bad = ["load_factor=2", "routing.nope=1", "routing.policies.prefix.load_factor=-1", "port=1"]
+    for item in bad:
         with pytest.raises(ValueError):
-            cli.routing_knobs(None, bad)
+            cli.routing_knobs(None, [item])
 
 
 def test_simulate_applies_the_knobs_and_reports_the_readouts(tmp_path: Path) -> None:
     trace = small_trace(tmp_path / "t.jsonl")
     reports = {}
-    for name, extra in {"default": [], "short": ["--set", "routing.max_prefix_blocks=1"]}.items():
+    for name, extra in {"default": [], "short": ["--set", "routing.index.max_prefix_blocks=1"]}.items():
         out = tmp_path / f"{name}.json"
         argv = ["simulate", "--trace", str(trace), "--instances", "3", "--policies", "prefix"]
         args = parser().parse_args([*argv, "--json", str(out), "--no-progress", *extra])
@@ -102,6 +110,14 @@ def test_simulate_applies_the_knobs_and_reports_the_readouts(tmp_path: Path) -> 
 def test_a_bad_knob_is_a_usage_error(tmp_path: Path) -> None:
     trace = small_trace(tmp_path / "t.jsonl")
     args = parser().parse_args(
-        ["simulate", "--trace", str(trace), "--instances", "2", "--set", "routing.load_factor=0"]
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--instances",
+            "2",
+            "--set",
+            "routing.policies.prefix.load_factor=0",
+        ]
     )
     assert args.func(args) == 2

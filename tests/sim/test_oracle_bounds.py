@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS
 from prefix_router.routing.policies import POLICY_NAMES
 from prefix_router.sim.oracle import oracle
 from prefix_router.sim.profiles import get_profile
 from prefix_router.sim.run import simulate, trace_scenario, workload_scenario
 from prefix_router.sim.simulator import ClusterSpec
-from prefix_router.sim.trace import TRACE_BLOCK_TOKENS
 
 LRU_TOLERANCE = 0.01  # separate LRU caches can beat one pooled LRU by a hair (LRU is not optimal)
 

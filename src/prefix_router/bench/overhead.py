@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from prefix_router.bench import loadgen
+from prefix_router.launch.net import free_port, wait_until_ok
 from prefix_router.proxy.server import loop_factory
 
 
@@ -86,12 +86,6 @@ def bodies(n: int, prompt_chars: int, stream: bool) -> list[bytes]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (Linux ``/proc``; NaN elsewhere)."""
     try:
@@ -125,17 +119,11 @@ def processes() -> Iterator[Callable[[list[str]], int]]:
                 proc.wait()
 
 
-async def wait_listening(port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = await loadgen.run(port, bodies(1, 100, False), 1)
-            if not result.errors:
-                return
-        except OSError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"nothing answered on port {port}")
+async def wait_ready(port: int, path: str, timeout_s: float = 20.0) -> None:
+    """Until ``GET path`` answers 200: the worker's ``/health``, a router's ``/ready`` (its worker is up)."""
+    url, deadline = f"http://127.0.0.1:{port}{path}", time.monotonic() + timeout_s
+    if not await asyncio.to_thread(wait_until_ok, url, deadline, interval_s=0.1):
+        raise RuntimeError(f"{url} did not answer 200 in time")
 
 
 async def measure(port: int, pid: int, plan: Plan, tick: Callable[[], None]) -> Figures:
@@ -173,8 +161,8 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Figures
                 port = free_port()
                 argv = router_argv(worker_port, port, loop, client)
                 plan.targets[f"router ({client}, {loop})"] = (port, spawn(argv))
-        for port, _ in plan.targets.values():
-            await wait_listening(port)
+        for name, (port, _) in plan.targets.items():
+            await wait_ready(port, "/health" if name == "direct" else "/ready")
         return await rounds(plan, args.rounds, console)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import cast
 
 from prefix_router.proxy.h1parse import BodyFramer, Head, ProtocolError, body_framer, find_head, parse_head
-from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest
+from prefix_router.proxy.upstream import FailureKind, UpstreamError, UpstreamRequest
 
 MAX_BUFFERED = 256 * 1024  # body bytes held before reading pauses
 Key = tuple[str, str, int]  # scheme, host, port
@@ -150,7 +150,7 @@ class Connection(asyncio.Protocol):
                 self.active = False
                 return b""
             if self._error is not None:
-                raise UpstreamError("io", f"upstream closed mid-body: {self._error}")
+                raise UpstreamError(FailureKind.IO, f"upstream closed mid-body: {self._error}")
             await self._wait()
 
     def _take(self) -> bytes:
@@ -229,7 +229,7 @@ class H1Upstream:
         try:
             return await self._exchange(await self._connect(key), request.method, data)
         except _Stale:
-            raise UpstreamError("io", "connection closed before any response") from None
+            raise UpstreamError(FailureKind.IO, "connection closed before any response") from None
 
     async def _exchange(self, conn: Connection, method: str, data: bytes) -> H1Response:
         try:
@@ -240,7 +240,7 @@ class H1Upstream:
             raise
         except (ProtocolError, ConnectionError, OSError) as exc:
             conn.abort()
-            raise UpstreamError("io", f"{type(exc).__name__}: {exc}"[:300]) from None
+            raise UpstreamError(FailureKind.IO, f"{type(exc).__name__}: {exc}"[:300]) from None
         return H1Response(conn, head, self)
 
     async def _connect(self, key: Key) -> Connection:
@@ -255,9 +255,11 @@ class H1Upstream:
                     ssl=self._ssl_context() if scheme == "https" else None,
                 )
         except TimeoutError:
-            raise UpstreamError("connect", f"connect to {host}:{port} timed out") from None
+            raise UpstreamError(FailureKind.CONNECT, f"connect to {host}:{port} timed out") from None
         except OSError as exc:
-            raise UpstreamError("connect", f"connect to {host}:{port}: {exc.strerror or exc}") from None
+            raise UpstreamError(
+                FailureKind.CONNECT, f"connect to {host}:{port}: {exc.strerror or exc}"
+            ) from None
         return conn
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -303,7 +305,7 @@ def split_url(url: str) -> tuple[Key, str]:
     """``http://host:port/path?q`` -> ((scheme, host, port), "/path?q")."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("http", "https"):
-        raise UpstreamError("connect", f"unsupported URL {url[:80]!r}")
+        raise UpstreamError(FailureKind.CONNECT, f"unsupported URL {url[:80]!r}")
     netloc, _, path = rest.partition("/")
     host, port = split_netloc(netloc, 443 if scheme == "https" else 80)
     return (scheme, host, port), "/" + path

@@ -145,7 +145,7 @@ class ProxyMetrics(Collector):
         healthy = GaugeMetricFamily("prefix_router_worker_healthy", "1 when healthy", labels=["worker"])
         draining = GaugeMetricFamily("prefix_router_worker_draining", "1 when draining", labels=["worker"])
         for w in self._pool:
-            in_flight.add_metric([w.name], w.in_flight)
+            in_flight.add_metric([w.name], self._pool.in_flight(w.name))
             healthy.add_metric([w.name], 1.0 if w.health.healthy else 0.0)
             draining.add_metric([w.name], 1.0 if w.draining else 0.0)
         yield from (in_flight, healthy, draining)

@@ -11,11 +11,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
 import aiohttp
 
-FailureKind = Literal["connect", "timeout", "io"]
+from prefix_router.pool.http import client_session
+
+
+class FailureKind(StrEnum):
+    """Why an attempt on a worker failed: the ``kind`` label of ``prefix_router_upstream_errors_total``."""
+
+    CONNECT = "connect"  # no connection: nothing was sent
+    TIMEOUT = "timeout"
+    IO = "io"  # the connection broke, or what came back is not HTTP
+    STATUS = "status"  # the worker answered 5xx
 
 
 class UpstreamError(Exception):
@@ -69,7 +79,7 @@ class _AiohttpResponse:
         try:
             return await self._resp.content.readany()
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("io", describe(exc)) from None
+            raise UpstreamError(FailureKind.IO, describe(exc)) from None
 
     def release(self) -> None:
         self._unwatch()
@@ -117,27 +127,16 @@ def _body_failer(content: aiohttp.StreamReader) -> Callable[[asyncio.Future[None
 class AiohttpUpstream:
     """``Upstream`` over a pooled aiohttp client session (keep-alive; no decompression, no redirects)."""
 
-    def __init__(
-        self, connect_timeout_s: float, max_connections: int = 0, idle_timeout_s: float = 4.0
-    ) -> None:
+    def __init__(self, connect_timeout_s: float, max_connections: int = 0) -> None:
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s
         )
         self._max_connections = max_connections
-        self._idle_timeout_s = idle_timeout_s  # under uvicorn's 5 s keep-alive (vLLM, SGLang): no stale reuse
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=0, keepalive_timeout=self._idle_timeout_s
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                timeout=self._timeout,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
+            self._session = client_session(self._timeout, connections=self._max_connections, decompress=False)
         return self._session
 
     async def send(self, request: UpstreamRequest) -> UpstreamResponse:
@@ -150,9 +149,9 @@ class AiohttpUpstream:
                 allow_redirects=False,
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise UpstreamError("connect", describe(exc)) from None
+            raise UpstreamError(FailureKind.CONNECT, describe(exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("io", describe(exc)) from None
+            raise UpstreamError(FailureKind.IO, describe(exc)) from None
         return _AiohttpResponse(resp)
 
     async def close(self) -> None:

@@ -165,25 +165,27 @@ def _scenario(args: argparse.Namespace) -> Scenario:
 
 
 def routing_knobs(path: str | None, pairs: list[str]) -> dict[str, Any]:
-    """The routing knobs given by ``--config FILE`` (its ``routing`` section) and ``--set routing.KEY=VALUE``,
-    validated exactly as ``serve`` validates them; only the knobs given (the policy comes from --policies)."""
-    from prefix_router.config import parse_scalar, read_yaml, validate
+    """The ``routing`` section given by ``--config FILE`` and ``--set routing.KEY=VALUE`` (dotted keys as
+    ``serve --set``: ``routing.policies.prefix.load_factor=1.5``), validated exactly as ``serve`` validates
+    it; nested as in the YAML file, only the keys given (the policy comes from --policies)."""
+    from prefix_router.proxy.config import parse_scalar, read_yaml, set_dotted, validate
 
     section = read_yaml(path).get("routing") if path else None
     if section is not None and not isinstance(section, dict):
         raise ValueError(f"config file {path}: routing must be a mapping")
-    knobs: dict[str, Any] = dict(section or {})
+    data: dict[str, Any] = {"routing": dict(section or {})}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        group, dot, name = key.strip().partition(".")
-        if not sep or group != "routing" or not dot or not name:
+        key = key.strip()
+        if not sep or not key.startswith("routing.") or key == "routing.":
             raise ValueError(
                 f"--set {pair!r}: expected routing.KEY=VALUE (simulate takes routing knobs only)"
             )
-        knobs[name] = parse_scalar(value)
+        set_dotted(data, key, parse_scalar(value))
+    knobs: dict[str, Any] = data["routing"]
     knobs.pop("policy", None)
-    routing = validate({"routing": knobs}).routing
-    return {name: getattr(routing, name) for name in knobs}
+    validate({"routing": knobs})
+    return knobs
 
 
 def _options(pairs: list[str]) -> dict[str, Any]:

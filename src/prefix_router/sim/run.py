@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.sim.openai_api import EngineLimits
 from prefix_router.sim.oracle import oracle
 from prefix_router.sim.requests import RequestSource, TraceSource
 from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec, ProgressHook
 from prefix_router.sim.stats import details, summarize
-from prefix_router.sim.trace import TRACE_BLOCK_TOKENS, read_trace, tile
+from prefix_router.sim.trace import read_trace, tile
 
 # The traces README's reference setting for the Mooncake trace: 16 engines with 1 M tokens of cache each.
 TRACE_DEFAULT_CAPACITY_TOKENS = 1_000_000
 
 SourceFactory = Callable[[], RequestSource]
-RoutingFactory = Callable[[str], RoutingConfig]
+RoutingFactory = Callable[[str], RoutingSettings]
 ProgressFactory = Callable[[str, int], ProgressHook | None]
 
 
@@ -35,12 +35,23 @@ class Scenario:
     rate_scale: float = 1.0
 
 
+def merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top`` laid over it, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        both = isinstance(below, Mapping) and isinstance(value, Mapping)
+        out[key] = merged(below, value) if both else value  # type: ignore[arg-type]
+    return out
+
+
 def routing_factory(knobs: Mapping[str, Any] | None, capacity_tokens: int, **fixed: Any) -> RoutingFactory:
     """The router's settings per policy: the defaults, with the index's per-worker capacity = the engines'
-    KV capacity, then ``knobs`` (``simulate --config/--set``, already validated), then ``fixed`` (what the
-    requests impose, e.g. the trace's block size) and the policy."""
-    base = dataclasses.replace(RoutingConfig(), worker_capacity_tokens=capacity_tokens, **dict(knobs or {}))
-    return lambda policy: dataclasses.replace(base, policy=policy, **fixed)
+    KV capacity, then ``knobs`` (the ``routing`` section of ``simulate --config/--set``, nested as in the
+    YAML file), then ``fixed`` (what the requests impose, e.g. the trace's block size) and the policy."""
+    base = merged({"index": {"worker_capacity_tokens": capacity_tokens}}, knobs or {})
+    base = merged(base, fixed)
+    return lambda policy: RoutingSettings.model_validate({**base, "policy": policy})
 
 
 def trace_scenario(
@@ -52,7 +63,8 @@ def trace_scenario(
     knobs: Mapping[str, Any] | None = None,
 ) -> Scenario:
     rows = tile(read_trace(path), copies)[:limit] if copies > 1 else read_trace(path, limit)
-    routing = routing_factory(knobs, spec.capacity_tokens, block_tokens=TRACE_BLOCK_TOKENS)
+    block = {"keys": {"block_tokens": MOONCAKE_BLOCK_TOKENS}}
+    routing = routing_factory(knobs, spec.capacity_tokens, **block)
 
     source = lambda: TraceSource(rows, spec.seed, rate_scale)  # noqa: E731
     label = Path(path).name + (f" x{copies} tiled" if copies > 1 else "")
@@ -96,8 +108,8 @@ def simulate(
         )
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals
-        summaries[policy] = summarize(result.recorder)
-        extra[policy] = details(result.recorder, result.wall_s)
+        summaries[policy] = summarize(result.stats)
+        extra[policy] = details(result.stats, result.wall_s)
     return _report(scenario, summaries, extra, _oracle(scenario, arrivals or []))
 
 

@@ -32,9 +32,9 @@ above it, however long the prefix it holds.
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
-Knobs (defaults): ``load_factor`` 1.25, ``load_slack`` 2, ``queue_penalty_tokens`` 512,
-``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0, ``saturation_weight`` 1.0, and the router's
-``attention_tokens`` 32,768.
+Knobs (``routing.policies.prefix``, ``PrefixKnobs``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
+``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
+``saturation_weight`` 1.0; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
 """
 
 from __future__ import annotations
@@ -42,32 +42,33 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.policies.base import NoHooks, load_cap
-from prefix_router.routing.types import CacheView, Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.settings import Section
+
+
+class PrefixKnobs(Section):
+    """``routing.policies.prefix``: the bounded-load cap, the load penalties and the weights of the future."""
+
+    load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
+    load_slack: int = Field(default=2, ge=0)  # ... + load_slack requests
+    queue_penalty_tokens: int = Field(default=512, ge=0)  # per request waiting in the engine's queue
+    in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request in flight there
+    recompute_weight: float = Field(default=1.0, ge=0)  # a full cache: what an evicted token costs later
+    saturation_weight: float = Field(default=1.0, ge=0)  # x the requests a token of prefill delays
 
 
 class PrefixPolicy(NoHooks):
-    name = "prefix"
-    honours_sessions = True
-
-    def __init__(
-        self,
-        load_factor: float,
-        load_slack: int,
-        queue_penalty_tokens: int,
-        in_flight_penalty_tokens: int,
-        recompute_weight: float = 1.0,
-        saturation_weight: float = 1.0,
-        attention_tokens: int = 32_768,
-    ) -> None:
-        self.load_factor = load_factor
-        self.load_slack = load_slack
-        self.queue_penalty_tokens = queue_penalty_tokens
-        self.in_flight_penalty_tokens = in_flight_penalty_tokens
-        self.recompute_weight = recompute_weight
-        self.saturation_weight = saturation_weight
-        self.attention_tokens = attention_tokens
+    def __init__(self, knobs: PrefixKnobs) -> None:
+        self.load_factor = knobs.load_factor
+        self.load_slack = knobs.load_slack
+        self.queue_penalty_tokens = knobs.queue_penalty_tokens
+        self.in_flight_penalty_tokens = knobs.in_flight_penalty_tokens
+        self.recompute_weight = knobs.recompute_weight
+        self.saturation_weight = knobs.saturation_weight
 
     def saturation(self, workers: Sequence[WorkerSnapshot], request_work: float) -> float:
         """``saturation_weight x`` the requests delayed by a token of prefill placed now (see the header);
@@ -84,16 +85,13 @@ class PrefixPolicy(NoHooks):
         matches: dict[str, int],
         cap: float,
         base: float,
-        cache: CacheView | None,
+        ctx: Context,
     ) -> list[WorkerSnapshot]:
         """The workers under ``cap`` with the lowest cost, in one inlined pass (this runs for every
         candidate of every request)."""
         prompt, block, best, tied = req.prompt_tokens, req.block_tokens, math.inf, []
-        queue_penalty, flight_penalty, attention = (
-            self.queue_penalty_tokens,
-            self.in_flight_penalty_tokens,
-            self.attention_tokens,
-        )
+        queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
+        attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
         for w in workers:
             if w.in_flight + 1 > cap * w.weight:
@@ -112,8 +110,8 @@ class PrefixPolicy(NoHooks):
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         base = 1.0 + self.saturation(workers, ctx.request_work)
         cap = load_cap(workers, self.load_factor, self.load_slack)
-        tied = self.cheapest(req, workers, ctx.matches, cap, base, ctx.cache)
-        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf, base, ctx.cache)
+        tied = self.cheapest(req, workers, ctx.matches, cap, base, ctx)
+        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf, base, ctx)
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
         names = {w.name for w in workers} if ctx.matches else set()
         best = max((m for n, m in ctx.matches.items() if n in names), default=0)
@@ -130,7 +128,7 @@ def delayed_requests(waiting: float) -> float:
     return waiting / (1.0 - rho)
 
 
-def _branch(matched: int, best: int) -> str:
+def _branch(matched: int, best: int) -> Branch:
     if best == 0:
-        return "load_balance"
-    return "prefix_hit" if matched == best else "load_fallback"
+        return Branch.LOAD_BALANCE
+    return Branch.PREFIX_HIT if matched == best else Branch.LOAD_FALLBACK

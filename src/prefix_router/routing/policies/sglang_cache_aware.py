@@ -34,7 +34,7 @@ from pydantic import Field
 
 from prefix_router.routing.hashing import hash_bytes
 from prefix_router.routing.index import PrefixIndex
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
 _UNBOUNDED_TOKENS = 1 << 60
@@ -53,9 +53,6 @@ class SGLangCacheAwareKnobs(Section):
 
 
 class SGLangCacheAwarePolicy:
-    name = "sglang_cache_aware"
-    honours_sessions = False
-
     def __init__(self, knobs: SGLangCacheAwareKnobs) -> None:
         self.settings = knobs
         self.max_tree_tokens = max(1, int(knobs.max_tree_chars / knobs.chars_per_token))
@@ -84,12 +81,12 @@ class SGLangCacheAwarePolicy:
 
     def _choose(
         self, tree: PrefixIndex, req: RouteRequest, workers: Sequence[WorkerSnapshot], now: float
-    ) -> tuple[str, str]:
+    ) -> tuple[str, Branch]:
         s = self.settings
         loads = [w.in_flight for w in workers]
         high, low = max(loads), min(loads)
         if high - low > s.balance_abs_threshold and high > low * s.balance_rel_threshold:
-            return workers[loads.index(low)].name, "load_balance"
+            return workers[loads.index(low)].name, Branch.LOAD_BALANCE
         names = [w.name for w in workers]
         matches = tree.match(req.blocks)
         best = max((matches.get(n, 0) for n in names), default=0)
@@ -97,9 +94,9 @@ class SGLangCacheAwarePolicy:
         if best > 0:
             holder = min((n for n in names if matches.get(n, 0) == best), key=self._order.__getitem__)
             if rate > s.cache_threshold:
-                return holder, "prefix_hit"
+                return holder, Branch.PREFIX_HIT
             tree.insert(holder, req.blocks[:best], now)  # SGLang's match refreshes the holder's path
-        return min(names, key=lambda n: (tree.tokens_of(n), self._order[n])), "smallest_tree"
+        return min(names, key=lambda n: (tree.tokens_of(n), self._order[n])), Branch.SMALLEST_TREE
 
     # ------------------------------------------------------------ tree upkeep
 
