@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--small", action="store_true", help="the small version asserted by tests/sim")
     p.add_argument("--json", dest="json_out", default=None, help="write every cell's report here")
     p.add_argument("--markdown", default=None, help="write the tables here")
+    p.add_argument("--plot", default=None, help="write a PNG here (hit rate / oracle, relative mean TTFT)")
     p.add_argument("--config", metavar="FILE", help="a `serve` YAML config: its routing section")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="routing.KEY=VALUE")
     p.add_argument("--calibrate", action="store_true", help="find the rates of the load levels instead")
@@ -82,6 +83,10 @@ def run_matrix(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as out:
             out.write(markdown(document) + "\n")
+    if args.plot and document["cells"]:
+        from prefix_router.sim.matrix_plot import plot_matrix
+
+        plot_matrix(document, args.plot)
     console.print(summary_table(document["cells"]) if "prefix" in policies else "")
     for line in document["failures"]:
         console.print(f"target missed: {line}")
