@@ -74,6 +74,15 @@ def default_matrix() -> tuple[MatrixWorkload, ...]:
     )  # fmt: skip
 
 
+def trace_available() -> bool:
+    """Whether the Mooncake trace (the first workload) is readable here (``../shared/traces``)."""
+    try:
+        find_trace(MOONCAKE_FILE, None)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def small_matrix() -> tuple[MatrixWorkload, ...]:
     """A small version (tests/sim): fewer requests, the same shapes and levels."""
     sizes = {"mooncake": 400, "sharegpt": 500, "agents": 500, "rag-long": 40, "bursty": 500}
