@@ -30,14 +30,14 @@ def samples(metrics: ProxyMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...
 def test_exposition_parses_and_counts() -> None:
     router = Router(RoutingSettings())
     metrics, _ = metrics_with("a", router=router)
-    metrics.request_done("a", "prefix", 200)
-    metrics.request_done("a", "prefix", 200)
+    metrics.request_done("a", "m", "prefix", 200)
+    metrics.request_done("a", "m", "prefix", 200)
     metrics.cached_tokens("a", predicted=100, actual=80)
     for value in (0.0005, 0.003, 7.0, 1000.0):
         metrics.latency.observe(value)
     router.dispatched(RouteRequest("r1", (), 16, 0, hash_key=0), Decision("a", "test"), 0.0)
     got = samples(metrics)
-    labels = (("policy", "prefix"), ("status", "200"), ("worker", "a"))
+    labels = (("model", "m"), ("policy", "prefix"), ("status", "200"), ("worker", "a"))
     assert got[("prefix_router_requests_total", labels)] == 2
     assert got[("prefix_router_cached_tokens_total", (("kind", "actual"), ("worker", "a")))] == 80
     assert got[("prefix_router_request_seconds_bucket", (("le", "0.001"),))] == 1
@@ -58,7 +58,8 @@ def test_label_sets_are_bounded() -> None:
 def test_removed_workers_are_forgotten() -> None:
     metrics, pool = metrics_with("a", "b")
     for worker in ("a", "b"):
-        metrics.request_done(worker, "random", 200)
+        metrics.request_done(worker, "m", "random", 200)
+        metrics.attempt_done(worker, 200)
         metrics.cached_tokens(worker, 1, 1)
         metrics.upstream_errors.inc((worker, "connect"))
     pool.remove("b")

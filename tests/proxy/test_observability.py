@@ -44,7 +44,8 @@ async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, sta
     status, body = await get(router.url + "/metrics")
     text = body.decode()
     assert status == 200
-    assert 'prefix_router_requests_total{policy="prefix",status="200",worker="a"} 3.0' in text
+    assert 'prefix_router_requests_total{model="m",policy="prefix",status="200",worker="a"} 3.0' in text
+    assert 'prefix_router_upstream_attempts_total{status="200",worker="a"} 3.0' in text
     assert "prefix_router_route_branch_total{" in text
     assert 'prefix_router_route_branch_total{branch="load_balance",policy="prefix"} 1.0' in text
     assert 'prefix_router_route_branch_total{branch="prefix_hit",policy="prefix"} 2.0' in text

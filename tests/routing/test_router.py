@@ -132,3 +132,41 @@ def test_baselines_ignore_session_affinity() -> None:
         for i in range(30)
     }
     assert len(picks) > 1
+
+
+# ------------------------------------------------------------ retune (SIGHUP reloads)
+
+
+def settings_with(**kw: object) -> RoutingSettings:
+    return RoutingSettings.model_validate(
+        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 100}, **kw}
+    )
+
+
+def test_retune_changes_knobs_and_keeps_the_index() -> None:
+    router = make_router()
+    run(router, rr("r1", (1, 2, 3)), 0.0)
+    untouched = router.policies["random"]
+    prefix_before = router.policies["prefix"]
+    router.retune(settings_with(policy="round_robin", policies={"prefix": {"load_factor": 3.0}}))
+    assert router.cfg.policy == "round_robin" and router.cfg.knobs("prefix").load_factor == 3.0  # type: ignore[attr-defined]
+    assert router.policies["prefix"] is not prefix_before  # rebuilt with its new knobs
+    assert router.policies["random"] is untouched  # unchanged knobs: kept
+    assert router.index.match((1, 2, 3))  # what was indexed stays
+    assert router.route(rr("r2", (9,)), ["a", "b", "c"], 1.0).branch == "round_robin"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"keys": {"block_tokens": 32}},
+        {"index": {"worker_capacity_tokens": 16 * 100, "max_total_blocks": 5}},
+        {"trackers": {"max_tracked_requests": 5}},
+        {"sessions": {"max_sessions": 5}},
+    ],
+)
+def test_retune_refuses_what_sizes_live_state(change: dict[str, object]) -> None:
+    router = make_router()
+    with pytest.raises(ValueError):
+        router.retune(settings_with(**{"keys": {"block_tokens": 16}, **change}))
+    assert router.cfg.keys.block_tokens == 16

@@ -5,6 +5,7 @@ One run starts an instant worker and one router per upstream client (aiohttp's, 
 processes, then measures, round after round and side by side with a direct connection to the worker:
 added latency (p50/p99, one request at a time), non-streaming throughput and streams per second (at a
 fixed concurrency). Throughput figures are also given as ratios to the direct connection.
+``--access-log on,off`` adds routers without the access log (on by default, as shipped) to measure it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--stream-chunks", type=int, default=8, help="SSE events per streamed answer")
     p.add_argument("--loops", default="uvloop", help="router event loops to compare (uvloop,asyncio)")
     p.add_argument("--clients", default="aiohttp,h1", help="router upstream clients to compare")
+    p.add_argument("--access-log", default="on", help="router access log settings to compare (on,off)")
     p.set_defaults(func=run_bench)
 
 
@@ -158,9 +160,15 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[str, Figures
         plan.targets["direct"] = (worker_port, spawn([*worker, "--chunks", str(args.stream_chunks)]))
         for loop in loops:
             for client in clients:
-                port = free_port()
-                argv = router_argv(worker_port, port, loop, client)
-                plan.targets[f"router ({client}, {loop})"] = (port, spawn(argv))
+                for access in names(args.access_log):
+                    port = free_port()
+                    argv = [
+                        *router_argv(worker_port, port, loop, client),
+                        "--set",
+                        f"access_log={access == 'on'}",
+                    ]
+                    suffix = "" if access == "on" else ", no access log"
+                    plan.targets[f"router ({client}, {loop}{suffix})"] = (port, spawn(argv))
         for name, (port, _) in plan.targets.items():
             await wait_ready(port, "/health" if name == "direct" else "/ready")
         return await rounds(plan, args.rounds, console)

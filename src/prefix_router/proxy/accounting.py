@@ -24,7 +24,7 @@ class Flight:
     """One attempt: counted in flight by the routing core from dispatch until ``finish``. ``parsed`` is
     None for a pass-through call (``route`` then has no blocks)."""
 
-    __slots__ = ("_done", "_state", "decision", "parsed", "policy", "route", "started", "worker")
+    __slots__ = ("_done", "_state", "decision", "parsed", "route", "started", "worker")
 
     def __init__(
         self,
@@ -33,7 +33,6 @@ class Flight:
         route: RouteRequest,
         decision: Decision,
         parsed: Parsed | None,
-        policy: str,
         started: float,
     ) -> None:
         self._state = state
@@ -41,15 +40,17 @@ class Flight:
         self.route = route
         self.decision = decision
         self.parsed = parsed
-        self.policy = policy
         self.started = started
         self._done = False
         state.router.dispatched(route, decision, state.clock())
 
-    def first_byte(self) -> None:
+    def first_byte(self) -> float:
+        """The first byte came; returns the time to it (seconds since the request arrived)."""
         now = self._state.clock()
-        self._state.metrics.ttft.observe(now - self.started)
+        ttft = now - self.started
+        self._state.metrics.ttft.observe(ttft)
         self._state.router.first_token(self.route.request_id, now)
+        return ttft
 
     def fail(self, kind: FailureKind, status: int, error: str) -> None:
         """The attempt failed before anything reached the client."""
@@ -64,7 +65,7 @@ class Flight:
         self._done = True
         state, now = self._state, self._state.clock()
         state.router.finished(self.route, self.worker.name, outcome, now)  # also if it left meanwhile
-        state.metrics.request_done(self.worker.name, self.policy, status)
+        state.metrics.attempt_done(self.worker.name, status)
         state.metrics.latency.observe(now - self.started)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 from typing import Any
 
 from prefix_router.proxy.config import Config, load_config
+from prefix_router.proxy.server import EarlyHangup
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
 from prefix_router.settings import ConfigError
 
@@ -100,8 +102,14 @@ def worker_flag(value: str) -> dict[str, str]:
     return {"url": value}
 
 
+def merged_config(args: argparse.Namespace) -> Config:
+    """The file, then ``PREFIX_ROUTER_*`` variables, then the flags."""
+    return load_config(args.config, os.environ, overrides(args))
+
+
 def build_config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config, os.environ, overrides(args))
+    """``merged_config``, refused without any worker (static or discovered)."""
+    config = merged_config(args)
     if not config.workers and config.discovery.kind is None:
         raise ConfigError(
             "invalid config: workers: none given (use --worker URL, 'workers:' in the config file, or"
@@ -118,26 +126,49 @@ def effective_yaml(config: Config) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from prefix_router.proxy.app import create_app
-    from prefix_router.proxy.server import run
-
+    """``--print-config``: the merged configuration, checked, printed; nothing started or contacted (no
+    workers needed, no cluster credentials). Otherwise serve; a bad configuration or an address that
+    cannot be bound is one line on stderr and a non-zero exit (2 and 1), never a traceback."""
     try:
-        config = build_config(args)
-        app = create_app(config)
+        if args.print_config:
+            return print_config(merged_config(args))
+        early = EarlyHangup()  # before the file is read: a SIGHUP from now on reloads it
+        return serve(build_config(args), args, early)
     except ConfigError as exc:
         print(f"prefix-router serve: {exc}", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(effective_yaml(config), end="")
-        return 0
-    timeouts = config.timeouts
-    run(
-        app,
-        config.host,
-        config.port,
-        config.event_loop,
-        config.log_level,
-        timeouts.shutdown_s,
-        timeouts.client_header_s,
+
+
+def print_config(config: Config) -> int:
+    from prefix_router.proxy.app import build_router
+
+    build_router(config, random.Random(0))  # the policy knobs checked too (pure: no I/O)
+    print(effective_yaml(config), end="")
+    return 0
+
+
+def serve(config: Config, args: argparse.Namespace, early: EarlyHangup) -> int:
+    from prefix_router.proxy import lifecycle, logs, reload
+    from prefix_router.proxy.app import create_app
+    from prefix_router.proxy.context import CONTEXT
+    from prefix_router.proxy.server import Hooks, ListenError, run
+
+    logs.configure(config.log_level, config.log_format, config.access_log)
+    app = create_app(config)
+    source = args.config or "environment and flags"
+
+    async def reloaded() -> None:
+        await reload.reload(app[CONTEXT], lambda: build_config(args), source)
+
+    hooks = Hooks(
+        serving=lambda addresses: lifecycle.summary(app, addresses),
+        drain=lambda: lifecycle.drain(app),
+        reload=reloaded,
+        early=early,
     )
+    try:
+        run(app, config.host, config.port, config.event_loop, config.timeouts.client_header_s, hooks)
+    except ListenError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 1
     return 0

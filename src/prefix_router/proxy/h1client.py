@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import cast
 
 from prefix_router.proxy.h1parse import BodyFramer, Head, ProtocolError, body_framer, find_head, parse_head
-from prefix_router.proxy.upstream import FailureKind, UpstreamError, UpstreamRequest
+from prefix_router.proxy.upstream import UNENCODABLE, FailureKind, UpstreamError, UpstreamRequest
 
 MAX_BUFFERED = 256 * 1024  # body bytes held before reading pauses
 Key = tuple[str, str, int]  # scheme, host, port
@@ -322,14 +322,17 @@ def split_netloc(netloc: str, default_port: int) -> tuple[str, int]:
 
 
 def encode_request(request: UpstreamRequest, key: Key, target: str) -> bytes:
-    """The request head and body; headers with CR or LF are dropped (no header injection)."""
+    """The request head and body. A header with CR, LF or NUL is refused (no header injection): like
+    aiohttp's client, the request fails before anything is sent (a failure of this worker, retried)."""
     scheme, host, port = key
     default = 443 if scheme == "https" else 80
     authority = host if port == default else f"{host}:{port}"
     if ":" in host:
         authority = f"[{host}]" if port == default else f"[{host}]:{port}"
     lines = [f"{request.method} {target} HTTP/1.1", f"Host: {authority}"]
-    lines += [f"{k}: {v}" for k, v in request.headers.items() if _safe(k) and _safe(v)]
+    lines += [f"{k}: {v}" for k, v in request.headers.items()]
+    if any(not _safe(line) for line in lines):
+        raise UpstreamError(FailureKind.CONNECT, UNENCODABLE)
     if request.body or request.method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(request.body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape") + request.body

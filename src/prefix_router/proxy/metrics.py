@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -92,7 +92,13 @@ class ProxyMetrics(Collector):
     def __init__(self, pool: WorkerPool) -> None:
         self._pool = pool
         self.requests = CounterSet(
-            "prefix_router_requests", "Requests by worker, policy, status", ("worker", "policy", "status")
+            "prefix_router_requests",
+            "Client requests (not attempts) by the status the client got, the worker that answered, the model"
+            " and the routing policy",
+            ("worker", "model", "policy", "status"),
+        )
+        self.attempts = CounterSet(
+            "prefix_router_upstream_attempts", "Upstream attempts by worker and status", ("worker", "status")
         )
         self.branches = CounterSet("prefix_router_route_branch", "Routing branch taken", ("policy", "branch"))
         self.cached = CounterSet(
@@ -117,9 +123,15 @@ class ProxyMetrics(Collector):
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_open_fds, ...
 
-    def request_done(self, worker: str, policy: str, status: int) -> None:
-        self.requests.inc((worker, policy, str(status)))
+    def attempt_done(self, worker: str, status: int) -> None:
+        """One upstream attempt ended (a retried request makes several)."""
+        self.attempts.inc((worker, str(status)))
+
+    def request_done(self, worker: str, model: str, policy: str, status: int) -> None:
+        """One client request ended with ``status``: counted once, however many attempts it took."""
+        self.requests.inc((worker, model, policy, str(status)))
 
     def cached_tokens(self, worker: str, predicted: int, actual: int | None) -> None:
         self.cached.inc((worker, "predicted"), predicted)
@@ -129,12 +141,12 @@ class ProxyMetrics(Collector):
 
     def forget_worker(self, worker: str) -> None:
         """Drop a removed worker's series so the registry stays bounded by the live pool."""
-        for counter in (self.requests, self.cached, self.upstream_errors):
+        for counter in (self.requests, self.attempts, self.cached, self.upstream_errors):
             counter.forget(0, worker)
 
     def collect(self) -> Iterator[Metric]:
-        for counter in (self.requests, self.branches, self.cached, self.upstream_errors, self.rejected,
-                        self.retries, self.record_dropped):  # fmt: skip
+        for counter in (self.requests, self.attempts, self.branches, self.cached, self.upstream_errors,
+                        self.rejected, self.retries, self.record_dropped):  # fmt: skip
             yield counter.family()
         for histogram in (self.predicted, self.ttft, self.latency):
             yield histogram.family()

@@ -28,6 +28,9 @@ class FailureKind(StrEnum):
     STATUS = "status"  # the worker answered 5xx
 
 
+UNENCODABLE = "the request could not be encoded for this worker"  # a header with CR, LF or NUL
+
+
 class UpstreamError(Exception):
     """The exchange with the worker failed. ``kind``: connect (nothing was sent), timeout or io."""
 
@@ -152,6 +155,11 @@ class AiohttpUpstream:
             raise UpstreamError(FailureKind.CONNECT, describe(exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError(FailureKind.IO, describe(exc)) from None
+        except ValueError:  # refused before sending (a header with a control character): this worker's
+            # problem (its configured credential), so a failure to retry elsewhere; the text is not kept
+            raise UpstreamError(
+                FailureKind.CONNECT, "the request could not be encoded for this worker"
+            ) from None
         return _AiohttpResponse(resp)
 
     async def close(self) -> None:

@@ -105,6 +105,23 @@ class Router:
         self.feedback: dict[str, FeedbackStats] = {}
         self.on_change: ChangeHook | None = None
 
+    def retune(self, cfg: RoutingSettings) -> None:
+        """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
+        changed is rebuilt, its own state, such as a round-robin position, starting over), session
+        affinity and feedback tolerance. What sizes live state (``keys``, ``index``, ``trackers``,
+        ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
+        same = ("keys", "index", "trackers")
+        if any(getattr(cfg, k) != getattr(self.cfg, k) for k in same) or (
+            cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
+        ):
+            raise ValueError("retune: keys, index, trackers and sessions.max_sessions need a new Router")
+        if cfg.policy not in self.policies:
+            raise KeyError(f"unknown policy {cfg.policy!r}")
+        for spec in POLICIES:
+            if cfg.knobs(spec.name) != self.cfg.knobs(spec.name):
+                self.policies[spec.name] = spec.build(cfg.knobs(spec.name))
+        self.cfg = cfg
+
     # ------------------------------------------------------------ workers
 
     def add_worker(self, name: str, capacity_tokens: int | None = None, weight: float = 1.0) -> None:
