@@ -137,6 +137,11 @@ class PrefixIndex:
     def tokens_of(self, worker: str) -> int:
         return self.blocks_of(worker) * self.block_tokens
 
+    def fill(self, worker: str) -> float:
+        """The fraction of ``worker``'s capacity its entries use (1.0: full, an insert evicts)."""
+        lru = self._lru.get(worker)
+        return 0.0 if lru is None else len(lru) / self._cap_blocks[worker]
+
     def capacity_tokens(self, worker: str) -> int:
         """The learned capacity (what the index keeps for ``worker``)."""
         return self._cap_blocks.get(worker, 0) * self.block_tokens
