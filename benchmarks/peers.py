@@ -51,11 +51,11 @@ CELLS: tuple[Workload, ...] = (
         "mixed",  # the demo's: 32 chatbot tenants (2,048-token system prompts) + ShareGPT conversations
         ("tenants=32", "system_tokens=2048", "zipf_s=0.6", "output_tokens=16", "max_output_tokens=32"),
         {"cold": 5.0, "hot": 17.0},
-        500,
+        400,
     ),
-    Workload("agents", (), {"cold": 1.5, "hot": 4.2}, 500),  # tool-call loops, growing tool outputs
+    Workload("agents", (), {"cold": 1.5, "hot": 4.2}, 400),  # tool-call loops, growing tool outputs
     # the Mooncake conversation trace's first rows, 64 tokens of text per 512-token hash block
-    Workload("mooncake", ("block_tokens=64", "start_row=0"), {"cold": 4.0, "hot": 11.0}, 500),
+    Workload("mooncake", ("block_tokens=64", "start_row=0"), {"cold": 4.0, "hot": 11.0}, 400),
 )
 
 
@@ -78,7 +78,9 @@ ROUTERS: dict[str, RouterSpec] = {
     "vllm": RouterSpec("vllm-router cache_aware stock", "vllm-router", "cache_aware"),
     "vllm-nodelay": RouterSpec("vllm-router cache_aware +nodelay", "vllm-router", "cache_aware", True),
 }
-DEFAULT_ROUTERS = "prefix,sglang,sglang-nodelay,vllm,vllm-nodelay"
+DEFAULT_ROUTERS = (
+    "prefix,sglang,sglang-nodelay,vllm,vllm-nodelay"  # the +nodelay shim is a no-op on vllm-router
+)
 
 
 @dataclass(slots=True)
