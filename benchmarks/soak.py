@@ -62,7 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-total-blocks", type=int, default=50_000, help="router bound routing.max_total_blocks"
     )
     p.add_argument("--max-sessions", type=int, default=2_000, help="router bound routing.max_sessions")
-    p.add_argument("--upstream-client", default="aiohttp", choices=["aiohttp", "h1"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write samples and summary as JSON")
     p.add_argument("--plot", type=Path, help="write an RSS / index plot (PNG)")
@@ -128,7 +127,6 @@ def router_argv(opts: argparse.Namespace, engines: list[Engine], port: int, toke
         "routing.max_sessions": opts.max_sessions,
         "health.interval_s": 0.5,
         "health.fail_threshold": 2,
-        "upstream_client": opts.upstream_client,
         "log_level": "warning",
     }
     argv = [sys.executable, "-m", "prefix_router.proxy", "serve", "--port", str(port)]

@@ -25,7 +25,6 @@ from prefix_router.proxy.context import STATE, AppState
 from prefix_router.proxy.server import Running, start
 from prefix_router.sim.server import READY_PREFIX
 
-CLIENTS = ("aiohttp", "h1")
 QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 20}]}
 RR = {"x-prefix-router-policy": "round_robin"}
@@ -59,13 +58,11 @@ def worker_entry(worker: Any) -> Any:
 
 @pytest.fixture
 async def start_router() -> AsyncIterator[RouterFactory]:
-    """``await start_router(engine_a, engine_b, settings={...}, client="h1")``; stopped afterwards."""
+    """``await start_router(engine_a, engine_b, settings={...})``; stopped afterwards."""
     handles: list[RouterHandle] = []
 
-    async def make(
-        *workers: Any, settings: dict[str, Any] | None = None, client: str = "aiohttp"
-    ) -> RouterHandle:
-        overrides = {**QUIET, "upstream_client": client, "workers": [worker_entry(w) for w in workers]}
+    async def make(*workers: Any, settings: dict[str, Any] | None = None) -> RouterHandle:
+        overrides = {**QUIET, "workers": [worker_entry(w) for w in workers]}
         config = load_config(env={}, overrides={**overrides, **(settings or {})})
         app = create_app(config)
         running = await start(app, shutdown_timeout=0.5, keepalive_timeout=config.timeouts.client_header_s)
@@ -356,7 +353,6 @@ async def sim_process() -> AsyncIterator[SimFactory]:
 class Kit:
     CHAT = CHAT
     RR = RR
-    CLIENTS = CLIENTS
 
     @staticmethod
     async def wait_until(
