@@ -154,6 +154,7 @@ class Config(Section):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     session_header: str = Field(default="x-session-id", min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    processes: int = Field(default=0, ge=0, le=256)  # serving processes on the port; 0: one per core
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("workers", mode="before")

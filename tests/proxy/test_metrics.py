@@ -70,3 +70,28 @@ def test_histogram_edges() -> None:
     for value in (1.0, 1.5, 2.0, 3.0):
         hist.observe(value)
     assert hist.counts == [1, 2, 1] and hist.count == 4 and hist.sum == 7.5
+
+
+def test_other_processes_snapshots_are_added_at_scrape_time() -> None:
+    """``serve --processes``: any process's /metrics counts every process's requests."""
+    mine, _ = metrics_with("a")
+    theirs, their_pool = metrics_with("a")
+    mine.request_done("a", "prefix", 200)
+    theirs.request_done("a", "prefix", 200)
+    theirs.request_done("a", "prefix", 502)
+    theirs.latency.observe(0.003)
+    their_pool.acquire(their_pool.require("a"))
+    mine.peers = lambda: [
+        theirs.snapshot(),
+        b"not json",
+        b"[1]",
+        b'{"counters": {"prefix_router_requests": 5}}',
+    ]
+    got = samples(mine)
+    key = (("policy", "prefix"), ("status", "200"), ("worker", "a"))
+    assert got[("prefix_router_requests_total", key)] == 2
+    assert (
+        got[("prefix_router_requests_total", (("policy", "prefix"), ("status", "502"), ("worker", "a")))] == 1
+    )
+    assert got[("prefix_router_request_seconds_count", ())] == 1
+    assert got[("prefix_router_in_flight", (("worker", "a"),))] == 1

@@ -9,6 +9,12 @@ the throughput run, then sorts every sample into one stage of a request's trip:
 - a stack with no such frame is sorted by its library frames (aiohttp's server side: ``server``);
 - what is left is the event loop itself: polling, callbacks, socket reads and writes it does in C.
 
+Stages: ``parse`` (reading and decoding the body), ``key`` (routing key and block hashes), ``route`` (the
+decision and the routing core's bookkeeping), ``forward`` (the upstream request until its answer's head),
+``relay`` (the answer to the client), ``accounting`` (in-flight counts, reply accumulation, deadlines),
+``metrics``, ``logging``, ``share`` (the other processes' view, ``serve --processes``), ``server``
+(aiohttp's request handling outside the router's code) and ``loop``.
+
 Shares of samples times the measured CPU per request give microseconds per request and stage.
 """
 
@@ -21,12 +27,16 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-STAGES = ("parse", "key", "route", "forward", "relay", "accounting", "metrics", "logging", "server", "loop")
+STAGES = (
+    "parse", "key", "route", "forward", "relay", "accounting", "metrics", "logging", "share", "server",
+    "loop",
+)  # fmt: skip
 
 # (stage, substring of a frame "function (path:line)"), tried in order on each of the router's own frames
 OWN_RULES: tuple[tuple[str, str], ...] = (
     ("logging", "logging/"),
     ("metrics", "proxy/metrics.py"),
+    ("share", "replication/"),
     ("key", "routing/keys.py"),
     ("key", "routing/hashing.py"),
     ("route", "routing/"),
@@ -64,6 +74,8 @@ LOOP_FRAMES = ("run_app ", "run_until_complete ", "run_forever ", "run ", "_run_
 def stage_of(frames: list[str]) -> str:
     """The stage one sampled stack (outermost frame first) belongs to."""
     for frame in reversed(frames):
+        if "logging/" in frame:
+            return "logging"
         if "prefix_router/" not in frame or "prefix_router/proxy/server.py" in frame:
             continue
         for stage, needle in OWN_RULES:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefix_router.config import Config, load_config
 from prefix_router.routing.policies import POLICY_NAMES
 from prefix_router.settings import ConfigError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,6 +32,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--policy", help=f"routing policy: {', '.join(POLICY_NAMES)} (default: prefix)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        help="serving processes sharing the port and the prefix view (0: one per core)",
+    )
     serve.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
     serve.add_argument(
         "--state",
@@ -68,6 +80,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "port": args.port,
         "record.file": args.record,
         "state.url": args.state,
+        "processes": args.processes,
     }
     out.update({k: v for k, v in flags.items() if v is not None})
     out.update(discovery_flags(args))
@@ -117,17 +130,37 @@ def effective_yaml(config: Config) -> str:
 
 def run_serve(args: argparse.Namespace) -> int:
     from prefix_router.proxy.app import create_app
-    from prefix_router.proxy.server import run
+    from prefix_router.proxy.processes import process_count, supervise
 
     try:
         config = build_config(args)
-        app = create_app(config)
+        app = create_app(config)  # also checks the config before any process starts
     except ConfigError as exc:
         print(f"prefix-router serve: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(effective_yaml(config), end="")
         return 0
+    count = process_count(config.processes)
+    if count == 1:
+        serve_app(app, config, reuse_port=False)
+        return 0
+    del app  # each process builds its own
+
+    def serve_one(index: int, directory: Path) -> None:
+        from prefix_router.proxy.processes import install_local_state
+
+        child = create_app(config)
+        install_local_state(child, directory, index, count)
+        serve_app(child, config, reuse_port=True)
+
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    return supervise(config, count, serve_one)
+
+
+def serve_app(app: web.Application, config: Config, reuse_port: bool) -> None:
+    from prefix_router.proxy.server import run
+
     timeouts = config.timeouts
     run(
         app,
@@ -137,5 +170,5 @@ def run_serve(args: argparse.Namespace) -> int:
         config.log_level,
         timeouts.shutdown_s,
         timeouts.client_header_s,
+        reuse_port=reuse_port,
     )
-    return 0

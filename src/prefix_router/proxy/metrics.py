@@ -7,9 +7,12 @@ built when ``/metrics`` is scraped. Every labelled metric holds at most ``max_se
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -50,11 +53,21 @@ class CounterSet:
         for key in [k for k in self.values if k[position] == value]:
             del self.values[key]
 
-    def family(self) -> Metric:
+    def family(self, others: Iterable[list[list[Any]]] = ()) -> Metric:
+        """The Prometheus family, with other processes' series (``snapshot`` lists) added in."""
+        values = dict(self.values)
+        for series in others:
+            for labels, value in series:
+                key = tuple(str(v) for v in labels)
+                if len(key) == len(self.labels) and isinstance(value, int | float):
+                    values[key] = values.get(key, 0.0) + value
         family = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
-        for key, value in self.values.items():
+        for key, value in values.items():
             family.add_metric(list(key), value)
         return family
+
+    def snapshot(self) -> list[list[Any]]:
+        return [[list(key), value] for key, value in self.values.items()]
 
 
 class FastHistogram:
@@ -74,12 +87,33 @@ class FastHistogram:
     def count(self) -> int:
         return sum(self.counts)
 
-    def family(self) -> Metric:
+    def family(self, others: Iterable[dict[str, Any]] = ()) -> Metric:
+        """The Prometheus family, with other processes' counts (``snapshot`` dicts) added in."""
+        counts, total = list(self.counts), self.sum
+        for other in others:
+            theirs = other.get("counts")
+            if isinstance(theirs, list) and len(theirs) == len(counts):
+                counts = [a + int(b) for a, b in zip(counts, theirs, strict=True)]
+                total += float(other.get("sum", 0.0))
         cumulative, running = [], 0
-        for bound, n in zip([*map(_bound, self.bounds), "+Inf"], self.counts, strict=True):
+        for bound, n in zip([*map(_bound, self.bounds), "+Inf"], counts, strict=True):
             running += n
             cumulative.append((bound, float(running)))
-        return HistogramMetricFamily(self.name, self.doc, buckets=cumulative, sum_value=self.sum)
+        return HistogramMetricFamily(self.name, self.doc, buckets=cumulative, sum_value=total)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": self.counts, "sum": self.sum}
+
+
+def _part(snapshot: dict[str, Any], section: str, name: str, kind: type) -> Any:
+    """``snapshot[section][name]`` when it is a ``kind``, else an empty one (a bad snapshot adds nothing)."""
+    table = snapshot.get(section)
+    value = table.get(name) if isinstance(table, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else kind()
+
+
+def _count(value: int) -> int:
+    return max(0, value)
 
 
 def _bound(value: float) -> str:
@@ -117,6 +151,34 @@ class ProxyMetrics(Collector):
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        # other serving processes' latest snapshots (``serve --processes``), added in at scrape time
+        self.peers: Callable[[], list[bytes]] = list
+
+    def _counters(self) -> tuple[CounterSet, ...]:
+        return (self.requests, self.branches, self.cached, self.upstream_errors, self.rejected, self.retries,
+                self.record_dropped)  # fmt: skip
+
+    def _histograms(self) -> tuple[FastHistogram, ...]:
+        return (self.predicted, self.ttft, self.latency)
+
+    def snapshot(self) -> bytes:
+        """This process's counters, histograms and in-flight counts, for the other processes' scrapes."""
+        return orjson.dumps(
+            {
+                "counters": {c.name: c.snapshot() for c in self._counters()},
+                "histograms": {h.name: h.snapshot() for h in self._histograms()},
+                "in_flight": {w.name: w.in_flight for w in self._pool},
+            }
+        )
+
+    def _peer_snapshots(self) -> list[dict[str, Any]]:
+        out = []
+        for raw in self.peers():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                data = orjson.loads(raw)
+                if isinstance(data, dict):
+                    out.append(data)
+        return out
 
     def request_done(self, worker: str, policy: str, status: int) -> None:
         self.requests.inc((worker, policy, str(status)))
@@ -133,19 +195,20 @@ class ProxyMetrics(Collector):
             counter.forget(0, worker)
 
     def collect(self) -> Iterator[Metric]:
-        for counter in (self.requests, self.branches, self.cached, self.upstream_errors, self.rejected,
-                        self.retries, self.record_dropped):  # fmt: skip
-            yield counter.family()
-        for histogram in (self.predicted, self.ttft, self.latency):
-            yield histogram.family()
-        yield from self._pool_gauges()
+        peers = self._peer_snapshots()
+        for counter in self._counters():
+            yield counter.family(_part(p, "counters", counter.name, list) for p in peers)
+        for histogram in self._histograms():
+            yield histogram.family(_part(p, "histograms", histogram.name, dict) for p in peers)
+        yield from self._pool_gauges(peers)
 
-    def _pool_gauges(self) -> Iterator[Metric]:
+    def _pool_gauges(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily("prefix_router_in_flight", "Requests in flight", labels=["worker"])
         healthy = GaugeMetricFamily("prefix_router_worker_healthy", "1 when healthy", labels=["worker"])
         draining = GaugeMetricFamily("prefix_router_worker_draining", "1 when draining", labels=["worker"])
         for w in self._pool:
-            in_flight.add_metric([w.name], w.in_flight)
+            others = sum(_count(_part(p, "in_flight", w.name, int)) for p in peers)
+            in_flight.add_metric([w.name], w.in_flight + others)
             healthy.add_metric([w.name], 1.0 if w.health.healthy else 0.0)
             draining.add_metric([w.name], 1.0 if w.draining else 0.0)
         yield from (in_flight, healthy, draining)

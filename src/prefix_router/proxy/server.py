@@ -86,8 +86,10 @@ def run(
     log_level: str = "info",
     shutdown_timeout: float = SHUTDOWN_TIMEOUT_S,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
+    reuse_port: bool = False,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; then stop accepting and let in-flight requests finish (bounded)."""
+    """Serve until SIGINT/SIGTERM; then stop accepting and let in-flight requests finish (bounded).
+    ``reuse_port``: share the port with the other processes of ``serve --processes`` (``SO_REUSEPORT``)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_gc()
     loop = loop_factory(event_loop)()
@@ -101,5 +103,6 @@ def run(
         handler_cancellation=True,
         shutdown_timeout=shutdown_timeout,
         keepalive_timeout=keepalive_timeout,
+        reuse_port=reuse_port or None,
         print=lambda msg: logging.getLogger("prefix_router").info("%s", msg),
     )

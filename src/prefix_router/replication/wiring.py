@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -61,10 +62,15 @@ def install(
     return slot
 
 
-class StateCollector(Collector):
-    """``prefix_router_state_<counter>_total`` counters and ``prefix_router_state_<gauge>`` gauges."""
+class HasStats(Protocol):
+    def stats(self) -> dict[str, float]: ...
 
-    def __init__(self, slot: StateSlot) -> None:
+
+class StateCollector(Collector):
+    """``prefix_router_state_<counter>_total`` counters and ``prefix_router_state_<gauge>`` gauges, from a
+    ``StateSlot`` (Redis) or a ``LocalState`` (``serve --processes``)."""
+
+    def __init__(self, slot: HasStats) -> None:
         self.slot = slot
 
     def collect(self) -> Iterator[Metric]:

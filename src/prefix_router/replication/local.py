@@ -1,0 +1,322 @@
+"""LocalState: the processes of one ``serve --processes N`` share their prefix view, their in-flight counts
+and any small snapshot (metrics) over Unix datagram sockets in a private directory.
+
+The same protocol as the Redis replication (``sync``), over a local channel: every process binds
+``<directory>/<index>.sock``; the router's change hook puts index changes in a bounded ``Outbox``; a task
+drains it into datagrams (``codec`` batches, at most ``max_datagram`` bytes each) sent to every other
+process; a reader applies the others' changes with ``Router.apply``. Times travel as ages (the processes
+share a clock, but the codec is the Redis one). Every ``load_interval_s`` each process sends its own
+in-flight counts per worker; the others' counts are summed into the load view
+(``LoadTracker.set_remote_in_flight``) and forgotten after ``load_ttl_s`` without news. Snapshots
+(``publish_snapshot``) are kept per sending process, latest only, for ``snapshots``.
+
+Failures never block routing: a datagram that cannot be sent (a process restarting, a full receive
+queue) is dropped and counted (``publish_failures``); the next changes carry on.
+Measured against Redis Streams on this machine: see docs/benchmarks.md ("Several processes").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
+from prefix_router.replication.outbox import Outbox
+from prefix_router.replication.stats import StateStats
+from prefix_router.routing.router import ChangeHook, IndexChange, Router
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+CHANGES, LOAD, SNAPSHOT = b"C", b"L", b"S"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalConfig:
+    """Bounds and intervals of the local channel."""
+
+    outbox_capacity: int = 50_000
+    batch_max: int = 128
+    max_datagram: int = 60_000
+    socket_buffer_bytes: int = 4 * 1024 * 1024
+    load_interval_s: float = 0.05
+    load_ttl_s: float = 2.0
+    max_snapshot_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if min(self.outbox_capacity, self.batch_max, self.max_datagram, self.socket_buffer_bytes) <= 0:
+            raise ValueError("local channel bounds must be positive")
+        if self.load_interval_s <= 0 or self.load_ttl_s <= 0:
+            raise ValueError("local channel intervals must be positive")
+
+
+@dataclass(slots=True)
+class _Peer:
+    index: int
+    path: str
+    load: dict[str, int]
+    load_at: float | None = None
+    snapshot: bytes | None = None
+
+
+class LocalState:
+    """This process's side of the local channel (``index`` of ``count`` processes in ``directory``)."""
+
+    def __init__(
+        self,
+        router: Router,
+        directory: Path,
+        index: int,
+        count: int,
+        cfg: LocalConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if not 0 <= index < count:
+            raise ValueError("process index out of range")
+        self.router, self.index, self.clock = router, index, clock
+        self.cfg = cfg or LocalConfig()
+        self.outbox = Outbox(self.cfg.outbox_capacity)
+        self.counters = StateStats()
+        self.peers = {i: _Peer(i, str(directory / f"{i}.sock"), {}) for i in range(count) if i != index}
+        self._path = directory / f"{index}.sock"
+        self._sock = _bind(self._path, self.cfg.socket_buffer_bytes)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._previous_hook: ChangeHook | None = None
+        self._reading = False
+        self.ready = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, run_tasks: bool = True) -> None:
+        self._hook()
+        self.ready = True
+        if run_tasks:
+            asyncio.get_running_loop().add_reader(self._sock.fileno(), self._on_readable)
+            self._reading = True
+            for loop in (self._flush_loop, self._load_loop):
+                self._tasks.append(asyncio.create_task(loop(), name=f"local-state-{loop.__name__}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.flush()
+        if self._reading:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._reading = False
+        self._unhook()
+        self.ready = False
+        self._sock.close()
+        with contextlib.suppress(OSError):
+            self._path.unlink()
+
+    def stats(self) -> dict[str, float]:
+        out = self.counters.as_dict()
+        out.update(
+            failures=float(self.counters.failures),
+            outbox_size=float(len(self.outbox)),
+            outbox_dropped=float(self.outbox.dropped),
+            ready=float(self.ready),
+            remote_replicas=float(sum(1 for p in self.peers.values() if self._fresh(p))),
+        )
+        return out
+
+    # ------------------------------------------------------------ router hook
+
+    def _hook(self) -> None:
+        if self.router.on_change != self._on_change:
+            self._previous_hook = self.router.on_change
+            self.router.on_change = self._on_change
+
+    def _unhook(self) -> None:
+        if self.router.on_change == self._on_change:
+            self.router.on_change = self._previous_hook
+
+    def _on_change(self, change: IndexChange) -> None:
+        self.outbox.put(change)
+        if self._previous_hook is not None:
+            self._previous_hook(change)
+
+    # ------------------------------------------------------------ sending
+
+    def flush_once(self) -> int:
+        """Send up to ``batch_max`` queued changes to every other process; returns how many."""
+        changes = self.outbox.take(self.cfg.batch_max)
+        if not changes:
+            return 0
+        for datagram in self._datagrams(changes):
+            self._broadcast(CHANGES + datagram)
+            self.counters.published_entries += 1
+        self.counters.published_changes += len(changes)
+        return len(changes)
+
+    def flush(self) -> None:
+        while self.flush_once():
+            pass
+
+    def _datagrams(self, changes: Sequence[IndexChange]) -> list[bytes]:
+        """Encoded batches under ``max_datagram`` bytes each (a change too big alone is counted, not sent)."""
+        now, size = self.clock(), 0
+        batches: list[bytes] = []
+        parts: list[bytes] = []
+        for change in changes:
+            try:
+                part = encode_change(change, max(0.0, now - change.at))
+            except CodecError:
+                self.counters.encode_errors += 1
+                continue
+            if len(part) + 4 > self.cfg.max_datagram:
+                self.counters.encode_errors += 1
+                continue
+            if parts and size + len(part) + 4 > self.cfg.max_datagram:
+                batches.append(encode_batch(parts))
+                parts, size = [], 0
+            parts.append(part)
+            size += len(part)
+        if parts:
+            batches.append(encode_batch(parts))
+        return batches
+
+    def _broadcast(self, datagram: bytes) -> None:
+        for peer in self.peers.values():
+            try:
+                self._sock.sendto(datagram, peer.path)
+            except OSError:  # not started yet, restarting, or its queue is full: dropped, counted
+                self.counters.publish_failures += 1
+
+    def send_load(self) -> None:
+        """Tell the other processes this one's in-flight counts per worker."""
+        workers = self.router.workers()
+        local = {w: n for w in workers if (n := self.router.load.in_flight(w)) > 0}
+        self._broadcast(LOAD + orjson.dumps(local))
+
+    def publish_snapshot(self, payload: bytes) -> None:
+        """Send a small snapshot (bounded by ``max_snapshot_bytes``) that the others keep, latest only."""
+        if len(payload) + 1 > min(self.cfg.max_snapshot_bytes, self.cfg.socket_buffer_bytes // 2):
+            self.counters.encode_errors += 1
+            return
+        self._broadcast(SNAPSHOT + payload)
+
+    def snapshots(self) -> list[bytes]:
+        """The latest snapshot of every other process that sent one."""
+        return [p.snapshot for p in self.peers.values() if p.snapshot is not None]
+
+    # ------------------------------------------------------------ receiving
+
+    def read_once(self) -> int:
+        """Handle every datagram waiting; returns how many index changes were applied."""
+        applied = 0
+        while True:
+            try:
+                data, sender = self._sock.recvfrom(self.cfg.max_snapshot_bytes + 1)
+            except (BlockingIOError, InterruptedError):
+                return applied
+            applied += self._handle(data, sender)
+
+    def _on_readable(self) -> None:
+        self.read_once()
+
+    def _handle(self, data: bytes, sender: object) -> int:
+        peer = self._peer(sender)
+        self.counters.received_entries += 1
+        kind, payload = data[:1], data[1:]
+        if peer is None:
+            self.counters.decode_errors += 1
+            return 0
+        if kind == CHANGES:
+            return self._apply(payload)
+        if kind == LOAD:
+            self._take_load(peer, payload)
+        elif kind == SNAPSHOT:
+            peer.snapshot = payload
+        else:
+            self.counters.decode_errors += 1
+        return 0
+
+    def _peer(self, sender: object) -> _Peer | None:
+        name = sender.decode() if isinstance(sender, bytes) else str(sender)
+        stem = Path(name).stem
+        return self.peers.get(int(stem)) if stem.isdigit() else None
+
+    def _apply(self, payload: bytes) -> int:
+        try:
+            changes = decode_batch(payload)
+        except CodecError:
+            self.counters.decode_errors += 1
+            return 0
+        now, workers, applied = self.clock(), set(self.router.workers()), 0
+        for change in changes:
+            if change.worker in workers:
+                self.router.apply(change.at(now))
+                applied += 1
+            else:
+                self.counters.unknown_worker_changes += 1
+        self.counters.applied_changes += applied
+        return applied
+
+    def _take_load(self, peer: _Peer, payload: bytes) -> None:
+        try:
+            table = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self.counters.decode_errors += 1
+            return
+        if not isinstance(table, dict):
+            self.counters.decode_errors += 1
+            return
+        workers = set(self.router.workers())
+        peer.load = {k: v for k, v in table.items() if k in workers and type(v) is int and v >= 0}
+        peer.load_at = self.clock()
+        self._set_remote_load()
+
+    def _fresh(self, peer: _Peer) -> bool:
+        return peer.load_at is not None and self.clock() - peer.load_at <= self.cfg.load_ttl_s
+
+    def _set_remote_load(self) -> None:
+        totals = dict.fromkeys(self.router.workers(), 0)
+        for peer in self.peers.values():
+            if self._fresh(peer):
+                for worker, count in peer.load.items():
+                    if worker in totals:
+                        totals[worker] += count
+        for worker, count in totals.items():
+            self.router.load.set_remote_in_flight(worker, count)
+
+    def sync_load(self) -> None:
+        """Send this process's counts and refresh the remote view (forgetting stale processes)."""
+        self.send_load()
+        self._set_remote_load()
+
+    # ------------------------------------------------------------ background tasks
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self.outbox.wait()
+            self.flush()
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.load_interval_s)
+            self.sync_load()
+
+
+def _bind(path: Path, buffer_bytes: int) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    sock.bind(str(path))
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, buffer_bytes)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,55 @@
+"""Sorting py-spy samples into the stages of a request's trip through the router."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from prefix_router.bench.profile import breakdown, per_request, stage_of
+
+ROOT = "run_app (aiohttp/web.py:502);_handle_request (aiohttp/web_protocol.py:577)"
+HANDLER = ROOT + ";routed (prefix_router/proxy/handlers.py:81)"
+EXCHANGE = HANDLER + ";Exchange.run (prefix_router/proxy/exchange.py:82)"
+
+
+@pytest.mark.parametrize(
+    ("stack", "stage"),
+    [
+        (
+            HANDLER + ";parse (prefix_router/proxy/parse.py:107);build (prefix_router/routing/keys.py:247)",
+            "key",
+        ),
+        (HANDLER + ";parse_json (prefix_router/proxy/parse.py:62)", "parse"),
+        (EXCHANGE + ";Exchange.choose (x);match (prefix_router/routing/index.py:95)", "route"),
+        (EXCHANGE + ";Exchange.attempt (x);send (prefix_router/proxy/http_client.py:1)", "forward"),
+        (EXCHANGE + ";write_eof (aiohttp/web_response.py:820)", "relay"),
+        (
+            HANDLER
+            + ";settle (prefix_router/proxy/accounting.py:78);inc (prefix_router/proxy/metrics.py:40)",
+            "metrics",
+        ),
+        (HANDLER + ";settle (prefix_router/proxy/accounting.py:78)", "accounting"),
+        (HANDLER + ";warning (logging/__init__.py:1500)", "logging"),
+        (ROOT + ";data_received (aiohttp/web_protocol.py:446)", "server"),
+        (ROOT + ";_on_readable (prefix_router/replication/local.py:240)", "share"),
+        ("run_app (aiohttp/web.py:502)", "loop"),
+    ],
+)
+def test_each_sample_lands_in_its_stage(stack: str, stage: str) -> None:
+    assert stage_of(stack.split(";")) == stage
+
+
+def test_breakdown_and_per_request_shares() -> None:
+    lines = [
+        HANDLER + ";parse_json (prefix_router/proxy/parse.py:62) 30\n",
+        "run_app (aiohttp/web.py:502) 10\n",
+        "junk\n",
+    ]
+    samples = breakdown(lines)
+    assert samples == Counter({"parse": 30, "loop": 10})
+    stages = per_request(samples, 400e-6)
+    assert (
+        stages["parse"] == pytest.approx(300) and stages["loop"] == pytest.approx(100) and stages["key"] == 0
+    )
+    assert per_request(Counter(), 1.0) == {}

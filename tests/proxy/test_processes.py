@@ -1,0 +1,139 @@
+"""``serve --processes N``: several processes on one port, one prefix view, one /metrics view, one stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from prefix_router.proxy.processes import process_count
+
+PATH = "/v1/chat/completions"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "a shared prefix for every request " * 8}]}
+
+
+def test_zero_processes_means_one_per_core() -> None:
+    assert process_count(0) == (os.cpu_count() or 1) and process_count(3) == 3
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.returncode is None, "the router exited early"
+        try:
+            async with http.get(url + "/ready") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError("not ready")
+
+
+async def served_by(url: str) -> int:
+    """One request on a fresh connection (the kernel picks the process); returns its status."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http, http.post(url + PATH, json=CHAT) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> dict[Any, float]:
+    async with http.get(url + "/metrics") as resp:
+        return samples(await resp.text(), name)
+
+
+@pytest.mark.timeout(120)
+async def test_two_processes_share_the_port_the_view_and_metrics(fake_engine: Any, free_port: Any) -> None:
+    engine = await fake_engine("a")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "prefix_router.proxy", "serve", "--worker", f"a={engine.url}", "--port", str(port)]
+    argv += ["--processes", "2", "--set", "log_level=warning", "--set", "scrape.interval_s=3600"]
+    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+            statuses = [await served_by(url) for _ in range(20)]
+            assert statuses == [200] * 20
+            await asyncio.sleep(1.5)  # every process sends its counters once a second
+            seen = []
+            for _ in range(6):  # whichever process answers the scrape, it counts all 20 requests
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+                    requests = await metric(fresh, url, "prefix_router_requests_total")
+                    applied = await metric(fresh, url, "prefix_router_state_applied_changes_total")
+                seen.append(sum(applied.values()))
+                assert sum(requests.values()) == 20
+            assert max(seen) > 0  # index changes crossed between the processes
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_process_is_replaced_and_the_supervisor_takes_its_children_along(
+    fake_engine: Any, free_port: Any
+) -> None:
+    engine = await fake_engine("a")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "prefix_router.proxy", "serve", "--worker", f"a={engine.url}", "--port", str(port)]
+    argv += ["--processes", "2", "--set", "log_level=warning"]
+    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+        first = children(proc.pid)
+        assert len(first) == 2
+        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while len(set(children(proc.pid)) - {first[0]}) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        now = children(proc.pid)
+        assert len(now) == 2 and first[0] not in now
+        assert await served_by(url) == 200
+        proc.kill()  # the supervisor dies without a word: its children get SIGTERM from the kernel
+        await proc.wait()
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in now) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not any(alive(pid) for pid in now)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
