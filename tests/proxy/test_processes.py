@@ -7,20 +7,26 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefix_router.proxy.processes import process_count
+from prefix_router.proxy.processes import process_count, usable_cores
 
 PATH = "/v1/chat/completions"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "a shared prefix for every request " * 8}]}
 
 
-def test_zero_processes_means_one_per_core() -> None:
-    assert process_count(0) == (os.cpu_count() or 1) and process_count(3) == 3
+def test_zero_processes_means_one_per_usable_core(tmp_path: Path) -> None:
+    assert process_count(0) == usable_cores() == len(os.sched_getaffinity(0)) and process_count(3) == 3
+    limit = tmp_path / "cpu.max"
+    limit.write_text("150000 100000\n")  # a container limited to 1.5 CPUs
+    assert usable_cores(limit) == min(2, len(os.sched_getaffinity(0)))
+    limit.write_text("max 100000\n")
+    assert usable_cores(limit) == len(os.sched_getaffinity(0))
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

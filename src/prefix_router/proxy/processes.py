@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -42,8 +43,19 @@ METRICS_INTERVAL_S = 1.0
 
 
 def process_count(configured: int) -> int:
-    """``processes`` from config: 0 means one per core."""
-    return configured if configured > 0 else max(1, os.cpu_count() or 1)
+    """``processes`` from config: 0 means one per core this process may use."""
+    return configured if configured > 0 else usable_cores()
+
+
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """Cores this process may run on (CPU affinity), capped by a cgroup v2 CPU quota (a container's CPU
+    limit): ``os.cpu_count()`` would count every core of a Kubernetes node."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    return max(1, cores)
 
 
 def install_local_state(app: web.Application, directory: Path, index: int, count: int) -> None:
