@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +23,10 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from prefix_router.launch.net import free_port
+
 SMALL = {"model": "instant", "messages": [{"role": "user", "content": "hi"}]}
 VARIANTS = {"thread (default)": [], "event loop": ["--set", f"limits.parse_in_thread_bytes={10**12}"]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -5,7 +5,8 @@ does). Modes, all over the same requests and engines (``prefix_router.sim``'s cl
 
 - ``single``: one router sees everything (the target);
 - ``independent``: N replicas, each with only its own view (no shared state);
-- ``shared-index``: N replicas sharing index changes through a real redis-server (``prefix_router.replication``);
+- ``shared-index``: N replicas sharing index changes through a real redis-server
+  (``prefix_router.replication``);
 - ``shared``: the same plus shared in-flight counts (``sync_load`` every ``load_interval_s`` of simulated
   time, as the background task does every 0.5 s by default);
 - ``local``: N processes of one ``serve --processes N`` sharing index changes and in-flight counts over
@@ -43,8 +44,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.replication import RedisReplication, ReplicationSettings
+from prefix_router.replication.connect import make_client
+from prefix_router.replication.local import LocalReplication
 from prefix_router.routing.router import IndexChange, Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import RouteRequest
 from prefix_router.sim.engine import EngineEvent
 from prefix_router.sim.profiles import DEFAULT_PROFILE, get_profile
@@ -52,9 +56,6 @@ from prefix_router.sim.requests import RequestSource, SimRequest
 from prefix_router.sim.run import Scenario, trace_scenario, workload_scenario
 from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.sim.stats import details, summarize
-from prefix_router.replication import RedisState, StateConfig
-from prefix_router.replication.connect import make_client
-from prefix_router.replication.local import LocalState
 
 MODES = ("single", "independent", "shared-index", "shared", "local")
 
@@ -103,17 +104,17 @@ class RedisSync:
         self.url, self.key = url, key
         self.interval_s, self.share_load, self.load_interval_s = interval_s, share_load, load_interval_s
         self.loop = asyncio.new_event_loop()
-        self.states: list[RedisState] = []
+        self.states: list[RedisReplication] = []
         self.now = 0.0
         self._last = self._last_load = -1e18
         self.sync_seconds = 0.0
         self.syncs = 0
 
     def attach(self, routers: list[Router]) -> None:
-        cfg = StateConfig(key_prefix=self.key, stream_maxlen=200_000)
+        cfg = ReplicationSettings(key_prefix=self.key, stream_maxlen=200_000)
         for i, router in enumerate(routers):
             client, reader = make_client(self.url, cfg, 5.0, 2), make_client(self.url, cfg, 5.0, 1)
-            state = RedisState(router, client, reader, f"replica-{i}", cfg, clock=lambda: self.now)
+            state = RedisReplication(router, client, reader, f"replica-{i}", cfg, clock=lambda: self.now)
             self.loop.run_until_complete(state.start(run_tasks=False))
             self.states.append(state)
 
@@ -154,7 +155,7 @@ class LocalSync:
         self.interval_s, self.load_interval_s = interval_s, load_interval_s
         self.directory = Path(tempfile.mkdtemp(prefix="pr-bench-"))
         self.loop = asyncio.new_event_loop()
-        self.states: list[LocalState] = []
+        self.states: list[LocalReplication] = []
         self.now = 0.0
         self._last = self._last_load = -1e18
         self.sync_seconds = 0.0
@@ -162,7 +163,7 @@ class LocalSync:
 
     def attach(self, routers: list[Router]) -> None:
         for i, router in enumerate(routers):
-            state = LocalState(router, self.directory, i, len(routers), clock=lambda: self.now)
+            state = LocalReplication(router, self.directory, i, len(routers), clock=lambda: self.now)
             self.loop.run_until_complete(state.start(run_tasks=False))
             self.states.append(state)
 
@@ -208,7 +209,7 @@ class ReplicatedSimulation(ClusterSimulation):
         spec: ClusterSpec,
         policy: str,
         source: RequestSource,
-        routing: RoutingConfig,
+        routing: RoutingSettings,
         replicas: int,
         sync: RedisSync | LocalSync | None,
     ) -> None:
@@ -220,7 +221,7 @@ class ReplicatedSimulation(ClusterSimulation):
         if sync is not None:
             sync.attach(self.routers)
 
-    def _replica(self, routing: RoutingConfig, i: int) -> Router:
+    def _replica(self, routing: RoutingSettings, i: int) -> Router:
         router = self._router(routing)
         router.rng = random.Random(f"router:{self.spec.seed}:{i}")
         return router
@@ -277,11 +278,13 @@ def run_mode(scenario: Scenario, mode: str, args: argparse.Namespace, url: str |
     finally:
         if sync is not None:
             sync.close()
-    row = {"mode": mode, "replicas": replicas, **summarize(result.recorder)}
-    row["details"] = details(result.recorder, result.wall_s)
+    row = {"mode": mode, "replicas": replicas, **summarize(result.stats)}
+    row["details"] = details(result.stats, result.wall_s)
     if sync is not None:
         row["redis" if isinstance(sync, RedisSync) else "local"] = {
-            **sync.totals(), "syncs": sync.syncs, "sync_wall_s": sync.sync_seconds
+            **sync.totals(),
+            "syncs": sync.syncs,
+            "sync_wall_s": sync.sync_seconds,
         }
     return row
 
@@ -291,11 +294,11 @@ def run_mode(scenario: Scenario, mode: str, args: argparse.Namespace, url: str |
 
 async def propagation(url: str, changes: int, rate: float) -> dict[str, float]:
     """Real publish-to-apply latency between two replicas with their background tasks (loopback Redis)."""
-    routers = [Router(RoutingConfig()) for _ in range(2)]
+    routers = [Router(RoutingSettings()) for _ in range(2)]
     for router in routers:
         router.add_worker("w")
-    cfg = StateConfig(key_prefix=f"bench:propagation:{time.time_ns()}")
-    states = [RedisState(r, make_client(url, cfg, 2.0, 4), make_client(url, cfg, 3.0, 1), f"p{i}", cfg)
+    cfg = ReplicationSettings(key_prefix=f"bench:propagation:{time.time_ns()}")
+    states = [RedisReplication(r, make_client(url, cfg, 2.0, 4), make_client(url, cfg, 3.0, 1), f"p{i}", cfg)
               for i, r in enumerate(routers)]  # fmt: skip
     sent: dict[int, float] = {}
     latencies: list[float] = []

@@ -4,9 +4,9 @@ resident memory, descriptors and tables sampled as it runs.
 
 The traffic mixes multi-turn conversations (with session ids, so the session table churns), one-off prompts
 over shared system prompts (so the prefix index fills up and evicts), completions, streams and not, several
-tenants (``routing.isolate_tenants``), and two injected faults: clients that hang up mid-stream, and (with
-``--kill-every``) an engine killed with SIGKILL and restarted on its address a few seconds later. Small
-table bounds are configured so that they bind within minutes.
+tenants (``routing.keys.isolate_tenants``), and two injected faults: clients that hang up mid-stream, and
+(with ``--kill-every``) an engine killed with SIGKILL and restarted on its address a few seconds later.
+Small table bounds are configured so that they bind within minutes.
 
     python benchmarks/soak.py --duration 600 --kill-every 60 \
         --out benchmarks/results/soak.json --plot docs/figures/soak_rss.png
@@ -26,7 +26,6 @@ import random
 import secrets
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,9 @@ import psutil  # type: ignore[import-untyped,unused-ignore]
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from prefix_router.launch.net import free_port
+from prefix_router.protocol import SESSION_HEADER
 
 READY_PREFIX = "ENGINE-SIM READY "
 MIB = 1024 * 1024
@@ -59,9 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kill-every", type=float, default=0.0, help="kill and restart an engine every N s")
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument(
-        "--max-total-blocks", type=int, default=50_000, help="router bound routing.max_total_blocks"
+        "--max-total-blocks", type=int, default=50_000, help="router bound routing.index.max_total_blocks"
     )
-    p.add_argument("--max-sessions", type=int, default=2_000, help="router bound routing.max_sessions")
+    p.add_argument(
+        "--max-sessions", type=int, default=2_000, help="router bound routing.sessions.max_sessions"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write samples and summary as JSON")
     p.add_argument("--plot", type=Path, help="write an RSS / index plot (PNG)")
@@ -69,12 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
@@ -122,9 +120,9 @@ def wait_ready_line(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> N
 def router_argv(opts: argparse.Namespace, engines: list[Engine], port: int, token: str) -> list[str]:
     settings = {
         "auth.admin_token": token,
-        "routing.isolate_tenants": "true",
-        "routing.max_total_blocks": opts.max_total_blocks,
-        "routing.max_sessions": opts.max_sessions,
+        "routing.keys.isolate_tenants": "true",
+        "routing.index.max_total_blocks": opts.max_total_blocks,
+        "routing.sessions.max_sessions": opts.max_sessions,
         "health.interval_s": 0.5,
         "health.fail_threshold": 2,
         "log_level": "warning",
@@ -217,7 +215,7 @@ class Workload:
         conv.turns_left -= 1
         if conv.turns_left <= 0:
             self.conversations.remove(conv)
-        headers = {"Authorization": f"Bearer tenant-{conv.tenant}", "x-session-id": conv.session}
+        headers = {"Authorization": f"Bearer tenant-{conv.tenant}", SESSION_HEADER: conv.session}
         return "/v1/chat/completions", self._body(messages=list(conv.messages)), headers, conv
 
     def _user(self) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Shared pieces of every package's settings: the frozen section base and the configuration error.
 
-A leaf module: each package owns its settings (``routing.settings``, ``pool.settings``, ...) built on
-:class:`Section`; ``prefix_router.config`` only composes them.
+A leaf module: each package owns its settings (``routing.settings``, ``pool.settings``,
+``replication.settings``, ``proxy.settings``) built on :class:`Section`; ``prefix_router.proxy.config``
+only composes them.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from prefix_router.protocol import WORKER_HEADER
+
 
 @dataclass
 class FakeEngine:
@@ -81,7 +83,7 @@ async def _stream(
     engine.prompts.append(prompt)
     headers = {"Content-Type": "text/event-stream"}
     if engine.worker_header:
-        headers["x-prefix-router-worker"] = engine.name
+        headers[WORKER_HEADER] = engine.name
     resp = web.StreamResponse(headers=headers)
     await resp.prepare(request)
     await asyncio.sleep(engine.delay_s)

@@ -32,7 +32,7 @@ def test_bench_command_writes_json_and_report(sim_workers: list[str], tmp_path: 
         "bench", "--workers", *sim_workers, "--policies", "random,prefix", "--workload", "chatbots",
         "--workload-opt", "tenants=4", "--workload-opt", "system_tokens=128", "--requests", "16",
         "--concurrency", "4", "--json", str(tmp_path / "out.json"), "--report", str(tmp_path / "rep"),
-        "--no-progress", "--routing", "load_factor=1.5",
+        "--no-progress", "--routing", "policies.prefix.load_factor=1.5",
     ])  # fmt: skip
     assert args.func(args) == 0
     doc = json.loads((tmp_path / "out.json").read_text())

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefix_router.bench.runner import RunnerConfig, openai_base, request_body, run_workload
+from prefix_router.protocol import SESSION_HEADER
 from prefix_router.workloads.types import Session, Turn, Workload
 
 FakeEngine = Any  # the fake_openai fixture (tests/bench/conftest.py)
@@ -35,13 +36,13 @@ async def test_runner_measures_stream_usage_and_worker(fake_openai: FakeEngine) 
 async def test_multiturn_history_carries_generated_reply(fake_openai: FakeEngine) -> None:
     preamble = ({"role": "system", "content": "sys"},)
     session = _chat_session("conv", "first", "second", preamble=preamble)
-    await run_workload(Workload("t", (session,)), _cfg(fake_openai, session_header="x-session-id"))
+    await run_workload(Workload("t", (session,)), _cfg(fake_openai, session_header=SESSION_HEADER))
     first, second = (b["messages"] for b in fake_openai.bodies)
     assert first == [preamble[0], {"role": "user", "content": "first"}]
     assert second[:2] == first
     assert second[2] == {"role": "assistant", "content": "w0 w1 w2 "}
     assert second[3] == {"role": "user", "content": "second"}
-    assert fake_openai.headers[1].get("x-session-id") == "conv"
+    assert fake_openai.headers[1].get(SESSION_HEADER) == "conv"
 
 
 async def test_scripted_reply_and_tools(fake_openai: FakeEngine) -> None:
@@ -59,7 +60,7 @@ async def test_scripted_reply_and_tools(fake_openai: FakeEngine) -> None:
     assert second["messages"][1] == call and second["messages"][2]["role"] == "tool"
     assert second["tools"] == list(tools)
     sent = {k.lower() for k in fake_openai.headers[0]}
-    assert "x-prefix-router-tenant" not in sent and "x-session-id" not in sent
+    assert "x-prefix-router-tenant" not in sent and SESSION_HEADER not in sent
 
 
 async def test_completions_endpoint(fake_openai: FakeEngine) -> None:

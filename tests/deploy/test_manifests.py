@@ -15,7 +15,7 @@ import yaml
 from kubernetes.client import models
 from pydantic import AliasChoices, BaseModel
 
-from prefix_router.config import validate
+from prefix_router.proxy.config import validate
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 MODELS: dict[tuple[str, str], type[BaseModel]] = {
@@ -176,9 +176,9 @@ def test_kubernetes_discovery_runs_under_the_service_account(documents: list[dic
     assert "namespace" not in find(documents, "Role", "prefix-router-discovery")["metadata"]
 
 
-def test_the_state_url_points_at_the_redis_service(documents: list[dict[str, Any]]) -> None:
+def test_the_replication_url_points_at_the_redis_service(documents: list[dict[str, Any]]) -> None:
     args = pod(find(documents, "Deployment", "prefix-router"))["containers"][0]["args"]
-    url = args[args.index("--state") + 1]
+    url = args[args.index("--replication") + 1]
     redis = find(documents, "Service", "prefix-router-redis")
     assert url == f"redis://{redis['metadata']['name']}:{redis['spec']['ports'][0]['port']}/0"
 
@@ -191,7 +191,7 @@ def test_the_router_args_parse_with_the_real_cli(documents: list[dict[str, Any]]
     args = pod(find(documents, "Deployment", "prefix-router"))["containers"][0]["args"]
     known, unknown = parser.parse_known_args(args)
     assert unknown == [] and known.command == "serve"
-    assert known.state is not None and known.state.startswith("redis://")
+    assert known.replication is not None and known.replication.startswith("redis://")
 
 
 def test_the_service_account_may_watch_endpointslices(documents: list[dict[str, Any]]) -> None:

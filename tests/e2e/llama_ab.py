@@ -30,10 +30,10 @@ import aiohttp
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from prefix_router.config import load_config
 from prefix_router.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
 from prefix_router.pool.engines import get_adapter
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
 from prefix_router.proxy.server import start
 
 # Every word is one SmolLM2 token after a space, so a prompt's length in tokens is known exactly.

@@ -10,8 +10,8 @@ import pytest
 from prefix_router.pool.http import Fetched, FetchError
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerConfig
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 
 @dataclass
@@ -38,7 +38,7 @@ def fetcher() -> ScriptedFetcher:
 
 @pytest.fixture
 def router() -> Router:
-    return Router(RoutingConfig())
+    return Router(RoutingSettings())
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from prefix_router.pool.health import HealthProber
 from prefix_router.pool.http import AiohttpFetcher, Fetched, FetchError
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import HealthConfig, WorkerConfig
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 
 async def test_health_falls_back_to_models_and_remembers(pool: WorkerPool, fetcher: Any) -> None:
@@ -53,7 +53,7 @@ async def test_a_removed_worker_is_not_reported(pool: WorkerPool, fetcher: Any) 
 
 async def test_real_engine_goes_down_and_comes_back(fake_engine: Any) -> None:
     engine = await fake_engine("e")
-    pool = WorkerPool(Router(RoutingConfig()), max_workers=4, thresholds=(2, 2))
+    pool = WorkerPool(Router(RoutingSettings()), max_workers=4, thresholds=(2, 2))
     worker = pool.add(WorkerConfig(url=engine.url, name="e"))
     fetcher = AiohttpFetcher()
     prober = HealthProber(pool, fetcher, HealthConfig(timeout_s=1.0))

@@ -7,6 +7,7 @@ import pytest
 from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 
 def test_membership_is_mirrored_into_the_router(pool: WorkerPool, router: Router) -> None:
@@ -30,27 +31,28 @@ def test_duplicates_unknowns_and_the_size_bound(router: Router) -> None:
         pool.remove("nope")
 
 
-def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool) -> None:
+def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool, router: Router) -> None:
     w1, w2 = pool.require("w1"), pool.require("w2")
     assert pool.candidates("any", 10) == ["w1", "w2"]  # unknown model lists accept anything
-    w1.discovered = {"m1": {"id": "m1"}}
+    w1.listed_models = {"m1": {"id": "m1"}}
     assert pool.candidates("m1", 10) == ["w1", "w2"] and pool.candidates("m2", 10) == ["w2"]
-    w2.discovered = {}
+    w2.listed_models = {}
     assert not pool.knows_model("m2") and pool.knows_model("m1")
     pool.drain("w1")
     assert pool.candidates("m1", 10) == [] and pool.any_available() is True
     pool.drain("w1", False)
-    pool.acquire(w1)
+    req = RouteRequest("r1", (), 16, 0, hash_key=0)
+    router.dispatched(req, Decision("w1", "test"), 0.0)  # the routing core's count is the pool's
     assert pool.candidates("m1", 1) == [] and pool.candidates("m1", 2) == ["w1"]
-    pool.release(w1)
-    pool.release(w1)  # never below zero
-    assert w1.in_flight == 0 and pool.total_in_flight == 0
+    router.finished(req, "w1", Outcome(), 0.0)
+    router.finished(req, "w1", Outcome(), 0.0)  # never below zero
+    assert pool.in_flight("w1") == 0 and pool.total_in_flight() == 0
 
 
-def test_configured_models_win_over_discovered(router: Router) -> None:
+def test_configured_models_win_over_listed(router: Router) -> None:
     pool = WorkerPool(router, max_workers=4)
     worker = pool.add(WorkerConfig(url="http://a:1", models=["x"]))
-    worker.discovered = {"y": {"id": "y"}}
+    worker.listed_models = {"y": {"id": "y"}}
     assert worker.serves("x") and not worker.serves("y")
     assert [m["id"] for m in pool.models()] == ["x"]
 
@@ -82,3 +84,21 @@ def test_ejection_purges_the_workers_index(pool: WorkerPool, router: Router) -> 
         pool.report(pool.require("w1"), False, "down")
     assert router.index.match(req.blocks).get("w1", 0) == 0
     assert "w1" in router.workers()  # still registered, with an empty index
+
+
+def test_ejection_keeps_the_in_flight_count_and_the_cap(pool: WorkerPool, router: Router) -> None:
+    reqs = [
+        RouteRequest(f"r{i}", blocks=(i,), block_tokens=16, prompt_tokens=16, hash_key=i) for i in range(2)
+    ]
+    for req in reqs:
+        router.dispatched(req, Decision("w1", "test"), now=0.0)
+    for _ in range(3):
+        pool.report(pool.require("w1"), False, "down")
+    assert router.index.blocks_of("w1") == 0  # the cache is forgotten, the running requests are not
+    assert pool.in_flight("w1") == 2 and pool.total_in_flight() == 2
+    for _ in range(2):
+        pool.report(pool.require("w1"), True)
+    assert pool.candidates(None, 2) == ["w2"] and pool.candidates(None, 3) == ["w1", "w2"]
+    for req in reqs:
+        router.finished(req, "w1", Outcome(), now=1.0)
+    assert pool.in_flight("w1") == 0 and pool.total_in_flight() == 0

@@ -9,6 +9,8 @@ import openai
 import orjson
 import pytest
 
+from prefix_router.protocol import WORKER_HEADER
+
 TOKEN = "admin-secret-token"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -66,7 +68,7 @@ async def test_admin_lists_adds_drains_and_removes(fake_engine: Any, start_route
     async with client:
         for _ in range(4):
             resp = await client.post(router.url + "/v1/chat/completions", json=CHAT)
-            assert resp.headers["x-prefix-router-worker"] == "b"
+            assert resp.headers[WORKER_HEADER] == "b"
     status, body = await admin(router.url, "GET", "/admin/routing")
     assert status == 200 and set(body["summary"]["workers"]) == {"a", "b"}
 

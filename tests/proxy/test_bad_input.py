@@ -9,6 +9,8 @@ import aiohttp
 import orjson
 import pytest
 
+from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -124,7 +126,7 @@ async def test_429_with_retry_after_over_the_global_in_flight_cap(
     slow = await fake_engine("slow", delay_s=0.5)
     router = await start_router(slow, settings={"limits.max_in_flight": 1})
     first = asyncio.create_task(call(router.url, orjson.dumps(CHAT)))
-    while router.state.pool.total_in_flight == 0:
+    while router.state.pool.total_in_flight() == 0:
         await asyncio.sleep(0.01)
     status, headers, body = await call(router.url, orjson.dumps(CHAT))
     assert status == 429 and int(headers["Retry-After"]) >= 0
@@ -136,7 +138,7 @@ async def test_429_when_every_worker_is_at_its_cap(fake_engine: Any, start_route
     slow = await fake_engine("slow", delay_s=0.5)
     router = await start_router(slow, settings={"limits.max_in_flight_per_worker": 1})
     first = asyncio.create_task(call(router.url, orjson.dumps(CHAT)))
-    while router.state.pool.total_in_flight == 0:
+    while router.state.pool.total_in_flight() == 0:
         await asyncio.sleep(0.01)
     status, headers, _ = await call(router.url, orjson.dumps(CHAT))
     assert status == 429 and "Retry-After" in headers
@@ -145,8 +147,8 @@ async def test_429_when_every_worker_is_at_its_cap(fake_engine: Any, start_route
 
 async def test_400_for_an_unknown_policy_header(fake_engine: Any, start_router: Any) -> None:
     router = await start_router(await fake_engine("a"))
-    status, _, body = await call(router.url, orjson.dumps(CHAT), headers={"x-prefix-router-policy": "nope"})
-    assert status == 400 and assert_openai_error(body)["param"] == "x-prefix-router-policy"
+    status, _, body = await call(router.url, orjson.dumps(CHAT), headers={POLICY_HEADER: "nope"})
+    assert status == 400 and assert_openai_error(body)["param"] == POLICY_HEADER
 
 
 async def test_policy_header_selects_the_policy(fake_engine: Any, start_router: Any) -> None:
@@ -154,10 +156,8 @@ async def test_policy_header_selects_the_policy(fake_engine: Any, start_router: 
     router = await start_router(*engines)
     seen = set()
     for _ in range(6):
-        _, headers, _ = await call(
-            router.url, orjson.dumps(CHAT), headers={"x-prefix-router-policy": "round_robin"}
-        )
-        seen.add(headers["x-prefix-router-worker"])
+        _, headers, _ = await call(router.url, orjson.dumps(CHAT), headers={POLICY_HEADER: "round_robin"})
+        seen.add(headers[WORKER_HEADER])
     assert seen == {"a", "b", "c"}
     metrics = router.state.metrics.render().decode()
     counted = [line for line in metrics.splitlines() if line.startswith("prefix_router_requests_total{")]

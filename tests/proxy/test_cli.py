@@ -11,6 +11,8 @@ from typing import Any
 import aiohttp
 from openai import AsyncOpenAI
 
+from prefix_router.protocol import WORKER_HEADER
+
 
 async def wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
     async with aiohttp.ClientSession() as http:
@@ -60,7 +62,7 @@ async def test_serve_end_to_end(fake_engine: Any, free_port: Any) -> None:
             model="m", messages=[{"role": "user", "content": "hi"}]
         )
         assert raw.parse().choices[0].message.content == "served"
-        assert raw.headers["x-prefix-router-worker"] == "a"
+        assert raw.headers[WORKER_HEADER] == "a"
         stream = await client.completions.create(model="m", prompt="x", stream=True)
         assert "".join([c.choices[0].text async for c in stream]) == "served"
     finally:
@@ -71,7 +73,7 @@ async def test_serve_end_to_end(fake_engine: Any, free_port: Any) -> None:
 
 async def test_bad_config_exits_with_one_line_naming_the_key() -> None:
     proc = await run_cli(
-        "serve", "--worker", "http://127.0.0.1:9", env={"PREFIX_ROUTER_ROUTING__BLOCK_CHARS": "-5"}
+        "serve", "--worker", "http://127.0.0.1:9", env={"PREFIX_ROUTER_ROUTING__KEYS__BLOCK_CHARS": "-5"}
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
@@ -94,7 +96,7 @@ async def test_print_config_masks_secrets(tmp_path: Any) -> None:
         str(path),
         "--print-config",
         "--set",
-        "routing.load_factor=2",
+        "routing.policies.prefix.load_factor=2",
         env={"PREFIX_ROUTER_PORT": "9123"},
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 30)

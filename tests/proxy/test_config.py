@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pydantic
 import pytest
 
-from prefix_router.config import load_config
+from prefix_router.proxy.config import load_config
 from prefix_router.settings import ConfigError
 
 YAML = """
@@ -21,7 +22,7 @@ workers:
     api_key: upstream-key
 routing:
   policy: least_load
-  block_chars: 128
+  keys: {block_chars: 128}
 timeouts: {connect_s: 1.5}
 auth: {admin_token: abcdefgh12}
 """
@@ -42,8 +43,8 @@ def test_yaml_is_read(config_file: Path) -> None:
     assert worker.models == ["m1"] and worker.engine == "vllm"
     assert worker.api_key is not None and worker.api_key.get_secret_value() == "upstream-key"
     assert "upstream-key" not in repr(cfg)
-    assert cfg.routing.policy == "least_load" and cfg.routing.block_chars == 128
-    assert cfg.routing.block_tokens == 16  # untouched knobs keep their defaults
+    assert cfg.routing.policy == "least_load" and cfg.routing.keys.block_chars == 128
+    assert cfg.routing.keys.block_tokens == 16  # untouched knobs keep their defaults
     assert cfg.timeouts.connect_s == 1.5
 
 
@@ -51,16 +52,20 @@ def test_env_overrides_file_and_flags_override_env(config_file: Path) -> None:
     env = {
         "PREFIX_ROUTER_PORT": "7100",
         "PREFIX_ROUTER_ROUTING__POLICY": "random",
-        "PREFIX_ROUTER_ROUTING__LOAD_FACTOR": "1.5",
+        "PREFIX_ROUTER_ROUTING__POLICIES__PREFIX__LOAD_FACTOR": "1.5",
         "PREFIX_ROUTER_AUTH__API_KEYS": "k1,k2",
         "OTHER_VARIABLE": "ignored",
     }
     cfg = load_config(config_file, env=env)
-    assert cfg.port == 7100 and cfg.routing.policy == "random" and cfg.routing.load_factor == 1.5
-    assert cfg.routing.block_chars == 128  # the file still counts where nothing overrides it
+    assert (
+        cfg.port == 7100 and cfg.routing.policy == "random" and cfg.routing.policies.prefix.load_factor == 1.5
+    )
+    assert cfg.routing.keys.block_chars == 128  # the file still counts where nothing overrides it
     assert [k.get_secret_value() for k in cfg.auth.api_keys] == ["k1", "k2"]
     cfg = load_config(config_file, env=env, overrides={"port": 7200, "routing.policy": "prefix"})
-    assert cfg.port == 7200 and cfg.routing.policy == "prefix" and cfg.routing.load_factor == 1.5
+    assert (
+        cfg.port == 7200 and cfg.routing.policy == "prefix" and cfg.routing.policies.prefix.load_factor == 1.5
+    )
 
 
 def test_workers_from_env_and_flags_replace_the_file_list(config_file: Path) -> None:
@@ -75,10 +80,20 @@ def test_workers_from_env_and_flags_replace_the_file_list(config_file: Path) -> 
     [
         ({"port": "eighty"}, "port"),
         ({"port": 70000}, "port"),
-        ({"routing.block_chars": 0}, "routing"),
-        ({"routing.policy": "nope"}, "routing"),
-        ({"routing.bogus_knob": 1}, "routing"),
-        ({"routing.load_factor": -1}, "routing"),
+        ({"routing.keys.block_chars": 0}, "routing.keys.block_chars"),
+        ({"routing.keys.max_prefix_chars": 0}, "routing.keys.max_prefix_chars"),
+        ({"routing.policy": "nope"}, "routing.policy"),
+        ({"routing.bogus_knob": 1}, "routing.bogus_knob"),
+        ({"routing.index.bogus_knob": 1}, "routing.index.bogus_knob"),
+        ({"routing.policies.prefix.load_factor": -1}, "routing.policies.prefix.load_factor"),
+        ({"routing.policies.consistent_hash.replicas": 0}, "routing.policies.consistent_hash.replicas"),
+        ({"routing.policies.random.load_factor": 1}, "routing.policies.random.load_factor"),
+        ({"routing.policies.nope.load_factor": 1}, "routing.policies.nope"),
+        ({"routing.sessions.load_slack": -1}, "routing.sessions.load_slack"),
+        ({"routing.load_factor": 1.5}, "routing"),  # a key of the flat section before the groups
+        ({"replication.url": "http://redis:6379"}, "replication.url"),
+        ({"replication.stream_maxlen": 0}, "replication.stream_maxlen"),
+        ({"state.url": "redis://r:6379/0"}, "<top level>"),  # renamed to replication
         ({"timeouts.connect_s": 0}, "timeouts.connect_s"),
         ({"limits.max_in_flight": 0}, "limits.max_in_flight"),
         ({"workers": [{"url": "ftp://nope"}]}, "workers.0.url"),
@@ -117,8 +132,41 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
 
 def test_routing_core_refusals_become_config_errors() -> None:
     from prefix_router.proxy.app import create_app
-    from prefix_router.routing.config import RoutingConfig
 
-    cfg = load_config(env={}).model_copy(update={"routing": RoutingConfig(policy="nope")})
+    cfg = load_config(env={})
+    # past validation (which refuses the name, above): the router refuses it too, as a ConfigError
+    cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"policy": "nope"})})
     with pytest.raises(ConfigError, match="invalid config: routing: unknown policy"):
         create_app(cfg)
+
+
+def test_moved_routing_keys_name_their_new_place() -> None:
+    with pytest.raises(
+        ConfigError, match=r"routing: load_factor: moved to routing\.policies\.prefix\.load_factor"
+    ):
+        load_config(env={}, overrides={"routing.load_factor": 1.5})
+    with pytest.raises(ConfigError, match=r"routing: block_chars: moved to routing\.keys\.block_chars"):
+        load_config(env={"PREFIX_ROUTER_ROUTING__BLOCK_CHARS": "128"})
+
+
+def test_each_policy_reads_its_own_knob_group() -> None:
+    cfg = load_config(
+        env={"PREFIX_ROUTER_ROUTING__POLICIES__CONSISTENT_HASH__LOAD_SLACK": "3"},
+        overrides={"routing.policies.prefix.load_factor": 2, "routing.sessions.load_factor": 3},
+    )
+    routing = cfg.routing
+    assert routing.policies.consistent_hash.load_slack == 3 and routing.policies.prefix.load_slack == 2
+    assert routing.policies.prefix.load_factor == 2 and routing.policies.consistent_hash.load_factor == 1.25
+    assert routing.sessions.load_factor == 3 and routing.knobs("prefix") is routing.policies.prefix
+    with pytest.raises(pydantic.ValidationError):
+        routing.policies.prefix.load_factor = 4  # type: ignore[misc]  # frozen
+
+
+def test_replication_section_holds_every_replication_knob() -> None:
+    cfg = load_config(
+        env={"PREFIX_ROUTER_REPLICATION__URL": "redis://r:6379/0"}, overrides={"replication.batch_max": 8}
+    )
+    assert cfg.replication.url == "redis://r:6379/0" and cfg.replication.batch_max == 8
+    assert cfg.replication.stream_key == "prefix-router:changes"
+    with pytest.raises(ConfigError, match="replication: backoff_initial_s"):
+        load_config(env={}, overrides={"replication.backoff_initial_s": 10})

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from prefix_router.protocol import WORKER_HEADER
 from prefix_router.proxy.server import Running, start
 from prefix_router.sim.server import EngineSimConfig, build_app
 
@@ -39,7 +40,7 @@ async def test_conversation_sticks_to_the_engine_that_caches_it(sim_engine: Any,
             model="sim", messages=history, max_tokens=16, stream=turn % 2 == 1,
             stream_options={"include_usage": True} if turn % 2 else None,
         )  # fmt: skip
-        workers.add(raw.headers["x-prefix-router-worker"])
+        workers.add(raw.headers[WORKER_HEADER])
         if turn % 2:
             chunks = [c async for c in raw.parse()]
             reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

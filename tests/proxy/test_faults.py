@@ -10,8 +10,10 @@ import openai
 import orjson
 import pytest
 
+from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
+
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 10}]}
-RR = {"x-prefix-router-policy": "round_robin"}
+RR = {POLICY_HEADER: "round_robin"}
 
 
 async def post(url: str, body: Any = CHAT, headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
@@ -28,9 +30,14 @@ async def test_connect_failure_is_retried_on_another_worker(
     router = await start_router({"url": f"http://127.0.0.1:{free_port()}", "name": "dead"}, good)
     results = [await post(router.url, headers=RR) for _ in range(2)]  # round robin: one starts on "dead"
     assert [status for status, _, _ in results] == [200, 200]
-    assert all(headers["x-prefix-router-worker"] == "good" for _, headers, _ in results)
+    assert all(headers[WORKER_HEADER] == "good" for _, headers, _ in results)
     assert router.state.metrics.retries.get() >= 1
     assert len(good.generations) == 2
+    assert router.state.metrics.upstream_errors.get(("dead", "connect")) >= 1
+    assert (
+        'prefix_router_upstream_errors_total{kind="connect",worker="dead"}'
+        in router.state.metrics.render().decode()
+    )
 
 
 async def test_5xx_is_retried_and_client_sees_success(fake_engine: Any, start_router: Any) -> None:
@@ -39,7 +46,7 @@ async def test_5xx_is_retried_and_client_sees_success(fake_engine: Any, start_ro
     router = await start_router(flaky, good)
     for _ in range(4):
         status, headers, body = await post(router.url, headers=RR)
-        assert status == 200 and headers["x-prefix-router-worker"] == "good"
+        assert status == 200 and headers[WORKER_HEADER] == "good"
         assert body["choices"][0]["message"]["content"]
     assert len(flaky.generations) >= 1  # it was tried, and failed over
 
@@ -78,11 +85,11 @@ async def test_first_byte_timeout_retries_then_504(fake_engine: Any, start_route
     router = await start_router(hung, good, settings=settings)
     for _ in range(2):
         status, headers, _ = await post(router.url, headers=RR)
-        assert status == 200 and headers["x-prefix-router-worker"] == "good"
+        assert status == 200 and headers[WORKER_HEADER] == "good"
     alone = await start_router(hung, settings=settings)
     status, _, body = await post(alone.url)
     assert status == 504 and body["error"]["code"] == "upstream_timeout"
-    assert alone.state.pool.total_in_flight == 0
+    assert alone.state.pool.total_in_flight() == 0
 
 
 async def test_total_timeout_ends_a_stream_with_an_error_event(fake_engine: Any, start_router: Any) -> None:
@@ -92,7 +99,7 @@ async def test_total_timeout_ends_a_stream_with_an_error_event(fake_engine: Any,
     with pytest.raises(openai.APIError, match="timed out"):
         async for _ in stream:
             pass
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_mid_stream_failure_ends_with_error_event_and_no_retry(
@@ -108,7 +115,7 @@ async def test_mid_stream_failure_ends_with_error_event_and_no_retry(
             got.append(chunk.choices[0].delta.content or "")
     assert got == ["aaaa ", "bbbb "]  # what streamed before the failure, then a clean error event
     assert sum(len(e.generations) for e in engines) == 1  # never retried once bytes were sent
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_mid_stream_failure_raw_bytes(fake_engine: Any, start_router: Any) -> None:
@@ -128,14 +135,14 @@ async def test_client_disconnect_cancels_upstream_and_releases(fake_engine: Any,
     async with aiohttp.ClientSession() as http:
         resp = await http.post(router.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         await resp.content.readany()
-        assert router.state.pool.total_in_flight == 1
+        assert router.state.pool.total_in_flight() == 1
         resp.close()  # hang up mid-stream
     await asyncio.wait_for(slow.cancelled.wait(), 2.0)
     for _ in range(100):
-        if router.state.pool.total_in_flight == 0:
+        if router.state.pool.total_in_flight() == 0:
             break
         await asyncio.sleep(0.01)
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
     assert slow.streams_finished == 0
     assert router.state.router.load.tracked() == 0
 
@@ -147,10 +154,10 @@ async def test_client_disconnect_while_waiting_for_first_byte(fake_engine: Any, 
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(http.post(router.url + "/v1/chat/completions", json=CHAT), 0.3)
     for _ in range(100):
-        if router.state.pool.total_in_flight == 0:
+        if router.state.pool.total_in_flight() == 0:
             break
         await asyncio.sleep(0.01)
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_one_bad_request_does_not_affect_others(fake_engine: Any, start_router: Any) -> None:

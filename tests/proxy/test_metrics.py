@@ -7,12 +7,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.metrics import CounterSet, FastHistogram, ProxyMetrics
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing.types import Decision, RouteRequest
 
 
-def metrics_with(*workers: str) -> tuple[ProxyMetrics, WorkerPool]:
-    pool = WorkerPool(Router(RoutingConfig()), 8)
+def metrics_with(*workers: str, router: Router | None = None) -> tuple[ProxyMetrics, WorkerPool]:
+    pool = WorkerPool(router or Router(RoutingSettings()), 8)
     for name in workers:
         pool.add(WorkerConfig(url=f"http://{name}:1", name=name))
     return ProxyMetrics(pool), pool
@@ -27,13 +28,14 @@ def samples(metrics: ProxyMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...
 
 
 def test_exposition_parses_and_counts() -> None:
-    metrics, pool = metrics_with("a")
+    router = Router(RoutingSettings())
+    metrics, _ = metrics_with("a", router=router)
     metrics.request_done("a", "prefix", 200)
     metrics.request_done("a", "prefix", 200)
     metrics.cached_tokens("a", predicted=100, actual=80)
     for value in (0.0005, 0.003, 7.0, 1000.0):
         metrics.latency.observe(value)
-    pool.acquire(pool.require("a"))
+    router.dispatched(RouteRequest("r1", (), 16, 0, hash_key=0), Decision("a", "test"), 0.0)
     got = samples(metrics)
     labels = (("policy", "prefix"), ("status", "200"), ("worker", "a"))
     assert got[("prefix_router_requests_total", labels)] == 2
@@ -75,12 +77,13 @@ def test_histogram_edges() -> None:
 def test_other_processes_snapshots_are_added_at_scrape_time() -> None:
     """``serve --processes``: any process's /metrics counts every process's requests."""
     mine, _ = metrics_with("a")
-    theirs, their_pool = metrics_with("a")
+    their_router = Router(RoutingSettings())
+    theirs, _ = metrics_with("a", router=their_router)
     mine.request_done("a", "prefix", 200)
     theirs.request_done("a", "prefix", 200)
     theirs.request_done("a", "prefix", 502)
     theirs.latency.observe(0.003)
-    their_pool.acquire(their_pool.require("a"))
+    their_router.load.start("r1", "a", 0)  # one request in flight in the other process
     mine.peers = lambda: [
         theirs.snapshot(),
         b"not json",

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from prefix_router.protocol import WORKER_HEADER
+
 VLLM = 'vllm:num_requests_waiting{model_name="m"} 9\nvllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
 FAST = {"health.interval_s": 0.05, "health.fail_threshold": 2, "health.success_threshold": 2,
         "scrape.interval_s": 0.05}  # fmt: skip
@@ -30,7 +32,7 @@ async def test_probes_eject_and_readmit_while_serving(fake_engine: Any, start_ro
     client = router.openai()
     for i in range(6):
         raw = await client.completions.with_raw_response.create(model="m", prompt=f"p{i}")
-        assert raw.headers["x-prefix-router-worker"] == "b"
+        assert raw.headers[WORKER_HEADER] == "b"
     text = router.state.metrics.render().decode()
     assert 'prefix_router_worker_healthy{worker="a"} 0.0' in text
     a.b.health_status = 200
@@ -51,4 +53,4 @@ async def test_engine_is_detected_from_metrics(fake_engine: Any, start_router: A
     router = await start_router(engine)
     worker = router.state.pool.require("a")
     assert worker.adapter is not None and worker.adapter.name == "vllm"
-    assert orjson.loads(orjson.dumps(worker.public()))["engine"] == "vllm"
+    assert orjson.loads(orjson.dumps(router.state.pool.public(worker)))["engine"] == "vllm"

@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, WORKER_HEADER
+
 CHAT = {
     "model": "m",
     "messages": [{"role": "system", "content": "s" * 600}, {"role": "user", "content": "hi"}],
@@ -44,6 +46,8 @@ async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, sta
     assert status == 200
     assert 'prefix_router_requests_total{policy="prefix",status="200",worker="a"} 3.0' in text
     assert "prefix_router_route_branch_total{" in text
+    assert 'prefix_router_route_branch_total{branch="load_balance",policy="prefix"} 1.0' in text
+    assert 'prefix_router_route_branch_total{branch="prefix_hit",policy="prefix"} 2.0' in text
     assert "prefix_router_ttft_seconds_count 3.0" in text
     assert "prefix_router_request_seconds_count 3.0" in text
     assert "prefix_router_predicted_prefix_tokens_count 3.0" in text
@@ -57,7 +61,7 @@ async def test_metrics_forget_removed_workers(fake_engine: Any, start_router: An
     router = await start_router(a, b)
     client = router.openai()
     for _ in range(4):
-        await client.chat.completions.create(extra_headers={"x-prefix-router-policy": "round_robin"}, **CHAT)
+        await client.chat.completions.create(extra_headers={POLICY_HEADER: "round_robin"}, **CHAT)
     router.state.pool.remove("b")
     router.state.metrics.forget_worker("b")
     text = router.state.metrics.render().decode()
@@ -81,9 +85,9 @@ async def test_multi_turn_conversations_match_deeper_through_the_proxy(
         second = await client.chat.completions.with_raw_response.create(
             model="m", messages=history, stream=stream
         )
-        assert second.headers["x-prefix-router-worker"] == first.headers["x-prefix-router-worker"]
+        assert second.headers[WORKER_HEADER] == first.headers[WORKER_HEADER]
         # the generated reply was indexed too: the match goes past the first turn's prompt
-        assert int(second.headers["x-prefix-router-prefix-match"]) > 160 + 20
+        assert int(second.headers[MATCH_HEADER]) > 160 + 20
         if stream:
             [c async for c in second.parse()]
 
@@ -97,7 +101,7 @@ async def test_streamed_replies_extend_the_index(fake_engine: Any, start_router:
     reply = "".join([c.choices[0].delta.content or "" async for c in stream])
     history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]
     raw = await client.chat.completions.with_raw_response.create(model="m", messages=history)
-    assert int(raw.headers["x-prefix-router-prefix-match"]) > (len("question " * 50) + len(reply)) // 4 - 48
+    assert int(raw.headers[MATCH_HEADER]) > (len("question " * 50) + len(reply)) // 4 - 48
 
 
 async def test_record_writes_mooncake_lines_without_text(

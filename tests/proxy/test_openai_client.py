@@ -7,6 +7,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
+
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief " * 40}, {"role": "user", "content": "hi"}]
 
 
@@ -18,9 +20,9 @@ async def test_chat_non_streaming(fake_engine: Any, start_router: Any) -> None:
     assert completion.choices[0].message.content == "the answer"
     assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
     assert completion.usage.prompt_tokens_details.cached_tokens == 7
-    assert raw.headers["x-prefix-router-worker"] == "a"
+    assert raw.headers[WORKER_HEADER] == "a"
     assert raw.headers["x-engine"] == "a"
-    assert int(raw.headers["x-prefix-router-prefix-match"]) >= 0
+    assert int(raw.headers[MATCH_HEADER]) >= 0
 
 
 async def test_chat_streaming(fake_engine: Any, start_router: Any) -> None:
@@ -68,7 +70,7 @@ async def test_routes_by_model(fake_engine: Any, start_router: Any) -> None:
     client = (await start_router(a, b)).openai()
     for _ in range(5):
         raw = await client.completions.with_raw_response.create(model="m2", prompt="x")
-        assert raw.headers["x-prefix-router-worker"] == "b"
+        assert raw.headers[WORKER_HEADER] == "b"
     assert not a.generations
 
 
@@ -80,7 +82,7 @@ async def test_passthrough_other_v1_paths(fake_engine: Any, start_router: Any) -
         body = orjson.loads(await resp.read())
     assert resp.status == 200
     assert body["path"] == "/v1/embeddings?x=1" and body["body"] == '{"model":"m","input":"hi"}'
-    assert resp.headers["x-prefix-router-worker"] == "a"
+    assert resp.headers[WORKER_HEADER] == "a"
 
 
 async def test_session_header_gives_sticky_routing(fake_engine: Any, start_router: Any) -> None:
@@ -93,10 +95,10 @@ async def test_session_header_gives_sticky_routing(fake_engine: Any, start_route
             raw = await client.completions.with_raw_response.create(
                 model="m", prompt=f"unrelated prompt {i} " * 20, extra_headers={"x-conv": session}
             )
-            seen.add(raw.headers["x-prefix-router-worker"])
+            seen.add(raw.headers[WORKER_HEADER])
         assert len(seen) == 1
     spread = set()
     for i in range(12):  # without the header, unrelated prompts spread (ties break at random)
         raw = await client.completions.with_raw_response.create(model="m", prompt=f"p {i}")
-        spread.add(raw.headers["x-prefix-router-worker"])
+        spread.add(raw.headers[WORKER_HEADER])
     assert len(spread) > 1

@@ -83,7 +83,7 @@ async def test_two_processes_share_the_port_the_view_and_metrics(fake_engine: An
             for _ in range(6):  # whichever process answers the scrape, it counts all 20 requests
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
                     requests = await metric(fresh, url, "prefix_router_requests_total")
-                    applied = await metric(fresh, url, "prefix_router_state_applied_changes_total")
+                    applied = await metric(fresh, url, "prefix_router_replication_applied_changes_total")
                 seen.append(sum(applied.values()))
                 assert sum(requests.values()) == 20
             assert max(seen) > 0  # index changes crossed between the processes

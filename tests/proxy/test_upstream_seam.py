@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
 from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello " * 30}]}
@@ -71,20 +72,20 @@ async def test_retry_on_connect_failure_then_success(start_router: Any) -> None:
     )
     router = await start_router(worker("a"), worker("b"), upstream=upstream)
     for _ in range(4):
-        status, headers, body = await post(router.url, headers={"x-prefix-router-policy": "round_robin"})
-        assert status == 200 and headers["x-prefix-router-worker"] == "b" and body == OK_BODY
+        status, headers, body = await post(router.url, headers={POLICY_HEADER: "round_robin"})
+        assert status == 200 and headers[WORKER_HEADER] == "b" and body == OK_BODY
     assert any(r.url.startswith("http://a.invalid") for r in upstream.sent)
     assert all(reply.released and not reply.aborted for reply in upstream.replies)
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_5xx_bodies_are_drained_and_the_attempt_released(start_router: Any) -> None:
     upstream = MemoryUpstream({"http://a.invalid:1": (503, b'{"error": "busy"}')})
     router = await start_router(worker("a"), upstream=upstream)
     status, headers, body = await post(router.url)
-    assert status == 503 and body == b'{"error": "busy"}' and headers["x-prefix-router-worker"] == "a"
+    assert status == 503 and body == b'{"error": "busy"}' and headers[WORKER_HEADER] == "a"
     assert upstream.replies[0].released
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
 
 
 async def test_requests_only_ever_go_to_configured_workers(start_router: Any) -> None:
@@ -108,7 +109,7 @@ async def test_hop_by_hop_and_router_headers_are_not_forwarded(start_router: Any
     headers = {
         "Connection": "keep-alive, x-secret",
         "Proxy-Authorization": "p",
-        "x-prefix-router-policy": "random",
+        POLICY_HEADER: "random",
         "X-Trace": "t",
         "Accept-Encoding": "gzip",
         "X-Secret": "s",
@@ -116,7 +117,7 @@ async def test_hop_by_hop_and_router_headers_are_not_forwarded(start_router: Any
     await post(router.url, headers=headers)
     sent = {k.lower(): v for k, v in upstream.sent[0].headers.items()}
     assert "proxy-authorization" not in sent and "connection" not in sent and "x-secret" not in sent
-    assert "x-prefix-router-policy" not in sent
+    assert POLICY_HEADER not in sent
     assert sent["x-trace"] == "t" and sent["accept-encoding"] == "identity"
 
 
@@ -129,6 +130,6 @@ async def test_an_unexpected_error_is_an_openai_500_and_releases(start_router: A
     router = await start_router(worker("a"), upstream=Broken())
     status, _, body = await post(router.url)
     assert status == 500 and orjson.loads(body)["error"]["code"] == "internal_error"
-    assert router.state.pool.total_in_flight == 0
+    assert router.state.pool.total_in_flight() == 0
     status, _, _ = await post(router.url)  # and the router keeps serving
     assert status == 500

@@ -1,6 +1,7 @@
-"""Fixtures for fault tests: routers over either upstream client, scriptable misbehaving engines on raw
-sockets, an engine that records when each request is cancelled, and the ``kit`` of helpers (test modules
-are imported with ``--import-mode=importlib`` and cannot import this file)."""
+"""Fixtures for fault tests: routers (``support.routers``), scriptable
+misbehaving engines on raw sockets, an engine that records when each request is cancelled, and the ``kit``
+of helpers (test modules are imported with ``--import-mode=importlib`` and cannot import this file; shared
+helpers live in ``support``)."""
 
 from __future__ import annotations
 
@@ -19,61 +20,31 @@ import psutil
 import pytest
 from aiohttp import web
 
-from prefix_router.config import load_config
-from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE, AppState
-from prefix_router.proxy.server import Running, start
+from prefix_router.protocol import POLICY_HEADER
+from prefix_router.proxy.server import Running
 from prefix_router.sim.server import READY_PREFIX
+from support.routers import RouterFactory, RouterHandle, Routers
+from support.waiting import wait_until
 
-QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 20}]}
-RR = {"x-prefix-router-policy": "round_robin"}
+RR = {POLICY_HEADER: "round_robin"}
 
 
 # ------------------------------------------------------------------------------------------ routers
 
 
-@dataclass
-class RouterHandle:
-    app: web.Application
-    running: Running
-
-    @property
-    def url(self) -> str:
-        return self.running.url
-
-    @property
-    def state(self) -> AppState:
-        return self.app[STATE]
-
-
-RouterFactory = Callable[..., Awaitable[RouterHandle]]
-
-
-def worker_entry(worker: Any) -> Any:
-    if isinstance(worker, str | dict):
-        return worker
-    return {"url": worker.url, "name": worker.name, "models": ["m"]}
-
-
 @pytest.fixture
 async def start_router() -> AsyncIterator[RouterFactory]:
     """``await start_router(engine_a, engine_b, settings={...})``; stopped afterwards."""
-    handles: list[RouterHandle] = []
+    routers = Routers(shutdown_timeout_s=0.5, models=["m"])
 
     async def make(*workers: Any, settings: dict[str, Any] | None = None) -> RouterHandle:
-        overrides = {**QUIET, "workers": [worker_entry(w) for w in workers]}
-        config = load_config(env={}, overrides={**overrides, **(settings or {})})
-        app = create_app(config)
-        running = await start(app, shutdown_timeout=0.5, keepalive_timeout=config.timeouts.client_header_s)
-        handles.append(RouterHandle(app, running))
-        return handles[-1]
+        return await routers.start(*workers, settings=settings)
 
     try:
         yield make
     finally:
-        for handle in handles:
-            await handle.running.stop()
+        await routers.close()
 
 
 # ------------------------------------------------------------------------------------------ raw engines
@@ -224,12 +195,15 @@ async def raw_engine() -> AsyncIterator[RawFactory]:
 
 @dataclass
 class Recording:
-    """A streaming engine that records, per request, when it started and when it was cancelled."""
+    """A streaming engine that records, per request, when it started and when it was cancelled.
+    ``/v1/embeddings`` (a pass-through path for the router) is answered after ``delay_s`` and counted in
+    ``active`` too; ``/health`` answers ``health_status``."""
 
     name: str
     chunk_delay_s: float = 0.01
     chunks: int = 1000
     delay_s: float = 0.0  # before the response head
+    health_status: int = 200
     active: int = 0
     max_active: int = 0
     served: int = 0
@@ -245,6 +219,7 @@ class Recording:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/embeddings", self._embed)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         return app
@@ -253,7 +228,19 @@ class Recording:
         return web.Response(body=OK_MODELS, content_type="application/json")
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(text="ok")
+        return web.Response(text="ok", status=self.health_status)
+
+    async def _embed(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await asyncio.sleep(self.delay_s)
+            data = [{"object": "embedding", "index": 0, "embedding": [0.0, 1.0]}]
+            return web.json_response({"object": "list", "data": data, "model": "m"})
+        finally:
+            self.active -= 1
+            self.served += 1
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -354,17 +341,7 @@ class Kit:
     CHAT = CHAT
     RR = RR
 
-    @staticmethod
-    async def wait_until(
-        predicate: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0.01
-    ) -> float:
-        """Poll until ``predicate()``; returns the seconds it took (fails the test after ``timeout_s``)."""
-        began = time.monotonic()
-        while not predicate():
-            if time.monotonic() - began > timeout_s:
-                raise AssertionError(f"condition not met within {timeout_s} s")
-            await asyncio.sleep(step_s)
-        return time.monotonic() - began
+    wait_until = staticmethod(wait_until)
 
     @staticmethod
     def client_sockets(port: int) -> list[Any]:
@@ -381,8 +358,8 @@ class Kit:
         """Nothing in flight anywhere: the pool, each worker, the routing core, the deadline registry."""
         state = router.state
         return (
-            state.pool.total_in_flight == 0
-            and all(w.in_flight == 0 for w in state.pool)
+            state.pool.total_in_flight() == 0
+            and all(state.pool.in_flight(w.name) == 0 for w in state.pool)
             and state.router.load.tracked() == 0
             and len(state.deadlines) == 0
         )

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
+from prefix_router.protocol import WORKER_HEADER
+
 BROKEN = ("garbage", "close", "bad_status", "bad_chunked", "truncated", "http_500")
 
 
@@ -25,7 +27,7 @@ async def test_broken_answers_are_retried_on_a_good_worker(
     router = await start_router(bad, {"url": good.url, "name": "good"})
     for _ in range(4):  # round robin: every other request starts on the broken engine
         status, headers, body = await kit.post(router.url, headers=kit.RR)
-        assert status == 200 and headers["x-prefix-router-worker"] == "good"
+        assert status == 200 and headers[WORKER_HEADER] == "good"
         assert orjson.loads(body)["choices"][0]["message"]["content"]
     assert bad.generations >= 2 and len(good.generations) == 4
     await kit.wait_until(lambda: kit.quiescent(router) and not kit.lingering_sockets(bad.port))
@@ -85,7 +87,7 @@ async def test_hung_engine_is_bounded_by_the_first_byte_timeout(
     router = await start_router(hung, {"url": good.url, "name": "good"}, settings=settings)
     for _ in range(2):
         status, headers, _ = await kit.post(router.url, headers=kit.RR)
-        assert status == 200 and headers["x-prefix-router-worker"] == "good"
+        assert status == 200 and headers[WORKER_HEADER] == "good"
     alone = await start_router(hung, settings=settings)
     began = time.monotonic()
     status, _, body = await kit.post(alone.url)
@@ -112,7 +114,7 @@ async def test_ejecting_a_hung_engine_moves_its_waiting_requests_at_once(
     began = time.monotonic()
     results = await asyncio.gather(*(kit.post(router.url, headers=kit.RR) for _ in range(2)))
     assert [status for status, _, _ in results] == [200, 200]
-    assert {headers["x-prefix-router-worker"] for _, headers, _ in results} == {"good"}
+    assert {headers[WORKER_HEADER] for _, headers, _ in results} == {"good"}
     assert time.monotonic() - began < 10.0
     assert not router.state.pool.require("hung").health.healthy
     assert router.state.metrics.retries.get() >= 1
@@ -155,7 +157,7 @@ async def test_an_engine_breaking_mid_stream_gives_a_clean_error_event_and_no_re
     good = await fake_engine("good")
     router = await start_router(breaking, {"url": good.url, "name": "good"})
     status, headers, raw = await kit.post(router.url, body={**kit.CHAT, "stream": True}, headers=kit.RR)
-    assert status == 200 and headers["x-prefix-router-worker"] == "breaking"
+    assert status == 200 and headers[WORKER_HEADER] == "breaking"
     events = kit.events(raw)  # the body ended cleanly (the client's chunked parser did not fail)
     assert orjson.loads(events[0])["choices"][0]["delta"]["content"] == "one "
     assert orjson.loads(events[-1])["error"]["code"] == "upstream_io"

@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
+from prefix_router.protocol import WORKER_HEADER
+
 SETTINGS = {
     "health.interval_s": 0.1,
     "health.timeout_s": 0.5,
@@ -51,9 +53,16 @@ async def batch(router: Any, kit: Any, n: int, offset: int, max_tokens: int = 30
         status, headers, raw = await kit.post(
             router.url, body=chat(offset + i, stream, max_tokens), headers=kit.RR
         )
-        return headers.get("x-prefix-router-worker", "?"), outcome(status, headers, raw, stream, kit)
+        return headers.get(WORKER_HEADER, "?"), outcome(status, headers, raw, stream, kit)
 
     return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def streaming_on(router: Any, worker: str) -> bool:
+    """Whether a request on ``worker`` is past its first byte (a stream: a non-streamed answer's first
+    byte is its end), so that the kill cuts a running stream, whatever the machine's load."""
+    requests = router.state.router.load._requests.values()
+    return any(r.worker == worker and not r.prefilling for r in requests)
 
 
 async def test_engine_killed_mid_run(
@@ -67,7 +76,7 @@ async def test_engine_killed_mid_run(
     assert index.blocks_of("sim0") > 0
 
     running = asyncio.ensure_future(batch(router, kit, 24, 100))  # ~2 s of generation each
-    await asyncio.sleep(0.5)
+    await kit.wait_until(lambda: streaming_on(router, "sim0"), timeout_s=20.0)  # a stream has begun there
     await victim.kill()
     after = await batch(router, kit, 6, 200, max_tokens=8)  # sent before the ejection is noticed
     during = await running

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from prefix_router.replication import RedisState, StateConfig, attach
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.replication import RedisReplication, ReplicationSettings, attach
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Outcome, RouteRequest
 
 REDIS = shutil.which("redis-server")
@@ -95,20 +95,22 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
 
 
 def make_router(seed: int = 0, **knobs: object) -> Router:
-    cfg = RoutingConfig(block_tokens=16, worker_capacity_tokens=16 * 10_000, **knobs)  # type: ignore[arg-type]
+    cfg = RoutingSettings.model_validate(
+        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 10_000}, **knobs}
+    )
     router = Router(cfg, random.Random(seed))
     for name in WORKERS:
         router.add_worker(name)
     return router
 
 
-def fast_config(**changes: object) -> StateConfig:
+def fast_config(**changes: object) -> ReplicationSettings:
     base: dict[str, object] = dict(
         read_block_ms=50, load_interval_s=0.05, load_ttl_s=1.0, backoff_initial_s=0.02, backoff_max_s=0.2,
         op_timeout_s=0.5, connect_timeout_s=0.5, warmup_timeout_s=2.0,
     )  # fmt: skip
     base.update(changes)
-    return StateConfig(**base)  # type: ignore[arg-type]
+    return ReplicationSettings(**base)  # type: ignore[arg-type]
 
 
 class Replicas:
@@ -116,9 +118,11 @@ class Replicas:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.states: list[RedisState] = []
+        self.states: list[RedisReplication] = []
 
-    async def add(self, seed: int = 0, cfg: StateConfig | None = None, **kw: object) -> RedisState:
+    async def add(
+        self, seed: int = 0, cfg: ReplicationSettings | None = None, **kw: object
+    ) -> RedisReplication:
         router = make_router(seed)
         state = await attach(router, self.url, f"r{len(self.states)}", cfg or fast_config(), **kw)  # type: ignore[arg-type]
         self.states.append(state)

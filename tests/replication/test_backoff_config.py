@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from prefix_router.replication.backoff import Backoff
-from prefix_router.replication.config import StateConfig
+from prefix_router.replication.settings import ReplicationSettings
 
 
 def test_backoff_grows_exponentially_up_to_the_cap_and_resets() -> None:
@@ -29,9 +30,28 @@ def test_backoff_rejects_bad_bounds() -> None:
 )
 def test_config_rejects_non_positive_bounds(knob: str) -> None:
     with pytest.raises(ValueError, match=knob):
-        StateConfig(**{knob: 0})  # type: ignore[arg-type]
+        ReplicationSettings(**{knob: 0})  # type: ignore[arg-type]
 
 
 def test_config_keys_share_the_prefix() -> None:
-    cfg = StateConfig(key_prefix="pr")
+    cfg = ReplicationSettings(key_prefix="pr")
     assert cfg.stream_key == "pr:changes" and cfg.load_key("a/1") == "pr:load:a/1"
+
+
+@pytest.mark.parametrize("knob", list(ReplicationSettings.model_fields))
+def test_every_replication_knob_is_documented_with_its_default(knob: str) -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "scale-out.md"
+    start = f"| `replication.{knob}` | "
+    row = next((line for line in docs.read_text().splitlines() if line.startswith(start)), None)
+    assert row is not None, f"docs/scale-out.md: no row for replication.{knob}"
+    cell = row[len(start) :].split("|")[0].strip().replace(",", "")
+    default = ReplicationSettings.model_fields[knob].default
+    if isinstance(default, int | float):
+        assert float(cell) == default
+    else:
+        assert cell in (str(default).lower(), "HOSTNAME")
+
+
+def test_backoff_bounds_are_ordered() -> None:
+    with pytest.raises(ValueError, match="backoff_initial_s"):
+        ReplicationSettings(backoff_initial_s=2.0, backoff_max_s=1.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefix_router.replication import RedisState, attach
+from prefix_router.replication import RedisReplication, attach
 
 
 async def test_redis_killed_and_restarted_mid_run(redis_server: Any, replicas: Any, kit: Any) -> None:
@@ -68,7 +68,7 @@ async def test_frozen_redis_times_out_and_recovers(redis_server: Any, replicas: 
 
 async def test_entries_trimmed_unseen_count_as_a_gap(redis_server: Any, kit: Any) -> None:
     cfg = kit.fast_config(stream_maxlen=10, batch_max=1, entries_per_flush=8)
-    states: list[RedisState] = [
+    states: list[RedisReplication] = [
         await attach(kit.make_router(), redis_server.url, name, cfg, start=False) for name in ("a", "b")
     ]
     a, b = states

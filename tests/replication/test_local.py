@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from prefix_router.replication.local import LocalConfig, LocalState
+from prefix_router.replication.local import LocalConfig, LocalReplication
 from prefix_router.routing.router import IndexChange
 
 
@@ -34,9 +34,11 @@ class Clock:
         return self.now
 
 
-async def pair(kit: Any, directory: Path, clock: Clock, **knobs: Any) -> tuple[LocalState, LocalState]:
+async def pair(
+    kit: Any, directory: Path, clock: Clock, **knobs: Any
+) -> tuple[LocalReplication, LocalReplication]:
     cfg = LocalConfig(**knobs)
-    states = [LocalState(kit.make_router(i), directory, i, 2, cfg, clock=clock) for i in range(2)]
+    states = [LocalReplication(kit.make_router(i), directory, i, 2, cfg, clock=clock) for i in range(2)]
     for state in states:
         await state.start(run_tasks=False)
     return states[0], states[1]
@@ -99,7 +101,7 @@ async def test_big_batches_are_split_into_datagrams_under_the_bound(kit: Any, sh
 
 async def test_a_missing_process_and_garbage_are_counted_not_raised(kit: Any, short_dir: Path) -> None:
     clock = Clock()
-    lonely = LocalState(kit.make_router(0), short_dir, 0, 3, LocalConfig(), clock=clock)
+    lonely = LocalReplication(kit.make_router(0), short_dir, 0, 3, LocalConfig(), clock=clock)
     await lonely.start(run_tasks=False)
     kit.dispatch(lonely.router, "r1", kit.prefix(3), clock.now)
     lonely.flush()
@@ -120,7 +122,7 @@ async def test_a_missing_process_and_garbage_are_counted_not_raised(kit: Any, sh
 
 async def test_the_outbox_is_bounded(kit: Any, short_dir: Path) -> None:
     clock = Clock()
-    state = LocalState(kit.make_router(0), short_dir, 0, 2, LocalConfig(outbox_capacity=5), clock=clock)
+    state = LocalReplication(kit.make_router(0), short_dir, 0, 2, LocalConfig(outbox_capacity=5), clock=clock)
     await state.start(run_tasks=False)
     for i in range(12):
         kit.dispatch(state.router, f"r{i}", kit.prefix(i), clock.now)
@@ -130,7 +132,7 @@ async def test_the_outbox_is_bounded(kit: Any, short_dir: Path) -> None:
 
 async def test_background_tasks_propagate_on_their_own(kit: Any, short_dir: Path) -> None:
     cfg = LocalConfig(load_interval_s=0.01)
-    a, b = (LocalState(kit.make_router(i), short_dir, i, 2, cfg) for i in range(2))
+    a, b = (LocalReplication(kit.make_router(i), short_dir, i, 2, cfg) for i in range(2))
     await a.start()
     await b.start()
     blocks = kit.prefix(7)
@@ -145,4 +147,4 @@ def test_bad_settings_are_refused(kit: Any, short_dir: Path) -> None:
     with pytest.raises(ValueError):
         LocalConfig(max_datagram=0)
     with pytest.raises(ValueError):
-        LocalState(kit.make_router(0), short_dir, 2, 2)
+        LocalReplication(kit.make_router(0), short_dir, 2, 2)

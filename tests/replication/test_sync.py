@@ -6,7 +6,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from prefix_router.replication import RedisState
+from prefix_router.replication import RedisReplication
 from prefix_router.replication.codec import encode_batch, encode_change
 from prefix_router.routing.router import IndexChange
 from prefix_router.routing.types import Outcome
@@ -47,7 +47,7 @@ async def test_a_new_replica_warms_up_from_the_backlog_before_it_is_ready(replic
     placed = {tag: kit.dispatch(a.router, f"a{tag}", kit.prefix(tag), 1.0) for tag in range(50)}
     await a.flush()
     late = kit.make_router(seed=9)
-    fresh = RedisState(late, *_clients(replicas.url), "late", kit.fast_config())
+    fresh = RedisReplication(late, *_clients(replicas.url), "late", kit.fast_config())
     replicas.states.append(fresh)
     assert not fresh.ready
     await fresh.start(run_tasks=False)
@@ -70,10 +70,10 @@ async def test_trims_propagate(replicas: Any, kit: Any) -> None:
 
 async def test_engine_feedback_forgets_on_every_replica(redis_server: Any, kit: Any) -> None:
     now = [0.0]
-    a = RedisState(
+    a = RedisReplication(
         kit.make_router(1), *_clients(redis_server.url), "a", kit.fast_config(), clock=lambda: now[0]
     )
-    b = RedisState(
+    b = RedisReplication(
         kit.make_router(2), *_clients(redis_server.url), "b", kit.fast_config(), clock=lambda: now[0]
     )
     try:
@@ -99,9 +99,9 @@ async def test_engine_feedback_forgets_on_every_replica(redis_server: Any, kit: 
 async def test_times_are_rebuilt_in_the_receivers_clock(redis_server: Any, kit: Any) -> None:
     sender_now = [1000.0]
     receiver_now = [5.0]
-    a = RedisState(kit.make_router(), *_clients(redis_server.url), "a", kit.fast_config(),
+    a = RedisReplication(kit.make_router(), *_clients(redis_server.url), "a", kit.fast_config(),
                    clock=lambda: sender_now[0])  # fmt: skip
-    b = RedisState(kit.make_router(), *_clients(redis_server.url), "b", kit.fast_config(),
+    b = RedisReplication(kit.make_router(), *_clients(redis_server.url), "b", kit.fast_config(),
                    clock=lambda: receiver_now[0])  # fmt: skip
     try:
         await a.start(run_tasks=False)
@@ -118,7 +118,7 @@ async def test_times_are_rebuilt_in_the_receivers_clock(redis_server: Any, kit: 
 
 async def test_the_stream_is_bounded(redis_server: Any, kit: Any) -> None:
     cfg = kit.fast_config(stream_maxlen=100, batch_max=1, entries_per_flush=50)
-    state = RedisState(kit.make_router(), *_clients(redis_server.url), "a", cfg)
+    state = RedisReplication(kit.make_router(), *_clients(redis_server.url), "a", cfg)
     try:
         await state.start(run_tasks=False)
         for i in range(2000):
@@ -145,7 +145,7 @@ async def test_garbage_and_unknown_workers_are_counted_not_fatal(replicas: Any, 
 
 
 async def test_stop_publishes_what_is_left_and_unhooks(redis_server: Any, kit: Any) -> None:
-    state = RedisState(kit.make_router(), *_clients(redis_server.url), "a", kit.fast_config())
+    state = RedisReplication(kit.make_router(), *_clients(redis_server.url), "a", kit.fast_config())
     await state.start(run_tasks=False)
     kit.dispatch(state.router, "x", kit.prefix(1), 1.0)
     await state.stop()
@@ -159,8 +159,8 @@ async def test_stop_publishes_what_is_left_and_unhooks(redis_server: Any, kit: A
 
 
 def _clients(url: str) -> tuple[aioredis.Redis, aioredis.Redis]:
-    from prefix_router.replication.config import StateConfig
     from prefix_router.replication.connect import make_client
+    from prefix_router.replication.settings import ReplicationSettings
 
-    cfg = StateConfig(op_timeout_s=0.5)
+    cfg = ReplicationSettings(op_timeout_s=0.5)
     return make_client(url, cfg, 0.5, 2), make_client(url, cfg, 2.0, 1)

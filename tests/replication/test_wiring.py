@@ -7,21 +7,21 @@ from typing import Any
 import aiohttp
 from prometheus_client import generate_latest
 
-from prefix_router.config import load_config
+from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
 from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE
+from prefix_router.proxy.config import load_config
+from prefix_router.proxy.context import CONTEXT
 from prefix_router.proxy.server import Running, start
-from prefix_router.replication.wiring import StateCollector, StateSlot, install
+from prefix_router.replication.wiring import ReplicationCollector, ReplicationSlot, install
+from support.routers import QUIET
 
-QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
 
-
-async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, StateSlot, Any]:
+async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, ReplicationSlot, Any]:
     workers = [{"url": e.url, "name": e.name} for e in engines]
     app = create_app(load_config(env={}, overrides={**QUIET, "workers": workers}))
-    app_state = app[STATE]
-    slot = install(app, app_state.router, url, cfg=kit.fast_config(), clock=app_state.clock)
-    app_state.metrics.registry.register(StateCollector(slot))
+    app_state = app[CONTEXT]
+    slot = install(app, app_state.router, kit.fast_config(url=url), clock=app_state.clock)
+    app_state.metrics.registry.register(ReplicationCollector(slot))
     return await start(app, shutdown_timeout=0.2), slot, app_state
 
 
@@ -30,7 +30,7 @@ async def chat(session: aiohttp.ClientSession, base: str, prompt: str) -> tuple[
     async with session.post(base + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
         await resp.read()
-        return resp.headers["x-prefix-router-worker"], int(resp.headers["x-prefix-router-prefix-match"])
+        return resp.headers[WORKER_HEADER], int(resp.headers[MATCH_HEADER])
 
 
 async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine: Any, kit: Any) -> None:
@@ -38,26 +38,31 @@ async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine:
     first, slot_a, _ = await start_replica(redis_server.url, engines, kit)
     second, slot_b, state_b = await start_replica(redis_server.url, engines, kit)
     try:
-        assert slot_a.ready() and slot_b.ready()
+        assert all(s.replication is not None and s.replication.ready for s in (slot_a, slot_b))
         prompts = [f"document {i}: " + "lorem ipsum dolor sit amet " * 40 for i in range(6)]
         async with aiohttp.ClientSession() as session:
             placed = [(await chat(session, first.url, p))[0] for p in prompts]
             await kit.wait_until(lambda: slot_a.stats()["outbox_size"] == 0)
             published = slot_a.stats()["published_changes"]
             await kit.wait_until(lambda: slot_b.stats()["applied_changes"] >= published >= len(prompts))
+            # the second replica has also seen the first one's in-flight counts fall back to 0 (shared
+            # every load_interval_s): a stale remote count would rightly weigh against the holder
+            names = [e.name for e in engines]
+            load_b = state_b.router.load
+            await kit.wait_until(lambda: all(s.in_flight == 0 for s in load_b.snapshots(names, 0.0)))
             for prompt, worker in zip(prompts, placed, strict=True):
                 again, predicted = await chat(session, second.url, prompt + " and one more question")
                 assert again == worker and predicted > 0
             text = generate_latest(state_b.metrics.registry).decode()
-        assert "prefix_router_state_applied_changes_total" in text
-        assert "prefix_router_state_connected 1.0" in text
+        assert "prefix_router_replication_applied_changes_total" in text
+        assert "prefix_router_replication_connected 1.0" in text
         assert len(set(placed)) > 1
     finally:
         await first.stop()
         await second.stop()
-    assert slot_a.state is not None and not slot_a.state.ready
+    assert slot_a.replication is not None and not slot_a.replication.ready
 
 
-def test_an_empty_slot_is_not_ready() -> None:
-    slot = StateSlot()
-    assert not slot.ready() and slot.stats() == {}
+def test_an_empty_slot_has_no_replication_and_no_stats() -> None:
+    slot = ReplicationSlot()
+    assert slot.replication is None and slot.stats() == {}

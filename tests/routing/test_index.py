@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.hashing import chain_ids
+from prefix_router.routing.hashing import chain_blocks
 from prefix_router.routing.index import PrefixIndex
 
 
@@ -12,7 +12,8 @@ def make_index(cap_tokens: int = 1_000, total: int = 10_000, ttl: float = 1e9) -
 
 
 def chain(*ids: int) -> tuple[int, ...]:
-    return chain_ids(list(ids), seed=7)
+    """Chained block hashes of the ids, one 8-byte block each."""
+    return chain_blocks(b"".join(i.to_bytes(8, "little") for i in ids), 8, seed=7)
 
 
 def reference_match(held: dict[str, set[int]], blocks: tuple[int, ...]) -> dict[str, int]:

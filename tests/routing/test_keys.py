@@ -6,18 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.config import RoutingConfig
-from prefix_router.routing.keys import InvalidRequest, KeyBuilder, build_request, extension_blocks
+from prefix_router.routing.keys import InvalidRequest, KeyBuilder
+from prefix_router.routing.settings import KeySettings
 
-CFG = RoutingConfig(block_chars=16, block_tokens=4)
+CFG = KeySettings(block_chars=16, block_tokens=4)
+KEYS = KeyBuilder(CFG)
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": messages, **extra}
 
 
-def blocks(body: dict[str, Any], tenant: str | None = None, cfg: RoutingConfig = CFG) -> tuple[int, ...]:
-    return build_request("chat", body, cfg, request_id="r", tenant=tenant).blocks
+def blocks(body: dict[str, Any], tenant: str | None = None, cfg: KeySettings = CFG) -> tuple[int, ...]:
+    return KeyBuilder(cfg).build("chat", body, request_id="r", tenant=tenant).blocks
 
 
 def is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -46,7 +47,7 @@ def test_multi_turn_keys_are_prefixes_of_each_other(
 def test_generated_reply_extends_to_the_next_turn_key() -> None:
     body = chat([{"role": "system", "content": "s" * 100}, {"role": "user", "content": "q" * 40}])
     reply = {"role": "assistant", "content": "a" * 70}
-    ext = extension_blocks("chat", body, reply, CFG)
+    ext = KEYS.extension("chat", body, reply)
     next_turn = chat([*body["messages"], reply, {"role": "user", "content": "next" * 10}])
     assert is_prefix(ext, blocks(next_turn))
     assert len(ext) > len(blocks(body))
@@ -57,7 +58,7 @@ def test_tools_change_or_tenant_change_the_key() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
     other = {"type": "function", "function": {"name": "g", "parameters": {}}}
     assert blocks(chat(msgs, tools=[tool])) != blocks(chat(msgs, tools=[other]))
-    isolated = RoutingConfig(block_chars=16, block_tokens=4, isolate_tenants=True)
+    isolated = KeySettings(block_chars=16, block_tokens=4, isolate_tenants=True)
     assert blocks(chat(msgs), "t1", isolated)[0] != blocks(chat(msgs), "t2", isolated)[0]
     assert blocks(chat(msgs), "t1")[0] == blocks(chat(msgs), "t2")[0]  # shared when not isolated
 
@@ -85,12 +86,12 @@ def test_images_hash_by_url_and_tool_calls_count() -> None:
 
 
 def test_completions_prompt_forms() -> None:
-    text = build_request("completions", {"model": "m", "prompt": "p" * 40}, CFG, request_id="r")
-    batch = build_request("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, CFG, request_id="r")
+    text = KEYS.build("completions", {"model": "m", "prompt": "p" * 40}, request_id="r")
+    batch = KEYS.build("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, request_id="r")
     assert text.blocks == batch.blocks and len(text.blocks) == 2 and text.prompt_tokens == 10
-    ids = build_request("completions", {"model": "m", "prompt": list(range(10))}, CFG, request_id="r")
+    ids = KEYS.build("completions", {"model": "m", "prompt": list(range(10))}, request_id="r")
     assert ids.prompt_tokens == 10 and len(ids.blocks) == 2
-    more = build_request("completions", {"model": "m", "prompt": [list(range(12))]}, CFG, request_id="r")
+    more = KEYS.build("completions", {"model": "m", "prompt": [list(range(12))]}, request_id="r")
     assert is_prefix(ids.blocks, more.blocks)
 
 
@@ -113,7 +114,7 @@ def test_completions_prompt_forms() -> None:
 )
 def test_bad_bodies_are_rejected_with_the_param(endpoint: Any, body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
-        build_request(endpoint, body, CFG, request_id="r")
+        KEYS.build(endpoint, body, request_id="r")
     assert err.value.param == param
 
 
@@ -129,14 +130,14 @@ json_st = st.recursive(
 def test_arbitrary_json_is_routed_or_rejected_never_crashes(body: dict[str, Any]) -> None:
     for endpoint in ("chat", "completions"):
         try:
-            req = build_request(endpoint, body, CFG, request_id="r")  # type: ignore[arg-type]
+            req = KEYS.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
         except InvalidRequest:
             continue
         assert req.prompt_tokens >= 0
 
 
 def test_max_prefix_chars_caps_the_examined_prefix() -> None:
-    cfg = RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=32)
+    cfg = KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=32)
     body = chat([{"role": "user", "content": "x" * 500}])
     assert len(blocks(body, cfg=cfg)) == 2
 
@@ -162,11 +163,11 @@ def test_incremental_extension_equals_full_rehash(
 
 
 @settings(max_examples=100, deadline=None)
-@given(messages_st, st.text(max_size=200), st.integers(0, 400))
+@given(messages_st, st.text(max_size=200), st.integers(1, 400))  # 0 is refused (KeySettings)
 def test_incremental_extension_respects_the_prefix_cap(
     turn: list[dict[str, Any]], reply: str, cap: int
 ) -> None:
-    builder = KeyBuilder(RoutingConfig(block_chars=16, block_tokens=4, max_prefix_chars=cap))
+    builder = KeyBuilder(KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=cap))
     body, generated = chat(turn), {"role": "assistant", "content": reply}
     req = builder.build("chat", body, request_id="r")
     fast = builder.extend(req, "chat", body, generated)

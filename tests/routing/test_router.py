@@ -4,13 +4,15 @@ import random
 
 import pytest
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import IndexChange, Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Outcome, RouteRequest
 
 
 def make_router(**kw: object) -> Router:
-    cfg = RoutingConfig(block_tokens=16, worker_capacity_tokens=16 * 100, **kw)  # type: ignore[arg-type]
+    cfg = RoutingSettings.model_validate(
+        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 100}, **kw}
+    )
     router = Router(cfg, random.Random(0))
     for name in ("a", "b", "c"):
         router.add_worker(name)
@@ -26,7 +28,7 @@ def rr(rid: str, blocks: tuple[int, ...], session: str | None = None) -> RouteRe
 def run(router: Router, req: RouteRequest, now: float, **outcome: object) -> str:
     d = router.route(req, ["a", "b", "c"], now)
     router.dispatched(req, d, now)
-    router.first_token(req.request_id, now)
+    router.first_token(req.request_id)
     router.finished(req, d.worker, Outcome(**outcome), now)  # type: ignore[arg-type]
     return d.worker
 
@@ -48,7 +50,7 @@ def test_prediction_is_reported_for_every_policy() -> None:
 
 
 def test_in_flight_is_released_and_bounded() -> None:
-    router = make_router(max_tracked_requests=5)
+    router = make_router(trackers={"max_tracked_requests": 5})
     for i in range(20):
         req = rr(str(i), (i,))
         router.dispatched(req, router.route(req, ["a", "b", "c"], 0), 0)

@@ -1,6 +1,6 @@
-"""Fixtures for security tests: a router over real HTTP, an engine that records (and can echo) what it
-receives, a listener that must never be reached, and raw-socket helpers (``kit``: test modules are imported
-with ``--import-mode=importlib`` and cannot import this file)."""
+"""Fixtures for security tests: a router over real HTTP (``support.routers``), an engine that records (and
+can echo) what it receives, a listener that must never be reached, and raw-socket helpers (``kit``: test
+modules are imported with ``--import-mode=importlib`` and cannot import this file)."""
 
 from __future__ import annotations
 
@@ -14,50 +14,18 @@ import orjson
 import pytest
 from aiohttp import web
 
-from prefix_router.config import load_config
-from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE, AppState
-from prefix_router.proxy.server import Running, start
-
-QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
-
-
-@dataclass
-class RouterHandle:
-    app: web.Application
-    running: Running
-
-    @property
-    def url(self) -> str:
-        return self.running.url
-
-    @property
-    def port(self) -> int:
-        return self.running.port
-
-    @property
-    def state(self) -> AppState:
-        return self.app[STATE]
+from prefix_router.proxy.server import Running
+from support.routers import RouterFactory, Routers
 
 
 @pytest.fixture
-async def start_router() -> AsyncIterator[Callable[..., Awaitable[RouterHandle]]]:
+async def start_router() -> AsyncIterator[RouterFactory]:
     """``await start_router(worker, ..., settings={...})``; workers are engines or config entries."""
-    handles: list[RouterHandle] = []
-
-    async def make(*workers: Any, settings: dict[str, Any] | None = None) -> RouterHandle:
-        entries = [w if isinstance(w, dict) else {"url": w.url, "name": w.name} for w in workers]
-        config = load_config(env={}, overrides={**QUIET, "workers": entries, **(settings or {})})
-        app = create_app(config)
-        running = await start(app, shutdown_timeout=0.2, keepalive_timeout=config.timeouts.client_header_s)
-        handles.append(RouterHandle(app, running))
-        return handles[-1]
-
+    routers = Routers()
     try:
-        yield make
+        yield routers.start
     finally:
-        for handle in handles:
-            await handle.running.stop()
+        await routers.close()
 
 
 @dataclass

@@ -21,8 +21,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefix_router.config import load_config
+from prefix_router.protocol import WORKER_HEADER
 from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
 from prefix_router.proxy.server import start
 
 MAX_BODY = 24 * 1024 * 1024
@@ -110,7 +111,7 @@ def check(served: Served, path: str, body: bytes) -> int:
         error = orjson.loads(data)["error"]
         assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
     else:
-        assert status == 200 and headers["x-prefix-router-worker"] == "w"
+        assert status == 200 and headers[WORKER_HEADER] == "w"
         assert served.last_body == [body]
     return status
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
+
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
 
@@ -43,7 +45,7 @@ def header_sets(evil: str) -> list[dict[str, str]]:
         {},
         {"X-Forwarded-Host": evil, "X-Forwarded-Proto": "http", "Forwarded": f"host={evil};proto=http"},
         {"X-Original-URL": f"http://{evil}/", "X-Rewrite-URL": f"http://{evil}/", "X-Host": evil},
-        {"x-prefix-router-worker": evil, "x-prefix-router-policy": "random", "Proxy": f"http://{evil}"},
+        {WORKER_HEADER: evil, POLICY_HEADER: "random", "Proxy": f"http://{evil}"},
     ]
 
 
@@ -90,7 +92,7 @@ async def test_an_absolute_form_target_goes_to_the_worker_not_to_its_host(
     router = await start_router(engine)
     target = f"http://127.0.0.1:{tripwire.port}/v1/chat/completions"
     response = await kit.raw(router.port, request("POST", target, {}))
-    assert kit.status_of(response) == 200 and b"x-prefix-router-worker: w" in response.lower()
+    assert kit.status_of(response) == 200 and f"{WORKER_HEADER}: w".encode() in response.lower()
     assert [path for _, path, _, _ in engine.seen] == ["/v1/chat/completions"]
     assert tripwire.connections == 0
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.sim.openai_api import EngineLimits
 from prefix_router.sim.profiles import get_profile
 from prefix_router.sim.requests import SimRequest
@@ -33,7 +33,7 @@ def drain(source: WorkloadSource) -> list[SimRequest]:
 
 
 def test_turns_carry_the_generated_reply_forward() -> None:
-    source = WorkloadSource(Workload("w", (conversation("s", 0.0),)), RoutingConfig(), LIMITS)
+    source = WorkloadSource(Workload("w", (conversation("s", 0.0),)), RoutingSettings(), LIMITS)
     first, second, third = drain(source)
     assert second.route.blocks[: len(first.extension_blocks)] == first.extension_blocks
     assert third.route.blocks[: len(second.extension_blocks)] == second.extension_blocks
@@ -44,13 +44,13 @@ def test_turns_carry_the_generated_reply_forward() -> None:
 
 def test_session_ids_only_when_asked() -> None:
     workload = Workload("w", (conversation("s", 0.0),))
-    requests = drain(WorkloadSource(workload, RoutingConfig(), LIMITS, sessions=True))
+    requests = drain(WorkloadSource(workload, RoutingSettings(), LIMITS, sessions=True))
     assert {r.route.session for r in requests} == {"s"}
 
 
 def test_closed_loop_keeps_concurrency_sessions_in_flight() -> None:
     sessions = tuple(conversation(f"s{i}", 0.0, turns=1) for i in range(3))
-    source = WorkloadSource(Workload("w", sessions, concurrency=1), RoutingConfig(), LIMITS)
+    source = WorkloadSource(Workload("w", sessions, concurrency=1), RoutingSettings(), LIMITS)
     arrivals = [r.arrival for r in drain(source)]
     assert arrivals == [0.0, 1.0, 2.0]
 
@@ -63,8 +63,8 @@ def test_multi_turn_simulation_hits_the_cache_on_later_turns() -> None:
     scenario = Scenario(
         "w",
         spec,
-        lambda: WorkloadSource(workload, RoutingConfig(), LIMITS),
-        lambda p: RoutingConfig(policy=p),
+        lambda: WorkloadSource(workload, RoutingSettings(), LIMITS),
+        lambda p: RoutingSettings(policy=p),
     )
     report = simulate(scenario, ["round_robin"])
     row = report["policies"]["round_robin"]

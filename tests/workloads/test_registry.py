@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -9,10 +10,18 @@ from pathlib import Path
 import pytest
 
 from prefix_router.workloads.arrivals import Arrivals, poisson_times
-from prefix_router.workloads.registry import coerce, get_workload, make_options, workload_names
+from prefix_router.workloads.registry import (
+    WORKLOADS,
+    WorkloadSpec,
+    coerce,
+    get_workload,
+    make_options,
+    workload_names,
+)
 from prefix_router.workloads.traces import TRACES_ENV, find_trace
 from prefix_router.workloads.types import Workload
 
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 SYNTHETIC = ["chatbots", "agents", "rag", "unique", "sglang-gsp", "vllm-prefix-repetition"]
 SMALL = {
     "chatbots": {"system_tokens": 32},
@@ -129,3 +138,33 @@ def test_request_trace_file_rejects_bad_lines(tmp_path: Path) -> None:
     path.write_text(json.dumps({"timestamp": 0, "endpoint": "embeddings", "body": {}}) + "\n")
     with pytest.raises(ValueError, match="line 1"):
         get_workload("trace", requests=None, seed=0, model="", path=str(path))
+
+
+def row_options(name: str, sharegpt: Path, mooncake: Path, tmp_path: Path) -> dict[str, str]:
+    """What a row needs in a test: its input files (every other option keeps the row's default)."""
+    trace = tmp_path / "requests.jsonl"
+    line = {
+        "timestamp": 0,
+        "endpoint": "chat",
+        "body": {"model": "x", "messages": [{"role": "user", "content": "a"}]},
+    }
+    trace.write_text(json.dumps(line) + "\n")
+    files = {"multi-turn": {"trace": str(sharegpt)}, "mooncake": {"trace": str(mooncake)},
+             "mixed": {"trace": str(sharegpt)}, "trace": {"path": str(trace)}}  # fmt: skip
+    return files.get(name, {})
+
+
+@pytest.mark.parametrize("spec", WORKLOADS, ids=lambda spec: spec.name)
+def test_every_workload_row_builds_and_is_documented(
+    spec: WorkloadSpec, sharegpt_file: Path, mooncake_file: Path, tmp_path: Path
+) -> None:
+    defaults = make_options(spec.options, {})  # every option has a default
+    assert dataclasses.is_dataclass(defaults) and spec.options.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    options = row_options(spec.name, sharegpt_file, mooncake_file, tmp_path)
+    built = get_workload(spec.name, requests=6, seed=3, model="m", **options)
+    assert built == get_workload(spec.name, requests=6, seed=3, model="m", **options)
+    assert built.name == spec.name and built.description == spec.description
+    assert 0 < built.request_count <= 6 and spec.default_requests > 0
+    turns = [turn for session in built.sessions for turn in session.turns]
+    assert all(turn.body is None or turn.body["model"] == "m" for turn in turns)
+    assert any(line.startswith(f"| `{spec.name}` |") for line in DOCS.read_text().splitlines()), spec.name

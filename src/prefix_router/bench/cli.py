@@ -55,7 +55,10 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--label", default="external", help="name of the --router row")
     p.add_argument(
-        "--routing", action="append", metavar="KEY=VALUE", help="routing knob of the in-process router"
+        "--routing",
+        action="append",
+        metavar="KEY=VALUE",
+        help="knob of the in-process router, keyed as under routing: (policies.prefix.load_factor=1.5)",
     )
     p.add_argument(
         "--no-reset", action="store_true", help="do not flush the engines' prefix caches per policy"

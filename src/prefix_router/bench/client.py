@@ -18,10 +18,8 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionStreamOptionsParam
 
-from prefix_router.workloads.types import Endpoint
+from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER, Endpoint
 
-WORKER_HEADER = "x-prefix-router-worker"
-MATCH_HEADER = "x-prefix-router-prefix-match"  # the router's predicted cached tokens
 _STREAM_OPTIONS: ChatCompletionStreamOptionsParam = {"include_usage": True}
 MAX_REPLY_CHARS = 1 << 20  # generated text kept for the next turn's history (the rest is only counted)
 MAX_TOOL_CALLS = 64  # tool calls kept per reply

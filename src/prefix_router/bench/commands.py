@@ -14,7 +14,7 @@ from rich.console import Console
 
 from prefix_router.bench import plots, table
 from prefix_router.bench.harness import BenchOutcome, BenchPlan, run_bench
-from prefix_router.config import parse_scalar
+from prefix_router.proxy.config import parse_scalar
 from prefix_router.workloads.arrivals import Arrivals
 from prefix_router.workloads.registry import get_workload, workload_specs
 from prefix_router.workloads.types import Workload

@@ -30,7 +30,7 @@ from rich.console import Console
 from prefix_router.bench.commands import emit, exit_code, parse_key_values, plan_from, workload_from
 from prefix_router.bench.harness import run_bench
 from prefix_router.bench.table import output_console
-from prefix_router.config import parse_scalar
+from prefix_router.proxy.config import parse_scalar
 from prefix_router.workloads.arrivals import Arrivals
 
 SIM_ENGINE_OPTIONS: Mapping[str, Any] = {

@@ -31,9 +31,9 @@ from rich.table import Table
 
 from prefix_router.bench.summary import quantile
 from prefix_router.bench.table import output_console
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import IndexSettings, RoutingSettings
 from prefix_router.routing.types import Outcome, RouteRequest
 from prefix_router.workloads.text import random_text, rng_for
 
@@ -51,8 +51,10 @@ class IndexBenchConfig:
 
 
 def make_router(cfg: IndexBenchConfig) -> Router:
-    routing = RoutingConfig(policy="prefix", max_total_blocks=max(2_000_000, cfg.blocks * 2), ttl_s=1e9,
-                            worker_capacity_tokens=1 << 40)  # fmt: skip
+    index = IndexSettings(
+        max_total_blocks=max(2_000_000, cfg.blocks * 2), ttl_s=1e9, worker_capacity_tokens=1 << 40
+    )
+    routing = RoutingSettings(policy="prefix", index=index)
     router = Router(routing, rng=random.Random(cfg.seed))
     for i in range(cfg.workers):
         router.add_worker(f"w{i}")
@@ -118,7 +120,7 @@ class _Decisions:
 
 
 def measure_prompt(router: Router, chars: int, cfg: IndexBenchConfig) -> dict[str, Any]:
-    keys = KeyBuilder(router.cfg)
+    keys = KeyBuilder(router.cfg.keys)
     body = body_of(chars, cfg.seed)
     req = keys.build("chat", body, request_id="probe")
     out: dict[str, Any] = {"blocks": len(req.blocks)}

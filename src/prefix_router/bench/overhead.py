@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from prefix_router.bench import loadgen, profile
+from prefix_router.launch.net import free_port
 from prefix_router.proxy.server import loop_factory
 
 PEERS = ("sglang-router",)
@@ -104,12 +104,6 @@ def bodies(n: int, prompt_chars: int, stream: bool) -> list[bytes]:
         body = orjson.dumps({"model": "instant", "messages": messages, "max_tokens": 8, "stream": stream})
         out.append(loadgen.request_bytes("/v1/chat/completions", body))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -49,8 +49,6 @@ OWN_RULES: tuple[tuple[str, str], ...] = (
     ("parse", "handlers.py"),
     ("forward", "proxy/upstream.py"),
     ("forward", "proxy/http_client.py"),
-    ("forward", "proxy/h1client.py"),
-    ("forward", "proxy/h1parse.py"),
     ("forward", "upstream_headers"),
     ("forward", "Exchange.attempt"),
     ("forward", "Exchange.upstream_request"),

@@ -6,15 +6,17 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from prefix_router.config import Config, validate
+from prefix_router.proxy.config import Config, set_dotted, validate
 
 
 def router_config(workers: Sequence[str], policy: str, routing: Mapping[str, Any] | None = None) -> Config:
-    """A loopback router config over ``workers`` with ``policy`` and extra routing knobs."""
-    knobs = {**(routing or {}), "policy": policy}
-    return validate(
-        {"host": "127.0.0.1", "port": 0, "workers": list(workers), "routing": knobs, "log_level": "warning"}
-    )
+    """A loopback router config over ``workers`` with ``policy`` and extra routing knobs, keyed as under
+    ``routing:`` (dotted: ``policies.prefix.load_factor``)."""
+    data: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "workers": list(workers), "log_level": "warning"}
+    for key, value in (routing or {}).items():
+        set_dotted(data, f"routing.{key}", value)
+    set_dotted(data, "routing.policy", policy)
+    return validate(data)
 
 
 @contextlib.asynccontextmanager

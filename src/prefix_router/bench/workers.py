@@ -23,6 +23,7 @@ import aiohttp
 
 from prefix_router.pool.engines import promtext
 from prefix_router.pool.engines.registry import detect, get_adapter
+from prefix_router.pool.http import client_session
 
 REQUEST_COUNTERS = promtext.counter_names("vllm:request_success")
 MAX_METRICS_BYTES = 8 * 1024 * 1024
@@ -68,7 +69,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any] 
 
 
 def _session(timeout_s: float = 10.0) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+    return client_session(aiohttp.ClientTimeout(total=timeout_s))
 
 
 async def describe(url: str) -> WorkerInfo:

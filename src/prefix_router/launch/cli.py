@@ -6,8 +6,6 @@ import argparse
 import json
 import signal
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -19,6 +17,7 @@ from prefix_router.launch.llama_cpp import (
     LlamaCppSettings,
     default_venv,
 )
+from prefix_router.launch.net import get_text
 from prefix_router.pool.engines.registry import detect
 
 
@@ -100,15 +99,6 @@ def wait_for_stop() -> None:
             signal.signal(sig, old)
 
 
-def fetch_text(url: str, timeout: float = 5.0) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: bytes = response.read(4 << 20)
-            return body.decode("utf-8", "replace") if response.status == 200 else None
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def models_body(text: str | None) -> dict[str, Any] | None:
     try:
         body = json.loads(text) if text else None
@@ -120,6 +110,6 @@ def models_body(text: str | None) -> dict[str, Any] | None:
 def run_detect(args: argparse.Namespace) -> int:
     for url in args.urls:
         base = url.rstrip("/")
-        engine = detect(fetch_text(f"{base}/metrics"), models_body(fetch_text(f"{base}/v1/models")))
+        engine = detect(get_text(f"{base}/metrics"), models_body(get_text(f"{base}/v1/models")))
         print(f"{base} {engine}")
     return 0

@@ -13,10 +13,10 @@ import selectors
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 
+from prefix_router.launch.net import wait_until_ok
 from prefix_router.sim.profiles import DEFAULT_PROFILE
 from prefix_router.sim.server import READY_PREFIX, EngineSimConfig, running_server
 
@@ -67,7 +67,8 @@ def start_engines(
         deadline = time.monotonic() + startup_timeout_s
         urls = [_ready_url(p, deadline) for p in processes]
         for url in urls:
-            _wait_healthy(url, deadline)
+            if not wait_until_ok(f"{url}/health", deadline):
+                raise EngineStartError(f"{url}/health did not answer in time")
         yield urls
     finally:
         for process in processes:
@@ -85,19 +86,6 @@ def _ready_url(process: subprocess.Popen[bytes], deadline: float) -> str:
     if not line.startswith(READY_PREFIX):
         raise EngineStartError(f"engine-sim failed to start (exit code {process.poll()}): {line!r}")
     return line[len(READY_PREFIX) :].split()[0]
-
-
-def _wait_healthy(url: str, deadline: float) -> None:
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2.0) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise EngineStartError(f"{url}/health did not answer in time")
-        time.sleep(0.05)
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:

@@ -17,16 +17,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from prefix_router.launch.net import free_port, wait_until_ok
 
 MAX_INSTANCES = 32
 DEFAULT_ALIAS = "smollm2-135m"
@@ -80,13 +79,6 @@ def unavailable_reason(venv: Path | None = None) -> str | None:
     return None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def ports_for(settings: LlamaCppSettings) -> list[int]:
     if settings.port_base:
         return [settings.port_base + i for i in range(settings.instances)]
@@ -115,14 +107,6 @@ def server_settings(settings: LlamaCppSettings, model: Path, port: int) -> dict[
 def command(settings: LlamaCppSettings, model: Path, port: int) -> list[str]:
     payload = json.dumps(server_settings(settings, model, port))
     return [str(venv_python(settings.venv)), "-I", str(SHIM), "--settings", payload]
-
-
-def fetch_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @dataclass(slots=True)
@@ -188,21 +172,17 @@ class LlamaCppFleet:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
-        pending = list(self.instances)
-        while pending:
-            pending = [i for i in pending if not self._ready(i)]
-            if pending and time.monotonic() > deadline:
-                raise LaunchError(f"{pending[0].url} not ready in time; see {pending[0].log_path}")
-            if pending:
-                time.sleep(0.2)
+        for instance in self.instances:
+            if not wait_until_ok(f"{instance.url}/health", deadline, interval_s=0.2, check=self._check_alive):
+                raise LaunchError(f"{instance.url} not ready in time; see {instance.log_path}")
 
-    @staticmethod
-    def _ready(instance: Instance) -> bool:
-        code = instance.process.poll()
-        if code is not None:
-            tail = instance.log_path.read_text(errors="replace")[-2000:]
-            raise LaunchError(f"{instance.url} exited with {code}; log {instance.log_path}:\n{tail}")
-        return fetch_ok(f"{instance.url}/health")
+    def _check_alive(self) -> None:
+        """Raise, with the tail of its log, when an instance has exited."""
+        for instance in self.instances:
+            code = instance.process.poll()
+            if code is not None:
+                tail = instance.log_path.read_text(errors="replace")[-2000:]
+                raise LaunchError(f"{instance.url} exited with {code}; log {instance.log_path}:\n{tail}")
 
     def stop(self, grace_s: float = 5.0) -> None:
         for instance in self.instances:

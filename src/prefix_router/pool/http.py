@@ -1,6 +1,7 @@
-"""The pool's only network need: bounded GET requests (probes, model lists, metrics pages).
-
-Behind the one-method ``Fetcher`` seam so tests can script engines without sockets.
+"""HTTP client plumbing: ``client_session``, the one way the project opens an aiohttp client session (the
+proxy's upstream, this pool's fetcher, the benchmark's calls to engines), and the pool's only network need,
+bounded GET requests (probes, model lists, metrics pages), behind the one-method ``Fetcher`` seam so tests
+can script engines without sockets.
 """
 
 from __future__ import annotations
@@ -11,6 +12,27 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
+
+DEFAULT_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 4.0  # under uvicorn's 5 s keep-alive (vLLM, SGLang): a reused connection is never stale
+
+
+def client_session(
+    timeout: aiohttp.ClientTimeout,
+    *,
+    connections: int = DEFAULT_CONNECTIONS,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    decompress: bool = True,
+) -> aiohttp.ClientSession:
+    """A client session with at most ``connections`` connections in all (0: no limit), idle ones closed
+    after ``idle_timeout_s``, and no cookie jar (no engine's cookie is ever kept or replayed).
+
+    Create it inside the running event loop; whoever creates it closes it.
+    """
+    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0, keepalive_timeout=idle_timeout_s)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=decompress, cookie_jar=aiohttp.DummyCookieJar()
+    )
 
 
 class FetchError(Exception):
@@ -30,15 +52,15 @@ class Fetcher(Protocol):
 
 
 class AiohttpFetcher:
-    """``Fetcher`` over one aiohttp session, created on first use (inside the running loop)."""
+    """``Fetcher`` over one client session, created on first use (inside the running loop). Each ``get`` is
+    bounded by its own ``timeout_s``."""
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=64, force_close=False)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+            self._session = client_session(aiohttp.ClientTimeout(total=None))
         return self._session
 
     async def get(self, url: str, headers: Mapping[str, str], timeout_s: float, max_bytes: int) -> Fetched:

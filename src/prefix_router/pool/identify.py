@@ -1,4 +1,4 @@
-"""Model discovery (``GET /v1/models``) and engine detection for each worker."""
+"""Identifying each worker: the models it lists (``GET /v1/models``) and the engine it runs."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ MODELS_MAX_BYTES = 4 * 1024 * 1024
 METRICS_PATH = "/metrics"
 
 
-class Discovery:
-    """Learns each worker's served models (bounded) and which engine it runs."""
+class Identifier:
+    """Learns each worker's listed models (bounded) and which engine it runs."""
 
     def __init__(self, fetcher: Fetcher, timeout_s: float, max_models: int, metrics_max_bytes: int) -> None:
         self._fetcher = fetcher
@@ -25,12 +25,12 @@ class Discovery:
         self._max_models = max_models
         self._metrics_max_bytes = metrics_max_bytes
 
-    async def discover(self, worker: Worker) -> None:
+    async def identify(self, worker: Worker) -> None:
         body = await self._get_json(worker, "/v1/models", MODELS_MAX_BYTES)
         if body is not None:
             models = parse_models(body, self._max_models)
             if models is not None:
-                worker.discovered = models
+                worker.listed_models = models
         if worker.adapter is None:
             worker.adapter = await self._adapter(worker, body)
 

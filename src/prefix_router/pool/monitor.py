@@ -1,4 +1,4 @@
-"""Background loops keeping the pool current: health probes, model discovery, metrics scrapes."""
+"""Background loops keeping the pool current: health probes, identification (models, engine), scrapes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from prefix_router.pool.health import HealthProber
 from prefix_router.pool.http import Fetcher
-from prefix_router.pool.identify import Discovery
+from prefix_router.pool.identify import Identifier
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
 from prefix_router.pool.settings import HealthConfig, ScrapeConfig
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class PoolMonitor:
-    """Owns the prober, discovery and scraper and the three loops that drive them."""
+    """Owns the prober, identifier and scraper and the three loops that drive them."""
 
     def __init__(
         self,
@@ -34,14 +34,14 @@ class PoolMonitor:
         self.pool = pool
         self.fetcher = fetcher
         self.prober = HealthProber(pool, fetcher, health)
-        self.discovery = Discovery(fetcher, health.timeout_s, max_models, scrape.max_bytes)
+        self.identifier = Identifier(fetcher, health.timeout_s, max_models, scrape.max_bytes)
         self.scraper = MetricsScraper(pool, router, fetcher, scrape, clock)
         self._health, self._scrape = health, scrape
         self._tasks: list[asyncio.Task[None]] = []
 
     async def refresh(self, worker: Worker) -> None:
-        """Discover and probe one worker now (start-up, or a worker added at runtime)."""
-        await self.discovery.discover(worker)
+        """Identify and probe one worker now (start-up, or a worker added at runtime)."""
+        await self.identifier.identify(worker)
         await self.prober.probe(worker)
 
     async def refresh_all(self) -> None:
@@ -53,7 +53,7 @@ class PoolMonitor:
             return
         loops: list[tuple[float, Callable[[], Awaitable[None]]]] = [
             (self._health.interval_s, self.prober.probe_all),
-            (self._health.models_interval_s, self._discover_all),
+            (self._health.models_interval_s, self._identify_all),
         ]
         if self._scrape.enabled:
             loops.append((self._scrape.interval_s, self.scraper.scrape_all))
@@ -67,8 +67,8 @@ class PoolMonitor:
                 await task
         self._tasks = []
 
-    async def _discover_all(self) -> None:
-        await asyncio.gather(*(self.discovery.discover(w) for w in self.pool if w.health.healthy))
+    async def _identify_all(self) -> None:
+        await asyncio.gather(*(self.identifier.identify(w) for w in self.pool if w.health.healthy))
 
 
 async def _every(interval_s: float, fn: Callable[[], Awaitable[None]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.pool.worker import Worker
@@ -16,10 +17,11 @@ class PoolError(ValueError):
 
 
 class WorkerPool:
-    """Workers by name (bounded by ``max_workers``), their availability and in-flight counts.
+    """Workers by name (bounded by ``max_workers``) and their availability.
 
     Every membership change is mirrored into the ``Router``; a worker ejected by health checks has its
-    index entries purged (the engine probably restarted and lost its cache).
+    cached-prefix entries purged (the engine probably restarted and lost its cache) but keeps its
+    in-flight count. In-flight counts are the routing core's (``Router.load``), read here for the caps.
     """
 
     def __init__(self, router: Router, max_workers: int, thresholds: tuple[int, int] = (3, 2)) -> None:
@@ -28,7 +30,6 @@ class WorkerPool:
         self._fail_threshold, self._success_threshold = thresholds
         self._workers: dict[str, Worker] = {}
         self._listeners: list[HealthListener] = []
-        self.total_in_flight = 0
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -76,10 +77,11 @@ class WorkerPool:
 
     def candidates(self, model: str | None, per_worker_cap: int) -> list[str]:
         """Names of available workers serving ``model`` (any model when None) below the in-flight cap."""
+        load = self._router.load
         return [
             w.name
             for w in self._workers.values()
-            if w.available and w.in_flight < per_worker_cap and (model is None or w.serves(model))
+            if w.available and load.in_flight(w.name) < per_worker_cap and (model is None or w.serves(model))
         ]
 
     def knows_model(self, model: str) -> bool:
@@ -94,19 +96,23 @@ class WorkerPool:
         seen: dict[str, dict[str, object]] = {}
         for worker in self._workers.values():
             for model_id in worker.model_ids():
-                entry = (worker.discovered or {}).get(model_id)
+                entry = (worker.listed_models or {}).get(model_id)
                 seen.setdefault(model_id, dict(entry) if entry else _model_entry(model_id))
         return list(seen.values())
 
-    # ------------------------------------------------------------------ accounting
+    # ------------------------------------------------------------------ load (the routing core's count)
 
-    def acquire(self, worker: Worker) -> None:
-        worker.in_flight += 1
-        self.total_in_flight += 1
+    def in_flight(self, name: str) -> int:
+        """This router's requests in flight on worker ``name``."""
+        return self._router.load.in_flight(name)
 
-    def release(self, worker: Worker) -> None:
-        worker.in_flight = max(0, worker.in_flight - 1)
-        self.total_in_flight = max(0, self.total_in_flight - 1)
+    def total_in_flight(self) -> int:
+        """This router's requests in flight on any worker (removed ones included until they finish)."""
+        return self._router.load.tracked()
+
+    def public(self, worker: Worker) -> dict[str, Any]:
+        """``worker``'s admin view with its in-flight count."""
+        return worker.public(self.in_flight(worker.name))
 
     # ------------------------------------------------------------------ health
 
@@ -127,8 +133,7 @@ class WorkerPool:
     def _set_health(self, worker: Worker, healthy: bool) -> None:
         worker.health.healthy = healthy
         if not healthy and worker.name in self._workers:
-            self._router.remove_worker(worker.name)  # forget what the engine probably lost
-            self._router.add_worker(worker.name, capacity_tokens=worker.capacity(), weight=worker.weight)
+            self._router.forget_cache(worker.name)  # what the engine probably lost; its requests still run
         for listener in self._listeners:
             listener(worker, healthy)
 

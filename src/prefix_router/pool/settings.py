@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -52,6 +52,23 @@ class WorkerConfig(Section):
         return self.name or self.url.split("://", 1)[1].split("/", 1)[0]
 
 
+def workers_from_urls(value: Any) -> Any:
+    """A ``workers`` list may be given as URLs (comma-separated in an environment variable)."""
+    value = split_list(value)
+    if isinstance(value, list):
+        return [{"url": w} if isinstance(w, str) else w for w in value]
+    return value
+
+
+def unique_worker_names(workers: list[WorkerConfig]) -> list[WorkerConfig]:
+    """Refuses two workers of one name (index entries, metrics and shared state are keyed by it)."""
+    names = [w.resolved_name() for w in workers]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise ValueError(f"duplicate worker name {dup!r}")
+    return workers
+
+
 def normalize_url(value: str) -> str:
     """``http(s)://host[:port][/base]`` without a trailing slash or ``/v1`` (endpoints are appended)."""
     url = value.strip().rstrip("/")
@@ -66,7 +83,7 @@ def normalize_url(value: str) -> str:
 
 
 class HealthConfig(Section):
-    """Active health probes and model discovery."""
+    """Active health probes and identification (the models a worker lists, every ``models_interval_s``)."""
 
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)

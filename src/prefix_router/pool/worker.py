@@ -32,12 +32,11 @@ class Worker:
     api_key: SecretStr | None = None
     capacity_tokens: int | None = None
     configured_models: frozenset[str] = frozenset()
-    discovered: dict[str, dict[str, Any]] | None = None
+    listed_models: dict[str, dict[str, Any]] | None = None  # from the worker's ``/v1/models``
     adapter: EngineAdapter | None = None
     health: HealthState = field(default_factory=HealthState)
     health_path: str | None = None
     draining: bool = False
-    in_flight: int = 0
     learned_capacity: int | None = None
     last_scrape_s: float | None = None
 
@@ -53,30 +52,27 @@ class Worker:
             configured_models=frozenset(cfg.models),
         )
 
-    def capacity(self) -> int | None:
-        """KV-cache capacity in tokens: configured, else learned from the engine's metrics."""
-        return self.capacity_tokens or self.learned_capacity
-
     @property
     def available(self) -> bool:
         """Healthy and accepting new requests."""
         return self.health.healthy and not self.draining
 
     def serves(self, model: str) -> bool:
-        """Configured models win; then discovered ones; a worker with no known list accepts any model."""
+        """Configured models win; then the listed ones; a worker with no known list accepts any model."""
         if self.configured_models:
             return model in self.configured_models
-        if self.discovered is not None:
-            return model in self.discovered
+        if self.listed_models is not None:
+            return model in self.listed_models
         return True
 
     def model_ids(self) -> list[str]:
         if self.configured_models:
             return sorted(self.configured_models)
-        return list(self.discovered or ())
+        return list(self.listed_models or ())
 
-    def public(self) -> dict[str, Any]:
-        """A JSON-able view for the admin API: never the upstream credentials."""
+    def public(self, in_flight: int) -> dict[str, Any]:
+        """A JSON-able view for the admin API (``in_flight`` is the routing core's count): never the
+        upstream credentials."""
         return {
             "name": self.name,
             "url": self.url,
@@ -85,7 +81,7 @@ class Worker:
             "models": self.model_ids(),
             "healthy": self.health.healthy,
             "draining": self.draining,
-            "in_flight": self.in_flight,
+            "in_flight": in_flight,
             "consecutive_failures": self.health.failures,
             "last_error": self.health.last_error,
             "has_api_key": self.api_key is not None,

@@ -1,59 +1,60 @@
-"""Bookkeeping of one attempt on one worker: in-flight counts, the routing core's lifecycle calls,
-metrics and the trace record. Every attempt is finished exactly once, whatever happens."""
+"""Bookkeeping of one attempt on one worker: the routing core's lifecycle calls (which keep the one
+in-flight count, ``Router.load``), metrics and the trace record. Every attempt, routed or pass-through,
+is dispatched and finished exactly once, whatever happens."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 from prefix_router.pool.engines.base import EngineAdapter
 from prefix_router.pool.engines.usage import dig, openai_cached_tokens
 from prefix_router.pool.worker import Worker
-from prefix_router.proxy.context import AppState
+from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
-from prefix_router.routing.types import Decision, Outcome
+from prefix_router.proxy.upstream import FailureKind
+from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
 CLIENT_GONE = 499  # the client disconnected (nginx's convention), for metrics only
 
 
 class Flight:
-    """One attempt: counted in flight from dispatch until ``finish``."""
+    """One attempt: counted in flight by the routing core from dispatch until ``finish``. ``parsed`` is
+    None for a pass-through call (``route`` then has no blocks)."""
 
-    __slots__ = ("_done", "_state", "decision", "parsed", "policy", "started", "worker")
+    __slots__ = ("_done", "_state", "decision", "parsed", "policy", "route", "started", "worker")
 
     def __init__(
         self,
-        state: AppState,
+        state: AppContext,
         worker: Worker,
+        route: RouteRequest,
+        decision: Decision,
         parsed: Parsed | None,
-        decision: Decision | None,
         policy: str,
         started: float,
     ) -> None:
         self._state = state
         self.worker = worker
-        self.parsed = parsed
+        self.route = route
         self.decision = decision
+        self.parsed = parsed
         self.policy = policy
         self.started = started
         self._done = False
-        state.pool.acquire(worker)
-        if parsed is not None and decision is not None:
-            state.router.dispatched(parsed.route, decision, state.clock())
+        state.router.dispatched(route, decision, state.clock())
 
     def first_byte(self) -> None:
         now = self._state.clock()
         self._state.metrics.ttft.observe(now - self.started)
-        if self.parsed is not None:
-            self._state.router.first_token(self.parsed.route.request_id, now)
+        self._state.router.first_token(self.route.request_id)
 
-    def fail(self, kind: str, status: int, error: str) -> None:
+    def fail(self, kind: FailureKind, status: int, error: str) -> None:
         """The attempt failed before anything reached the client."""
         self._state.metrics.upstream_errors.inc((self.worker.name, kind))
-        if kind == "connect" and self._state.pool.get(self.worker.name) is self.worker:
+        if kind == FailureKind.CONNECT and self._state.pool.get(self.worker.name) is self.worker:
             self._state.pool.report(self.worker, False, error)  # passive health check
         self.finish(status, Outcome(ok=False))
 
@@ -62,26 +63,25 @@ class Flight:
             return
         self._done = True
         state, now = self._state, self._state.clock()
-        state.pool.release(self.worker)
+        state.router.finished(self.route, self.worker.name, outcome, now)  # also if it left meanwhile
         state.metrics.request_done(self.worker.name, self.policy, status)
         state.metrics.latency.observe(now - self.started)
-        if self.parsed is not None:
-            with contextlib.suppress(KeyError):  # the worker was removed meanwhile
-                state.router.finished(self.parsed.route, self.worker.name, outcome, now)
 
 
-def settle(state: AppState, flight: Flight, reply: ReplyAccumulator, status: int, ok: bool) -> None:
-    """Finish a flight whose response reached the client, learning what the engine cached."""
+def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: int, ok: bool) -> None:
+    """Finish a flight whose response reached the client, learning what the engine cached (routed
+    requests only: a pass-through call teaches the index nothing)."""
     parsed = flight.parsed
-    cached = cached_tokens(reply.usage_body, flight.worker.adapter)
-    extension = extension_blocks(state, parsed, reply.generated()) if ok and parsed is not None else ()
-    flight.finish(status, Outcome(ok=ok, cached_tokens=cached, extension_blocks=extension))
     if parsed is None:
+        flight.finish(status, Outcome(ok=ok))
         return
-    predicted = flight.decision.predicted_tokens if flight.decision is not None else 0
+    cached = cached_tokens(reply.usage_body, flight.worker.adapter)
+    extension = extension_blocks(state, parsed, reply.generated()) if ok else ()
+    flight.finish(status, Outcome(ok=ok, cached_tokens=cached, extension_blocks=extension))
+    predicted = flight.decision.predicted_tokens
     state.metrics.cached_tokens(flight.worker.name, predicted, cached)
     if state.recorder is not None:
-        state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.chars_per_token))
+        state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.keys.chars_per_token))
 
 
 def cached_tokens(body: dict[str, Any] | None, adapter: EngineAdapter | None) -> int | None:
@@ -93,7 +93,7 @@ def cached_tokens(body: dict[str, Any] | None, adapter: EngineAdapter | None) ->
     return found
 
 
-def extension_blocks(state: AppState, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
+def extension_blocks(state: AppContext, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
     if generated is None:
         return ()
     try:

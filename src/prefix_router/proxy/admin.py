@@ -8,11 +8,11 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from prefix_router.config import describe
 from prefix_router.pool.pool import PoolError
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.auth import check_admin
-from prefix_router.proxy.context import STATE, AppState
+from prefix_router.proxy.config import describe
+from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.errors import ProxyError, bad_request
 from prefix_router.proxy.handlers import Handler, json_response
 
@@ -22,7 +22,7 @@ MAX_ADMIN_BODY = 64 * 1024
 def admin_only(handler: Handler) -> Handler:
     async def wrapper(request: web.Request) -> web.StreamResponse:
         try:
-            check_admin(request.app[STATE].admin_token, request.headers)
+            check_admin(request.app[CONTEXT].admin_token, request.headers)
             return await handler(request)
         except ProxyError as err:
             return err.response()
@@ -37,44 +37,46 @@ def admin_only(handler: Handler) -> Handler:
 
 @admin_only
 async def list_workers(request: web.Request) -> web.StreamResponse:
-    return json_response({"workers": [w.public() for w in request.app[STATE].pool]})
+    pool = request.app[CONTEXT].pool
+    return json_response({"workers": [pool.public(w) for w in pool]})
 
 
 @admin_only
 async def add_worker(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    state = request.app[CONTEXT]
     cfg = worker_config(await read_json(request))
     worker = state.pool.add(cfg)
     await state.monitor.refresh(worker)
-    return json_response({"worker": worker.public()}, status=201)
+    return json_response({"worker": state.pool.public(worker)}, status=201)
 
 
 @admin_only
 async def remove_worker(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    state = request.app[CONTEXT]
+    view = state.pool.public(state.pool.require(request.match_info["name"]))  # with what still runs there
     worker = state.pool.remove(request.match_info["name"])
     state.metrics.forget_worker(worker.name)
-    return json_response({"removed": worker.public()})
+    return json_response({"removed": view})
 
 
 @admin_only
 async def drain_worker(request: web.Request) -> web.StreamResponse:
-    return set_draining(request.app[STATE], request.match_info["name"], True)
+    return set_draining(request.app[CONTEXT], request.match_info["name"], True)
 
 
 @admin_only
 async def undrain_worker(request: web.Request) -> web.StreamResponse:
-    return set_draining(request.app[STATE], request.match_info["name"], False)
+    return set_draining(request.app[CONTEXT], request.match_info["name"], False)
 
 
 @admin_only
 async def routing_summary(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    state = request.app[CONTEXT]
     return json_response({"policy": state.config.routing.policy, "summary": state.router.summary()})
 
 
-def set_draining(state: AppState, name: str, draining: bool) -> web.Response:
-    return json_response({"worker": state.pool.drain(name, draining).public()})
+def set_draining(state: AppContext, name: str, draining: bool) -> web.Response:
+    return json_response({"worker": state.pool.public(state.pool.drain(name, draining))})
 
 
 async def read_json(request: web.Request) -> Any:

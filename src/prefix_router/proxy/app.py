@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from prefix_router.config import Config
 from prefix_router.pool.http import AiohttpFetcher, Fetcher
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
@@ -18,10 +17,11 @@ from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import admin, handlers
 from prefix_router.proxy.auth import KeySet
-from prefix_router.proxy.context import STATE, AppState
+from prefix_router.proxy.config import Config
+from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.http_client import HttpUpstream
 from prefix_router.proxy.metrics import ProxyMetrics
-from prefix_router.proxy.record import Recorder
+from prefix_router.proxy.record import TraceRecorder
 from prefix_router.proxy.upstream import Upstream
 from prefix_router.routing.router import Router
 from prefix_router.settings import ConfigError
@@ -44,13 +44,13 @@ def create_app(
     """
     state = build_state(config, upstream, fetcher, clock, rng or random.Random())
     app = web.Application(client_max_size=config.limits.max_body_bytes)
-    app[STATE] = state
+    app[CONTEXT] = state
     handlers.add_routes(app)
     admin.add_routes(app)
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
-    _install_shared_state(app, state)
+    _install_replication(app, state)
     _install_discovery(app, state)
     state.pool.on_health_change(_log_health)
     state.pool.on_health_change(_ejection_cutter(state))
@@ -63,11 +63,11 @@ def build_state(
     fetcher: Fetcher | None,
     clock: Callable[[], float],
     rng: random.Random,
-) -> AppState:
+) -> AppContext:
     router = build_router(config, rng)
     pool = build_pool(config, router)
     metrics = ProxyMetrics(pool)
-    return AppState(
+    return AppContext(
         config=config,
         router=router,
         pool=pool,
@@ -77,7 +77,6 @@ def build_state(
         client_keys=KeySet(config.auth.api_keys),
         admin_token=KeySet([config.auth.admin_token] if config.auth.admin_token else []),
         clock=clock,
-        rng=rng,
         policies=frozenset(router.policy_names()),
         recorder=build_recorder(config, clock, metrics),
     )
@@ -110,19 +109,19 @@ def build_pool(config: Config, router: Router) -> WorkerPool:
     return pool
 
 
-def build_recorder(config: Config, clock: Callable[[], float], metrics: ProxyMetrics) -> Recorder | None:
+def build_recorder(config: Config, clock: Callable[[], float], metrics: ProxyMetrics) -> TraceRecorder | None:
     if config.record.file is None:
         return None
-    return Recorder(config.record, clock, metrics.record_dropped.inc)
+    return TraceRecorder(config.record, clock, metrics.record_dropped.inc)
 
 
 async def _startup(app: web.Application) -> None:
-    state = app[STATE]
+    state = app[CONTEXT]
     timeout = state.config.health.timeout_s * 3 + 1
     try:
         await asyncio.wait_for(state.monitor.refresh_all(), timeout)
     except TimeoutError:
-        log.warning("start-up discovery did not finish within %.1fs; continuing", timeout)
+        log.warning("start-up identification and probes did not finish within %.1fs; continuing", timeout)
     state.monitor.start()
     if state.recorder is not None:
         state.recorder.start()
@@ -130,12 +129,12 @@ async def _startup(app: web.Application) -> None:
 
 async def _shutdown(app: web.Application) -> None:
     """SIGTERM: the listener is closed already; in-flight requests get ``timeouts.shutdown_s`` to finish."""
-    state = app[STATE]
+    state = app[CONTEXT]
     state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
-    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight)
+    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
 
 
-def _ejection_cutter(state: AppState) -> Callable[[Worker, bool], None]:
+def _ejection_cutter(state: AppContext) -> Callable[[Worker, bool], None]:
     """When a worker is ejected, requests waiting for its first byte are retried elsewhere at once."""
 
     def cut(worker: Worker, healthy: bool) -> None:
@@ -146,7 +145,7 @@ def _ejection_cutter(state: AppState) -> Callable[[Worker, bool], None]:
 
 
 async def _cleanup(app: web.Application) -> None:
-    state = app[STATE]
+    state = app[CONTEXT]
     await state.monitor.stop()
     if state.recorder is not None:
         await state.recorder.close()
@@ -164,27 +163,18 @@ def _log_health(worker: Worker, healthy: bool) -> None:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
 
 
-def _install_shared_state(app: web.Application, state: AppState) -> None:
-    settings = state.config.state
+def _install_replication(app: web.Application, state: AppContext) -> None:
+    settings = state.config.replication
     if settings.url is None:
         return
-    from prefix_router.replication import StateConfig
-    from prefix_router.replication.wiring import StateCollector, install
+    from prefix_router.replication.wiring import ReplicationCollector, install
 
-    knobs = settings.model_dump(exclude={"url", "replica_id"})
-    slot = install(
-        app,
-        state.router,
-        settings.url,
-        replica_id=settings.replica_id,
-        cfg=StateConfig(**knobs),
-        clock=state.clock,
-    )
-    state.metrics.registry.register(StateCollector(slot))
+    slot = install(app, state.router, settings, clock=state.clock)
+    state.metrics.registry.register(ReplicationCollector(slot))
 
 
-def _install_discovery(app: web.Application, state: AppState) -> None:
-    """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the shared state's
+def _install_discovery(app: web.Application, state: AppContext) -> None:
+    """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the replication's
     warm-up knows the workers) and stops first on cleanup (before the monitor's fetcher closes)."""
     settings = state.config.discovery
     if settings.kind is None:

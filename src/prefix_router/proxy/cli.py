@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefix_router.config import Config, load_config
-from prefix_router.routing.policies import POLICY_NAMES
+from prefix_router.proxy.config import Config, load_config
+from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
 from prefix_router.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--worker", action="append", metavar="URL", help="engine base URL (repeat); NAME=URL names it"
     )
     serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    serve.add_argument("--policy", help=f"routing policy: {', '.join(POLICY_NAMES)} (default: prefix)")
+    serve.add_argument(
+        "--policy", help=f"routing policy: {', '.join(POLICY_NAMES)} (default: {DEFAULT_POLICY})"
+    )
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
     serve.add_argument(
@@ -39,9 +41,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
     serve.add_argument(
-        "--state",
+        "--replication",
         metavar="URL",
-        help="share the prefix view with other replicas through Redis: redis://HOST:PORT/DB",
+        help="share the prefix view with other router replicas through Redis: redis://HOST:PORT/DB",
     )
     serve.add_argument(
         "--discover-dns", metavar="NAME:PORT", help="workers: every address NAME resolves to (re-resolved)"
@@ -56,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="any config key, e.g. routing.load_factor=1.5",
+        help="any config key, e.g. routing.policies.prefix.load_factor=1.5",
     )
     serve.add_argument("--print-config", action="store_true", help="print the merged config (YAML) and exit")
     serve.set_defaults(func=run_serve)
@@ -64,7 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Flags as dotted config keys (only those given)."""
-    from prefix_router.config import parse_scalar
+    from prefix_router.proxy.config import parse_scalar
 
     out: dict[str, Any] = {}
     for item in args.set:
@@ -79,7 +81,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "host": args.host,
         "port": args.port,
         "record.file": args.record,
-        "state.url": args.state,
+        "replication.url": args.replication,
         "processes": args.processes,
     }
     out.update({k: v for k, v in flags.items() if v is not None})
@@ -148,10 +150,10 @@ def run_serve(args: argparse.Namespace) -> int:
     del app  # each process builds its own
 
     def serve_one(index: int, directory: Path) -> None:
-        from prefix_router.proxy.processes import install_local_state
+        from prefix_router.proxy.processes import install_local_replication
 
         child = create_app(config)
-        install_local_state(child, directory, index, count)
+        install_local_replication(child, directory, index, count)
         serve_app(child, config, reuse_port=True)
 
     logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)

@@ -9,19 +9,19 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from prefix_router.config import Config
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.proxy.auth import KeySet
+from prefix_router.proxy.config import Config
 from prefix_router.proxy.deadlines import Deadlines
 from prefix_router.proxy.metrics import ProxyMetrics
-from prefix_router.proxy.record import Recorder
+from prefix_router.proxy.record import TraceRecorder
 from prefix_router.proxy.upstream import Upstream
 from prefix_router.routing.router import Router
 
 
 @dataclass(eq=False)
-class AppState:
+class AppContext:
     config: Config
     router: Router
     pool: WorkerPool
@@ -31,9 +31,8 @@ class AppState:
     client_keys: KeySet
     admin_token: KeySet
     clock: Callable[[], float]
-    rng: random.Random
     policies: frozenset[str]
-    recorder: Recorder | None = None
+    recorder: TraceRecorder | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
@@ -42,4 +41,4 @@ class AppState:
         return f"{self._prefix}-{next(self._ids)}"
 
 
-STATE = web.AppKey("prefix_router_state", AppState)
+CONTEXT = web.AppKey("prefix_router_context", AppContext)

@@ -21,14 +21,15 @@ from aiohttp import web
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.context import AppState
+from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
-from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
-from prefix_router.routing.types import Decision, Outcome
+from prefix_router.proxy.upstream import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
+PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
 
 
 @dataclass(slots=True)
@@ -46,7 +47,7 @@ class Opened:
 class Failed:
     """Why an attempt failed; ``status`` and ``body`` when the worker answered 5xx."""
 
-    kind: str
+    kind: FailureKind
     message: str
     worker: str
     status: int | None = None
@@ -57,7 +58,7 @@ class Failed:
 class Exchange:
     def __init__(
         self,
-        state: AppState,
+        state: AppContext,
         request: web.Request,
         raw: bytes,
         parsed: Parsed | None,
@@ -69,8 +70,9 @@ class Exchange:
         self.raw = raw
         self.parsed = parsed
         self.model = model
-        self.policy = policy
+        self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
         self.policy_label = policy or state.config.routing.policy
+        self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
         loop = asyncio.get_running_loop()
@@ -96,18 +98,17 @@ class Exchange:
                 404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
             )
 
-    def choose(self, excluded: set[str]) -> tuple[Worker, Decision | None] | None:
+    def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
         pool, limits = self.state.pool, self.state.config.limits
-        if pool.total_in_flight >= limits.max_in_flight:  # admit() checked before the body was read
+        if pool.total_in_flight() >= limits.max_in_flight:  # admit() checked before the body was read
             raise overloaded("the router is at its in-flight cap", limits.retry_after_s)
         names = [n for n in pool.candidates(self.model, limits.max_in_flight_per_worker) if n not in excluded]
         if not names:
             return None
-        if self.parsed is None:
-            return least_loaded([pool.require(n) for n in names], self.state), None
-        decision = self.state.router.route(self.parsed.route, names, self.state.clock(), self.policy)
-        self.state.metrics.branches.inc((self.policy_label, decision.branch))
-        self.state.metrics.predicted.observe(decision.predicted_tokens)
+        decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
+        if self.parsed is not None:
+            self.state.metrics.branches.inc((self.policy_label, decision.branch))
+            self.state.metrics.predicted.observe(decision.predicted_tokens)
         return pool.require(decision.worker), decision
 
     def nobody(self) -> ProxyError:
@@ -147,10 +148,12 @@ class Exchange:
         # the worker's name, not the failure's text: that names internal addresses
         log.info("giving up on %s after %s failure: %s", last.worker, last.kind, last.message)
         message = f"upstream {last.kind} failure on worker {last.worker}"
-        return upstream_failed(message, timeout=last.kind == "timeout")
+        return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
-    async def attempt(self, worker: Worker, decision: Decision | None) -> Opened | Failed:
-        flight = Flight(self.state, worker, self.parsed, decision, self.policy_label, self.started)
+    async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
+        flight = Flight(
+            self.state, worker, self.route, decision, self.parsed, self.policy_label, self.started
+        )
         response: UpstreamResponse | None = None
         loop = asyncio.get_running_loop()
         first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
@@ -163,7 +166,7 @@ class Exchange:
         except UpstreamError as exc:
             return self.failed(flight, response, exc.kind, str(exc))
         except TimeoutError:
-            return self.failed(flight, response, "timeout", "no answer in time")
+            return self.failed(flight, response, FailureKind.TIMEOUT, "no answer in time")
         except BaseException:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
@@ -188,20 +191,23 @@ class Exchange:
     async def server_error(self, flight: Flight, response: UpstreamResponse) -> Failed:
         body, complete = await read_up_to(response, 64 * 1024)
         _finish_reading(response, complete)
-        flight.fail("status", response.status, f"HTTP {response.status}")
+        flight.fail(FailureKind.STATUS, response.status, f"HTTP {response.status}")
         message = f"HTTP {response.status}"
-        return Failed("status", message, flight.worker.name, response.status, response.headers, body)
+        return Failed(
+            FailureKind.STATUS, message, flight.worker.name, response.status, response.headers, body
+        )
 
-    def failed(self, flight: Flight, response: UpstreamResponse | None, kind: str, message: str) -> Failed:
+    def failed(
+        self, flight: Flight, response: UpstreamResponse | None, kind: FailureKind, message: str
+    ) -> Failed:
         _abort(response)
-        flight.fail(kind, 504 if kind == "timeout" else 502, message)
+        flight.fail(kind, 504 if kind == FailureKind.TIMEOUT else 502, message)
         return Failed(kind, message, flight.worker.name)
 
     # ------------------------------------------------------------------ relaying
 
     def response_headers(self, opened: Opened) -> Any:
-        decision = opened.flight.decision
-        predicted = decision.predicted_tokens if decision is not None else None
+        predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
         return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
@@ -256,22 +262,24 @@ class Exchange:
                     chunk = await response.next_chunk()
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
-            kind = "timeout" if isinstance(exc, TimeoutError) else "io"
+            kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
             self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
             await self.end_broken(out, opened, kind)
             return False
         response.release()
         return True
 
-    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: str) -> None:
+    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: FailureKind) -> None:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
             if self.request.transport is not None:
                 self.request.transport.abort()
             return
-        if kind == "timeout" and self.state.deadlines.stopping:
+        if kind == FailureKind.TIMEOUT and self.state.deadlines.stopping:
             await out.write(sse_error("the router is shutting down", "router_shutdown"))
             return
-        message = "upstream timed out mid-stream" if kind == "timeout" else "upstream failed mid-stream"
+        message = (
+            "upstream timed out mid-stream" if kind == FailureKind.TIMEOUT else "upstream failed mid-stream"
+        )
         await out.write(sse_error(message, f"upstream_{kind}"))
 
 
@@ -288,10 +296,9 @@ def sse_error(message: str, code: str) -> bytes:
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
 
 
-def least_loaded(workers: list[Worker], state: AppState) -> Worker:
-    """Fewest in flight relative to weight; ties broken at random."""
-    best = min(w.in_flight / w.weight for w in workers)
-    return state.rng.choice([w for w in workers if w.in_flight / w.weight == best])
+def passthrough_route(state: AppContext) -> RouteRequest:
+    """A pass-through call as the routing core sees it: an id, no blocks (nothing to match or index)."""
+    return RouteRequest(state.next_id(), (), state.router.index.block_tokens, 0, hash_key=0)
 
 
 async def read_up_to(response: UpstreamResponse, limit: int) -> tuple[bytes, bool]:

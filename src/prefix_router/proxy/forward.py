@@ -8,10 +8,8 @@ from urllib.parse import unquote
 from multidict import CIMultiDict
 
 from prefix_router.pool.worker import Worker
+from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, WORKER_HEADER
 
-WORKER_HEADER = "x-prefix-router-worker"
-MATCH_HEADER = "x-prefix-router-prefix-match"
-POLICY_HEADER = "x-prefix-router-policy"
 # never forwarded in either direction (RFC 9110 section 7.6.1, plus what the proxy sets itself)
 HOP_BY_HOP = frozenset(
     {

@@ -10,13 +10,12 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from prefix_router.protocol import POLICY_HEADER, Endpoint
 from prefix_router.proxy import parse as parsing
 from prefix_router.proxy.auth import check_client, tenant_of
-from prefix_router.proxy.context import STATE, AppState
+from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.errors import ProxyError, bad_request, overloaded
 from prefix_router.proxy.exchange import Exchange, UpstreamReply
-from prefix_router.proxy.forward import POLICY_HEADER
-from prefix_router.routing.keys import Endpoint
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -29,7 +28,7 @@ def guarded(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except ProxyError as err:
-            request.app[STATE].metrics.rejected.inc((str(err.status),))
+            request.app[CONTEXT].metrics.rejected.inc((str(err.status),))
             return err.response()
         except UpstreamReply as reply:
             return reply.response
@@ -42,20 +41,20 @@ def guarded(handler: Handler) -> Handler:
     return wrapper
 
 
-def admit(state: AppState, request: web.Request) -> None:
+def admit(state: AppContext, request: web.Request) -> None:
     """Client key check and the global in-flight cap, before reading the body."""
     check_client(state.client_keys, request.headers)
-    if state.pool.total_in_flight >= state.config.limits.max_in_flight:
+    if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
-async def read_body(state: AppState, request: web.Request) -> bytes:
+async def read_body(state: AppContext, request: web.Request) -> bytes:
     return await parsing.read_body(
         request, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s
     )
 
 
-def policy_override(state: AppState, request: web.Request) -> str | None:
+def policy_override(state: AppContext, request: web.Request) -> str | None:
     name = request.headers.get(POLICY_HEADER)
     if name is None:
         return None
@@ -66,10 +65,10 @@ def policy_override(state: AppState, request: web.Request) -> str | None:
 
 
 async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    state = request.app[STATE]
+    state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
-    tenant = tenant_of(request.headers) if state.config.routing.isolate_tenants else None
+    tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
     session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
     args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
     if len(raw) > state.config.limits.parse_in_thread_bytes:  # long parses stay off the event loop
@@ -95,8 +94,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 @guarded
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Any other ``/v1/*`` call goes to a load-balanced worker (serving the body's model, if named)."""
-    state = request.app[STATE]
+    """Any other ``/v1/*`` call goes to the least loaded worker (serving the body's model, if named),
+    chosen and counted by the routing core like any request."""
+    state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
     model = parsing.body_model(raw, request.content_type)
@@ -105,7 +105,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 @guarded
 async def list_models(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    state = request.app[CONTEXT]
     check_client(state.client_keys, request.headers)
     return json_response({"object": "list", "data": state.pool.models()})
 
@@ -115,7 +115,7 @@ async def health(request: web.Request) -> web.StreamResponse:
 
 
 async def ready(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    state = request.app[CONTEXT]
     if state.deadlines.stopping:
         return ProxyError(503, "shutting down", type="service_unavailable", code="shutting_down").response()
     up = sum(1 for w in state.pool if w.available)
@@ -126,7 +126,7 @@ async def ready(request: web.Request) -> web.StreamResponse:
 
 async def metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(
-        body=request.app[STATE].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        body=request.app[CONTEXT].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 

@@ -31,7 +31,7 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict
 
-from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest
+from prefix_router.proxy.upstream import FailureKind, UpstreamError, UpstreamRequest
 
 MAX_BUFFERED = 256 * 1024  # body bytes held before reading pauses
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
@@ -213,7 +213,7 @@ class Connection(asyncio.Protocol):
             if self.complete:
                 return b""
             if self._error is not None:
-                raise UpstreamError("io", f"upstream closed mid-body: {self._error}"[:300])
+                raise UpstreamError(FailureKind.IO, f"upstream closed mid-body: {self._error}"[:300])
             await self._wait()
 
     def finished_cleanly(self) -> bool:
@@ -286,7 +286,7 @@ class HttpUpstream:
         try:
             return await self._exchange(await self._connect(key), head, request.body, head_only)
         except _Stale:
-            raise UpstreamError("io", "connection closed before any response") from None
+            raise UpstreamError(FailureKind.IO, "connection closed before any response") from None
 
     async def _exchange(self, conn: Connection, head: bytes, body: bytes, head_only: bool) -> HttpResponse:
         try:
@@ -297,7 +297,7 @@ class HttpUpstream:
             raise
         except (ProtocolError, ConnectionError, OSError) as exc:
             conn.abort()
-            raise UpstreamError("io", f"{type(exc).__name__}: {exc}"[:300]) from None
+            raise UpstreamError(FailureKind.IO, f"{type(exc).__name__}: {exc}"[:300]) from None
         return HttpResponse(conn, status, headers, self)
 
     async def _connect(self, key: Key) -> Connection:
@@ -312,9 +312,11 @@ class HttpUpstream:
                     ssl=self._ssl_context() if scheme == "https" else None,
                 )
         except TimeoutError:
-            raise UpstreamError("connect", f"connect to {host}:{port} timed out") from None
+            raise UpstreamError(FailureKind.CONNECT, f"connect to {host}:{port} timed out") from None
         except OSError as exc:
-            raise UpstreamError("connect", f"connect to {host}:{port}: {exc.strerror or exc}") from None
+            raise UpstreamError(
+                FailureKind.CONNECT, f"connect to {host}:{port}: {exc.strerror or exc}"
+            ) from None
         return conn
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -363,7 +365,7 @@ def split_url(url: str) -> tuple[Key, str]:
     """``http://host:port/path?q`` -> ((scheme, host, port), "/path?q")."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("http", "https"):
-        raise UpstreamError("connect", f"unsupported URL {url[:80]!r}")
+        raise UpstreamError(FailureKind.CONNECT, f"unsupported URL {url[:80]!r}")
     netloc, _, path = rest.partition("/")
     host, port = split_netloc(netloc, 443 if scheme == "https" else 80)
     return (scheme, host, port), "/" + path

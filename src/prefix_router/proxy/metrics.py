@@ -167,7 +167,7 @@ class ProxyMetrics(Collector):
             {
                 "counters": {c.name: c.snapshot() for c in self._counters()},
                 "histograms": {h.name: h.snapshot() for h in self._histograms()},
-                "in_flight": {w.name: w.in_flight for w in self._pool},
+                "in_flight": {w.name: self._pool.in_flight(w.name) for w in self._pool},
             }
         )
 
@@ -208,7 +208,7 @@ class ProxyMetrics(Collector):
         draining = GaugeMetricFamily("prefix_router_worker_draining", "1 when draining", labels=["worker"])
         for w in self._pool:
             others = sum(_count(_part(p, "in_flight", w.name, int)) for p in peers)
-            in_flight.add_metric([w.name], w.in_flight + others)
+            in_flight.add_metric([w.name], self._pool.in_flight(w.name) + others)
             healthy.add_metric([w.name], 1.0 if w.health.healthy else 0.0)
             draining.add_metric([w.name], 1.0 if w.draining else 0.0)
         yield from (in_flight, healthy, draining)

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from prefix_router.protocol import Endpoint
 from prefix_router.proxy.errors import ProxyError, bad_request
 from prefix_router.routing import keys
 from prefix_router.routing.types import RouteRequest
@@ -23,7 +24,7 @@ MAX_SESSION_CHARS = 128
 class Parsed:
     """A routable request: the raw bytes to forward and what the router made of them."""
 
-    endpoint: keys.Endpoint
+    endpoint: Endpoint
     raw: bytes
     body: dict[str, Any]
     route: RouteRequest
@@ -77,7 +78,7 @@ def stream_flag(body: dict[str, Any]) -> bool:
 
 
 def route_request(
-    endpoint: keys.Endpoint,
+    endpoint: Endpoint,
     body: dict[str, Any],
     builder: keys.KeyBuilder,
     request_id: str,
@@ -95,7 +96,7 @@ def route_request(
 
 
 def parse(
-    endpoint: keys.Endpoint,
+    endpoint: Endpoint,
     raw: bytes,
     builder: keys.KeyBuilder,
     request_id: str,

@@ -31,10 +31,10 @@ from types import FrameType
 
 from aiohttp import web
 
-from prefix_router.config import Config
-from prefix_router.proxy.context import STATE, AppState
-from prefix_router.replication.local import LocalState
-from prefix_router.replication.wiring import StateCollector
+from prefix_router.proxy.config import Config
+from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.replication.local import LocalReplication
+from prefix_router.replication.wiring import ReplicationCollector
 
 log = logging.getLogger("prefix_router.processes")
 MAX_RESTARTS = 10
@@ -58,10 +58,10 @@ def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return max(1, cores)
 
 
-def install_local_state(app: web.Application, directory: Path, index: int, count: int) -> None:
+def install_local_replication(app: web.Application, directory: Path, index: int, count: int) -> None:
     """Join the local channel of ``count`` processes for the app's lifetime; /metrics adds the others'."""
-    state: AppState = app[STATE]
-    local = LocalState(state.router, directory, index, count, clock=state.clock)
+    state: AppContext = app[CONTEXT]
+    local = LocalReplication(state.router, directory, index, count, clock=state.clock)
     state.metrics.peers = local.snapshots
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
@@ -74,10 +74,10 @@ def install_local_state(app: web.Application, directory: Path, index: int, count
         await local.stop()
 
     app.cleanup_ctx.append(lifetime)
-    state.metrics.registry.register(StateCollector(local))
+    state.metrics.registry.register(ReplicationCollector(local))
 
 
-async def _publish_metrics(state: AppState, local: LocalState) -> None:
+async def _publish_metrics(state: AppContext, local: LocalReplication) -> None:
     while True:
         await asyncio.sleep(METRICS_INTERVAL_S)
         local.publish_snapshot(state.metrics.snapshot())

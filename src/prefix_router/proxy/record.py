@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from prefix_router.config import RecordConfig
+from prefix_router.proxy.settings import RecordConfig
 from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.types import RouteRequest
 
@@ -29,7 +29,7 @@ _MASK63 = (1 << 63) - 1
 FLUSH_INTERVAL_S = 0.5
 
 
-class Recorder:
+class TraceRecorder:
     def __init__(self, cfg: RecordConfig, clock: Callable[[], float], on_drop: Callable[[], None]) -> None:
         if cfg.file is None:
             raise ValueError("record.file is not set")

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from prefix_router.routing.keys import Endpoint
+from prefix_router.protocol import Endpoint
 
 MAX_TOOL_CALLS = 64
 

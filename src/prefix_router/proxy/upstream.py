@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import StrEnum
+from typing import Protocol
 
-FailureKind = Literal["connect", "timeout", "io"]
+
+class FailureKind(StrEnum):
+    """Why an attempt on a worker failed: the ``kind`` label of ``prefix_router_upstream_errors_total``."""
+
+    CONNECT = "connect"  # no connection: nothing was sent
+    TIMEOUT = "timeout"
+    IO = "io"  # the connection broke, or what came back is not HTTP
+    STATUS = "status"  # the worker answered 5xx
 
 
 class UpstreamError(Exception):

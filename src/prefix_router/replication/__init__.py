@@ -1,7 +1,8 @@
-"""Shared prefix state for several router replicas, through Redis Streams (``serve --state URL``)."""
+"""Replication: one prefix view for several router replicas, through Redis Streams
+(``serve --replication URL``)."""
 
-from prefix_router.replication.config import StateConfig
 from prefix_router.replication.connect import attach, default_replica_id
-from prefix_router.replication.sync import RedisState
+from prefix_router.replication.settings import ReplicationSettings
+from prefix_router.replication.sync import RedisReplication
 
-__all__ = ["RedisState", "StateConfig", "attach", "default_replica_id"]
+__all__ = ["RedisReplication", "ReplicationSettings", "attach", "default_replica_id"]

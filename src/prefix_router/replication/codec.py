@@ -12,13 +12,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefix_router.routing.router import IndexChange
+from prefix_router.routing.router import ChangeKind, IndexChange
 
 VERSION = 1
 MAX_BATCH = 0xFFFF
 _HEADER = struct.Struct("<BH")
 _CHANGE = struct.Struct("<BHdII")
-KINDS = ("insert", "trim", "forget_older")
+KINDS = (ChangeKind.INSERT, ChangeKind.TRIM, ChangeKind.FORGET_OLDER)  # wire codes 0, 1, 2: never reorder
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 
 
@@ -30,7 +30,7 @@ class CodecError(ValueError):
 class WireChange:
     """A decoded change: an :class:`IndexChange` whose time is an age in seconds."""
 
-    kind: str
+    kind: ChangeKind
     worker: str
     blocks: tuple[int, ...]
     keep: int

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from prefix_router.replication.config import StateConfig
-from prefix_router.replication.sync import Clock, RedisState
+from prefix_router.replication.settings import ReplicationSettings
+from prefix_router.replication.sync import Clock, RedisReplication
 from prefix_router.routing.router import Router
 
 
@@ -20,7 +20,9 @@ def default_replica_id() -> str:
     return os.environ.get("HOSTNAME") or socket.gethostname() or "replica"
 
 
-def make_client(url: str, cfg: StateConfig, socket_timeout_s: float, connections: int) -> aioredis.Redis:
+def make_client(
+    url: str, cfg: ReplicationSettings, socket_timeout_s: float, connections: int
+) -> aioredis.Redis:
     """A client without redis-py's own retries: the state's tasks back off and retry themselves."""
     client: aioredis.Redis = aioredis.Redis.from_url(
         url,
@@ -36,22 +38,22 @@ async def attach(
     router: Router,
     url: str,
     replica_id: str | None = None,
-    cfg: StateConfig | None = None,
+    cfg: ReplicationSettings | None = None,
     *,
     clock: Clock = time.monotonic,
     wall: Clock = time.time,
     start: bool = True,
-) -> RedisState:
+) -> RedisReplication:
     """Share ``router``'s prefix index through the Redis at ``url`` (``redis://HOST:PORT/DB``).
 
     ``clock`` must be the clock whose readings the caller passes to the router as ``now``. With
     ``start`` (the default) this returns once the backlog is applied (or ``warmup_timeout_s`` passed).
     """
-    cfg = cfg or StateConfig()
+    cfg = cfg or ReplicationSettings()
     client = make_client(url, cfg, cfg.op_timeout_s, connections=4)
     reader = make_client(url, cfg, cfg.op_timeout_s + cfg.read_block_ms / 1000, connections=2)
     name = replica_id or default_replica_id()
-    state = RedisState(router, client, reader, name, cfg, clock=clock, wall=wall)
+    state = RedisReplication(router, client, reader, name, cfg, clock=clock, wall=wall)
     if start:
         await state.start()
     return state

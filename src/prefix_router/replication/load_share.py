@@ -7,12 +7,12 @@ from collections.abc import Collection, Mapping
 
 import redis.asyncio as aioredis
 
-from prefix_router.replication.config import StateConfig
+from prefix_router.replication.settings import ReplicationSettings
 
 
 async def exchange(
     client: aioredis.Redis,
-    cfg: StateConfig,
+    cfg: ReplicationSettings,
     origin: str,
     local: Mapping[str, int],
     server_now: float,
@@ -31,7 +31,7 @@ async def exchange(
 
 
 async def _publish(
-    client: aioredis.Redis, cfg: StateConfig, origin: str, local: Mapping[str, int], now_ms: int
+    client: aioredis.Redis, cfg: ReplicationSettings, origin: str, local: Mapping[str, int], now_ms: int
 ) -> list[bytes]:
     key, ttl_ms = cfg.load_key(origin), int(cfg.load_ttl_s * 1000)
     async with client.pipeline(transaction=True) as pipe:

@@ -1,5 +1,5 @@
-"""LocalState: the processes of one ``serve --processes N`` share their prefix view, their in-flight counts
-and any small snapshot (metrics) over Unix datagram sockets in a private directory.
+"""LocalReplication: the processes of one ``serve --processes N`` share their prefix view, their in-flight
+counts and any small snapshot (metrics) over Unix datagram sockets in a private directory.
 
 The same protocol as the Redis replication (``sync``), over a local channel: every process binds
 ``<directory>/<index>.sock``; the router's change hook puts index changes in a bounded ``Outbox``; a task
@@ -30,7 +30,7 @@ import orjson
 
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
 from prefix_router.replication.outbox import Outbox
-from prefix_router.replication.stats import StateStats
+from prefix_router.replication.stats import ReplicationStats
 from prefix_router.routing.router import ChangeHook, IndexChange, Router
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class _Peer:
     snapshot: bytes | None = None
 
 
-class LocalState:
+class LocalReplication:
     """This process's side of the local channel (``index`` of ``count`` processes in ``directory``)."""
 
     def __init__(
@@ -84,7 +84,7 @@ class LocalState:
         self.router, self.index, self.clock = router, index, clock
         self.cfg = cfg or LocalConfig()
         self.outbox = Outbox(self.cfg.outbox_capacity)
-        self.counters = StateStats()
+        self.counters = ReplicationStats()
         self.peers = {i: _Peer(i, str(directory / f"{i}.sock"), {}) for i in range(count) if i != index}
         self._path = directory / f"{index}.sock"
         self._sock = _bind(self._path, self.cfg.socket_buffer_bytes)

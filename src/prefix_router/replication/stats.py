@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True)
-class StateStats:
+class ReplicationStats:
     published_changes: int = 0
     published_entries: int = 0
     publish_failures: int = 0

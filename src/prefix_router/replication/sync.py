@@ -1,4 +1,4 @@
-"""RedisState: this replica's prefix index shared with the other replicas through Redis.
+"""RedisReplication: this replica's prefix index shared with the other replicas through Redis.
 
 - Publish: the router's change hook puts every local index change in a bounded outbox (O(1), never
   waits); a task drains it in batches and XADDs them (pipelined, stream trimmed to about
@@ -29,9 +29,9 @@ from redis.exceptions import RedisError
 from prefix_router.replication import load_share, stream
 from prefix_router.replication.backoff import Backoff
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
-from prefix_router.replication.config import StateConfig
 from prefix_router.replication.outbox import Outbox
-from prefix_router.replication.stats import StateStats
+from prefix_router.replication.settings import ReplicationSettings
+from prefix_router.replication.stats import ReplicationStats
 from prefix_router.routing.router import ChangeHook, IndexChange, Router
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ Clock = Callable[[], float]
 ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutError)
 
 
-class RedisState:
+class RedisReplication:
     """Shared prefix state of one router replica. ``client`` serves publishing and load sharing,
     ``reader`` the blocking reads (its socket timeout must exceed ``read_block_ms``)."""
 
@@ -49,20 +49,20 @@ class RedisState:
         client: aioredis.Redis,
         reader: aioredis.Redis,
         replica_id: str,
-        cfg: StateConfig | None = None,
+        cfg: ReplicationSettings | None = None,
         *,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
         rng: random.Random | None = None,
     ) -> None:
         self.router, self.client, self.reader = router, client, reader
-        self.cfg = cfg or StateConfig()
+        self.cfg = cfg or ReplicationSettings()
         self.replica_id = replica_id
         self._rng = rng if rng is not None else random.Random()
         self.origin = f"{replica_id}/{self._rng.getrandbits(32):08x}"
         self.clock, self.wall = clock, wall
         self.outbox = Outbox(self.cfg.outbox_capacity)
-        self.counters = StateStats()
+        self.counters = ReplicationStats()
         self.last_id = stream.START_ID
         self.warmed = False
         self.connected = False
@@ -76,9 +76,6 @@ class RedisState:
 
     @property
     def ready(self) -> bool:
-        return self._ready
-
-    def is_ready(self) -> bool:
         return self._ready
 
     async def start(self, run_tasks: bool = True) -> None:

@@ -6,7 +6,7 @@ inputs share their first k blocks exactly when their first k hashes are equal.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import xxhash
 
@@ -33,15 +33,5 @@ def chain_blocks(data: bytes, block_size: int, seed: int, limit: int | None = No
     digest = xxhash.xxh3_64_intdigest
     for start in range(0, end, block_size):
         prev = digest(data[start : start + block_size], seed=prev)
-        out.append(prev)
-    return tuple(out)
-
-
-def chain_ids(ids: Sequence[int], seed: int) -> tuple[int, ...]:
-    """Chain already-opaque block ids (e.g. Mooncake ``hash_ids``) into prefix hashes."""
-    out: list[int] = []
-    prev = seed & _MASK64
-    for item in ids:
-        prev = hash_bytes((item & _MASK64).to_bytes(8, "little"), seed=prev)
         out.append(prev)
     return tuple(out)

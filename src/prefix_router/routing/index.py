@@ -83,6 +83,9 @@ class PrefixIndex:
     def workers(self) -> list[str]:
         return list(self._lru)
 
+    def __contains__(self, worker: object) -> bool:
+        return worker in self._lru
+
     # ------------------------------------------------------------ queries
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:

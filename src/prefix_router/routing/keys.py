@@ -15,15 +15,15 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.protocol import Endpoint
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
+from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.types import RouteRequest
 
-Endpoint = Literal["chat", "completions"]
 _US = "\x1f"  # field separator
 _RS = "\x1e"  # message separator
 
@@ -174,9 +174,9 @@ def _token_bytes(ids: Sequence[int]) -> bytes:
 
 
 class KeyBuilder:
-    """Turns request bodies into ``RouteRequest``s under one configuration (and optional tokenizer)."""
+    """Turns request bodies into ``RouteRequest``s under one key configuration (and optional tokenizer)."""
 
-    def __init__(self, cfg: RoutingConfig, tokenize: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(self, cfg: KeySettings, tokenize: Callable[[str], list[int]] | None = None) -> None:
         self.cfg = cfg
         self._tokenize = tokenize if tokenize is not None else _load_tokenizer(cfg.tokenizer_path)
 
@@ -312,28 +312,3 @@ def _load_tokenizer(path: str | None) -> Callable[[str], list[int]] | None:
         return list(tokenizer.encode(text, add_special_tokens=False).ids)
 
     return encode
-
-
-def build_request(
-    endpoint: Endpoint,
-    body: Mapping[str, Any],
-    cfg: RoutingConfig,
-    *,
-    request_id: str,
-    tenant: str | None = None,
-    session: str | None = None,
-) -> RouteRequest:
-    """One-off ``KeyBuilder(cfg).build``; with a tokenizer configured, keep a ``KeyBuilder`` instead."""
-    return KeyBuilder(cfg).build(endpoint, body, request_id=request_id, tenant=tenant, session=session)
-
-
-def extension_blocks(
-    endpoint: Endpoint,
-    body: Mapping[str, Any],
-    generated: Mapping[str, Any],
-    cfg: RoutingConfig,
-    *,
-    tenant: str | None = None,
-) -> tuple[int, ...]:
-    """One-off ``KeyBuilder(cfg).extension``: ``generated`` is the assistant message or ``{"text": ...}``."""
-    return KeyBuilder(cfg).extension(endpoint, body, generated, tenant=tenant)

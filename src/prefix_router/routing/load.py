@@ -1,10 +1,17 @@
 """Per-worker load as seen by this router: in-flight requests and the prefill work queued on each.
 
-A request counts as pending prefill (its uncached prompt tokens) from dispatch until its first token,
-and as in flight until it finishes. Other router replicas' in-flight counts (shared state) may be set per
-worker and are added to the snapshot. Engine-reported queue depth and KV usage (scraped) are kept beside,
-with their time, and ignored once stale so that a dead scrape never freezes routing. The table of
-tracked requests is bounded; the oldest entry gives way (and its load is released) when it is full.
+This is the router's one in-flight counter: the proxy's caps, ``/metrics``, the admin API and the
+replicas' load share all read it. A request counts as pending prefill (its uncached prompt tokens) from
+dispatch until its first token, and as in flight until it finishes. Requests are keyed by id and each one
+holds the counts of the worker incarnation it started on: removing a worker forgets its counts (a worker
+added again under the same name starts at zero) while its requests stay tracked, so that ``tracked()``
+(every request of this router in flight) stays right and a late ``finish`` neither goes negative nor
+touches the new incarnation nor re-creates state for a removed worker. Other router replicas' in-flight
+counts (shared state) may be set per worker and are added to the snapshot. Engine-reported queue depth
+and KV usage (scraped) are kept beside, with their time, and ignored once stale so that a dead scrape
+never freezes routing. The table of tracked requests is bounded; the oldest entry gives way (and its
+load is released) when it is full (so ``routing.max_tracked_requests`` must not be below the proxy's
+``limits.max_in_flight``, or the global cap could never be reached).
 
 Each worker's ``WorkerSnapshot`` is kept up to date in place, so a decision over hundreds of candidates
 reads them without building anything; policies must treat them as read-only.
@@ -20,17 +27,19 @@ from prefix_router.routing.types import WorkerSnapshot
 
 
 @dataclass(slots=True)
-class _Tracked:
-    worker: str
-    uncached: int
-    prefilling: bool = True
-
-
-@dataclass(slots=True)
 class _Counts:
     own: int = 0
     remote: int = 0
     engine_at: float | None = None
+
+
+@dataclass(slots=True)
+class _Tracked:
+    worker: str
+    snap: WorkerSnapshot  # the worker incarnation the request started on (detached once it is removed)
+    counts: _Counts
+    uncached: int
+    prefilling: bool = True
 
 
 class LoadTracker:
@@ -51,10 +60,9 @@ class LoadTracker:
         self._counts.setdefault(worker, _Counts())
 
     def remove_worker(self, worker: str) -> None:
+        """Forget ``worker``'s counts; its requests stay tracked until they finish (see the module doc)."""
         self._live.pop(worker, None)
         self._counts.pop(worker, None)
-        for rid in [r for r, t in self._requests.items() if t.worker == worker]:
-            del self._requests[rid]
 
     def _ensure(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
         if worker not in self._live:
@@ -70,7 +78,7 @@ class LoadTracker:
         counts.own += 1
         snap.in_flight += 1
         snap.pending_prefill_tokens += uncached_tokens
-        self._requests[request_id] = _Tracked(worker, uncached_tokens)
+        self._requests[request_id] = _Tracked(worker, snap, counts, uncached_tokens)
         while len(self._requests) > self.max_tracked:
             self.finish(next(iter(self._requests)))
 
@@ -80,19 +88,19 @@ class LoadTracker:
             self._prefill_done(tracked)
 
     def finish(self, request_id: str) -> str | None:
+        """Release one request (unknown or already finished ids are ignored); returns its worker."""
         tracked = self._requests.pop(request_id, None)
         if tracked is None:
             return None
         self._prefill_done(tracked)
-        if tracked.worker in self._live:
-            self._counts[tracked.worker].own -= 1
-            self._live[tracked.worker].in_flight -= 1
+        tracked.counts.own -= 1
+        tracked.snap.in_flight -= 1
         return tracked.worker
 
-    def _prefill_done(self, tracked: _Tracked) -> None:
-        snap = self._live.get(tracked.worker)
-        if tracked.prefilling and snap is not None:
-            snap.pending_prefill_tokens -= tracked.uncached
+    @staticmethod
+    def _prefill_done(tracked: _Tracked) -> None:
+        if tracked.prefilling:
+            tracked.snap.pending_prefill_tokens -= tracked.uncached
         tracked.prefilling = False
 
     # ------------------------------------------------------------ outside views
@@ -115,9 +123,11 @@ class LoadTracker:
     # ------------------------------------------------------------ reads
 
     def tracked(self) -> int:
+        """This router's requests in flight, on any worker (removed ones included until they finish)."""
         return len(self._requests)
 
     def in_flight(self, worker: str) -> int:
+        """This router's requests in flight on ``worker`` (never the other replicas')."""
         counts = self._counts.get(worker)
         return 0 if counts is None else counts.own
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
 from prefix_router.routing.types import RouteRequest
-
-MOONCAKE_BLOCK_TOKENS = 512
 
 
 def record_hash_ids(req: RouteRequest, record_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
@@ -27,14 +26,3 @@ def record_hash_ids(req: RouteRequest, record_tokens: int = MOONCAKE_BLOCK_TOKEN
         else:
             ids.append(req.namespace)
     return ids
-
-
-def record_line(
-    req: RouteRequest, output_tokens: int, timestamp_ms: int, record_tokens: int = MOONCAKE_BLOCK_TOKENS
-) -> dict[str, object]:
-    return {
-        "timestamp": timestamp_ms,
-        "input_length": req.prompt_tokens,
-        "output_length": output_tokens,
-        "hash_ids": record_hash_ids(req, record_tokens),
-    }

@@ -4,7 +4,13 @@ It owns the prefix index (what each worker probably caches), the load tracker (w
 doing, as seen by this router), the session table and one instance of every policy. Policies only read;
 the router writes, so the index reflects what was really dispatched whichever policy chose.
 
-Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``.
+Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``. A request
+without blocks (the proxy's pass-through calls) is counted in the load like any other; with no blocks
+and an outcome that reports nothing it writes nothing to the index (no change is emitted either).
+``finished`` may come after its worker was removed: it then releases the load and nothing else.
+
+Workers: ``remove_worker`` forgets a worker entirely; ``forget_cache`` keeps it (and its in-flight count)
+but drops what the index and the session table say it caches (an ejected engine probably restarted).
 
 Engine feedback: when a response reports fewer cached tokens than predicted (below
 ``feedback_tolerance`` x the prediction), the engine evicted the predicted blocks earlier than the index
@@ -15,25 +21,43 @@ blocks were just recomputed and are kept.)
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from prefix_router.routing.bounded import BoundedLRU
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
-from prefix_router.routing.policies import POLICY_NAMES, make_policy
+from prefix_router.routing.policies import POLICIES
 from prefix_router.routing.policies.base import load_cap, under_cap
-from prefix_router.routing.types import Context, Decision, Outcome, Policy, RouteRequest, WorkerSnapshot
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing.types import (
+    Branch,
+    Context,
+    Decision,
+    Outcome,
+    Policy,
+    RouteRequest,
+    WorkerSnapshot,
+)
+
+
+class ChangeKind(StrEnum):
+    """What an :class:`IndexChange` does to the index (one method of ``PrefixIndex`` each)."""
+
+    INSERT = "insert"
+    TRIM = "trim"
+    FORGET_OLDER = "forget_older"
 
 
 @dataclass(frozen=True, slots=True)
 class IndexChange:
     """One update of the index, for replicas that share their view (see ``apply``)."""
 
-    kind: str  # "insert" | "trim" | "forget_older"
+    kind: ChangeKind
     worker: str
     blocks: tuple[int, ...] = ()
     keep: int = 0
@@ -59,23 +83,24 @@ ChangeHook = Callable[[IndexChange], None]
 
 
 class Router:
-    def __init__(self, cfg: RoutingConfig, rng: random.Random | None = None) -> None:
+    def __init__(self, cfg: RoutingSettings, rng: random.Random | None = None) -> None:
         self.cfg = cfg
         self.rng = rng if rng is not None else random.Random()
-        self.keys = KeyBuilder(cfg)
+        self.keys = KeyBuilder(cfg.keys)
         self.index = PrefixIndex(
-            block_tokens=cfg.block_tokens,
-            default_capacity_tokens=cfg.worker_capacity_tokens,
-            max_total_blocks=cfg.max_total_blocks,
-            ttl_s=cfg.ttl_s,
-            max_prefix_blocks=cfg.max_prefix_blocks,
+            block_tokens=cfg.keys.block_tokens,
+            default_capacity_tokens=cfg.index.worker_capacity_tokens,
+            max_total_blocks=cfg.index.max_total_blocks,
+            ttl_s=cfg.index.ttl_s,
+            max_prefix_blocks=cfg.index.max_prefix_blocks,
         )
-        self.load = LoadTracker(cfg.max_tracked_requests, cfg.engine_load_stale_s)
-        self.policies: dict[str, Policy] = {name: make_policy(name, cfg) for name in POLICY_NAMES}
+        self.load = LoadTracker(cfg.trackers.max_tracked_requests, cfg.trackers.engine_load_stale_s)
+        self.policies: dict[str, Policy] = {spec.name: spec.build(cfg.knobs(spec.name)) for spec in POLICIES}
+        self._honour_sessions = frozenset(spec.name for spec in POLICIES if spec.honours_sessions)
         if cfg.policy not in self.policies:
             raise KeyError(f"unknown policy {cfg.policy!r}")
-        self._sessions: BoundedLRU[str, str] = BoundedLRU(cfg.max_sessions)
-        self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.max_tracked_requests)
+        self._sessions: BoundedLRU[str, str] = BoundedLRU(cfg.sessions.max_sessions)
+        self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
         self.on_change: ChangeHook | None = None
 
@@ -94,6 +119,11 @@ class Router:
         for policy in self.policies.values():
             policy.on_worker_removed(name)
 
+    def forget_cache(self, name: str) -> None:
+        """Drop ``name``'s index entries and sessions; its load, capacity and feedback stats stay."""
+        self.index.forget_older(name, math.inf)
+        self._sessions.drop_values(name)
+
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         if name in self.index.workers():
             self.index.set_capacity(name, capacity_tokens)
@@ -111,23 +141,25 @@ class Router:
     ) -> Decision:
         if not candidates:
             raise ValueError("route needs at least one candidate")
-        chosen_policy = self.policies[policy or self.cfg.policy]
+        name = policy or self.cfg.policy
+        chosen_policy = self.policies[name]
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
-        sticky = self._sticky(req, snaps) if chosen_policy.honours_sessions else None
+        sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
         decision = sticky or chosen_policy.select(req, snaps, Context(now, self.rng, matches))
         matched = matches.get(decision.worker, 0)
         predicted = min(matched * self.index.block_tokens, req.prompt_tokens)
         return Decision(decision.worker, decision.branch, matched, predicted)
 
     def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
-        if not (self.cfg.session_affinity and req.session):
+        sessions = self.cfg.sessions
+        if not (sessions.affinity and req.session):
             return None
         worker = self._sessions.get(req.session)
         snap = next((s for s in snaps if s.name == worker), None)
-        if snap is None or not under_cap(snap, load_cap(snaps, self.cfg.load_factor, self.cfg.load_slack)):
+        if snap is None or not under_cap(snap, load_cap(snaps, sessions.load_factor, sessions.load_slack)):
             return None
-        return Decision(snap.name, "session")
+        return Decision(snap.name, Branch.SESSION)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -141,12 +173,14 @@ class Router:
         if req.session:
             self._sessions.set(req.session, worker)
 
-    def first_token(self, request_id: str, now: float) -> None:
+    def first_token(self, request_id: str) -> None:
         self.load.first_token(request_id)
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.request_id)
         prediction = self._predictions.pop(req.request_id)
+        if worker not in self.index:  # removed meanwhile: nothing to learn, no state to re-create
+            return
         if not outcome.ok:
             keep = (prediction.tokens // self.index.block_tokens) if prediction else 0
             self._trim(worker, req.blocks, keep, now)
@@ -161,21 +195,25 @@ class Router:
         stats.reports += 1
         stats.predicted_tokens += prediction.tokens
         stats.actual_tokens += cached
-        if cached >= prediction.tokens * self.cfg.feedback_tolerance or prediction.deepest_seen is None:
+        if cached >= prediction.tokens * self.cfg.feedback.tolerance or prediction.deepest_seen is None:
             return
         stats.mismatches += 1
         self.index.forget_older(worker, prediction.deepest_seen)
-        self._emit(IndexChange("forget_older", worker, at=prediction.deepest_seen))
+        self._emit(IndexChange(ChangeKind.FORGET_OLDER, worker, at=prediction.deepest_seen))
 
     # ------------------------------------------------------------ index writes (shared with replicas)
 
     def _insert(self, worker: str, blocks: tuple[int, ...], now: float) -> None:
+        if not blocks:
+            return
         self.index.insert(worker, blocks, now)
-        self._emit(IndexChange("insert", worker, blocks, at=now))
+        self._emit(IndexChange(ChangeKind.INSERT, worker, blocks, at=now))
 
     def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> None:
+        if len(blocks) <= keep:
+            return
         self.index.trim(worker, blocks, keep)
-        self._emit(IndexChange("trim", worker, blocks, keep, now))
+        self._emit(IndexChange(ChangeKind.TRIM, worker, blocks, keep, now))
 
     def _emit(self, change: IndexChange) -> None:
         if self.on_change is not None:
@@ -185,11 +223,11 @@ class Router:
         """Apply another replica's index update to the local index (never re-emitted)."""
         if change.worker not in self.index.workers():
             return
-        if change.kind == "insert":
+        if change.kind == ChangeKind.INSERT:
             self.index.insert(change.worker, change.blocks, change.at)
-        elif change.kind == "trim":
+        elif change.kind == ChangeKind.TRIM:
             self.index.trim(change.worker, change.blocks, change.keep)
-        elif change.kind == "forget_older":
+        elif change.kind == ChangeKind.FORGET_OLDER:
             self.index.forget_older(change.worker, change.at)
 
     # ------------------------------------------------------------ introspection

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -45,12 +46,30 @@ class WorkerSnapshot:
     kv_usage: float | None = None
 
 
+class Branch(StrEnum):
+    """The routing branch a decision took: the ``branch`` label of ``prefix_router_route_branch_total``.
+
+    A policy with a branch of its own adds it here (the values are metric labels: never rename one).
+    """
+
+    SESSION = "session"  # session affinity (applied by the router before the policy)
+    PREFIX_HIT = "prefix_hit"  # prefix: the chosen worker has the longest match
+    LOAD_FALLBACK = "load_fallback"  # prefix: a longer match passed over for load; consistent_hash: all full
+    LOAD_BALANCE = "load_balance"  # prefix: no match anywhere
+    HASH = "hash"  # consistent_hash: the key's node on the ring
+    HASH_OVERFLOW = "hash_overflow"  # consistent_hash: a later node (the key's node was at its cap)
+    LEAST_LOAD = "least_load"
+    POWER_OF_TWO = "power_of_two"
+    RANDOM = "random"
+    ROUND_ROBIN = "round_robin"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's choice. ``branch`` names the routing branch taken, for metrics and headers."""
+    """A policy's choice. ``branch`` names the routing branch taken, for metrics."""
 
     worker: str
-    branch: str
+    branch: Branch
     matched_blocks: int = 0
     predicted_tokens: int = 0
 
@@ -83,12 +102,9 @@ class Policy(Protocol):
     """The one small contract every routing policy implements (one module per policy).
 
     ``select`` must return one of ``workers`` (never empty). The hooks are optional no-ops.
-    Session affinity is applied by the router before ``select``, only for policies that honour it (the
-    baselines do not, so that they stay honest baselines).
+    Session affinity is applied by the router before ``select``, only for policies whose row
+    (``policies.spec.PolicySpec``) honours it (the baselines do not, so that they stay honest baselines).
     """
-
-    name: str
-    honours_sessions: bool  # whether the router's session affinity applies under this policy
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision: ...
 

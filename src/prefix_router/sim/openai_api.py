@@ -9,10 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import xxhash
 
+from prefix_router.protocol import Endpoint
 from prefix_router.sim.engine import EngineRequest
 from prefix_router.sim.text import (
     END,
@@ -26,7 +27,6 @@ from prefix_router.sim.text import (
     token_count,
 )
 
-Endpoint = Literal["chat", "completions"]
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_BATCH = 64
 

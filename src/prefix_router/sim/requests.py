@@ -19,9 +19,10 @@ from typing import Protocol
 
 import xxhash
 
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
 from prefix_router.routing.types import RouteRequest
 from prefix_router.sim.engine import EngineRequest
-from prefix_router.sim.trace import TRACE_BLOCK_TOKENS, TraceRow, arrival_times
+from prefix_router.sim.trace import TraceRow, arrival_times
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +58,11 @@ def mix(block_id: int) -> int:
 
 
 def trace_request(row: TraceRow, index: int, arrival: float) -> SimRequest:
-    full = min(len(row.hash_ids), row.input_length // TRACE_BLOCK_TOKENS)
+    full = min(len(row.hash_ids), row.input_length // MOONCAKE_BLOCK_TOKENS)
     blocks = tuple(mix(h) for h in row.hash_ids[:full])
     rid = f"trace-{index}"
     hash_key = mix(row.hash_ids[0]) if row.hash_ids else 0
-    route = RouteRequest(rid, blocks, TRACE_BLOCK_TOKENS, row.input_length, hash_key)
+    route = RouteRequest(rid, blocks, MOONCAKE_BLOCK_TOKENS, row.input_length, hash_key)
     engine = EngineRequest(rid, row.input_length, max(1, row.output_length), blocks)
     return SimRequest(route, engine, arrival)
 
@@ -69,7 +70,7 @@ def trace_request(row: TraceRow, index: int, arrival: float) -> SimRequest:
 class TraceSource:
     """Open-loop replay of trace rows at their (spread, rate-scaled) timestamps."""
 
-    engine_block_tokens = TRACE_BLOCK_TOKENS
+    engine_block_tokens = MOONCAKE_BLOCK_TOKENS
 
     def __init__(self, rows: Sequence[TraceRow], seed: int, rate_scale: float = 1.0) -> None:
         self.rows = rows

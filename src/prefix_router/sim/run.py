@@ -7,19 +7,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefix_router.routing.config import RoutingConfig
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
+from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings
 from prefix_router.sim.openai_api import EngineLimits
 from prefix_router.sim.oracle import oracle
 from prefix_router.sim.requests import RequestSource, TraceSource
 from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec, ProgressHook
 from prefix_router.sim.stats import details, summarize
-from prefix_router.sim.trace import TRACE_BLOCK_TOKENS, read_trace, tile
+from prefix_router.sim.trace import read_trace, tile
 
 # The traces README's reference setting for the Mooncake trace: 16 engines with 1 M tokens of cache each.
 TRACE_DEFAULT_CAPACITY_TOKENS = 1_000_000
 
 SourceFactory = Callable[[], RequestSource]
-RoutingFactory = Callable[[str], RoutingConfig]
+RoutingFactory = Callable[[str], RoutingSettings]
 ProgressFactory = Callable[[str, int], ProgressHook | None]
 
 
@@ -43,9 +44,11 @@ def trace_scenario(
 ) -> Scenario:
     rows = tile(read_trace(path), copies)[:limit] if copies > 1 else read_trace(path, limit)
 
-    def routing(policy: str) -> RoutingConfig:
-        return RoutingConfig(
-            policy=policy, block_tokens=TRACE_BLOCK_TOKENS, worker_capacity_tokens=spec.capacity_tokens
+    def routing(policy: str) -> RoutingSettings:
+        return RoutingSettings(
+            policy=policy,
+            keys=KeySettings(block_tokens=MOONCAKE_BLOCK_TOKENS),
+            index=IndexSettings(worker_capacity_tokens=spec.capacity_tokens),
         )
 
     source = lambda: TraceSource(rows, spec.seed, rate_scale)  # noqa: E731
@@ -69,8 +72,10 @@ def workload_scenario(
     workload = scale_arrivals(built, rate_scale)
     limits = EngineLimits(model, spec.profile.block_size, spec.profile.max_model_len)
 
-    def routing(policy: str) -> RoutingConfig:
-        return RoutingConfig(policy=policy, worker_capacity_tokens=spec.capacity_tokens)
+    def routing(policy: str) -> RoutingSettings:
+        return RoutingSettings(
+            policy=policy, index=IndexSettings(worker_capacity_tokens=spec.capacity_tokens)
+        )
 
     source = lambda: WorkloadSource(workload, routing("prefix"), limits, sessions)  # noqa: E731
     return Scenario(name, spec, source, routing, rate_scale)
@@ -91,8 +96,8 @@ def simulate(
         )
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals
-        summaries[policy] = summarize(result.recorder)
-        extra[policy] = details(result.recorder, result.wall_s)
+        summaries[policy] = summarize(result.stats)
+        extra[policy] = details(result.stats, result.wall_s)
     return _report(scenario, summaries, extra, _oracle(scenario, arrivals or []))
 
 

@@ -19,10 +19,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from prefix_router.protocol import Endpoint
 from prefix_router.sim.driver import EngineDriver, Ticket
 from prefix_router.sim.engine import EngineModel, RequestRejected
 from prefix_router.sim.metrics import metrics_registry, render
-from prefix_router.sim.openai_api import ApiError, ApiRequest, Endpoint, EngineLimits, parse
+from prefix_router.sim.openai_api import ApiError, ApiRequest, EngineLimits, parse
 from prefix_router.sim.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from prefix_router.sim.streaming import complete, stream
 

@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Outcome
 from prefix_router.sim.engine import EngineEvent, EngineModel, RequestRejected
 from prefix_router.sim.events import EngineStepEnd, EventQueue, MetricsScrape, RequestArrival
 from prefix_router.sim.profiles import EngineProfile
 from prefix_router.sim.requests import RequestSource, SimRequest
-from prefix_router.sim.stats import Recorder
+from prefix_router.sim.stats import SimStats
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks
@@ -53,7 +53,7 @@ class _Live:
 
 @dataclass(slots=True)
 class RunResult:
-    recorder: Recorder
+    stats: SimStats
     wall_s: float
     arrivals: list[SimRequest] = field(default_factory=list)
     router_summary: dict[str, object] = field(default_factory=dict)
@@ -67,7 +67,7 @@ class ClusterSimulation:
         spec: ClusterSpec,
         policy: str,
         source: RequestSource,
-        routing: RoutingConfig,
+        routing: RoutingSettings,
         progress: ProgressHook | None = None,
         keep_arrivals: bool = False,
     ) -> None:
@@ -79,7 +79,7 @@ class ClusterSimulation:
         self.engines = [self._engine() for _ in self.names]
         self.router = self._router(routing)
         self.queue = EventQueue()
-        self.recorder = Recorder(spec.instances)
+        self.stats = SimStats(spec.instances)
         self._scheduled: list[float | None] = [None] * spec.instances
         self._versions = [0] * spec.instances
         self._live: dict[str, _Live] = {}
@@ -96,7 +96,7 @@ class ClusterSimulation:
             block_tokens=self.source.engine_block_tokens,
         )
 
-    def _router(self, routing: RoutingConfig) -> Router:
+    def _router(self, routing: RoutingSettings) -> Router:
         router = Router(routing, rng=random.Random(f"router:{self.spec.seed}"))
         for name in self.names:
             router.add_worker(name, capacity_tokens=self.spec.capacity_tokens)
@@ -115,7 +115,7 @@ class ClusterSimulation:
             now, event = queue.pop()
             event.handle(self, now)
         self._report_progress()
-        result = RunResult(self.recorder, time.perf_counter() - started, self._arrivals or [])
+        result = RunResult(self.stats, time.perf_counter() - started, self._arrivals or [])
         result.router_summary = self.router.summary()
         return result
 
@@ -131,7 +131,7 @@ class ClusterSimulation:
             self._push_next_initial()
         if self._arrivals is not None:
             self._arrivals.append(request)
-        self.recorder.arrived(now)
+        self.stats.arrived(now)
         decision = self.router.route(request.route, self.names, now, self.policy)
         self.router.dispatched(request.route, decision, now)
         instance = self.index[decision.worker]
@@ -143,12 +143,12 @@ class ClusterSimulation:
         if len(self._live) >= self.spec.max_live_requests:
             raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
         self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens)
-        self.recorder.dispatched(instance)
+        self.stats.dispatched(instance)
         self._reschedule(instance)
 
     def _failed(self, request: SimRequest, worker: str, now: float) -> None:
         self.router.finished(request.route, worker, Outcome(ok=False), now)
-        self.recorder.errors += 1
+        self.stats.errors += 1
         self._follow(request, now, ok=False)
         self._tick()
 
@@ -173,7 +173,7 @@ class ClusterSimulation:
 
     def _on_first_token(self, event: EngineEvent) -> None:
         self._live[event.request_id].first_token = event.time
-        self.router.first_token(event.request_id, event.time)
+        self.router.first_token(event.request_id)
 
     def _on_finished(self, event: EngineEvent) -> None:
         live = self._live.pop(event.request_id)
@@ -181,7 +181,7 @@ class ClusterSimulation:
         outcome = Outcome(True, event.cached_tokens, request.extension_blocks)
         self.router.finished(request.route, self.names[live.instance], outcome, event.time)
         first = live.first_token if live.first_token is not None else event.time
-        self.recorder.finished(
+        self.stats.finished(
             request.arrival,
             first,
             event.time,

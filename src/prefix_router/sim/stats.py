@@ -10,7 +10,7 @@ import numpy as np
 
 
 @dataclass(slots=True)
-class Recorder:
+class SimStats:
     """Columns of finished requests plus per-instance dispatch counts."""
 
     instances: int
@@ -67,32 +67,32 @@ def imbalance(per_instance: Sequence[int]) -> float:
     return max(per_instance) / (total / len(per_instance))
 
 
-def summarize(rec: Recorder) -> dict[str, Any]:
+def summarize(stats: SimStats) -> dict[str, Any]:
     """The per-policy entry of the JSON report (schema of issue 4)."""
-    prompt = sum(rec.prompt)
-    cached = sum(rec.cached)
-    span = rec.last_finish - (rec.first_arrival or 0.0)
+    prompt = sum(stats.prompt)
+    cached = sum(stats.cached)
+    span = stats.last_finish - (stats.first_arrival or 0.0)
     return {
-        "requests": rec.completed,
-        "errors": rec.errors,
+        "requests": stats.completed,
+        "errors": stats.errors,
         "hit_rate": cached / prompt if prompt else 0.0,
-        "predicted_hit_rate": sum(rec.predicted) / prompt if prompt else 0.0,
-        "ttft_ms": latency_ms(rec.ttft),
-        "e2e_ms": latency_ms(rec.e2e),
-        "throughput_rps": rec.completed / span if span > 0 else 0.0,
+        "predicted_hit_rate": sum(stats.predicted) / prompt if prompt else 0.0,
+        "ttft_ms": latency_ms(stats.ttft),
+        "e2e_ms": latency_ms(stats.e2e),
+        "throughput_rps": stats.completed / span if span > 0 else 0.0,
         "prefill_tokens": prompt - cached,
-        "load_imbalance": imbalance(rec.per_instance),
+        "load_imbalance": imbalance(stats.per_instance),
     }
 
 
-def details(rec: Recorder, wall_s: float) -> dict[str, Any]:
+def details(stats: SimStats, wall_s: float) -> dict[str, Any]:
     """Extra facts per policy (kept out of the fixed schema)."""
-    span = rec.last_finish - (rec.first_arrival or 0.0)
+    span = stats.last_finish - (stats.first_arrival or 0.0)
     return {
-        "requests_per_instance": list(rec.per_instance),
-        "prompt_tokens": sum(rec.prompt),
-        "cached_tokens": sum(rec.cached),
-        "output_tokens_per_s": rec.output_tokens / span if span > 0 else 0.0,
+        "requests_per_instance": list(stats.per_instance),
+        "prompt_tokens": sum(stats.prompt),
+        "cached_tokens": sum(stats.cached),
+        "output_tokens_per_s": stats.output_tokens / span if span > 0 else 0.0,
         "simulated_span_s": span,
         "wall_s": wall_s,
     }

@@ -18,8 +18,6 @@ from typing import Any
 
 import orjson
 
-TRACE_BLOCK_TOKENS = 512
-
 
 @dataclass(frozen=True, slots=True)
 class TraceRow:

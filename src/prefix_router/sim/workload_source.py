@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.keys import KeyBuilder
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.sim.openai_api import EngineLimits, parse
 from prefix_router.sim.requests import SimRequest
 from prefix_router.sim.text import ids_text
@@ -54,11 +54,11 @@ class WorkloadSource:
     """A ``RequestSource`` over a benchmark workload."""
 
     def __init__(
-        self, workload: Workload, routing: RoutingConfig, limits: EngineLimits, sessions: bool = False
+        self, workload: Workload, routing: RoutingSettings, limits: EngineLimits, sessions: bool = False
     ) -> None:
         self.workload = workload
         self.sessions = sessions
-        self.keys = KeyBuilder(routing)
+        self.keys = KeyBuilder(routing.keys)
         self.limits = limits
         self.engine_block_tokens = limits.block_tokens
         self.total = workload.request_count

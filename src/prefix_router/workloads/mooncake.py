@@ -21,18 +21,17 @@ from typing import Any
 
 import orjson
 
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, Endpoint
 from prefix_router.workloads.arrivals import spread_buckets
 from prefix_router.workloads.text import random_text, rng_for
 from prefix_router.workloads.traces import MOONCAKE_FILE, find_trace
-from prefix_router.workloads.types import Endpoint, Session, Turn
-
-TRACE_BLOCK_TOKENS = 512
+from prefix_router.workloads.types import Session, Turn
 
 
 @dataclass(frozen=True, slots=True)
 class MooncakeOptions:
     trace: str | None = None
-    block_tokens: int = TRACE_BLOCK_TOKENS  # tokens of text per hash id (scale down for CPU runs)
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens of text per hash id (scale down for CPU runs)
     output_scale: float = 1.0  # extra factor on output lengths (after the block scaling)
     max_output_tokens: int = 4096
     start_row: int = 0
@@ -69,7 +68,7 @@ class BlockTexts:
 
 def prompt_for(row: dict[str, Any], texts: BlockTexts) -> str:
     """Concatenated block texts of ``hash_ids``, cut to the scaled input length."""
-    scale = texts.block_tokens / TRACE_BLOCK_TOKENS
+    scale = texts.block_tokens / MOONCAKE_BLOCK_TOKENS
     n_chars = max(1, round(int(row["input_length"]) * scale)) * 4
     return "".join(texts.get(int(h)) for h in row["hash_ids"])[:n_chars]
 
@@ -97,7 +96,7 @@ def build(opts: MooncakeOptions, requests: int, seed: int) -> list[Session]:
 def _session(
     index: int, row: dict[str, Any], arrival: float, texts: BlockTexts, opts: MooncakeOptions
 ) -> Session:
-    scale = opts.block_tokens / TRACE_BLOCK_TOKENS * opts.output_scale
+    scale = opts.block_tokens / MOONCAKE_BLOCK_TOKENS * opts.output_scale
     out = min(opts.max_output_tokens, max(1, round(int(row["output_length"]) * scale)))
     prompt = prompt_for(row, texts)
     endpoint: Endpoint = "chat" if opts.endpoint == "chat" else "completions"

@@ -3,6 +3,9 @@
 Each workload is a request shape (one module each) combined with an arrival process (``arrivals``);
 every shape has its own default size and arrivals, and typed options (a frozen dataclass) that may be
 given as keyword arguments, as strings too (from the command line: ``--workload-opt tenants=32``).
+
+Adding a workload: write its module (options dataclass, ``build(options, requests, seed)``) and add its
+``WorkloadSpec`` row to ``WORKLOADS``; the commands (``simulate``, ``bench``) follow from the row.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from prefix_router.workloads.types import Session, Workload
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
+    """One workload: its name, one-line description, options class (a frozen dataclass, every field with
+    a default), ``build(options, requests, seed)``, default size and default arrival process."""
+
     name: str
     description: str
     options: type[Any]
@@ -40,40 +46,39 @@ class WorkloadSpec:
     default_arrivals: Arrivals
 
 
-def _specs() -> tuple[WorkloadSpec, ...]:
-    poisson = Arrivals("poisson", rate=8.0)
-    closed = Arrivals("closed", concurrency=32)
-    trace = Arrivals("trace")
-    return (
-        WorkloadSpec("chatbots", "N tenants, fixed system prompts, Zipf popularity, short questions",
-                     chatbots.ChatbotOptions, chatbots.build, 400, poisson),
-        WorkloadSpec("multi-turn", "ShareGPT conversations, each turn with its full generated history",
-                     multiturn.MultiTurnOptions, multiturn.build, 400, poisson),
-        WorkloadSpec("agents", "tool list + tool-call loop with growing tool outputs",
-                     agents.AgentOptions, agents.build, 400, poisson),
-        WorkloadSpec("rag", "a few long shared documents, different questions",
-                     rag.RagOptions, rag.build, 200, poisson),
-        WorkloadSpec("unique", "no sharing at all (negative control)",
-                     unique.UniqueOptions, unique.build, 400, poisson),
-        WorkloadSpec("mooncake", "Mooncake conversation trace replay (hash ids -> text blocks)",
-                     mooncake.MooncakeOptions, mooncake.build, 1000, trace),
-        WorkloadSpec("sglang-gsp", "SGLang generated-shared-prefix preset (64 groups x 16 prompts)",
-                     presets.GspOptions, presets.build_gsp, 1024, closed),
-        WorkloadSpec("vllm-prefix-repetition", "vLLM prefix_repetition preset (10 prefixes of 256 tokens)",
-                     presets.PrefixRepetitionOptions, presets.build_prefix_repetition, 1000, closed),
-        WorkloadSpec("mixed", "chatbots + multi-turn conversations (the demo)",
-                     mixed.MixedOptions, mixed.build, 400, poisson),
-        WorkloadSpec("trace", "your own JSONL request trace (path=FILE)",
-                     trace_file.TraceFileOptions, trace_file.build, 1_000_000, trace),
-    )  # fmt: skip
+_POISSON = Arrivals("poisson", rate=8.0)
+_CLOSED = Arrivals("closed", concurrency=32)
+_TRACE = Arrivals("trace")
+WORKLOADS: tuple[WorkloadSpec, ...] = (
+    WorkloadSpec("chatbots", "N tenants, fixed system prompts, Zipf popularity, short questions",
+                 chatbots.ChatbotOptions, chatbots.build, 400, _POISSON),
+    WorkloadSpec("multi-turn", "ShareGPT conversations, each turn with its full generated history",
+                 multiturn.MultiTurnOptions, multiturn.build, 400, _POISSON),
+    WorkloadSpec("agents", "tool list + tool-call loop with growing tool outputs",
+                 agents.AgentOptions, agents.build, 400, _POISSON),
+    WorkloadSpec("rag", "a few long shared documents, different questions",
+                 rag.RagOptions, rag.build, 200, _POISSON),
+    WorkloadSpec("unique", "no sharing at all (negative control)",
+                 unique.UniqueOptions, unique.build, 400, _POISSON),
+    WorkloadSpec("mooncake", "Mooncake conversation trace replay (hash ids -> text blocks)",
+                 mooncake.MooncakeOptions, mooncake.build, 1000, _TRACE),
+    WorkloadSpec("sglang-gsp", "SGLang generated-shared-prefix preset (64 groups x 16 prompts)",
+                 presets.GspOptions, presets.build_gsp, 1024, _CLOSED),
+    WorkloadSpec("vllm-prefix-repetition", "vLLM prefix_repetition preset (10 prefixes of 256 tokens)",
+                 presets.PrefixRepetitionOptions, presets.build_prefix_repetition, 1000, _CLOSED),
+    WorkloadSpec("mixed", "chatbots + multi-turn conversations (the demo)",
+                 mixed.MixedOptions, mixed.build, 400, _POISSON),
+    WorkloadSpec("trace", "your own JSONL request trace (path=FILE)",
+                 trace_file.TraceFileOptions, trace_file.build, 1_000_000, _TRACE),
+)  # fmt: skip
 
 
 def workload_specs() -> dict[str, WorkloadSpec]:
-    return {spec.name: spec for spec in _specs()}
+    return {spec.name: spec for spec in WORKLOADS}
 
 
 def workload_names() -> list[str]:
-    return [spec.name for spec in _specs()]
+    return [spec.name for spec in WORKLOADS]
 
 
 def get_workload(

@@ -23,7 +23,8 @@ from typing import Any
 
 import orjson
 
-from prefix_router.workloads.types import Endpoint, Session, Turn
+from prefix_router.protocol import Endpoint
+from prefix_router.workloads.types import Session, Turn
 
 _ENDPOINTS: dict[str, Endpoint] = {
     "chat": "chat",
@@ -87,7 +88,3 @@ def _session(session_id: str, group: list[TraceRecord], start: float, default_ma
 def _max_tokens(body: dict[str, Any], default: int) -> int:
     value = body.get("max_tokens", body.get("max_completion_tokens"))
     return int(value) if isinstance(value, int | float) else default
-
-
-def count_lines(path: Path) -> int:
-    return sum(1 for line in path.read_bytes().splitlines() if line.strip())

@@ -8,9 +8,9 @@ Single-shot requests are sessions of one turn. Arrival times are offsets in seco
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Endpoint = Literal["chat", "completions"]
+from prefix_router.protocol import Endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from prefix_router.pool.engines import ENGINE_NAMES, detect, get_adapter
+from prefix_router.pool.engines import ENGINE_NAMES, ENGINES, EngineLoad, EngineSpec, detect, get_adapter
+from prefix_router.pool.settings import WorkerConfig
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "engines.md"
 
 
 @pytest.mark.parametrize(
@@ -48,3 +52,41 @@ def test_get_adapter_accepts_aliases_and_names_the_known_engines() -> None:
         assert get_adapter(name).name == name
     with pytest.raises(KeyError, match="vllm"):
         get_adapter("ollama")
+
+
+@pytest.mark.parametrize("spec", ENGINES, ids=lambda spec: spec.name)
+def test_every_engine_row_builds_detects_and_is_documented(spec: EngineSpec) -> None:
+    adapter = get_adapter(spec.name)
+    assert adapter.name == spec.name and spec.summary
+    assert isinstance(adapter.parse_metrics("# HELP nothing\n"), EngineLoad)
+    assert adapter.cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 3}}}) in (3, None)
+    flush = adapter.flush_request()
+    assert flush is None or (flush.method in ("POST", "GET") and flush.path.startswith("/"))
+    for spelling in (spec.name, spec.name.upper().replace("_", "-"), *spec.aliases):
+        assert get_adapter(spelling).name == spec.name
+        assert WorkerConfig(url="http://a:1", engine=spelling).engine == spec.name
+    for prefix in spec.metric_prefixes:
+        assert detect(f"# TYPE x gauge\n{prefix}some_series 1\n", None) == spec.name
+    for owner in spec.owners:
+        assert detect(None, {"data": [{"id": "m", "owned_by": owner, "created": 5}]}) == spec.name
+    if spec.refines is not None:
+        refined = get_adapter(spec.refines)
+        assert refined.name == spec.refines
+        page = "".join(
+            f"{p}x 1\n" for p in next(s for s in ENGINES if s.name == spec.refines).metric_prefixes
+        )
+        assert detect(page, None) == spec.refines
+        for marker in spec.metric_markers:
+            assert detect(page + f"{marker} 4\n", None) == spec.name
+    row = next(
+        (line for line in DOCS.read_text().splitlines() if line.startswith(f"| `{spec.name}` |")), None
+    )
+    assert row is not None, f"docs/engines.md: no table row for engine {spec.name}"
+    assert all(f"`{alias}`" in row for alias in spec.aliases)
+
+
+def test_engine_names_are_the_rows_and_unique() -> None:
+    assert tuple(spec.name for spec in ENGINES) == ENGINE_NAMES
+    spellings = [s for spec in ENGINES for s in (spec.name, *spec.aliases)]
+    assert len(spellings) == len(set(spellings))
+    assert "## Extending: adding an engine" in DOCS.read_text()

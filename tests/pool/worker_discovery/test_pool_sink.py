@@ -8,12 +8,12 @@ from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.worker import Worker
 from prefix_router.pool.worker_discovery.membership import Membership
 from prefix_router.pool.worker_discovery.pool_sink import PoolSink
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 
 async def test_workers_join_and_leave_the_pool_and_the_router() -> None:
-    router = Router(RoutingConfig())
+    router = Router(RoutingSettings())
     probed: list[str] = []
 
     async def probe(worker: Worker) -> None:

@@ -17,10 +17,10 @@ from aiohttp import web
 from kubernetes.client import Configuration
 from yarl import URL
 
-from prefix_router.config import load_config
 from prefix_router.proxy import cli
 from prefix_router.proxy.app import create_app
-from prefix_router.proxy.context import STATE
+from prefix_router.proxy.config import load_config
+from prefix_router.proxy.context import CONTEXT
 from prefix_router.proxy.server import Running, start
 from prefix_router.settings import ConfigError
 
@@ -47,7 +47,7 @@ async def serve() -> AsyncIterator[Serve]:
 
 
 def pool_names(app: web.Application) -> list[str]:
-    return sorted(w.name for w in app[STATE].pool)
+    return sorted(w.name for w in app[CONTEXT].pool)
 
 
 async def chat(router_url: str) -> dict[str, Any]:
@@ -112,7 +112,7 @@ async def test_discovered_workers_get_the_worker_template(fake_engine: Any, serv
     app, running = await serve(
         {**settings, "discovery.worker.weight": 3.0, "discovery.worker.api_key": "k-123"}
     )
-    assert app[STATE].pool.require(f"127.0.0.1:{port}").weight == 3.0
+    assert app[CONTEXT].pool.require(f"127.0.0.1:{port}").weight == 3.0
     await chat(running.url)
     assert engine.generations[0].headers.get("Authorization") == "Bearer k-123"
 

@@ -12,8 +12,8 @@ from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import DiscoverySettings
 from prefix_router.pool.worker import Worker
 from prefix_router.pool.worker_discovery.wiring import DiscoveryCollector, WorkerDiscovery, pod_namespace
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 
 def settings(**kw: Any) -> DiscoverySettings:
@@ -29,7 +29,7 @@ def slice_with(addresses: list[str]) -> dict[str, Any]:
 
 async def test_membership_and_pool_stay_within_max_workers(api_server: Any) -> None:
     api_server.lists = [slice_with([f"10.0.0.{i}" for i in range(1, 6)])]
-    pool = WorkerPool(Router(RoutingConfig()), max_workers=2)
+    pool = WorkerPool(Router(RoutingSettings()), max_workers=2)
     probed: list[str] = []
 
     async def probe(worker: Worker) -> None:
@@ -51,7 +51,7 @@ async def test_membership_and_pool_stay_within_max_workers(api_server: Any) -> N
 async def test_start_gives_up_after_startup_wait_and_counts_failures(api_server: Any) -> None:
     api_server.lists = [slice_with(["10.0.0.1"])]
     api_server.fail_next = 1000
-    pool = WorkerPool(Router(RoutingConfig()), max_workers=4)
+    pool = WorkerPool(Router(RoutingSettings()), max_workers=4)
     found = WorkerDiscovery(settings(startup_wait_s=0.2), pool, 4, api=api_server.client())
     try:
         assert not await found.start()

@@ -21,6 +21,12 @@ RUNNING = "tgi_batch_current_size"
 NAMES = frozenset((QUEUE, RUNNING))
 
 
+def is_tgi_models_entry(entry: Mapping[str, Any]) -> bool:
+    """TGI's ``/v1/models`` entry: ``owned_by`` repeats the ``id``, with ``created: 0``."""
+    owner = entry.get("owned_by")
+    return owner is not None and owner == entry.get("id") and entry.get("created") == 0
+
+
 class TgiAdapter:
     """What the pool needs to know about a TGI server."""
 

@@ -1,36 +1,51 @@
-"""Routing policies, one module each, all behind the small ``Policy`` contract."""
+"""Routing policies, one module each, all behind the small ``Policy`` contract; one ``PolicySpec`` row each.
+
+Adding a policy: write its module (header comment: algorithm, fallback, knobs; its knob group as a frozen
+``Section``) and add its row to ``POLICIES``. Its name, knobs (``routing.policies.<name>``), session rule
+and description follow from the row: the configuration, ``--policy``, the router and the simulator.
+"""
 
 from __future__ import annotations
 
-from prefix_router.routing.config import RoutingConfig
-from prefix_router.routing.policies.consistent_hash import ConsistentHashPolicy
+from prefix_router.routing.policies.consistent_hash import ConsistentHashKnobs, ConsistentHashPolicy
 from prefix_router.routing.policies.least_load import LeastLoadPolicy
 from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
-from prefix_router.routing.policies.prefix import PrefixPolicy
+from prefix_router.routing.policies.prefix import PrefixKnobs, PrefixPolicy
 from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
+from prefix_router.routing.policies.spec import AnySpec, NoKnobs, PolicySpec, knobless
 from prefix_router.routing.types import Policy
+from prefix_router.settings import Section
 
-POLICY_NAMES = ("random", "round_robin", "least_load", "power_of_two", "consistent_hash", "prefix")
+POLICIES: tuple[AnySpec, ...] = (
+    PolicySpec("random", NoKnobs, knobless(RandomPolicy), False,
+               "weighted random: the baseline, what a plain load balancer does"),
+    PolicySpec("round_robin", NoKnobs, knobless(RoundRobinPolicy), False,
+               "each candidate in turn"),
+    PolicySpec("least_load", NoKnobs, knobless(LeastLoadPolicy), False,
+               "fewest requests in flight + scraped queue depth, per unit of weight"),
+    PolicySpec("power_of_two", NoKnobs, knobless(PowerOfTwoPolicy), False,
+               "the less loaded of two candidates drawn at random"),
+    PolicySpec("consistent_hash", ConsistentHashKnobs, ConsistentHashPolicy, True,
+               "consistent hashing of the key's first characters with bounded loads (CHWBL)"),
+    PolicySpec("prefix", PrefixKnobs, PrefixPolicy, True,
+               "lowest estimated prefill work (uncached tokens + load) under a bounded-load cap"),
+)  # fmt: skip
+POLICY_NAMES: tuple[str, ...] = tuple(spec.name for spec in POLICIES)
+DEFAULT_POLICY = "prefix"
 
 
-def make_policy(name: str, cfg: RoutingConfig) -> Policy:
-    """A fresh policy by name (KeyError for an unknown name)."""
-    if name == "random":
-        return RandomPolicy()
-    if name == "round_robin":
-        return RoundRobinPolicy()
-    if name == "least_load":
-        return LeastLoadPolicy()
-    if name == "power_of_two":
-        return PowerOfTwoPolicy()
-    if name == "consistent_hash":
-        return ConsistentHashPolicy(cfg.load_factor, load_slack=0)
-    if name == "prefix":
-        return PrefixPolicy(
-            cfg.load_factor, cfg.load_slack, cfg.queue_penalty_tokens, cfg.in_flight_penalty_tokens
-        )
+def policy_spec(name: str) -> AnySpec:
+    """The row of policy ``name`` (KeyError naming the known policies)."""
+    for spec in POLICIES:
+        if spec.name == name:
+            return spec
     raise KeyError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["POLICY_NAMES", "make_policy"]
+def make_policy(name: str, knobs: Section | None = None) -> Policy:
+    """A fresh policy by name, with its knob group (its defaults when None); KeyError for an unknown name."""
+    return policy_spec(name).build(knobs)
+
+
+__all__ = ["DEFAULT_POLICY", "POLICIES", "POLICY_NAMES", "PolicySpec", "make_policy", "policy_spec"]

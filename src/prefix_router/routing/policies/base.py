@@ -31,16 +31,8 @@ def under_cap(worker: WorkerSnapshot, cap: float) -> bool:
     return worker.in_flight + 1 <= cap * worker.weight
 
 
-def eligible(workers: Sequence[WorkerSnapshot], load_factor: float, slack: int) -> list[WorkerSnapshot]:
-    """Workers under the bounded-load cap (all of them if, exceptionally, none is)."""
-    cap = load_cap(workers, load_factor, slack)
-    return [w for w in workers if under_cap(w, cap)] or list(workers)
-
-
 class NoHooks:
-    """No-op hooks for policies without state of their own. Baselines ignore session affinity."""
-
-    honours_sessions = False
+    """No-op hooks for policies without state of their own."""
 
     def on_worker_removed(self, worker: str) -> None:
         return None

@@ -3,9 +3,11 @@
 Algorithm: the request's ``hash_key`` (a hash of the first ``hash_prefix_chars`` of its routing key,
 within its namespace) is placed on a ring of ``replicas`` virtual nodes per worker (times its weight);
 walk clockwise to the first worker whose load is under the bounded-load cap
-(``load_factor`` x mean in-flight, plus ``load_slack``). Fallback: if every worker is at the cap, the
-least loaded. Knobs: ``hash_prefix_chars``, ``load_factor``, ``load_slack``, ``replicas``.
-Rings are cached per candidate set, in a bounded LRU.
+(``load_factor`` x mean in-flight, plus ``load_slack``: 0 by default, as in CHWBL). Fallback: if every
+worker is at the cap, the least loaded. Knobs (``routing.policies.consistent_hash``,
+``ConsistentHashKnobs``): ``load_factor``, ``load_slack``, ``replicas``, ``max_rings``; the hashed prefix
+length is the routing key's ``routing.keys.hash_prefix_chars``.
+Rings are cached per candidate set, in an LRU of ``max_rings``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from prefix_router.routing.hashing import hash_bytes
 from prefix_router.routing.policies.base import NoHooks, load_cap, pick_min, under_cap
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.settings import Section
 
 _Ring = tuple[list[int], list[str]]
 
@@ -30,15 +35,21 @@ def build_ring(workers: Sequence[tuple[str, float]], replicas: int) -> _Ring:
     return [p for p, _ in points], [n for _, n in points]
 
 
-class ConsistentHashPolicy(NoHooks):
-    name = "consistent_hash"
-    honours_sessions = True
+class ConsistentHashKnobs(Section):
+    """``routing.policies.consistent_hash``: the bounded-load cap and the ring."""
 
-    def __init__(self, load_factor: float, load_slack: int, replicas: int = 64, max_rings: int = 32) -> None:
-        self.load_factor = load_factor
-        self.load_slack = load_slack
-        self.replicas = replicas
-        self.max_rings = max_rings
+    load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
+    load_slack: int = Field(default=0, ge=0)  # ... + load_slack requests (CHWBL: none)
+    replicas: int = Field(default=64, ge=1, le=4096)  # virtual nodes per worker (times its weight)
+    max_rings: int = Field(default=32, ge=1, le=4096)  # rings cached, one per candidate set
+
+
+class ConsistentHashPolicy(NoHooks):
+    def __init__(self, knobs: ConsistentHashKnobs) -> None:
+        self.load_factor = knobs.load_factor
+        self.load_slack = knobs.load_slack
+        self.replicas = knobs.replicas
+        self.max_rings = knobs.max_rings
         self._rings: OrderedDict[tuple[tuple[str, float], ...], _Ring] = OrderedDict()
 
     def _ring(self, workers: Sequence[WorkerSnapshot]) -> _Ring:
@@ -59,8 +70,10 @@ class ConsistentHashPolicy(NoHooks):
         for step in range(len(points)):
             worker = by_name[names[(start + step) % len(points)]]
             if under_cap(worker, cap):
-                return Decision(worker.name, "hash" if step == 0 else "hash_overflow")
-        return Decision(pick_min(workers, lambda w: w.in_flight / w.weight, ctx.rng).name, "load_fallback")
+                return Decision(worker.name, Branch.HASH if step == 0 else Branch.HASH_OVERFLOW)
+        return Decision(
+            pick_min(workers, lambda w: w.in_flight / w.weight, ctx.rng).name, Branch.LOAD_FALLBACK
+        )
 
     def on_worker_removed(self, worker: str) -> None:
         self._rings.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prefix_router.routing.policies.base import NoHooks, pick_min
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 
 
 def outstanding(worker: WorkerSnapshot) -> float:
@@ -17,7 +17,5 @@ def outstanding(worker: WorkerSnapshot) -> float:
 
 
 class LeastLoadPolicy(NoHooks):
-    name = "least_load"
-
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        return Decision(pick_min(workers, outstanding, ctx.rng).name, "least_load")
+        return Decision(pick_min(workers, outstanding, ctx.rng).name, Branch.LEAST_LOAD)

@@ -10,12 +10,10 @@ from collections.abc import Sequence
 
 from prefix_router.routing.policies.base import NoHooks, pick_min
 from prefix_router.routing.policies.least_load import outstanding
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 
 
 class PowerOfTwoPolicy(NoHooks):
-    name = "power_of_two"
-
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         pair = ctx.rng.sample(list(workers), 2) if len(workers) > 1 else list(workers)
-        return Decision(pick_min(pair, outstanding, ctx.rng).name, "power_of_two")
+        return Decision(pick_min(pair, outstanding, ctx.rng).name, Branch.POWER_OF_TWO)

@@ -9,6 +9,8 @@ all candidates if none is), estimate its prefill work in tokens:
 divided by the worker's weight, and pick the cheapest; ties break at random (seeded).
 A hot prefix therefore spreads to a second and third worker once its holder reaches the cap or its queue
 outweighs a cold prefill; a prompt that matches nowhere falls back to pure load balancing.
+Knobs (``routing.policies.prefix``, ``PrefixKnobs``): ``load_factor``, ``load_slack``,
+``queue_penalty_tokens``, ``in_flight_penalty_tokens``.
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over for load), ``load_balance`` (no match anywhere).
 """
@@ -18,25 +20,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from prefix_router.routing.policies.base import NoHooks, load_cap
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.settings import Section
+
+
+class PrefixKnobs(Section):
+    """``routing.policies.prefix``: the bounded-load cap and the load penalties of the cost estimate."""
+
+    load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
+    load_slack: int = Field(default=2, ge=0)  # ... + load_slack requests
+    queue_penalty_tokens: int = Field(default=512, ge=0)  # per request waiting in the engine's queue
+    in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request in flight there
 
 
 class PrefixPolicy(NoHooks):
-    name = "prefix"
-    honours_sessions = True
-
-    def __init__(
-        self,
-        load_factor: float,
-        load_slack: int,
-        queue_penalty_tokens: int,
-        in_flight_penalty_tokens: int,
-    ) -> None:
-        self.load_factor = load_factor
-        self.load_slack = load_slack
-        self.queue_penalty_tokens = queue_penalty_tokens
-        self.in_flight_penalty_tokens = in_flight_penalty_tokens
+    def __init__(self, knobs: PrefixKnobs) -> None:
+        self.load_factor = knobs.load_factor
+        self.load_slack = knobs.load_slack
+        self.queue_penalty_tokens = knobs.queue_penalty_tokens
+        self.in_flight_penalty_tokens = knobs.in_flight_penalty_tokens
 
     def cheapest(
         self, req: RouteRequest, workers: Sequence[WorkerSnapshot], matches: dict[str, int], cap: float
@@ -66,7 +71,7 @@ class PrefixPolicy(NoHooks):
         return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), best))
 
 
-def _branch(matched: int, best: int) -> str:
+def _branch(matched: int, best: int) -> Branch:
     if best == 0:
-        return "load_balance"
-    return "prefix_hit" if matched == best else "load_fallback"
+        return Branch.LOAD_BALANCE
+    return Branch.PREFIX_HIT if matched == best else Branch.LOAD_FALLBACK

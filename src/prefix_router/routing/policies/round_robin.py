@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prefix_router.routing.policies.base import NoHooks
-from prefix_router.routing.types import Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 
 
 class RoundRobinPolicy(NoHooks):
-    name = "round_robin"
-
     def __init__(self) -> None:
         self._counter = 0
 
@@ -22,4 +20,4 @@ class RoundRobinPolicy(NoHooks):
         ordered = sorted(workers, key=lambda w: w.name)
         chosen = ordered[self._counter % len(ordered)]
         self._counter += 1
-        return Decision(chosen.name, "round_robin")
+        return Decision(chosen.name, Branch.ROUND_ROBIN)

@@ -1,4 +1,4 @@
-"""Model discovery (bounded) and metrics scraping into the Router's load view."""
+"""Identification (listed models, bounded; engine) and metrics scraping into the Router's load view."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 
 from prefix_router.pool.http import AiohttpFetcher, Fetched, FetchError
-from prefix_router.pool.identify import Discovery, parse_models
+from prefix_router.pool.identify import Identifier, parse_models
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
 from prefix_router.pool.settings import ScrapeConfig, WorkerConfig
-from prefix_router.routing.config import RoutingConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 
 VLLM_METRICS = """# HELP vllm:num_requests_waiting waiting
 vllm:num_requests_waiting{model_name="m"} 7.0
@@ -36,28 +36,28 @@ def test_parse_models_is_bounded_and_tolerant() -> None:
     assert parse_models({"data": [{"id": 3}, "junk", {"id": "ok"}]}, 10) == {"ok": {"id": "ok"}}
 
 
-async def test_discovery_learns_models_and_detects_the_engine(pool: WorkerPool, fetcher: Any) -> None:
+async def test_identification_learns_models_and_detects_the_engine(pool: WorkerPool, fetcher: Any) -> None:
     fetcher.table["http://w1:8000/v1/models"] = Fetched(200, models_body("a", "b"))
     fetcher.table["http://w1:8000/metrics"] = Fetched(200, VLLM_METRICS.encode())
     worker = pool.require("w1")
-    await Discovery(fetcher, 1.0, max_models=1, metrics_max_bytes=10_000).discover(worker)
-    assert list(worker.discovered or {}) == ["a"]  # bounded by max_models
+    await Identifier(fetcher, 1.0, max_models=1, metrics_max_bytes=10_000).identify(worker)
+    assert list(worker.listed_models or {}) == ["a"]  # bounded by max_models
     assert worker.adapter is not None and worker.adapter.name == "vllm"
 
 
-async def test_discovery_failure_keeps_the_previous_list(pool: WorkerPool, fetcher: Any) -> None:
+async def test_identification_failure_keeps_the_previous_list(pool: WorkerPool, fetcher: Any) -> None:
     worker = pool.require("w1")
-    worker.discovered = {"old": {"id": "old"}}
+    worker.listed_models = {"old": {"id": "old"}}
     fetcher.table["http://w1:8000/v1/models"] = FetchError("down")
-    await Discovery(fetcher, 1.0, 10, 10_000).discover(worker)
-    assert list(worker.discovered) == ["old"]
+    await Identifier(fetcher, 1.0, 10, 10_000).identify(worker)
+    assert list(worker.listed_models) == ["old"]
     assert worker.adapter is not None and worker.adapter.name == "generic"
 
 
 async def test_configured_engine_needs_no_detection(router: Router, fetcher: Any) -> None:
     pool = WorkerPool(router, 4)
     worker = pool.add(WorkerConfig(url="http://s:1", engine="sglang"))
-    await Discovery(fetcher, 1.0, 10, 10_000).discover(worker)
+    await Identifier(fetcher, 1.0, 10, 10_000).identify(worker)
     assert worker.adapter is not None and worker.adapter.name == "sglang"
     assert "http://s:1/metrics" not in fetcher.calls
 
@@ -67,7 +67,7 @@ async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: Worke
     worker = pool.require("w1")
     fetcher.table["http://w1:8000/metrics"] = Fetched(200, VLLM_METRICS.encode())
     fetcher.table["http://w1:8000/v1/models"] = Fetched(200, models_body("m"))
-    await Discovery(fetcher, 1.0, 10, 100_000).discover(worker)
+    await Identifier(fetcher, 1.0, 10, 100_000).identify(worker)
     scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: clock[0])
     await scraper.scrape_all()
     snap = router.load.snapshot("w1", 100.0)
@@ -75,7 +75,7 @@ async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: Worke
     assert worker.learned_capacity == 16_000 and router.index.capacity_tokens("w1") == 16_000
     # the engine stops answering: its last load goes stale and stops counting, routing carries on
     fetcher.table["http://w1:8000/metrics"] = FetchError("timeout")
-    clock[0] = 100.0 + RoutingConfig().engine_load_stale_s + 1
+    clock[0] = 100.0 + RoutingSettings().trackers.engine_load_stale_s + 1
     assert await scraper.scrape(worker) is None
     assert router.load.snapshot("w1", clock[0]).queue_depth == 0
 
@@ -107,7 +107,7 @@ async def test_a_hung_metrics_endpoint_is_bounded_by_its_timeout(fake_engine: An
     running = await start(app, shutdown_timeout=0.1)
     fetcher = AiohttpFetcher()
     try:
-        router = Router(RoutingConfig())
+        router = Router(RoutingSettings())
         pool = WorkerPool(router, 4)
         worker = pool.add(WorkerConfig(url=running.url, engine="vllm"))
         from prefix_router.pool.engines import get_adapter

@@ -1,0 +1,151 @@
+"""The one configuration of ``prefix-router serve``: every package's settings composed, and loaded.
+
+Each package owns its settings (``routing.settings``, ``pool.settings``, ``replication.settings``,
+``proxy.settings``); this module only composes them into ``Config`` and reads them from three sources,
+later ones winning: a YAML file, environment variables, command-line flags. Environment variables are
+named ``PREFIX_ROUTER_<KEY>``, nested keys joined by ``__``, values read as YAML scalars:
+``PREFIX_ROUTER_PORT=9000``, ``PREFIX_ROUTER_ROUTING__POLICY=random``,
+``PREFIX_ROUTER_ROUTING__POLICIES__PREFIX__LOAD_FACTOR=1.5``,
+``PREFIX_ROUTER_WORKERS=http://a:8000,http://b:8000``. Everything is validated at start-up; a bad value
+raises ``ConfigError`` with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from prefix_router.pool.settings import (
+    DiscoverySettings,
+    HealthConfig,
+    ScrapeConfig,
+    WorkerConfig,
+    unique_worker_names,
+    workers_from_urls,
+)
+from prefix_router.proxy.settings import (
+    AuthConfig,
+    LimitsConfig,
+    RecordConfig,
+    RetryConfig,
+    ServerSettings,
+    TimeoutConfig,
+)
+from prefix_router.replication.settings import ReplicationSettings
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.settings import ConfigError
+
+ENV_PREFIX = "PREFIX_ROUTER_"
+
+
+class Config(ServerSettings):
+    """Everything ``prefix-router serve`` needs: the proxy's top-level fields and one section per package."""
+
+    workers: list[WorkerConfig] = Field(default_factory=list)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    retries: RetryConfig = Field(default_factory=RetryConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    record: RecordConfig = Field(default_factory=RecordConfig)
+    replication: ReplicationSettings = Field(default_factory=ReplicationSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+
+    _workers_from_urls = field_validator("workers", mode="before")(workers_from_urls)
+    _unique_names = field_validator("workers")(unique_worker_names)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_sections(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "state" in data:
+            raise ValueError("state: renamed to replication (serve --replication URL)")
+        return data
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Merge the YAML file, then ``PREFIX_ROUTER_*`` variables of ``env``, then ``overrides``.
+
+    ``overrides`` maps dotted keys (``routing.policy``) to values (the CLI flags).
+    """
+    data = read_yaml(path) if path is not None else {}
+    for key, value in env_overrides(env or {}).items():
+        set_dotted(data, key, value)
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    return validate(data)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping")
+    return data
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """``PREFIX_ROUTER_A__B=v`` -> ``{"a.b": yaml_scalar(v)}``."""
+    out: dict[str, Any] = {}
+    for name, raw in env.items():
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            key = ".".join(name[len(ENV_PREFIX) :].lower().split("__"))
+            out[key] = parse_scalar(raw)
+    return out
+
+
+def parse_scalar(raw: str) -> Any:
+    """A YAML scalar (``8000`` -> int, ``true`` -> bool); anything else stays the string."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return value if isinstance(value, str | int | float | bool | list) else raw
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def validate(data: Mapping[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(describe(exc)) from None
+
+
+def describe(exc: pydantic.ValidationError) -> str:
+    """One line naming the first bad key, e.g. ``routing.keys.block_chars: Input should be greater than 0``
+    (the message is pydantic's)."""
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid config: {key}: {msg}{more}"

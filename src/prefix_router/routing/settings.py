@@ -1,0 +1,136 @@
+"""Settings of the routing core: the ``routing:`` section, frozen, typed, constraints on the fields.
+
+```yaml
+routing:
+  policy: prefix              # one of routing.policies.POLICY_NAMES
+  keys: {block_chars: 64, chars_per_token: 4.0, block_tokens: 16, ...}      # the routing key
+  index: {worker_capacity_tokens: 1000000, max_total_blocks: 2000000, ...}  # prefix index bounds
+  trackers: {max_tracked_requests: 100000, engine_load_stale_s: 10.0}      # load tracking
+  sessions: {affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
+  feedback: {tolerance: 0.5}                                               # engine-reported cache hits
+  policies:                   # one knob group per policy, declared by the policy's own module
+    prefix: {load_factor: 1.25, load_slack: 2, queue_penalty_tokens: 512, in_flight_penalty_tokens: 512}
+    consistent_hash: {load_factor: 1.25, load_slack: 0, replicas: 64, max_rings: 32}
+```
+
+The groups are built once, at start-up; the routing core keeps references to them (or copies of their
+values), so reading a knob per request costs one attribute access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, create_model, field_validator, model_validator
+
+from prefix_router.routing.policies import DEFAULT_POLICY, POLICIES, POLICY_NAMES
+from prefix_router.settings import Section
+
+
+class KeySettings(Section):
+    """``routing.keys``: how a request body becomes a routing key (``routing/keys.py``). Tokens are
+    estimated as characters / ``chars_per_token`` without a tokenizer."""
+
+    block_chars: int = Field(default=64, gt=0)  # UTF-8 bytes per block of text
+    chars_per_token: float = Field(default=4.0, gt=0)
+    block_tokens: int = Field(default=16, gt=0)  # token ids per block (token prompts, tokenizer)
+    max_prefix_chars: int | None = Field(default=1_048_576, gt=0)  # examined prefix (1 MiB, ~256 K tokens)
+    hash_prefix_chars: int = Field(default=512, gt=0)  # the prefix that ``hash_key`` hashes
+    isolate_tenants: bool = False  # the tenant (client bearer token digest) seeds the namespace
+    tokenizer_path: str | None = None  # a local tokenizer.json: blocks of token ids
+
+
+class IndexSettings(Section):
+    """``routing.index``: bounds of the prefix index (``routing/index.py``)."""
+
+    worker_capacity_tokens: int = Field(default=1_000_000, gt=0)  # until the engine's size is learned
+    max_total_blocks: int = Field(default=2_000_000, gt=0)  # (worker, block) entries in all
+    ttl_s: float = Field(default=3600.0, gt=0)
+    max_prefix_blocks: int | None = Field(default=None, gt=0)  # blocks matched and indexed per request
+
+
+class TrackerSettings(Section):
+    """``routing.trackers``: the per-request tables of the load tracker and of the predictions."""
+
+    max_tracked_requests: int = Field(default=100_000, gt=0)
+    engine_load_stale_s: float = Field(default=10.0, gt=0)  # older scraped engine load is ignored
+
+
+class SessionSettings(Section):
+    """``routing.sessions``: session affinity (under the policies whose row honours sessions)."""
+
+    affinity: bool = True
+    max_sessions: int = Field(default=100_000, gt=0)
+    # a session stays on its worker while it is under load_factor x mean in flight + load_slack
+    load_factor: float = Field(default=1.25, gt=0)
+    load_slack: int = Field(default=2, ge=0)
+
+
+class FeedbackSettings(Section):
+    """``routing.feedback``: a reported cache hit below ``tolerance`` x the prediction means the engine
+    evicted earlier than the index assumed."""
+
+    tolerance: float = Field(default=0.5, ge=0)
+
+
+def _policy_groups() -> type[Section]:
+    """``routing.policies``: one field per ``PolicySpec`` row, typed by the row's knob group."""
+    fields: dict[str, Any] = {
+        spec.name: (spec.knobs, Field(default_factory=spec.knobs, description=spec.summary))
+        for spec in POLICIES
+    }
+    return create_model("PolicyGroups", __base__=Section, __module__=__name__, **fields)
+
+
+if TYPE_CHECKING:
+    PolicyGroups = Section  # built from the rows at import time; read through ``RoutingSettings.knobs``
+else:
+    PolicyGroups = _policy_groups()
+
+# keys of the flat routing section before the groups, for a one-line hint instead of "extra inputs"
+MOVED: Mapping[str, str] = {
+    **{k: f"keys.{k}" for k in KeySettings.model_fields},
+    **{k: f"index.{k}" for k in IndexSettings.model_fields},
+    **{k: f"trackers.{k}" for k in TrackerSettings.model_fields},
+    "max_sessions": "sessions.max_sessions",
+    "session_affinity": "sessions.affinity",
+    "feedback_tolerance": "feedback.tolerance",
+    "load_factor": "policies.prefix.load_factor (and sessions.load_factor)",
+    "load_slack": "policies.prefix.load_slack (and sessions.load_slack)",
+    "queue_penalty_tokens": "policies.prefix.queue_penalty_tokens",
+    "in_flight_penalty_tokens": "policies.prefix.in_flight_penalty_tokens",
+}
+
+
+class RoutingSettings(Section):
+    """Every knob of the routing core, in groups (see the module docstring for the YAML shape)."""
+
+    policy: str = DEFAULT_POLICY
+    keys: KeySettings = Field(default_factory=KeySettings)
+    index: IndexSettings = Field(default_factory=IndexSettings)
+    trackers: TrackerSettings = Field(default_factory=TrackerSettings)
+    sessions: SessionSettings = Field(default_factory=SessionSettings)
+    feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
+    policies: PolicyGroups = Field(default_factory=PolicyGroups)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            old = next((key for key in data if key in MOVED and key not in cls.model_fields), None)
+            if old is not None:
+                raise ValueError(f"{old}: moved to routing.{MOVED[old]}")
+        return data
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {value!r} (one of {', '.join(POLICY_NAMES)})")
+        return value
+
+    def knobs(self, policy: str) -> Section:
+        """The knob group of ``policy`` (``routing.policies.<policy>``)."""
+        group: Section = getattr(self.policies, policy)
+        return group

@@ -1,0 +1,3 @@
+"""Test support shared by every test directory, importable as ``support`` (pytest's ``pythonpath`` puts
+``tests/`` on the path): fake engines, real routers on 127.0.0.1 and polling helpers. Fixtures stay in the
+``conftest.py`` files; what they build lives here."""

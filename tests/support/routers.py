@@ -1,0 +1,81 @@
+"""Real router apps (``create_app``) served on 127.0.0.1 in front of test engines, as ``serve`` runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from prefix_router.proxy.app import create_app
+from prefix_router.proxy.config import load_config
+from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.server import Running, start
+from prefix_router.proxy.upstream import Upstream
+
+# no background probe, identification or scrape during a test: only the start-up round
+QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
+
+
+@dataclass
+class RouterHandle:
+    app: web.Application
+    running: Running
+
+    @property
+    def url(self) -> str:
+        return self.running.url
+
+    @property
+    def port(self) -> int:
+        return self.running.port
+
+    @property
+    def state(self) -> AppContext:
+        return self.app[CONTEXT]
+
+    def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)
+
+
+RouterFactory = Callable[..., Awaitable[RouterHandle]]
+
+
+def worker_entry(worker: Any, models: Sequence[str] | None = None) -> Any:
+    """A ``workers:`` entry: config entries (URL or dict) as they are, engines by their URL and name."""
+    if isinstance(worker, str | dict):
+        return worker
+    entry = {"url": worker.url, "name": worker.name}
+    return entry | ({"models": list(models)} if models is not None else {})
+
+
+class Routers:
+    """Starts routers (``start``) and stops every one of them (``close``).
+
+    ``models``: the models every engine given as an object is configured with (None: identified at start).
+    """
+
+    def __init__(self, shutdown_timeout_s: float = 0.2, models: Sequence[str] | None = None) -> None:
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.models = models
+        self.handles: list[RouterHandle] = []
+
+    async def start(
+        self, *workers: Any, settings: dict[str, Any] | None = None, upstream: Upstream | None = None
+    ) -> RouterHandle:
+        """A router in front of ``workers`` with ``QUIET`` and then ``settings`` as config overrides."""
+        entries = [worker_entry(w, self.models) for w in workers]
+        config = load_config(env={}, overrides={**QUIET, "workers": entries, **(settings or {})})
+        app = create_app(config, upstream=upstream)
+        running = await start(
+            app, shutdown_timeout=self.shutdown_timeout_s, keepalive_timeout=config.timeouts.client_header_s
+        )
+        self.handles.append(RouterHandle(app, running))
+        return self.handles[-1]
+
+    async def close(self) -> None:
+        for handle in self.handles:
+            await handle.running.stop()
+        self.handles.clear()
