@@ -33,6 +33,10 @@ EXCHANGE = HANDLER + ";Exchange.run (prefix_router/proxy/exchange.py:82)"
         (HANDLER + ";warning (logging/__init__.py:1500)", "logging"),
         (ROOT + ";data_received (aiohttp/web_protocol.py:446)", "server"),
         (ROOT + ";_on_readable (prefix_router/replication/local.py:240)", "share"),
+        (
+            ROOT + ";_apply (prefix_router/replication/local.py:1);insert (prefix_router/routing/index.py:9)",
+            "share",
+        ),
         ("run_app (aiohttp/web.py:502)", "loop"),
     ],
 )

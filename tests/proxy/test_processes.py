@@ -143,3 +143,67 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+TOKEN = "admin-token-for-process-tests"
+
+
+async def views(url: str, n: int = 8) -> list[dict[str, dict[str, Any]]]:
+    """The admin view of the workers from ``n`` fresh connections (the kernel spreads them)."""
+    out = []
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for _ in range(n):
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.get(url + "/admin/workers", headers=headers) as resp,
+        ):
+            body = await resp.json()
+        out.append({w["name"]: w for w in body["workers"]})
+    return out
+
+
+async def until_every_view(url: str, check: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(check(view) for view in await views(url)):
+        assert time.monotonic() < deadline, "not every process got there"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+async def test_admin_changes_and_health_verdicts_reach_every_process(
+    fake_engine: Any, free_port: Any
+) -> None:
+    a, b = await fake_engine("a"), await fake_engine("b")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "prefix_router.proxy", "serve", "--worker", f"a={a.url}", "--port", str(port)]
+    argv += ["--processes", "2", "--set", "log_level=warning", "--set", f"auth.admin_token={TOKEN}"]
+    argv += ["--set", "health.interval_s=0.2", "--set", "health.fail_threshold=1"]
+    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+            async with http.post(
+                url + "/admin/workers", json={"url": b.url, "name": "b"}, headers=headers
+            ) as r:
+                assert r.status == 201
+            await until_every_view(url, lambda view: set(view) == {"a", "b"})
+            async with http.post(url + "/admin/workers/a/drain", headers=headers) as r:
+                assert r.status == 200
+            await until_every_view(url, lambda view: view["a"]["draining"])
+            b.b.health_status = 503  # process 0 probes it, every process ejects it
+            await until_every_view(url, lambda view: not view["b"]["healthy"])
+            checks = a.health_checks
+            await asyncio.sleep(2.0)
+            assert a.health_checks - checks <= 13  # one prober every 0.2 s, not two
+            async with http.delete(url + "/admin/workers/b", headers=headers) as r:
+                assert r.status == 200
+            await until_every_view(url, lambda view: set(view) == {"a"})
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -4,7 +4,9 @@
 (``py-spy record --format raw``: one line per distinct stack, ``frame;frame;... count``) while it serves
 the throughput run, then sorts every sample into one stage of a request's trip:
 
-- the innermost frame of the router's own code that a stage rule claims decides (so a metrics update
+- a stack that passes through ``replication/`` is ``share`` (the other processes' changes applied to
+  the index count as sharing, not routing);
+- else the innermost frame of the router's own code that a stage rule claims decides (so a metrics update
   made while settling a request counts as metrics, a key built while parsing counts as key);
 - a stack with no such frame is sorted by its library frames (aiohttp's server side: ``server``);
 - what is left is the event loop itself: polling, callbacks, socket reads and writes it does in C.
@@ -71,6 +73,8 @@ LOOP_FRAMES = ("run_app ", "run_until_complete ", "run_forever ", "run ", "_run_
 
 def stage_of(frames: list[str]) -> str:
     """The stage one sampled stack (outermost frame first) belongs to."""
+    if any("prefix_router/replication/" in frame for frame in frames):
+        return "share"  # applying the other processes' changes runs the routing core: still sharing
     for frame in reversed(frames):
         if "logging/" in frame:
             return "logging"

@@ -5,9 +5,10 @@ and then only watches them: SIGTERM/SIGINT are passed on (each child drains as a
 child that dies unexpectedly is restarted (at most ``MAX_RESTARTS`` times), and it exits with the
 children's worst exit status. Each child binds the same port with ``SO_REUSEPORT`` (the kernel spreads
 new connections across them) and joins the local channel (``replication.local``): index changes and
-in-flight counts reach the other processes within a few hundred microseconds, and every ``/metrics``
-scrape, whichever process answers it, adds the others' latest counters (sent every
-``METRICS_INTERVAL_S``). Health checks and engine scrapes run in every process.
+in-flight counts reach the other processes within a few milliseconds, and every ``/metrics`` scrape,
+whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
+worker pool is shared too (``proxy.shared_pool``): admin changes reach every process, and process 0
+alone probes and scrapes the engines, for all of them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aiohttp import web
 
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.shared_pool import SharedPool
 from prefix_router.replication.local import LocalReplication
 from prefix_router.replication.wiring import ReplicationCollector
 
@@ -63,10 +65,12 @@ def install_local_replication(app: web.Application, directory: Path, index: int,
     state: AppContext = app[CONTEXT]
     local = LocalReplication(state.router, directory, index, count, clock=state.clock)
     state.metrics.peers = local.snapshots
+    shared = SharedPool(state, local, index)
+    shared.install()
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await local.start()
-        task = asyncio.create_task(_publish_metrics(state, local), name="local-state-metrics")
+        task = asyncio.create_task(_publish(state, local, shared), name="local-replication-publish")
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -77,10 +81,12 @@ def install_local_replication(app: web.Application, directory: Path, index: int,
     state.metrics.registry.register(ReplicationCollector(local))
 
 
-async def _publish_metrics(state: AppContext, local: LocalReplication) -> None:
+async def _publish(state: AppContext, local: LocalReplication, shared: SharedPool) -> None:
+    """Every ``METRICS_INTERVAL_S``: this process's metrics and the admin changes it knows."""
     while True:
         await asyncio.sleep(METRICS_INTERVAL_S)
         local.publish_snapshot(state.metrics.snapshot())
+        shared.publish()
 
 
 def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]) -> int:

@@ -8,7 +8,8 @@ process; a reader applies the others' changes with ``Router.apply``. Times trave
 share a clock, but the codec is the Redis one). Every ``load_interval_s`` each process sends its own
 in-flight counts per worker; the others' counts are summed into the load view
 (``LoadTracker.set_remote_in_flight``) and forgotten after ``load_ttl_s`` without news. Snapshots
-(``publish_snapshot``) are kept per sending process, latest only, for ``snapshots``.
+(``publish_snapshot``) are kept per sending process, latest only, for ``snapshots``. Other small messages
+go to whoever ``subscribe``-d to their topic (one byte), sent with ``send``.
 
 Failures never block routing: a datagram that cannot be sent (a process restarting, a full receive
 queue) is dropped and counted (``publish_failures``); the next changes carry on.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import orjson
 
+from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
 from prefix_router.replication.outbox import Outbox
 from prefix_router.replication.stats import ReplicationStats
@@ -35,7 +37,9 @@ from prefix_router.routing.router import ChangeHook, IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+Handler = Callable[[bytes], None]
 CHANGES, LOAD, SNAPSHOT = b"C", b"L", b"S"
+DATAGRAM_HEADROOM = 1024  # kind byte, batch and change headers, worker name (names are short)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +47,8 @@ class LocalConfig:
     """Bounds and intervals of the local channel."""
 
     outbox_capacity: int = 50_000
-    batch_max: int = 128
+    batch_max: int = 1024
+    flush_interval_s: float = 0.002  # changes gathered this long go out together, merged (``coalesce``)
     max_datagram: int = 60_000
     socket_buffer_bytes: int = 4 * 1024 * 1024
     load_interval_s: float = 0.05
@@ -53,7 +58,7 @@ class LocalConfig:
     def __post_init__(self) -> None:
         if min(self.outbox_capacity, self.batch_max, self.max_datagram, self.socket_buffer_bytes) <= 0:
             raise ValueError("local channel bounds must be positive")
-        if self.load_interval_s <= 0 or self.load_ttl_s <= 0:
+        if self.load_interval_s <= 0 or self.load_ttl_s <= 0 or self.flush_interval_s < 0:
             raise ValueError("local channel intervals must be positive")
 
 
@@ -86,8 +91,11 @@ class LocalReplication:
         self.outbox = Outbox(self.cfg.outbox_capacity)
         self.counters = ReplicationStats()
         self.peers = {i: _Peer(i, str(directory / f"{i}.sock"), {}) for i in range(count) if i != index}
+        self._by_address: dict[object, _Peer] = {}
+        self._max_blocks = max(1, (self.cfg.max_datagram - DATAGRAM_HEADROOM) // 8)  # u64 per block
         self._path = directory / f"{index}.sock"
         self._sock = _bind(self._path, self.cfg.socket_buffer_bytes)
+        self._handlers: dict[bytes, Handler] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._previous_hook: ChangeHook | None = None
         self._reading = False
@@ -155,10 +163,12 @@ class LocalReplication:
         changes = self.outbox.take(self.cfg.batch_max)
         if not changes:
             return 0
-        for datagram in self._datagrams(changes):
+        merged = coalesce(changes, self.router.index.max_prefix_blocks, self._max_blocks)
+        for datagram in self._datagrams(merged):
             self._broadcast(CHANGES + datagram)
             self.counters.published_entries += 1
         self.counters.published_changes += len(changes)
+        self.counters.sent_changes += len(merged)
         return len(changes)
 
     def flush(self) -> None:
@@ -203,10 +213,25 @@ class LocalReplication:
 
     def publish_snapshot(self, payload: bytes) -> None:
         """Send a small snapshot (bounded by ``max_snapshot_bytes``) that the others keep, latest only."""
+        self._send_small(SNAPSHOT, payload)
+
+    def send(self, topic: bytes, payload: bytes) -> None:
+        """Send a small message (bounded like a snapshot) to the other processes' ``topic`` handlers."""
+        if topic in (CHANGES, LOAD, SNAPSHOT) or len(topic) != 1:
+            raise ValueError(f"topic {topic!r} is reserved or not one byte")
+        self._send_small(topic, payload)
+
+    def subscribe(self, topic: bytes, handler: Handler) -> None:
+        """Call ``handler(payload)`` for every message on ``topic`` (one handler per topic)."""
+        if topic in (CHANGES, LOAD, SNAPSHOT) or len(topic) != 1:
+            raise ValueError(f"topic {topic!r} is reserved or not one byte")
+        self._handlers[topic] = handler
+
+    def _send_small(self, kind: bytes, payload: bytes) -> None:
         if len(payload) + 1 > min(self.cfg.max_snapshot_bytes, self.cfg.socket_buffer_bytes // 2):
             self.counters.encode_errors += 1
             return
-        self._broadcast(SNAPSHOT + payload)
+        self._broadcast(kind + payload)
 
     def snapshots(self) -> list[bytes]:
         """The latest snapshot of every other process that sent one."""
@@ -240,14 +265,28 @@ class LocalReplication:
             self._take_load(peer, payload)
         elif kind == SNAPSHOT:
             peer.snapshot = payload
+        elif (handler := self._handlers.get(kind)) is not None:
+            self._deliver(handler, payload)
         else:
             self.counters.decode_errors += 1
         return 0
 
+    def _deliver(self, handler: Handler, payload: bytes) -> None:
+        try:
+            handler(payload)
+        except Exception:  # a bad message must not stop the reader
+            self.counters.decode_errors += 1
+            log.exception("local channel: a message handler failed")
+
     def _peer(self, sender: object) -> _Peer | None:
-        name = sender.decode() if isinstance(sender, bytes) else str(sender)
-        stem = Path(name).stem
-        return self.peers.get(int(stem)) if stem.isdigit() else None
+        peer = self._by_address.get(sender)
+        if peer is None:
+            name = sender.decode() if isinstance(sender, bytes) else str(sender)
+            stem = Path(name).stem
+            peer = self.peers.get(int(stem)) if stem.isdigit() else None
+            if peer is not None and name == peer.path:
+                self._by_address[sender] = peer  # bounded: one entry per other process
+        return peer
 
     def _apply(self, payload: bytes) -> int:
         try:
@@ -302,6 +341,8 @@ class LocalReplication:
     async def _flush_loop(self) -> None:
         while True:
             await self.outbox.wait()
+            if self.cfg.flush_interval_s:
+                await asyncio.sleep(self.cfg.flush_interval_s)
             self.flush()
 
     async def _load_loop(self) -> None:
