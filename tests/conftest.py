@@ -78,3 +78,18 @@ def fixture_text() -> Any:
 @pytest.fixture
 def fixture_json() -> Any:
     return json_fixture
+
+
+# ---------------------------------------------------------------- model directories from the SmolLM2 GGUF
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``name -> ModelDir``: SmolLM2's own chat template and the bundled layouts, derived once per session
+    from the GGUF that ``make llama`` installs (missing: a failure, never a skip)."""
+    from prefix_router.bench.fidelity.models import all_model_dirs, smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.fail("the SmolLM2 GGUF is not installed: run scripts/install-llama-cpp.sh (make llama)")
+    return {m.name: m for m in all_model_dirs(gguf, tmp_path_factory.mktemp("models"))}

@@ -99,3 +99,16 @@ def test_whole_bodies_and_garbage() -> None:
         other.feed_body(junk)
         other.feed(b"data: {broken\n\ndata: 7\n\n" + junk)
         assert other.generated() is None
+
+
+def test_a_reply_that_reasoned_is_marked_and_its_reasoning_not_kept() -> None:
+    acc = ReplyAccumulator("chat", max_chars=10_000, max_line=10_000)
+    acc.feed(event({"role": "assistant", "reasoning_content": "let me think " * 50}))
+    acc.feed(event({"content": "The answer."}) + event({"reasoning_content": None, "content": " Done."}))
+    assert acc.generated() == {"role": "assistant", "content": "The answer. Done.", "reasoning_content": ""}
+    plain = ReplyAccumulator("chat", max_chars=10_000, max_line=10_000)
+    plain.feed(event({"role": "assistant", "content": "Hi", "reasoning_content": None}))
+    assert plain.generated() == {"role": "assistant", "content": "Hi"}
+    whole = ReplyAccumulator("chat", max_chars=10_000, max_line=10_000)
+    whole.feed_body(orjson.dumps({"choices": [{"index": 0, "message": {"content": "x", "reasoning": "r"}}]}))
+    assert whole.generated() == {"role": "assistant", "content": "x", "reasoning_content": ""}

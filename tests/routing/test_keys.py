@@ -145,7 +145,7 @@ def test_max_prefix_chars_caps_the_examined_prefix() -> None:
 def test_tokenizer_mode_blocks_are_token_ids() -> None:
     builder = KeyBuilder(CFG, tokenize=lambda text: [ord(c) for c in text])
     req = builder.build("chat", chat([{"role": "user", "content": "y" * 30}]), request_id="r")
-    assert req.prompt_tokens == len("user\x1f\x1f" + "y" * 30 + "\x1f\x1f\x1e")
+    assert req.prompt_tokens == len("user\x03" + "y" * 30 + "\x1e")  # role, content behind its tag, end
     assert len(req.blocks) == req.prompt_tokens // 4
 
 
@@ -173,3 +173,162 @@ def test_incremental_extension_respects_the_prefix_cap(
     fast = builder.extend(req, "chat", body, generated)
     assert fast == builder.extension("chat", body, generated)
     assert len(fast) <= cap // 16
+
+
+# ---------------------------------------------------------------- template-faithful order (issue 12)
+
+SYSTEM = {"role": "system", "content": "s" * 640}
+TOOL_F = {
+    "type": "function",
+    "function": {"name": "f", "description": "d" * 100, "parameters": {"type": "object"}},
+}
+TOOL_G = {
+    "type": "function",
+    "function": {"name": "g", "description": "e" * 100, "parameters": {"type": "object"}},
+}
+
+
+def shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_the_system_prompt_comes_before_the_tools() -> None:
+    """Changed deliberately (issue 12): templates render the first system message before any tool text, so
+    requests with other tool lists share the system prompt (the old key put the tools first)."""
+    msgs = [SYSTEM, {"role": "user", "content": "u" * 64}]
+    a, b = blocks(chat(msgs, tools=[TOOL_F])), blocks(chat(msgs, tools=[TOOL_G]))
+    assert a != b and shared(a, b) >= 640 // 16
+    no_tools = blocks(chat(msgs))
+    assert shared(no_tools, a) == 0  # with and without tools never share (Llama 3.x's system header)
+
+
+def test_tool_schemas_keep_the_clients_key_order() -> None:
+    """Changed deliberately (issue 12): transformers' tojson keeps key order, so the same tools with keys in
+    another order render other text (the old key sorted keys)."""
+    msgs = [SYSTEM, {"role": "user", "content": "u" * 64}]
+    flipped = {"function": TOOL_F["function"], "type": "function"}
+    a, b = blocks(chat(msgs, tools=[TOOL_F])), blocks(chat(msgs, tools=[flipped]))
+    assert a != b and shared(a, b) >= 640 // 16
+
+
+def test_text_parts_are_joined_with_a_newline() -> None:
+    def parts(*texts: str) -> dict[str, Any]:
+        return chat([{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}])
+
+    assert blocks(parts("a" * 40, "b" * 40)) == blocks(
+        chat([{"role": "user", "content": "a" * 40 + "\n" + "b" * 40}])
+    )
+    assert blocks(parts("a" * 40, "b" * 40)) != blocks(
+        chat([{"role": "user", "content": "a" * 40 + "b" * 40}])
+    )
+
+
+def test_an_image_is_valued_at_image_tokens() -> None:
+    cfg = KeySettings(block_chars=16, block_tokens=4, image_tokens=300)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "t" * 64}
+    with_image = KeyBuilder(cfg).build(
+        "chat", chat([{"role": "user", "content": [image, text]}]), request_id="r"
+    )
+    without = KeyBuilder(cfg).build("chat", chat([{"role": "user", "content": [text]}]), request_id="r")
+    assert with_image.prompt_tokens - without.prompt_tokens in range(300, 302)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"chat_template": "{{ messages }}"},
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"reasoning_effort": "low"},
+        {"add_special_tokens": True},
+        {"mm_processor_kwargs": {"fps": 2}},
+        {"truncate_prompt_tokens": 100},
+    ],
+)
+def test_prompt_options_without_a_fixed_place_enter_the_namespace(extra: dict[str, Any]) -> None:
+    msgs = [SYSTEM, {"role": "user", "content": "u" * 64}]
+    assert shared(blocks(chat(msgs)), blocks(chat(msgs, **extra))) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "at_least"),
+    [
+        ({"documents": [{"text": "d" * 100}]}, 640 // 16),  # after the system part
+        ({"add_generation_prompt": False}, (640 + 64) // 16),  # at the end
+        ({"continue_final_message": True}, (640 + 64) // 16),
+        ({"tools": [TOOL_F], "tool_choice": "none"}, 0),  # engines may drop the tools then
+    ],
+)
+def test_prompt_fields_enter_the_key_where_they_change_the_text(extra: dict[str, Any], at_least: int) -> None:
+    msgs = [SYSTEM, {"role": "user", "content": "u" * 64}]
+    base = chat(msgs, tools=[TOOL_F]) if "tool_choice" in extra else chat(msgs)
+    a, b = blocks(base), blocks({**base, **extra})
+    assert a != b and shared(a, b) >= at_least
+
+
+SAMPLING_ST = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0, 1),
+        "max_tokens": st.integers(1, 10_000),
+        "max_completion_tokens": st.integers(1, 10_000),
+        "stream": st.booleans(),
+        "seed": st.integers(0, 2**31),
+        "n": st.integers(1, 8),
+        "stop": st.lists(st.text(max_size=5), max_size=3),
+        "user": st.text(max_size=20),
+        "stream_options": st.just({"include_usage": True}),
+        "logprobs": st.booleans(),
+        "presence_penalty": st.floats(-2, 2),
+        "response_format": st.just({"type": "json_object"}),
+    },
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages_st, SAMPLING_ST)
+def test_sampling_fields_never_change_the_key(
+    messages: list[dict[str, Any]], sampling: dict[str, Any]
+) -> None:
+    plain = KEYS.build("chat", chat(messages, tools=[TOOL_F]), request_id="r")
+    other = KEYS.build("chat", chat(messages, tools=[TOOL_F], **sampling), request_id="r")
+    assert (plain.blocks, plain.prompt_tokens, plain.hash_key, plain.tail) == (
+        other.blocks, other.prompt_tokens, other.hash_key, other.tail,
+    )  # fmt: skip
+
+
+def test_reasoning_counts_only_after_the_last_user_message() -> None:
+    """Reasoning models' templates drop earlier turns' reasoning (``reasoning_content`` or inline
+    ``<think>``) and keep it in the current turn's tool loop."""
+    user = {"role": "user", "content": "q" * 64}
+    think = {"role": "assistant", "content": "<think>\n" + "r" * 200 + "\n</think>\n\n" + "a" * 64}
+    plain = {"role": "assistant", "content": "a" * 64}
+    later = {"role": "user", "content": "next" * 16}
+    assert blocks(chat([SYSTEM, user, think, later])) == blocks(chat([SYSTEM, user, plain, later]))
+    rc = {"role": "assistant", "content": "a" * 64, "reasoning_content": "r" * 200}
+    tool = {"role": "tool", "tool_call_id": "1", "content": "x" * 64}
+    assert blocks(chat([SYSTEM, user, rc, tool])) != blocks(chat([SYSTEM, user, plain, tool]))
+
+
+def test_a_reply_with_reasoning_or_a_tool_call_extends_only_what_the_next_turn_shares() -> None:
+    body = chat([SYSTEM, {"role": "user", "content": "q" * 64}])
+    prompt = blocks(body)
+    reasoned = {"role": "assistant", "content": "a" * 200, "reasoning_content": ""}
+    assert KEYS.extension("chat", body, reasoned) == prompt
+    inline = {"role": "assistant", "content": "<think>\n" + "r" * 100 + "</think>" + "a" * 200}
+    assert KEYS.extension("chat", body, inline) == prompt
+    call = {"type": "function", "function": {"name": "f", "arguments": '{"x": 1}' * 20}}
+    with_text = {"role": "assistant", "content": "a" * 200, "tool_calls": [call]}
+    ext = KEYS.extension("chat", body, with_text)
+    nxt = blocks(chat([*body["messages"], with_text, {"role": "tool", "content": "r" * 64}]))
+    assert len(prompt) < len(ext) and is_prefix(ext, nxt)
+    only_call = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert KEYS.extension("chat", body, only_call) == prompt
+    builder = KeyBuilder(CFG)
+    req = builder.build("chat", body, request_id="r")
+    for reply in (reasoned, inline, with_text, only_call):
+        assert builder.extend(req, "chat", body, reply) == builder.extension("chat", body, reply)

@@ -59,11 +59,8 @@ def test_trace_workloads_are_deterministic(sharegpt_file: Path, mooncake_file: P
     assert {s.session_id.split("-")[0] for s in mixed.sessions} == {"chatbot", "sharegpt"}
 
 
-def test_real_sharegpt_trace_when_present() -> None:
-    try:
-        find_trace("sharegpt_multiturn_subset.jsonl")
-    except FileNotFoundError:
-        pytest.skip("shared traces not present")
+def test_real_sharegpt_trace() -> None:
+    find_trace("sharegpt_multiturn_subset.jsonl")  # the shared traces beside the checkout: required
     w = get_workload("multi-turn", requests=40, seed=0, model="m")
     assert w.request_count == 40 and any(len(s.turns) > 1 for s in w.sessions)
 

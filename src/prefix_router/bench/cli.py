@@ -39,9 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_bench(sub)
     _register_demo(sub)
     _register_index(sub)
+    from prefix_router.bench.fidelity.cli import register as register_fidelity
     from prefix_router.bench.overhead import register as register_overhead
 
     register_overhead(sub)
+    register_fidelity(sub)
 
 
 def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -71,7 +71,11 @@ async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
     session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
     args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
-    if len(raw) > state.config.limits.parse_in_thread_bytes:  # long parses stay off the event loop
+    limits = state.config.limits
+    threshold = (
+        limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
+    )
+    if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
         parsed = await asyncio.to_thread(parsing.parse, *args)
     else:
         parsed = parsing.parse(*args)

@@ -49,6 +49,9 @@ class LimitsConfig(Section):
     # bodies larger than this are parsed (JSON, routing key) in a worker thread: a 7 MB prompt of a million
     # token ids takes about half a second, which would otherwise stall every request on the event loop
     parse_in_thread_bytes: int = Field(default=1024 * 1024, ge=0)
+    # with exact-mode models configured (routing.keys.exact_models), rendering the chat template and
+    # tokenizing cost milliseconds for a long prompt: bodies over this are keyed in a worker thread
+    exact_parse_in_thread_bytes: int = Field(default=8 * 1024, ge=0)
 
 
 class AuthConfig(Section):

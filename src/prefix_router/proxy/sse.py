@@ -28,6 +28,7 @@ class ReplyAccumulator:
         self._parts: list[str] = []
         self._tool_calls: dict[int, dict[str, Any]] = {}
         self.chars = 0
+        self.reasoned = False  # the reply carried reasoning (its text is not kept: the next turn drops it)
         self.overflow = False
         self.usage_body: dict[str, Any] | None = None
 
@@ -91,6 +92,8 @@ class ReplyAccumulator:
     def _message(self, message: Any) -> None:
         if not isinstance(message, dict):
             return
+        if any(isinstance(message.get(k), str) and message[k] for k in ("reasoning_content", "reasoning")):
+            self.reasoned = True
         self._text(message.get("content"))
         calls = message.get("tool_calls")
         if isinstance(calls, list):
@@ -134,12 +137,14 @@ class ReplyAccumulator:
 
     def generated(self) -> dict[str, Any] | None:
         """The reply as the next turn will carry it, or None when unknown or over the bound."""
-        if self.overflow or self._endpoint is None or not (self._parts or self._tool_calls):
+        if self.overflow or self._endpoint is None or not (self._parts or self._tool_calls or self.reasoned):
             return None
         text = "".join(self._parts)
         if self._endpoint == "completions":
             return {"text": text}
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if self.reasoned:
+            message["reasoning_content"] = ""  # present: the routing key then extends nothing past the prompt
         if self._tool_calls:
             message["tool_calls"] = [_tool_call(c) for _, c in sorted(self._tool_calls.items())]
         return message

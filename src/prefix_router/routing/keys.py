@@ -1,40 +1,49 @@
 """Routing keys: a request's prompt as the engine will cache it, cut into chained block hashes.
 
-Chat requests serialize ``tools``/``functions`` first (chat templates render them into the system part),
-then every message in order: role, name, content (text; images and audio by a hash of their data or URL),
-tool calls (name and arguments) and ``tool_call_id``. Serialization is message by message, so the key of
-turn k of a conversation is an exact prefix of the key of turn k+1. Completions use the prompt string, or
-token ids hashed as ids; a batch routes by its first prompt. The first block is seeded with a namespace
-(model, LoRA adapter, ``cache_salt``, and the tenant when tenants are isolated), so requests of different
-namespaces never share blocks. Blocks are ``block_chars`` UTF-8 bytes, or ``block_tokens`` token ids when
-a local ``tokenizer.json`` is configured.
+Two modes, per model:
+
+- Default (``routing/canonical.py``): chat requests become a canonical text in the order chat templates
+  render them (first system message, tools with the client's key order, documents, the other messages;
+  reasoning only where templates keep it). Blocks are ``block_chars`` UTF-8 bytes, or ``block_tokens``
+  token ids when a local ``tokenizer.json`` is configured (``tokenizer_path``). An image is valued at
+  ``image_tokens`` (``image_tokens x chars_per_token`` key bytes).
+- Exact (``routing/template.py``; models named in ``exact_models``): the model's own chat template and
+  tokenizer render and tokenize the request; blocks are ``block_tokens`` ids, the engine's page size. A
+  request the template refuses, or one bringing its own ``chat_template``, falls back to the default key.
+
+Completions use the prompt string, or token ids hashed as ids; a batch routes by its first prompt. The first
+block is seeded with a namespace (model, LoRA adapter, ``cache_salt``, the digest of prompt options that
+change the text at no fixed point, and the tenant when tenants are isolated), so requests of different
+namespaces never share blocks. Fields that do not change the prompt (sampling, ``stream``, ``n``, ``user``,
+``max_tokens``, ...) are never read.
+
+Extension by the generated reply: the prompt extended with the reply as the next turn will carry it. A
+reply that carried reasoning extends nothing (templates drop reasoning from earlier turns, so the next turn
+diverges where the reply began); in exact mode the extension stops before the end-of-turn token (never
+computed by the engine) and only when the next turn renders the prompt unchanged.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from prefix_router.protocol import Endpoint
+from prefix_router.routing import canonical
+from prefix_router.routing.canonical import MEDIA, chat_text, has_reasoning
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
 from prefix_router.routing.settings import KeySettings
-from prefix_router.routing.types import RouteRequest
+from prefix_router.routing.template import ChatTemplate, TemplateError, load_templates, media_ids
+from prefix_router.routing.types import InvalidRequest, RouteRequest
 
-_US = "\x1f"  # field separator
-_RS = "\x1e"  # message separator
+__all__ = ["Endpoint", "InvalidRequest", "KeyBuilder", "chat_text"]
 
-
-class InvalidRequest(ValueError):
-    """The body is not a valid request for its endpoint; the proxy answers 400 naming ``param``."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
+log = logging.getLogger(__name__)
+_MEDIA_RE = re.compile(f"{MEDIA}([0-9a-f]{{16}}){MEDIA}")
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -52,95 +61,6 @@ def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise InvalidRequest(f"'{key}' must be a string", key)
-
-
-def _digest(value: object) -> str:
-    data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else orjson.dumps(value)
-    return format(hash_bytes(data), "016x")
-
-
-# ---------------------------------------------------------------- chat serialization
-
-
-def _part_text(part: object, param: str) -> str:
-    if not isinstance(part, Mapping):
-        raise InvalidRequest("content parts must be objects", param)
-    kind = part.get("type")
-    if kind == "text":
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise InvalidRequest("a text part needs a string 'text'", param)
-        return text
-    if kind == "image_url":
-        image = part.get("image_url")
-        url = image.get("url") if isinstance(image, Mapping) else image
-        return f"<image:{_digest(url)}>"
-    if kind == "input_audio":
-        audio = part.get("input_audio")
-        data = audio.get("data") if isinstance(audio, Mapping) else audio
-        return f"<audio:{_digest(data)}>"
-    return f"<{kind}:{_digest(part)}>"
-
-
-def _content_text(content: object, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(_part_text(p, f"{param}[{i}]") for i, p in enumerate(content))
-    raise InvalidRequest("'content' must be a string, an array of parts or null", param)
-
-
-def _tool_calls_text(calls: object, param: str) -> str:
-    if not calls:
-        return ""
-    if not isinstance(calls, list):
-        raise InvalidRequest("'tool_calls' must be an array", param)
-    out = []
-    for call in calls:
-        fn = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(fn, Mapping):
-            raise InvalidRequest("each tool call needs a 'function' object", param)
-        out.append(f"{fn.get('name')}({fn.get('arguments')})")
-    return ";".join(out)
-
-
-def _message_text(msg: object, i: int) -> str:
-    param = f"messages[{i}]"
-    if not isinstance(msg, Mapping):
-        raise InvalidRequest("each message must be an object", param)
-    role = msg.get("role")
-    if not isinstance(role, str):
-        raise InvalidRequest("each message needs a string 'role'", f"{param}.role")
-    name = msg.get("name")
-    content = _content_text(msg.get("content"), f"{param}.content")
-    calls = _tool_calls_text(msg.get("tool_calls"), f"{param}.tool_calls")
-    call_id = msg.get("tool_call_id")
-    fields = (role, name if isinstance(name, str) else "", content, calls, str(call_id or ""))
-    return _US.join(fields) + _RS
-
-
-def _tools_text(body: Mapping[str, Any]) -> str:
-    tools = body.get("tools") or body.get("functions")
-    if not tools:
-        return ""
-    if not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be an array", "tools")
-    return "".join(orjson.dumps(t, option=orjson.OPT_SORT_KEYS).decode() for t in tools) + _RS
-
-
-def _messages(body: Mapping[str, Any]) -> list[Any]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' is required and must be a non-empty array", "messages")
-    return messages
-
-
-def chat_text(body: Mapping[str, Any], extra: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The canonical text of a chat request (with ``extra`` messages appended)."""
-    messages = [*_messages(body), *extra]
-    return _tools_text(body) + "".join(_message_text(m, i) for i, m in enumerate(messages))
 
 
 # ---------------------------------------------------------------- completions prompt
@@ -176,23 +96,39 @@ def _token_bytes(ids: Sequence[int]) -> bytes:
 class KeyBuilder:
     """Turns request bodies into ``RouteRequest``s under one key configuration (and optional tokenizer)."""
 
-    def __init__(self, cfg: KeySettings, tokenize: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: KeySettings,
+        tokenize: Callable[[str], list[int]] | None = None,
+        templates: Mapping[str, ChatTemplate] | None = None,
+    ) -> None:
         self.cfg = cfg
         self._tokenize = tokenize if tokenize is not None else _load_tokenizer(cfg.tokenizer_path)
+        if templates is None:
+            templates = load_templates(cfg.exact_models, cfg.image_tokens, cfg.tool_choice_none_drops_tools)
+        self.templates = dict(templates)
+        self._media_chars = max(17, round(cfg.image_tokens * cfg.chars_per_token))
 
-    def namespace(self, body: Mapping[str, Any], tenant: str | None) -> int:
+    def namespace(self, body: Mapping[str, Any], tenant: str | None, exact: bool = False) -> int:
         model = _require_model(body)
         adapter = _opt_str(body, "lora_path") or _opt_str(body, "lora_adapter")
         salt = _opt_str(body, "cache_salt")
-        return namespace_seed((model, adapter, salt, tenant if self.cfg.isolate_tenants else None))
+        options = canonical.prompt_options(
+            body, canonical.UNRENDERED_OPTIONS if exact else canonical.PROMPT_OPTIONS
+        )
+        mode = "exact" if exact else None
+        isolated = tenant if self.cfg.isolate_tenants else None
+        return namespace_seed((model, adapter, salt, options, mode, isolated))
+
+    # ------------------------------------------------------------ default mode
 
     def payload(
         self, endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any] | None
     ) -> bytes:
         """The bytes that are cut into blocks: UTF-8 text, or token ids as 4-byte integers."""
         if endpoint == "chat":
-            extra = [generated] if generated is not None else []
-            return self._encode_text(chat_text(body, extra))
+            more = canonical.reply_text(body, generated) if generated is not None else ""
+            return self._encode_text(chat_text(body, spaced_json=self._tokenize is not None) + more)
         prompt = _first_prompt(body)
         tail = str(generated.get("text") or "") if generated is not None else ""
         if isinstance(prompt, str):
@@ -202,8 +138,24 @@ class KeyBuilder:
 
     def _encode_text(self, text: str) -> bytes:
         if self._tokenize is not None:
-            return _token_bytes(self._tokenize(text))
+            return _token_bytes(self._text_ids(text, self._tokenize))
+        if MEDIA in text:
+            text = _MEDIA_RE.sub(self._media_text, text)
         return text.encode("utf-8", "surrogatepass")
+
+    def _media_text(self, match: re.Match[str]) -> str:
+        """An image in character blocks: ``image_tokens x chars_per_token`` bytes, named by its hash."""
+        return (MEDIA + match.group(1) + MEDIA * self._media_chars)[: self._media_chars]
+
+    def _text_ids(self, text: str, tokenize: Callable[[str], list[int]]) -> list[int]:
+        if MEDIA not in text:
+            return tokenize(text)
+        ids: list[int] = []
+        pos = 0
+        for match in _MEDIA_RE.finditer(text):
+            ids += tokenize(text[pos : match.start()]) + media_ids(match.group(1), self.cfg.image_tokens)
+            pos = match.end()
+        return ids + tokenize(text[pos:])
 
     def _block_bytes(self, tokens_mode: bool) -> int:
         return self.cfg.block_tokens * 4 if tokens_mode else self.cfg.block_chars
@@ -231,6 +183,74 @@ class KeyBuilder:
             return len(data) // 4
         return math.ceil(len(data) / self.cfg.chars_per_token)
 
+    # ------------------------------------------------------------ exact mode
+
+    def template_for(self, endpoint: Endpoint, body: Mapping[str, Any]) -> ChatTemplate | None:
+        """The model's chat template when exact mode applies to this request."""
+        if not self.templates or body.get("chat_template") is not None:
+            return None
+        model = body.get("model")
+        return self.templates.get(model) if isinstance(model, str) else None
+
+    def _exact_ids(self, template: ChatTemplate, endpoint: Endpoint, body: Mapping[str, Any]) -> list[int]:
+        if endpoint == "chat":
+            return template.chat_ids(body)
+        prompt = _first_prompt(body)
+        return template.completion_ids(prompt) if isinstance(prompt, str) else prompt
+
+    def _exact_request(
+        self,
+        ids: list[int],
+        body: Mapping[str, Any],
+        request_id: str,
+        tenant: str | None,
+        session: str | None,
+    ) -> RouteRequest:
+        seed = self.namespace(body, tenant, exact=True)
+        data = _token_bytes(ids)
+        full = len(ids) - len(ids) % self.cfg.block_tokens
+        return RouteRequest(
+            request_id=request_id,
+            blocks=self._blocks(data, True, seed),
+            block_tokens=self.cfg.block_tokens,
+            prompt_tokens=len(ids),
+            hash_key=hash_bytes(data[: self.cfg.hash_prefix_chars], seed),
+            namespace=seed,
+            session=session,
+            output_tokens_hint=_max_tokens(body),
+            tail=data[full * 4 :],
+            exact=True,
+        )
+
+    def _exact_extension(
+        self, req: RouteRequest, endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any]
+    ) -> tuple[int, ...]:
+        """The prompt and the reply up to (not including) its end-of-turn token, when the next turn renders
+        the prompt unchanged; otherwise the prompt alone."""
+        template = self.template_for(endpoint, body)
+        bt = self.cfg.block_tokens
+        if template is None or len(req.blocks) * bt < req.prompt_tokens - req.prompt_tokens % bt:
+            return req.blocks  # no template, or a key cut by the prefix cap: nothing to add
+        try:
+            if endpoint == "chat":
+                ids = template.chat_ids(body, reply=generated)
+            else:
+                prompt = _first_prompt(body)
+                text = str(generated.get("text") or "")
+                ids = template.completion_ids(prompt + text) if isinstance(prompt, str) else []
+        except TemplateError:
+            return req.blocks
+        data = _token_bytes(ids)
+        blocks = self._blocks(data, True, req.namespace)
+        full = len(req.blocks)
+        same_prompt = blocks[:full] == req.blocks and data[full * bt * 4 : req.prompt_tokens * 4] == req.tail
+        if len(ids) <= req.prompt_tokens or not same_prompt:
+            return req.blocks
+        end = _first(ids, template.eos_id, req.prompt_tokens)
+        return self._blocks(data[: end * 4], True, req.namespace)
+
+    # ------------------------------------------------------------ requests
+
     def build(
         self,
         endpoint: Endpoint,
@@ -243,6 +263,14 @@ class KeyBuilder:
         """Validate ``body`` and reduce it to a ``RouteRequest`` (raises ``InvalidRequest``)."""
         if not isinstance(body, Mapping):
             raise InvalidRequest("the request body must be a JSON object")
+        template = self.template_for(endpoint, body)
+        if template is not None:
+            try:
+                ids = self._exact_ids(template, endpoint, body)
+            except TemplateError as exc:  # the engine will answer it; route it by the default key
+                log.debug("exact key fell back for %s: %s", request_id, exc)
+            else:
+                return self._exact_request(ids, body, request_id, tenant, session)
         seed = self.namespace(body, tenant)
         data = self.payload(endpoint, body, None)
         tokens_mode = self._tokens_mode(endpoint, body)
@@ -270,13 +298,17 @@ class KeyBuilder:
         """``extension`` for a request built by ``build``, continuing its chain from its last block
         instead of rehashing the whole prompt (character blocks); equal results. Under the prefix cap: a
         truncated key leaves less than a block of room, so nothing is added."""
+        if _stops(endpoint, body, generated):
+            return req.blocks
+        if req.exact:
+            return self._exact_extension(req, endpoint, body, generated)
         if self._tokenize is not None or self._tokens_mode(endpoint, body):
             return self.extension(endpoint, body, generated, tenant=tenant)
         if endpoint == "chat":
-            more = _message_text(generated, len(_messages(body)))
+            more = canonical.reply_text(body, generated)
         else:
             more = str(generated.get("text") or "")
-        data = req.tail + more.encode("utf-8", "surrogatepass")
+        data = req.tail + self._encode_text(more)
         cap = self.cfg.max_prefix_chars
         room = None if cap is None else max(0, cap - len(req.blocks) * self.cfg.block_chars)
         seed = req.blocks[-1] if req.blocks else req.namespace
@@ -291,9 +323,31 @@ class KeyBuilder:
         tenant: str | None = None,
     ) -> tuple[int, ...]:
         """Blocks of the prompt extended with the generated output, as the next turn will carry it."""
+        if self.template_for(endpoint, body) is not None:
+            req = self.build(endpoint, body, request_id="", tenant=tenant)
+            if req.exact:
+                return self.extend(req, endpoint, body, generated, tenant=tenant)
         seed = self.namespace(body, tenant)
-        data = self.payload(endpoint, body, generated)
+        data = self.payload(endpoint, body, None if _stops(endpoint, body, generated) else generated)
         return self._blocks(data, self._tokens_mode(endpoint, body), seed)
+
+
+def _stops(endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any]) -> bool:
+    """Whether the reply adds nothing the next turn will share: it carried reasoning (templates drop it
+    from earlier turns), or the prompt ended in a non-default way (no generation prompt, or a continued
+    final message)."""
+    if endpoint != "chat":
+        return False
+    return has_reasoning(generated) or bool(canonical.generation_text(body))
+
+
+def _first(ids: Sequence[int], token: int | None, start: int) -> int:
+    if token is None:
+        return len(ids)
+    try:
+        return ids.index(token, start)
+    except ValueError:
+        return len(ids)
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int:

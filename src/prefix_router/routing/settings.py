@@ -20,6 +20,7 @@ values), so reading a knob per request costs one attribute access.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, create_model, field_validator, model_validator
@@ -39,6 +40,21 @@ class KeySettings(Section):
     hash_prefix_chars: int = Field(default=512, gt=0)  # the prefix that ``hash_key`` hashes
     isolate_tenants: bool = False  # the tenant (client bearer token digest) seeds the namespace
     tokenizer_path: str | None = None  # a local tokenizer.json: blocks of token ids
+    image_tokens: int = Field(
+        default=576, gt=0
+    )  # an image part's value (engines expand images to many tokens)
+    # exact mode: model name -> local model directory (tokenizer.json + tokenizer_config.json)
+    exact_models: dict[str, str] = Field(default_factory=dict, max_length=1024)
+    tool_choice_none_drops_tools: bool = False  # exact mode: vLLM's --exclude-tools-when-tool-choice-none
+
+    @field_validator("exact_models")
+    @classmethod
+    def _model_dirs(cls, value: dict[str, str]) -> dict[str, str]:
+        for model, directory in value.items():
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                if not (Path(directory) / name).is_file():
+                    raise ValueError(f"{model}: no {name} in {directory!r}")
+        return value
 
 
 class IndexSettings(Section):

@@ -13,6 +13,15 @@ from enum import StrEnum
 from typing import Protocol
 
 
+class InvalidRequest(ValueError):
+    """The body is not a valid request for its endpoint; the proxy answers 400 naming ``param``."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """What the router knows about one request, already reduced to hashes.
@@ -32,6 +41,7 @@ class RouteRequest:
     session: str | None = None
     output_tokens_hint: int = 0
     tail: bytes = b""  # the key's bytes after the last full block (lets extensions continue the chain)
+    exact: bool = False  # blocks of the model's own chat template and tokenizer (exact mode)
 
 
 @dataclass(slots=True)
