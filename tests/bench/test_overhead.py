@@ -39,4 +39,6 @@ def test_cpu_seconds_counts_a_process_tree() -> None:
     import os
 
     assert overhead.cpu_seconds(os.getpid()) > 0
+    user, system = overhead.cpu_split(os.getpid())
+    assert user > 0 and system >= 0 and overhead.cpu_seconds(os.getpid()) >= user + system
     assert overhead.cpu_seconds(2**22 + 12345) != overhead.cpu_seconds(2**22 + 12345)  # NaN: no such process

@@ -38,6 +38,14 @@ EXCHANGE = HANDLER + ";Exchange.run (prefix_router/proxy/exchange.py:82)"
             "share",
         ),
         ("run_app (aiohttp/web.py:502)", "loop"),
+        (
+            EXCHANGE + ";Exchange.attempt (x);Connection.start (prefix_router/proxy/http_client.py:186)",
+            "send",
+        ),
+        (
+            EXCHANGE + ";write_eof (aiohttp/web_response.py:1);_writelines (aiohttp/http_writer.py:116)",
+            "send",
+        ),
     ],
 )
 def test_each_sample_lands_in_its_stage(stack: str, stage: str) -> None:
@@ -48,12 +56,12 @@ def test_breakdown_and_per_request_shares() -> None:
     lines = [
         HANDLER + ";parse_json (prefix_router/proxy/parse.py:62) 30\n",
         "run_app (aiohttp/web.py:502) 10\n",
+        EXCHANGE + ";Connection.start (prefix_router/proxy/http_client.py:186) 50\n",
         "junk\n",
     ]
     samples = breakdown(lines)
-    assert samples == Counter({"parse": 30, "loop": 10})
-    stages = per_request(samples, 400e-6)
-    assert (
-        stages["parse"] == pytest.approx(300) and stages["loop"] == pytest.approx(100) and stages["key"] == 0
-    )
-    assert per_request(Counter(), 1.0) == {}
+    assert samples == Counter({"parse": 30, "loop": 10, "send": 50})
+    stages = per_request(samples, 400e-6, 50e-6)  # user CPU split by the shares, sends left out
+    assert stages["parse"] == pytest.approx(300) and stages["loop"] == pytest.approx(100)
+    assert stages["kernel"] == pytest.approx(50) and stages["key"] == 0
+    assert per_request(Counter(), 1.0, 0.0) == {}

@@ -108,12 +108,21 @@ def bodies(n: int, prompt_chars: int, stream: bool) -> list[bytes]:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its descendants (Linux ``/proc``; NaN elsewhere)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and all its descendants (NaN elsewhere than Linux)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return float("nan")
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(cpu_seconds(child) for child in children(pid))
+        return float("nan"), float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+    user, system = int(fields[11]) / tick, int(fields[12]) / tick
+    for child in children(pid):
+        child_user, child_system = cpu_split(child)
+        user, system = user + child_user, system + child_system
+    return user, system
 
 
 def children(pid: int) -> list[int]:
@@ -258,18 +267,19 @@ async def rounds(plan: Plan, cases: list[Case], n: int, console: Console) -> dic
     return results
 
 
-Profile = tuple[Counter[str], float, Counter[str], float]  # plain samples, CPU s/request, stream ones
+Cpu = tuple[float, float]  # user, system CPU seconds per request
+Profile = tuple[Counter[str], Cpu, Counter[str], Cpu]  # plain samples and CPU, stream ones
 
 
 async def profiles(plan: Plan, case: Case) -> dict[str, Profile]:
-    """Per router of ours: (plain samples, CPU s/request, stream samples, CPU s/stream), with py-spy."""
+    """Per router of ours: (plain samples, CPU/request, stream samples, CPU/stream), with py-spy."""
     exe = profile.py_spy()
     if exe is None:
         raise RuntimeError("--profile needs py-spy (pip install py-spy, in the dev extra)")
     out: dict[str, Profile] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for target in (t for t in plan.targets if t.ours):
-            found: list[tuple[Counter[str], float]] = []
+            found: list[tuple[Counter[str], Cpu]] = []
             for stream in (False, True):
                 recordings = [
                     profile.Recording(exe, pid, Path(tmp) / f"{pid}-{stream}.txt")
@@ -285,12 +295,13 @@ async def profiles(plan: Plan, case: Case) -> dict[str, Profile]:
     return out
 
 
-async def measure_one(target: Target, case: Case, plan: Plan, stream: bool) -> float:
-    """CPU seconds per request of one throughput run."""
+async def measure_one(target: Target, case: Case, plan: Plan, stream: bool) -> Cpu:
+    """(user, system) CPU seconds per request of one throughput run."""
     sent = bodies(plan.requests, case.prompt_chars, stream)
-    cpu0 = cpu_seconds(target.pid)
+    user0, system0 = cpu_split(target.pid)
     await loadgen.run(target.port, sent, case.concurrency)
-    return (cpu_seconds(target.pid) - cpu0) / len(sent)
+    user1, system1 = cpu_split(target.pid)
+    return (user1 - user0) / len(sent), (system1 - system0) / len(sent)
 
 
 COLUMNS = (
@@ -340,10 +351,10 @@ def report_profiles(found: dict[str, Profile], console: Console) -> None:
     rows: dict[str, list[str]] = {stage: [] for stage in (*profile.STAGES, "total")}
     for plain, plain_cpu, stream, stream_cpu in found.values():
         for samples, cpu in ((plain, plain_cpu), (stream, stream_cpu)):
-            stages = profile.per_request(samples, cpu)
+            stages = profile.per_request(samples, *cpu)
             for stage in profile.STAGES:
                 rows[stage].append(f"{stages.get(stage, 0.0):.0f}")
-            rows["total"].append(f"{cpu * 1e6:.0f}")
+            rows["total"].append(f"{sum(cpu) * 1e6:.0f}")
     for stage, cells in rows.items():
         table.add_row(stage, *cells)
     console.print(table)
