@@ -5,7 +5,7 @@ and then only watches them: SIGTERM/SIGINT are passed on (each child drains as a
 child that dies unexpectedly is restarted (at most ``MAX_RESTARTS`` times), and it exits with the
 children's worst exit status. Each child binds the same port with ``SO_REUSEPORT`` (the kernel spreads
 new connections across them) and joins the local channel (``replication.local``): index changes and
-in-flight counts reach the other processes within a few milliseconds, and every ``/metrics`` scrape,
+in-flight counts reach the other processes within about 10 ms (50 ms), and every ``/metrics`` scrape,
 whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
 worker pool is shared too (``proxy.shared_pool``): admin changes reach every process, and process 0
 alone probes and scrapes the engines, for all of them.

@@ -7,7 +7,7 @@ system prompt shared by a batch's requests, or a request's prompt touched at dis
 reply at the end, is sent and applied once instead of once per change.
 
 Times: a merged insert carries the latest time of the inserts it stands for, so a run is merged only
-over ``max_span_s`` (10 ms): a longer run (an outbox that filled while the other side was away) goes out
+over ``max_span_s`` (20 ms): a longer run (an outbox that filled while the other side was away) goes out
 as one insert per span, each holding only the blocks not touched again in a later span, in time order;
 the LRU order is the same and no time is off by more than the span (what ``forget_older`` cut-offs and
 expiry compare).
@@ -27,7 +27,7 @@ from itertools import chain
 from prefix_router.routing.router import ChangeKind, IndexChange
 
 INFINITE = 1 << 62
-MAX_SPAN_S = 0.01
+MAX_SPAN_S = 0.02
 
 
 def coalesce(

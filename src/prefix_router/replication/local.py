@@ -48,7 +48,7 @@ class LocalConfig:
 
     outbox_capacity: int = 50_000
     batch_max: int = 1024
-    flush_interval_s: float = 0.002  # changes gathered this long go out together, merged (``coalesce``)
+    flush_interval_s: float = 0.01  # changes gathered this long go out together, merged (``coalesce``)
     max_datagram: int = 60_000
     socket_buffer_bytes: int = 4 * 1024 * 1024
     load_interval_s: float = 0.05
