@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest clean llama
+.PHONY: demo test lint typecheck pytest clean llama redis
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,12 @@ typecheck: $(STAMP)
 llama:
 	scripts/install-llama-cpp.sh
 
-pytest: $(STAMP) llama
+# The shared-state tests run against a real redis-server (each starts its own on a loopback port): installed
+# here when missing (Debian package, as root); without it those tests fail, they are not skipped.
+redis:
+	scripts/redis-server.sh ensure
+
+pytest: $(STAMP) llama redis
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest

@@ -95,7 +95,8 @@ def main() -> int:
     argvs = [["-m", "prefix_router.bench.instant_worker", "--port", str(worker)]]
     for name, extra in VARIANTS.items():
         base = ["-m", "prefix_router.proxy", "serve", "--worker", f"http://127.0.0.1:{worker}"]
-        argvs.append([*base, "--port", str(ports[name]), "--set", "log_level=warning", *extra])
+        quiet = ["--set", "log_level=warning", "--set", "access_log=false"]
+        argvs.append([*base, "--port", str(ports[name]), *quiet, *extra])
     table = Table(
         title=f"small-request latency while {len(body) / 2**20:.1f} MiB bodies arrive (one router each)"
     )

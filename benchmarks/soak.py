@@ -126,6 +126,7 @@ def router_argv(opts: argparse.Namespace, engines: list[Engine], port: int, toke
         "health.interval_s": 0.5,
         "health.fail_threshold": 2,
         "log_level": "warning",
+        "access_log": "false",  # hundreds of thousands of requests: warnings only on the terminal
     }
     argv = [sys.executable, "-m", "prefix_router.proxy", "serve", "--port", str(port)]
     argv += [arg for i, e in enumerate(engines) for arg in ("--worker", f"sim{i}={e.url}")]

@@ -31,5 +31,5 @@ def test_kinds_render_as_their_values_in_labels_logs_and_json() -> None:
 
 
 def test_change_kinds_keep_their_wire_codes() -> None:
-    assert [k.value for k in KINDS] == ["insert", "trim", "forget_older"]  # codes 0, 1, 2 on the wire
+    assert [k.value for k in KINDS] == ["insert", "trim", "forget_older", "capacity"]  # codes 0-3 on the wire
     assert set(KINDS) == set(ChangeKind)

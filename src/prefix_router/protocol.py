@@ -19,6 +19,10 @@ MATCH_HEADER = "x-prefix-router-prefix-match"
 POLICY_HEADER = "x-prefix-router-policy"
 """Request header: route this request with another policy (A/B tests); never forwarded upstream."""
 
+REQUEST_ID_HEADER = "x-request-id"
+"""Request and response header: the request's id, taken from the client (when well formed) or made by the
+router, sent to the engine and returned to the client; the access log's ``request_id``."""
+
 SESSION_HEADER = "x-session-id"
 """Request header carrying the session id for sticky routing (the default of ``session_header``)."""
 

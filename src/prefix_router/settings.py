@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 
 class ConfigError(ValueError):
@@ -25,3 +25,15 @@ def split_list(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def header_secret(value: SecretStr) -> SecretStr:
+    """A credential that travels in an HTTP header. Surrounding whitespace (the trailing newline of a key
+    read from a secret file) is removed; an empty key, or one with inner whitespace or a control
+    character, is refused. The message never contains the key."""
+    text = value.get_secret_value().strip()
+    if not text:
+        raise ValueError("empty key")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise ValueError("the key contains whitespace or a control character (not allowed in an HTTP header)")
+    return value if text == value.get_secret_value() else SecretStr(text)

@@ -12,6 +12,7 @@ import pytest
 from prefix_router.bench import cli, demo
 from prefix_router.bench.commands import arrivals_from, parse_key_values, requests_for
 from prefix_router.bench.index_bench import IndexBenchConfig, run
+from prefix_router.bench.index_cap import CapBenchConfig
 from prefix_router.launch.engine_sim import start_engines
 
 
@@ -93,11 +94,16 @@ def test_argument_helpers() -> None:
 
 
 def test_bench_index_small() -> None:
-    result = run(IndexBenchConfig(workers=4, blocks=1000, prompt_chars=(1600,), repeats=3))
+    cap = CapBenchConfig(workers=8, total_blocks=2000, request_blocks=50, requests=5)
+    result = run(IndexBenchConfig(workers=4, blocks=1000, prompt_chars=(1600,), repeats=3, cap=cap))
     assert result["indexed_blocks"] == 1000 and result["bytes_per_block"] > 0
     prompt = result["prompts"]["1600"]
     assert prompt["blocks"] == 25
     assert all(prompt[k]["p50"] > 0 for k in ("key_us", "miss_route_us", "hit_route_us"))
+    capped = result["global_cap"]  # both indexes stay at their cap, evicting a block per new one
+    assert all(
+        capped[k]["entries"] == 2000 and capped[k]["evicted_blocks"] == 250 for k in ("buckets", "scan")
+    )
 
 
 def test_verdict_says_higher_when_prefix_is_slower() -> None:

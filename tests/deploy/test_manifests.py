@@ -6,6 +6,9 @@ kubeconform is not used: it is a Go binary that fetches its JSON schemas from Gi
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import types
 import typing
 from pathlib import Path
@@ -203,3 +206,70 @@ def test_the_service_account_may_watch_endpointslices(documents: list[dict[str, 
     role = find(documents, "Role", binding["roleRef"]["name"])
     rule = next(r for r in role["rules"] if "endpointslices" in r["resources"])
     assert rule["apiGroups"] == ["discovery.k8s.io"] and {"list", "watch"} <= set(rule["verbs"])
+
+
+# ------------------------------------------------------------------ shutdown and service links
+
+
+def test_service_links_are_off(documents: list[dict[str, Any]]) -> None:
+    for deployment in (d for d in documents if d["kind"] == "Deployment"):
+        assert pod(deployment)["enableServiceLinks"] is False, deployment["metadata"]["name"]
+
+
+def test_the_grace_period_covers_pre_stop_and_drain(documents: list[dict[str, Any]]) -> None:
+    from prefix_router.proxy.lifecycle import AFTER_DEADLINE_S
+    from prefix_router.proxy.server import AFTER_DRAIN_S
+
+    spec = pod(find(documents, "Deployment", "prefix-router"))
+    pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain_s = config_of(documents).timeouts.shutdown_s + AFTER_DEADLINE_S + AFTER_DRAIN_S
+    assert spec["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain_s + 5  # and a margin
+
+
+def service_link_env(documents: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables Kubernetes gives a pod for every Service of its namespace when service links are on
+    (the docker-links format of kubelet's envvars: ``<SVC>_SERVICE_HOST``, ``<SVC>_PORT=tcp://...``...)."""
+    env: dict[str, str] = {}
+    for n, service in enumerate(d for d in documents if d["kind"] == "Service"):
+        name, ip = service["metadata"]["name"].upper().replace("-", "_"), f"10.96.0.{12 + n}"
+        ports = service["spec"]["ports"]
+        env |= {f"{name}_SERVICE_HOST": ip, f"{name}_SERVICE_PORT": str(ports[0]["port"])}
+        env[f"{name}_PORT"] = f"{ports[0]['protocol'].lower()}://{ip}:{ports[0]['port']}"
+        for port in ports:
+            number, proto = port["port"], port["protocol"]
+            if port.get("name"):
+                env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(number)
+            link = f"{name}_PORT_{number}_{proto}"
+            env |= {link: f"{proto.lower()}://{ip}:{number}", f"{link}_PROTO": proto.lower()}
+            env |= {f"{link}_PORT": str(number), f"{link}_ADDR": ip}
+    return env
+
+
+def test_service_link_variables_are_not_read_as_config(
+    documents: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The shipped config with the variables Kubernetes injects for the shipped Services (had service links
+    stayed on): ``serve --print-config`` starts, keeps the port, and touches no cluster (kubernetes'
+    client is made unimportable: --print-config must not need it)."""
+    links = service_link_env(documents)
+    assert links["PREFIX_ROUTER_PORT"].startswith("tcp://10.96.0.") and links["PREFIX_ROUTER_PORT"].endswith(
+        ":80"
+    )
+    assert "PREFIX_ROUTER_REDIS_PORT_6379_TCP_ADDR" in links and "PREFIX_ROUTER_SERVICE_HOST" in links
+    config = tmp_path / "config.yaml"
+    config.write_text(find(documents, "ConfigMap", "prefix-router-config")["data"]["config.yaml"])
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "shim" / "kubernetes.py").write_text("raise RuntimeError('the cluster was touched')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFIX_ROUTER_", "KUBE"))}
+    env |= links | {"PYTHONPATH": os.pathsep.join([str(tmp_path / "shim"), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "prefix_router.proxy", "serve", "--config", str(config), "--print-config"]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["port"] == 8000 and printed["discovery"]["kind"] == "kubernetes"
+    bogus = subprocess.run(
+        argv, capture_output=True, text=True, env=env | {"PREFIX_ROUTER_BOGUS": "1"}, timeout=60
+    )
+    assert bogus.returncode == 2 and bogus.stderr.strip().count("\n") == 0
+    assert "bogus" in bogus.stderr and "Traceback" not in bogus.stderr

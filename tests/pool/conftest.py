@@ -43,7 +43,8 @@ def router() -> Router:
 
 @pytest.fixture
 def pool(router: Router) -> WorkerPool:
+    """Two workers, each admitted as if its first probe had passed."""
     pool = WorkerPool(router, max_workers=8, thresholds=(3, 2))
-    pool.add(WorkerConfig(url="http://w1:8000", name="w1"))
-    pool.add(WorkerConfig(url="http://w2:8000", name="w2"))
+    for name in ("w1", "w2"):
+        pool.report(pool.add(WorkerConfig(url=f"http://{name}:8000", name=name)), True)
     return pool

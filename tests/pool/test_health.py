@@ -30,10 +30,18 @@ async def test_probe_failures_eject_and_successes_readmit(router: Router, fetche
     pool.add(WorkerConfig(url="http://w2:8000", name="w2"))
     fetcher.table["http://w2:8000/health"] = Fetched(200, b"ok")
     prober = HealthProber(pool, fetcher, HealthConfig())
+    assert w1.health.verdict == "pending" and not w1.available  # not healthy before a probe passed
+    await prober.probe_all()
+    assert w1.health.verdict == "pending" and "refused" in (w1.health.last_error or "")
+    assert pool.require("w2").health.healthy  # admitted by its first passing probe
+    fetcher.table["http://w1:8000/health"] = Fetched(200, b"")
+    await prober.probe_all()
+    assert w1.health.verdict == "healthy"
+    del fetcher.table["http://w1:8000/health"]
     await prober.probe_all()
     assert w1.health.healthy and "refused" in (w1.health.last_error or "")
     await prober.probe_all()
-    assert not w1.health.healthy and pool.require("w2").health.healthy
+    assert w1.health.verdict == "ejected" and pool.require("w2").health.healthy
     fetcher.table["http://w1:8000/health"] = Fetched(503, b"")  # answering, but unhealthy
     await prober.probe_all()
     assert "503" in (w1.health.last_error or "")

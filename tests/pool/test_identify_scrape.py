@@ -121,3 +121,23 @@ async def test_a_hung_metrics_endpoint_is_bounded_by_its_timeout(fake_engine: An
     finally:
         await fetcher.close()
         await running.stop()
+
+
+async def test_a_scrape_of_a_removed_worker_re_creates_nothing(
+    router: Router, pool: WorkerPool, fetcher: Any
+) -> None:
+    from prefix_router.pool.engines import get_adapter
+    from prefix_router.pool.engines.base import EngineLoad
+
+    old = pool.require("w1")
+    old.adapter = get_adapter("vllm")
+    scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: 5.0)
+    load = EngineLoad(queue_depth=9, kv_usage=0.9, capacity_tokens=320)
+    pool.remove("w1")
+    scraper.apply(old, load)  # a scrape that was in flight when the worker left
+    assert "w1" not in router.workers() and "w1" not in router.summary()["workers"]  # type: ignore[operator]
+    pool.add(WorkerConfig(url="http://w1:8000", name="w1"))  # a new worker of the same name
+    scraper.apply(old, load)  # the old worker's scrape never lands on its successor either
+    snap = router.load.snapshot("w1", 5.0)
+    assert (snap.queue_depth, snap.kv_usage) == (0, None)
+    assert router.index.capacity_tokens("w1") == RoutingSettings().index.worker_capacity_tokens

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
 import aiohttp
+import yaml
 from openai import AsyncOpenAI
 
 from prefix_router.protocol import WORKER_HEADER
@@ -103,3 +105,67 @@ async def test_print_config_masks_secrets(tmp_path: Any) -> None:
     text = out.decode()
     assert proc.returncode == 0 and "port: 9123" in text and "load_factor: 2" in text
     assert "secret" not in text and "http://a:1" in text
+
+
+async def test_a_port_in_use_is_one_line_and_a_non_zero_exit(fake_engine: Any) -> None:
+    engine = await fake_engine("a")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await run_cli("serve", "--worker", engine.url, "--port", str(port))
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1
+    assert lines == [f"prefix-router serve: cannot listen on 127.0.0.1:{port}: address already in use"]
+    assert (
+        engine.seen == [] and engine.health_checks == 0
+    )  # it stopped before starting anything (no probe, no identification)
+
+
+async def test_print_config_needs_no_workers() -> None:
+    proc = await run_cli("serve", "--print-config", "--set", "routing.policy=least_load")
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    printed = yaml.safe_load(out)
+    assert printed["workers"] == [] and printed["routing"]["policy"] == "least_load"
+
+
+async def test_print_config_still_checks_the_policy_knobs() -> None:
+    proc = await run_cli("serve", "--print-config", "--set", "routing.policies.prefix.load_factor=-1")
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and "load_factor" in err.decode() and "Traceback" not in err.decode()
+
+
+async def test_kubernetes_discovery_without_the_client_is_one_line(tmp_path: Any) -> None:
+    """The image used to lack the ``k8s`` extra: a traceback at start. Now one line saying what to install
+    (the client is made unimportable here), and ``--print-config`` does not need it at all."""
+    (tmp_path / "kubernetes.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'kubernetes'\", name='kubernetes')\n"
+    )
+    shim = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = {"PYTHONPATH": shim, "KUBERNETES_SERVICE_HOST": ""}
+    proc = await run_cli("serve", "--discover-k8s-service", "ns/vllm", env=env)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "prefix-router[k8s]" in lines[0]
+    proc = await run_cli("serve", "--discover-k8s-service", "ns/vllm", "--print-config", env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0 and yaml.safe_load(out)["discovery"]["service"] == "vllm", err.decode()
+
+
+async def test_serve_starts_among_service_link_variables(fake_engine: Any, free_port: Any) -> None:
+    engine = await fake_engine("a")
+    port = free_port()
+    links = {"PREFIX_ROUTER_PORT": "tcp://10.96.0.12:80", "PREFIX_ROUTER_SERVICE_HOST": "10.96.0.12"}
+    links |= {
+        "PREFIX_ROUTER_REDIS_PORT_6379_TCP_ADDR": "10.96.0.13",
+        "PREFIX_ROUTER_PORT": "tcp://10.0.0.1:80",
+    }
+    proc = await run_cli("serve", "--worker", engine.url, "--port", str(port), env=links)
+    try:
+        await wait_ready(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+    assert proc.returncode == 0

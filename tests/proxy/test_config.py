@@ -44,7 +44,8 @@ def test_yaml_is_read(config_file: Path) -> None:
     assert worker.api_key is not None and worker.api_key.get_secret_value() == "upstream-key"
     assert "upstream-key" not in repr(cfg)
     assert cfg.routing.policy == "least_load" and cfg.routing.keys.block_chars == 128
-    assert cfg.routing.keys.block_tokens == 16  # untouched knobs keep their defaults
+    assert cfg.routing.keys.block_tokens == 32  # a block of 128 chars is 32 tokens (chars_per_token 4)
+    assert cfg.routing.keys.hash_prefix_chars == 512  # untouched knobs keep their defaults
     assert cfg.timeouts.connect_s == 1.5
 
 
@@ -170,3 +171,88 @@ def test_replication_section_holds_every_replication_knob() -> None:
     assert cfg.replication.stream_key == "prefix-router:changes"
     with pytest.raises(ConfigError, match="replication: backoff_initial_s"):
         load_config(env={}, overrides={"replication.backoff_initial_s": 10})
+
+
+@pytest.mark.parametrize(
+    ("workers", "message"),
+    [
+        ("http://a:1,http://A:1/", "the same URL under two names"),
+        ("http://a:80,http://a", "the same URL under two names"),
+        ("http://a:99999", "Port out of range"),
+        ("http://a:x1", "Port could not be cast"),
+        ("http://:1", "no host"),
+        ("http://[fe80::1:1", "Invalid IPv6 URL"),
+    ],
+)
+def test_worker_urls_are_checked(workers: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={"PREFIX_ROUTER_WORKERS": workers})
+
+
+def test_one_engine_twice_under_different_base_paths_is_two_workers() -> None:
+    workers = [{"url": "http://a:1/x", "name": "x"}, {"url": "http://a:1/y", "name": "y"}, "http://[::1]:1"]
+    cfg = load_config(env={}, overrides={"workers": workers})
+    assert [w.url for w in cfg.workers] == ["http://a:1/x", "http://a:1/y", "http://[::1]:1"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "isolated"),
+    [
+        ({}, False),
+        ({"auth.api_keys": ["k1"]}, False),
+        ({"auth.api_keys": ["k1", "k2"]}, True),
+        ({"auth.forward_client_auth": True}, True),
+        ({"auth.api_keys": ["k1", "k2"], "routing.keys.isolate_tenants": False}, False),
+        ({"routing.keys.isolate_tenants": True}, True),
+    ],
+)
+def test_tenant_isolation_defaults_to_on_with_several_tenants(
+    settings: dict[str, object], isolated: bool
+) -> None:
+    assert load_config(env={}, overrides=settings).routing.keys.isolate_tenants is isolated
+
+
+# ---------------------------------------------------------------------------------------- service links
+
+LINKS = {  # what Kubernetes gives a pod for the Services prefix-router (:80) and prefix-router-redis (:6379)
+    "PREFIX_ROUTER_PORT": "tcp://10.96.0.12:80",
+    "PREFIX_ROUTER_SERVICE_HOST": "10.96.0.12",
+    "PREFIX_ROUTER_SERVICE_PORT": "80",
+    "PREFIX_ROUTER_SERVICE_PORT_HTTP": "80",
+    "PREFIX_ROUTER_PORT_80_TCP": "tcp://10.96.0.12:80",
+    "PREFIX_ROUTER_PORT_80_TCP_PROTO": "tcp",
+    "PREFIX_ROUTER_PORT_80_TCP_PORT": "80",
+    "PREFIX_ROUTER_PORT_80_TCP_ADDR": "10.96.0.12",
+    "PREFIX_ROUTER_REDIS_PORT": "tcp://10.96.0.13:6379",
+    "PREFIX_ROUTER_REDIS_SERVICE_HOST": "10.96.0.13",
+    "PREFIX_ROUTER_REDIS_SERVICE_PORT_REDIS": "6379",
+    "PREFIX_ROUTER_REDIS_PORT_6379_TCP_ADDR": "10.96.0.13",
+    "PREFIX_ROUTER_X_PORT_53_UDP": "udp://10.96.0.14:53",
+}
+
+
+def test_kubernetes_service_links_are_not_config(config_file: Path) -> None:
+    cfg = load_config(config_file, env=LINKS)
+    assert cfg.port == 7000  # the file's, not "tcp://10.96.0.12:80"
+    assert load_config(env=LINKS).port == 8000
+
+
+def test_real_keys_next_to_service_links_still_apply() -> None:
+    cfg = load_config(env={**LINKS, "PREFIX_ROUTER_PORT": "9000", "PREFIX_ROUTER_ROUTING__POLICY": "random"})
+    assert cfg.port == 9000 and cfg.routing.policy == "random"
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("PREFIX_ROUTER_BOGUS", "1"),
+        ("PREFIX_ROUTER_REDIS_PORT", "6379"),  # not a link's value: an unknown key
+        ("PREFIX_ROUTER_SERVICE_HOSTS", "x"),
+        ("PREFIX_ROUTER_ROUTING__SERVICE_HOST", "x"),  # nested with "__": configuration, unknown
+    ],
+)
+def test_other_unknown_keys_still_fail_on_one_line(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(env={**LINKS, name: value})
+    message = str(err.value)
+    assert "\n" not in message and name.removeprefix("PREFIX_ROUTER_").lower().replace("__", ".") in message

@@ -53,4 +53,4 @@ async def test_conversation_sticks_to_the_engine_that_caches_it(sim_engine: Any,
     assert len(workers) == 1  # prefix affinity across turns, streamed or not
     assert all(c > 0 for c in cached[1:])  # and the engine really served the prefix from its cache
     summary = router.state.router.summary()["workers"]
-    assert sum(w["actual_cached_tokens"] for w in summary.values()) == sum(cached)
+    assert sum(w["feedback"]["reported_tokens"] for w in summary.values()) == sum(cached)

@@ -28,6 +28,7 @@ async def test_connect_failure_is_retried_on_another_worker(
 ) -> None:
     good = await fake_engine("good")
     router = await start_router({"url": f"http://127.0.0.1:{free_port()}", "name": "dead"}, good)
+    router.admit("dead")  # up at start-up, dead since
     results = [await post(router.url, headers=RR) for _ in range(2)]  # round robin: one starts on "dead"
     assert [status for status, _, _ in results] == [200, 200]
     assert all(headers[WORKER_HEADER] == "good" for _, headers, _ in results)
@@ -71,21 +72,25 @@ async def test_attempts_are_bounded(fake_engine: Any, start_router: Any) -> None
 
 
 async def test_connect_failure_everywhere_is_502(start_router: Any, free_port: Any) -> None:
-    router = await start_router(f"http://127.0.0.1:{free_port()}", settings={"health.fail_threshold": 10})
+    port = free_port()
+    router = await start_router(f"http://127.0.0.1:{port}", settings={"health.fail_threshold": 10})
+    router.admit(f"127.0.0.1:{port}")
     status, _, body = await post(router.url)
     assert status == 502
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["code"] == "upstream_unavailable"
 
 
-async def test_first_byte_timeout_retries_then_504(fake_engine: Any, start_router: Any) -> None:
+async def test_first_byte_timeout_spends_the_budget_then_504(fake_engine: Any, start_router: Any) -> None:
+    """``first_byte_s`` is the request's budget: an attempt that used it up is not repeated elsewhere."""
     hung = await fake_engine("hung", hang=True)
     good = await fake_engine("good")
     settings = {"timeouts.first_byte_s": 0.3}
     router = await start_router(hung, good, settings=settings)
-    for _ in range(2):
-        status, headers, _ = await post(router.url, headers=RR)
-        assert status == 200 and headers[WORKER_HEADER] == "good"
+    results = [await post(router.url, headers=RR) for _ in range(2)]  # round robin: one starts on "hung"
+    assert sorted(status for status, _, _ in results) == [200, 504]
+    assert len(good.generations) == 1 and len(hung.generations) == 1
+    assert router.state.metrics.retries.get() == 0
     alone = await start_router(hung, settings=settings)
     status, _, body = await post(alone.url)
     assert status == 504 and body["error"]["code"] == "upstream_timeout"

@@ -44,7 +44,8 @@ async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, sta
     status, body = await get(router.url + "/metrics")
     text = body.decode()
     assert status == 200
-    assert 'prefix_router_requests_total{policy="prefix",status="200",worker="a"} 3.0' in text
+    assert 'prefix_router_requests_total{model="m",policy="prefix",status="200",worker="a"} 3.0' in text
+    assert 'prefix_router_upstream_attempts_total{status="200",worker="a"} 3.0' in text
     assert "prefix_router_route_branch_total{" in text
     assert 'prefix_router_route_branch_total{branch="load_balance",policy="prefix"} 1.0' in text
     assert 'prefix_router_route_branch_total{branch="prefix_hit",policy="prefix"} 2.0' in text
@@ -53,7 +54,8 @@ async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, sta
     assert "prefix_router_predicted_prefix_tokens_count 3.0" in text
     assert 'prefix_router_in_flight{worker="a"} 0.0' in text
     assert 'prefix_router_worker_healthy{worker="a"} 1.0' in text
-    assert 'prefix_router_cached_tokens_total{kind="actual",worker="a"} 96.0' in text
+    assert 'prefix_router_cached_tokens_total{kind="reported",worker="a"} 96.0' in text
+    assert 'prefix_router_cache_reports_total{verdict="unreported",worker="a"} 0.0' in text
 
 
 async def test_metrics_forget_removed_workers(fake_engine: Any, start_router: Any) -> None:

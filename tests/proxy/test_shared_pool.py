@@ -86,8 +86,16 @@ class Group:
         return proc
 
     def deliver(self) -> None:
+        """What every process has to say, read by every other (its relay flushed, full queues retried)."""
         for proc in self.procs.values():
-            proc.channel.read_once()
+            proc.shared.flush_relay()
+        for _ in range(50):
+            for proc in self.procs.values():
+                proc.channel.resend()
+            for proc in self.procs.values():
+                proc.channel.read_once()
+            if not any(peer.backlog for proc in self.procs.values() for peer in proc.channel.peers.values()):
+                return
 
     async def stop(self, index: int) -> None:
         await self.procs.pop(index).channel.stop()

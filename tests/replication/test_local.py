@@ -161,3 +161,26 @@ def test_bad_settings_are_refused(kit: Any, short_dir: Path) -> None:
         LocalConfig(max_datagram=0)
     with pytest.raises(ValueError):
         LocalReplication(kit.make_router(0), short_dir, 2, 2)
+
+
+async def test_a_full_receive_queue_keeps_datagrams_for_later_within_a_bound(
+    kit: Any, short_dir: Path
+) -> None:
+    """Linux queues at most ``net.unix.max_dgram_qlen`` datagrams per socket (10 by default)."""
+    clock = Clock()
+    a, b = await pair(kit, short_dir, clock, backlog_max=100)
+    got: list[bytes] = []
+    b.subscribe(b"T", got.append)
+    for i in range(60):
+        a.send(b"T", str(i).encode())
+    assert a.peers[1].backlog and a.counters.publish_failures == 0  # held, not lost
+    for _ in range(20):
+        b.read_once()
+        a.resend()
+    assert got == [str(i).encode() for i in range(60)]  # all of them, in order
+    a.cfg = LocalConfig(backlog_max=5)
+    for _ in range(60):
+        a.send(b"T", b"x")
+    assert len(a.peers[1].backlog) == 5 and a.counters.publish_failures > 0
+    await a.stop()
+    await b.stop()

@@ -70,7 +70,9 @@ async def test_trims_propagate(replicas: Any, kit: Any) -> None:
     assert b.router.index.match(kit.prefix(4)) == {kept: 4}
 
 
-async def test_engine_feedback_forgets_on_every_replica(redis_server: Any, kit: Any) -> None:
+async def test_engine_feedback_moves_the_capacity_on_every_replica_and_forgets_no_prefix(
+    redis_server: Any, kit: Any
+) -> None:
     now = [0.0]
     a = RedisReplication(
         kit.make_router(1), *_clients(redis_server.url), "a", kit.fast_config(), clock=lambda: now[0]
@@ -85,15 +87,18 @@ async def test_engine_feedback_forgets_on_every_replica(redis_server: Any, kit: 
             now[0] = t
             kit.dispatch(a.router, f"r{tag}", kit.prefix(tag), t, candidates=["w1"])
         now[0] = 10.0
-        req = kit.request("again", kit.prefix(5))
+        req = kit.request("again", kit.prefix(5, 8))
         decision = a.router.route(req, ["w1"], 10.0)
         a.router.dispatched(req, decision, 10.0)
         a.router.finished(req, "w1", Outcome(cached_tokens=0), 10.0)  # the engine had evicted it
         await a.flush()
-        # the inserts of 2.0 and 10.0 and the forget_older (prefix 5's touch at 3.0 was superseded)
+        # the inserts of 2.0 and 10.0 (prefix 5's touch at 3.0 was superseded, merged) and the capacity
         assert await b.read_once() == a.counters.sent_changes == 3
-        assert b.router.index.match(kit.prefix(6)) == {} and a.router.index.match(kit.prefix(6)) == {}
-        assert b.router.index.match(kit.prefix(5)) == {"w1": 4}
+        capacity = 16 * 10_000 * 9 // 10  # one step (capacity_step 0.1) down
+        assert a.router.index.capacity_tokens("w1") == b.router.index.capacity_tokens("w1") == capacity
+        for router in (a.router, b.router):  # both prefixes are still there, on both replicas
+            assert router.index.match(kit.prefix(6)) == {"w1": 4}
+            assert router.index.match(kit.prefix(5, 8)) == {"w1": 8}
     finally:
         await a.stop()
         await b.stop()

@@ -179,3 +179,63 @@ def test_global_cap_holds_under_random_inserts(inserts: list[tuple[str, list[int
         index.insert(worker, chain(*ids), now=float(i))
         assert len(index) <= 12
         assert index.unique_blocks() <= len(index)
+
+
+class FullestChecked(PrefixIndex):
+    """Checks, at every global-cap eviction, that the victim is a worker holding the most blocks."""
+
+    victims: list[str]
+
+    def _fullest_worker(self) -> str:
+        worker = super()._fullest_worker()
+        assert self.blocks_of(worker) == max(self.blocks_of(w) for w in self.workers())
+        self.victims.append(worker)
+        return worker
+
+
+def test_the_global_cap_takes_from_the_fullest_worker() -> None:
+    index = FullestChecked(block_tokens=10, default_capacity_tokens=10_000, max_total_blocks=18, ttl_s=1e9)
+    index.victims = []
+    for worker in "abc":
+        index.add_worker(worker)
+    index.insert("a", chain(*range(10)), now=1)
+    index.insert("b", chain(*range(100, 105)), now=2)
+    index.insert("c", chain(*range(200, 205)), now=3)  # 20 > 18: a (10 blocks) gives 2 up
+    assert [index.blocks_of(w) for w in "abc"] == [8, 5, 5] and index.victims == ["a", "a"]
+
+
+capped_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "insert", "insert", "trim", "remove", "capacity", "forget"]),
+        st.sampled_from("abcde"),
+        st.lists(st.integers(0, 30), max_size=12),
+        st.integers(0, 12),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(capped_ops)
+def test_the_global_cap_always_evicts_a_fullest_worker(
+    operations: list[tuple[str, str, list[int], int]],
+) -> None:
+    index = FullestChecked(block_tokens=10, default_capacity_tokens=200, max_total_blocks=25, ttl_s=1e9)
+    index.victims = []
+    for step, (op, worker, ids, keep) in enumerate(operations):
+        if worker not in index:
+            index.add_worker(worker)
+        blocks = chain(*ids)
+        if op == "insert":
+            index.insert(worker, blocks, now=float(step))
+        elif op == "trim":
+            index.trim(worker, blocks, keep)
+        elif op == "remove":
+            index.remove_worker(worker)
+        elif op == "capacity":
+            index.learn_capacity(worker, keep + 1)
+        else:
+            index.forget_older(worker, float(step - keep))
+        sizes = [index.blocks_of(w) for w in index.workers()]
+        assert len(index) == sum(sizes) <= 25
+        assert all(index.blocks_of(w) <= index.capacity_blocks(w) for w in index.workers())

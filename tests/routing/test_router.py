@@ -25,10 +25,11 @@ def rr(rid: str, blocks: tuple[int, ...], session: str | None = None) -> RouteRe
     )
 
 
-def run(router: Router, req: RouteRequest, now: float, **outcome: object) -> str:
+def run(router: Router, req: RouteRequest, now: float, first: bool = True, **outcome: object) -> str:
     d = router.route(req, ["a", "b", "c"], now)
     router.dispatched(req, d, now)
-    router.first_token(req.request_id)
+    if first:
+        router.first_token(req.request_id)
     router.finished(req, d.worker, Outcome(**outcome), now)  # type: ignore[arg-type]
     return d.worker
 
@@ -58,10 +59,18 @@ def test_in_flight_is_released_and_bounded() -> None:
     assert sum(router.load.in_flight(w) for w in "abc") == 5
 
 
-def test_failed_request_forgets_unconfirmed_blocks() -> None:
+def test_a_failure_before_the_first_token_forgets_the_unconfirmed_blocks() -> None:
     router = make_router()
-    w = run(router, rr("1", (1, 2, 3)), 0, ok=False)
-    assert router.index.match((1, 2, 3)) == {}
+    w = run(router, rr("0", (1, 2)), 0)
+    assert run(router, rr("1", (1, 2, 3, 4)), 1, first=False, ok=False) == w
+    assert router.index.match((1, 2, 3, 4)) == {w: 2}  # what was predicted stays, the rest goes
+    assert router.load.in_flight(w) == 0
+
+
+def test_a_failure_after_the_first_token_keeps_the_prompt() -> None:
+    router = make_router()
+    w = run(router, rr("1", (1, 2, 3)), 0, first=True, ok=False)  # e.g. the client aborted the stream
+    assert router.index.match((1, 2, 3)) == {w: 3}  # the engine computed the whole prompt
     assert router.load.in_flight(w) == 0
 
 
@@ -69,21 +78,6 @@ def test_extension_blocks_are_indexed_for_the_next_turn() -> None:
     router = make_router()
     w = run(router, rr("1", (1, 2)), 0, extension_blocks=(1, 2, 3, 4))
     assert router.index.match((1, 2, 3, 4, 5)) == {w: 4}
-
-
-def test_engine_feedback_forgets_what_the_engine_evicted() -> None:
-    router = make_router()
-    w = run(router, rr("1", (1, 2, 3)), 0)
-    old = rr("0", (50, 51))
-    router.dispatched(old, router.route(old, [w], 0), -5)  # older entry on the same worker
-    router.finished(old, w, Outcome(), -5)
-    req = rr("2", (1, 2, 3))
-    d = router.route(req, [w], 10)
-    router.dispatched(req, d, 10)
-    router.finished(req, w, Outcome(cached_tokens=0), 11)
-    assert router.index.match((50, 51)) == {}  # older than the missed blocks: gone in an LRU engine
-    assert router.index.match((1, 2, 3)) == {w: 3}  # recomputed by this very request
-    assert router.feedback[w].mismatches == 1
 
 
 def test_session_affinity_is_sticky_under_the_cap() -> None:
@@ -132,3 +126,54 @@ def test_baselines_ignore_session_affinity() -> None:
         for i in range(30)
     }
     assert len(picks) > 1
+
+
+# ------------------------------------------------------------ retune (SIGHUP reloads)
+
+
+def settings_with(**kw: object) -> RoutingSettings:
+    return RoutingSettings.model_validate(
+        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 100}, **kw}
+    )
+
+
+def test_retune_changes_knobs_and_keeps_the_index() -> None:
+    router = make_router()
+    run(router, rr("r1", (1, 2, 3)), 0.0)
+    untouched = router.policies["random"]
+    prefix_before = router.policies["prefix"]
+    router.retune(settings_with(policy="round_robin", policies={"prefix": {"load_factor": 3.0}}))
+    assert router.cfg.policy == "round_robin" and router.cfg.knobs("prefix").load_factor == 3.0  # type: ignore[attr-defined]
+    assert router.policies["prefix"] is not prefix_before  # rebuilt with its new knobs
+    assert router.policies["random"] is untouched  # unchanged knobs: kept
+    assert router.index.match((1, 2, 3))  # what was indexed stays
+    assert router.route(rr("r2", (9,)), ["a", "b", "c"], 1.0).branch == "round_robin"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"keys": {"block_tokens": 32}},
+        {"index": {"worker_capacity_tokens": 16 * 100, "max_total_blocks": 5}},
+        {"trackers": {"max_tracked_requests": 5}},
+        {"sessions": {"max_sessions": 5}},
+    ],
+)
+def test_retune_refuses_what_sizes_live_state(change: dict[str, object]) -> None:
+    router = make_router()
+    with pytest.raises(ValueError):
+        router.retune(settings_with(**{"keys": {"block_tokens": 16}, **change}))
+    assert router.cfg.keys.block_tokens == 16
+
+
+@pytest.mark.parametrize("block_chars", [64, 256, 1024])
+def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block_chars: int) -> None:
+    """A matched block is worth the tokens of text it holds (block_chars / chars_per_token), in every mode."""
+    router = Router(RoutingSettings.model_validate({"keys": {"block_chars": block_chars}}), random.Random(0))
+    router.add_worker("a")
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 16_384}]}
+    first = router.keys.build("chat", body, request_id="1")
+    router.dispatched(first, router.route(first, ["a"], 0), 0)
+    again = router.keys.build("chat", body, request_id="2")
+    predicted = router.route(again, ["a"], 1).predicted_tokens
+    assert again.prompt_tokens - block_chars / 4 <= predicted <= again.prompt_tokens

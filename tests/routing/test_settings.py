@@ -84,3 +84,32 @@ def test_settings_are_frozen_and_refuse_unknown_knobs() -> None:
         RoutingSettings(policy="nope")
     with pytest.raises(pydantic.ValidationError, match=r"moved to routing\.sessions\.affinity"):
         RoutingSettings.model_validate({"session_affinity": False})
+
+
+@pytest.mark.parametrize(
+    ("given", "chars", "tokens"),
+    [
+        ({}, 64, 16),
+        ({"block_chars": 256}, 256, 64),  # the tokens of a block follow its characters ...
+        ({"block_tokens": 512}, 2048, 512),  # ... and its characters its tokens
+        ({"chars_per_token": 3.5}, 56, 16),
+        ({"block_chars": 63, "chars_per_token": 3.5}, 63, 18),
+        ({"block_chars": 128, "block_tokens": 32}, 128, 32),
+    ],
+)
+def test_every_block_is_worth_block_tokens_tokens(given: dict[str, Any], chars: int, tokens: int) -> None:
+    keys = KeySettings.model_validate(given)
+    assert (keys.block_chars, keys.block_tokens) == (chars, tokens)
+    assert keys.block_chars == round(keys.block_tokens * keys.chars_per_token)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"block_chars": 256, "block_tokens": 16}, "every block is worth block_tokens tokens"),
+        ({"block_chars": 64, "chars_per_token": 3.5}, "not a whole number of tokens"),
+    ],
+)
+def test_inconsistent_block_units_are_refused_at_load(given: dict[str, Any], message: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=message):
+        RoutingSettings.model_validate({"keys": given})

@@ -4,6 +4,7 @@ slowloris heads and bodies. Each is refused or cut off by a limit, and the route
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -131,3 +132,72 @@ async def test_many_slow_connections_do_not_starve_others(router: Any, kit: Any)
     assert time.monotonic() - began < 1.0
     await asyncio.gather(*slow)
     assert await serves_normally(router, kit)
+
+
+# ------------------------------------------------------------------- what the router says about bad input
+
+TOKEN = "sk-live-0123456789abcdef"
+HEADER_ABUSE = {
+    "control byte in the bearer token": (head(f"\r\nAuthorization: Bearer {TOKEN}\x01x") + BODY, 400),
+    "bearer token over 8 KiB": (head(f"\r\nAuthorization: Bearer {TOKEN}{'a' * 100_000}") + BODY, 431),
+    "URL of 100 kB": (f"GET /v1/models?q={TOKEN}{'a' * 100_000} HTTP/1.1\r\nHost: r\r\n\r\n".encode(), 414),
+    "300 headers": (head("".join(f"\r\nX-H{i}: {TOKEN}" for i in range(300))) + BODY, 431),
+    "control byte in a header name": (head(f"\r\nX-{TOKEN}\x02: v") + BODY, 400),
+}
+
+
+@pytest.mark.parametrize("name", list(HEADER_ABUSE))
+async def test_bad_heads_get_an_openai_error_that_quotes_nothing(
+    router: Any, kit: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp answered these with a ``text/plain`` 400 quoting the offending line (a bearer token) and
+    logged a traceback quoting it too. Now: 414 / 431 / 400 in the OpenAI error shape, one log line
+    naming the error class only."""
+    caplog.set_level(logging.DEBUG)
+    data, expected = HEADER_ABUSE[name]
+    response = await kit.raw(router.port, data, timeout_s=5)
+    head_part, _, body = response.partition(b"\r\n\r\n")
+    assert kit.status_of(response) == expected
+    assert b"application/json" in head_part.lower()
+    assert kit.openai_error(body)["type"] == "invalid_request_error"
+    assert TOKEN.encode() not in response
+    assert TOKEN not in caplog.text and not [r for r in caplog.records if r.exc_info]
+    assert any(r.name == "prefix_router.proxy.http_errors" for r in caplog.records)
+    assert not router.engine.seen and await serves_normally(router, kit)
+
+
+NOT_ROUTED = [
+    ("GET", "/nope", 404, None),
+    ("GET", "/v2/chat/completions", 404, None),
+    ("POST", "/health", 405, "GET, HEAD"),
+    ("DELETE", "/metrics", 405, "GET, HEAD"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "status", "allow"), NOT_ROUTED)
+async def test_unknown_paths_and_methods_get_openai_errors(
+    router: Any, kit: Any, method: str, path: str, status: int, allow: str | None
+) -> None:
+    request = f"{method} {path} HTTP/1.1\r\nHost: r\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    response = await kit.raw(router.port, request.encode(), timeout_s=5)
+    head_part, _, body = response.partition(b"\r\n\r\n")
+    assert kit.status_of(response) == status
+    error = kit.openai_error(body)
+    assert error["code"] == ("not_found" if status == 404 else "method_not_allowed")
+    if allow is not None:
+        assert f"allow: {allow}".lower().encode() in head_part.lower().split(b"\r\n")
+    assert not router.engine.seen
+
+
+async def test_a_serve_process_logs_no_traceback_and_no_header_value(
+    echo_engine: Any, serve_process: Any, kit: Any
+) -> None:
+    """The same through a real ``serve`` process (its own runner and log handler), at DEBUG."""
+    engine = await echo_engine("w")
+    proc = await serve_process("--worker", f"w={engine.url}", "--set", "log_level=debug")
+    port = int(proc.url.rsplit(":", 1)[1])
+    for data, _ in HEADER_ABUSE.values():
+        await kit.raw(port, data, timeout_s=5)
+    log = (await proc.stop()).decode()
+    assert "refused a malformed request" in log
+    assert TOKEN not in log and "Traceback" not in log

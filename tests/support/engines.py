@@ -20,6 +20,8 @@ class Behaviour:
     models: list[str] = field(default_factory=lambda: ["m"])
     reply: str = "hello from the fake engine"
     cached_tokens: int | None = None
+    # usage.prompt_tokens; None: a quarter of the request body's bytes, never below cached_tokens
+    prompt_tokens: int | None = None
     fail_next: int = 0  # the next N generation requests answer 500
     status: int = 200  # status of generation requests (when not failing)
     hang: bool = False  # accept generation requests and never answer
@@ -115,8 +117,11 @@ class FakeEngine:
             headers={"x-engine": self.name},
         )
 
-    def _usage(self) -> dict[str, Any]:
-        usage: dict[str, Any] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    def _usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = self.b.prompt_tokens
+        if prompt is None:
+            prompt = max(len(orjson.dumps(body)) // 4, self.b.cached_tokens or 0)
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}
         if self.b.cached_tokens is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": self.b.cached_tokens}
         return usage
@@ -136,7 +141,7 @@ class FakeEngine:
             "created": 1,
             "model": body.get("model", "m"),
             "choices": [choice],
-            "usage": self._usage(),
+            "usage": self._usage(body),
         }
 
     def _pieces(self) -> list[str]:
@@ -158,7 +163,7 @@ class FakeEngine:
             "choices": choices,
         }
         if usage:
-            event["usage"] = self._usage()
+            event["usage"] = self._usage(body)
         return b"data: " + orjson.dumps(event) + b"\n\n"
 
     async def _stream(self, request: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from openai import AsyncOpenAI
 
+from prefix_router.pool.http import Fetched
 from prefix_router.proxy.app import create_app
 from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import CONTEXT, AppContext
@@ -39,6 +40,18 @@ class RouterHandle:
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)
 
+    def admit(self, name: str) -> None:
+        """Admit a worker as if its first probe had passed (one that is down by the time of the test:
+        an engine that died after start-up)."""
+        self.state.pool.report(self.state.pool.require(name), True)
+
+
+class UpFetcher:
+    """The probes' side of an in-memory network (``upstream=``): every worker answers 200 ``{}``."""
+
+    async def get(self, url: str, headers: Mapping[str, str], timeout_s: float, max_bytes: int) -> Fetched:
+        return Fetched(200, b"{}")
+
 
 RouterFactory = Callable[..., Awaitable[RouterHandle]]
 
@@ -68,7 +81,7 @@ class Routers:
         """A router in front of ``workers`` with ``QUIET`` and then ``settings`` as config overrides."""
         entries = [worker_entry(w, self.models) for w in workers]
         config = load_config(env={}, overrides={**QUIET, "workers": entries, **(settings or {})})
-        app = create_app(config, upstream=upstream)
+        app = create_app(config, upstream=upstream, fetcher=UpFetcher() if upstream is not None else None)
         running = await start(
             app, shutdown_timeout=self.shutdown_timeout_s, keepalive_timeout=config.timeouts.client_header_s
         )

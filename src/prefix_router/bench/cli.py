@@ -96,6 +96,8 @@ def _register_index(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--blocks", type=int, default=1_000_000, help="indexed blocks in all")
     p.add_argument("--prompt-chars", type=int, nargs="+", default=[16_000, 128_000])
     p.add_argument("--repeats", type=int, default=200, help="timed decisions per prompt length")
+    p.add_argument("--cap-workers", type=int, default=256, help="workers of the global-cap case")
+    p.add_argument("--cap-blocks", type=int, default=100_000, help="max_total_blocks of the global-cap case")
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(func=_run_index)
 

@@ -11,6 +11,10 @@ request path's three routing steps, each ``--repeats`` times:
 - ``dispatch``: recording the decision (index insert of the request's blocks, load tracking);
 
 for a prompt none of whose blocks is indexed (``miss``) and one fully indexed on 3 workers (``hit``).
+
+Last, the global-cap case (``bench/index_cap.py``): inserting requests once ``max_total_blocks`` binds
+over ``--cap-workers`` workers (default 256), the index against the scan-per-evicted-block baseline, side
+by side in one run.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import random
 import time
 import tracemalloc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from prefix_router.bench.index_cap import CapBenchConfig, run_cap
 from prefix_router.bench.summary import quantile
 from prefix_router.bench.table import output_console
 from prefix_router.routing.keys import KeyBuilder
@@ -48,6 +53,7 @@ class IndexBenchConfig:
     prompt_chars: tuple[int, ...] = (16_000, 128_000)
     repeats: int = 200
     seed: int = 0
+    cap: CapBenchConfig = field(default_factory=CapBenchConfig)
 
 
 def make_router(cfg: IndexBenchConfig) -> Router:
@@ -142,6 +148,7 @@ def run(cfg: IndexBenchConfig) -> dict[str, Any]:
     result["prompts"] = {}
     for chars in cfg.prompt_chars:
         result["prompts"][str(chars)] = measure_prompt(router, chars, cfg)
+    result["global_cap"] = run_cap(cfg.cap)
     return result
 
 
@@ -163,11 +170,21 @@ def render(result: dict[str, Any], console: Console) -> None:
         cells = [p[k] for k in ("key_us", "miss_route_us", "hit_route_us", "hit_route_dispatch_finish_us")]
         table.add_row(chars, str(p["blocks"]), *(f"{c['p50']:.1f} / {c['p99']:.1f}" for c in cells))
     console.print(table)
+    cap = result["global_cap"]
+    buckets, scan = cap["buckets"], cap["scan"]
+    console.print(
+        f"global cap binding ({cap['workers']} workers, max_total_blocks {cap['max_total_blocks']:,}, "
+        f"{cap['request_blocks']} new blocks per request): insert p50 / p99 "
+        f"{buckets['p50_us']:,.0f} / {buckets['p99_us']:,.0f} us (size buckets) vs "
+        f"{scan['p50_us']:,.0f} / {scan['p99_us']:,.0f} us (scan per evicted block, before issue 12): "
+        f"{cap['scan_over_buckets']}x"
+    )
 
 
 def index_command(args: argparse.Namespace) -> int:
+    cap = CapBenchConfig(workers=args.cap_workers, total_blocks=args.cap_blocks)
     cfg = IndexBenchConfig(workers=args.workers, blocks=args.blocks, prompt_chars=tuple(args.prompt_chars),
-                           repeats=args.repeats)  # fmt: skip
+                           repeats=args.repeats, cap=cap)  # fmt: skip
     console = output_console()
     with console.status(f"indexing {cfg.blocks:,} blocks over {cfg.workers} workers (tracemalloc on)..."):
         result = run(cfg)

@@ -6,7 +6,8 @@ as separate processes. Then, for every prompt size and concurrency asked for, ro
 by side with a direct connection to the worker, it measures non-streamed throughput, streams per second,
 the median latency at that concurrency (and what each router adds to the direct one's), and each server's
 CPU per request. Ratios are to the direct connection and to the peer. ``--profile`` also records the
-routers with py-spy and prints where their CPU goes, stage by stage (``bench.profile``).
+routers with py-spy and prints where their CPU goes, stage by stage (``bench.profile``). The routers
+write their access log, as shipped; ``--access-log on,off`` adds routers without it, to measure it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--peer", choices=PEERS, help="also measure this router (cache_aware), installed apart")
     p.add_argument("--peer-python", default=PEER_PYTHON, help="the Python of the peer's own venv")
     p.add_argument("--profile", action="store_true", help="py-spy the routers: CPU per request by stage")
+    p.add_argument("--access-log", default="on", help="router access log settings to compare (on,off)")
     p.set_defaults(func=run_bench)
 
 
@@ -236,9 +238,14 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[Case, dict[s
         plan.targets.append(Target("direct", worker_port, pid, False))
         for loop in names(args.loops):
             for count in numbers(args.processes):
-                port = free_port()
-                pid = spawn(router_argv(worker_port, port, loop, count, args.policy), None)
-                plan.targets.append(Target(f"prefix-router ({count} proc, {loop})", port, pid, True))
+                for access in names(args.access_log):
+                    port = free_port()
+                    argv = [*router_argv(worker_port, port, loop, count, args.policy)]
+                    pid = spawn([*argv, "--set", f"access_log={access == 'on'}"], None)
+                    suffix = "" if access == "on" else ", no access log"
+                    plan.targets.append(
+                        Target(f"prefix-router ({count} proc, {loop}{suffix})", port, pid, True)
+                    )
         if args.peer:
             port = free_port()
             pid = spawn(peer_argv(args.peer_python, worker_port, port), PEER_ENV)

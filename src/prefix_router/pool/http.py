@@ -36,7 +36,9 @@ def client_session(
 
 
 class FetchError(Exception):
-    """The GET did not produce a response (connection refused, timeout, oversize body)."""
+    """The GET did not produce a response (connection refused, timeout, oversize body). The message is a
+    fixed description, never what the remote sent (a worker's ``last_error`` is shown by the admin API,
+    which must not become a banner grabber for any address it is given)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class AiohttpFetcher:
             async with asyncio.timeout(timeout_s):
                 return await self._get(url, headers, max_bytes)
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
-            raise FetchError(f"{type(exc).__name__}: {exc}"[:200]) from None
+            raise FetchError(describe(exc)) from None
 
     async def _get(self, url: str, headers: Mapping[str, str], max_bytes: int) -> Fetched:
         async with self._client().get(url, headers=dict(headers), allow_redirects=False) as resp:
@@ -82,3 +84,21 @@ class AiohttpFetcher:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def describe(exc: BaseException) -> str:
+    """What went wrong, in words that quote nothing the remote sent."""
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        refused = isinstance(exc.os_error, ConnectionRefusedError)
+        return "connection refused" if refused else "cannot connect"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "disconnected without an answer"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "not a valid HTTP response"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "invalid response body"
+    if isinstance(exc, aiohttp.ClientConnectionError | OSError):
+        return "connection failed"
+    return f"request failed ({type(exc).__name__})"

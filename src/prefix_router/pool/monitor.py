@@ -57,7 +57,7 @@ class PoolMonitor:
             (self._health.models_interval_s, self._identify_all),
         ]
         if self.probe_and_scrape:
-            loops.append((self._health.interval_s, self.prober.probe_all))
+            loops.append((self._health.interval_s, self._probe_all))
         if self.probe_and_scrape and self._scrape.enabled:
             loops.append((self._scrape.interval_s, self.scraper.scrape_all))
         self._tasks = [asyncio.create_task(_every(interval, fn)) for interval, fn in loops]
@@ -69,6 +69,13 @@ class PoolMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+
+    async def _probe_all(self) -> None:
+        """Probe every worker. One not healthy (pending, or ejected) is identified first (its models), so
+        that it is admitted with what it serves now (an engine restarted with another model)."""
+        await asyncio.gather(
+            *(self.prober.probe(w) if w.health.healthy else self.refresh(w) for w in self.pool)
+        )
 
     async def _identify_all(self) -> None:
         await asyncio.gather(*(self.identifier.identify(w) for w in self.pool if w.health.healthy))

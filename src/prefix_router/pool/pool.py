@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerConfig, url_identity
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 
@@ -52,9 +52,14 @@ class WorkerPool:
     # ------------------------------------------------------------------ membership
 
     def add(self, cfg: WorkerConfig) -> Worker:
+        """A new worker, pending until its first probe passes (``report``)."""
         worker = Worker.from_config(cfg)
         if worker.name in self._workers:
             raise PoolError(f"worker {worker.name!r} already exists")
+        same = url_identity(worker.url)
+        twin = next((w for w in self._workers.values() if url_identity(w.url) == same), None)
+        if twin is not None:
+            raise PoolError(f"worker {twin.name!r} already has the URL {worker.url}")
         if len(self._workers) >= self._max:
             raise PoolError(f"pool is full ({self._max} workers, limits.max_workers)")
         self._workers[worker.name] = worker
@@ -117,12 +122,13 @@ class WorkerPool:
     # ------------------------------------------------------------------ health
 
     def report(self, worker: Worker, ok: bool, error: str | None = None) -> bool:
-        """Count one probe (or request) result: eject after ``fail_threshold`` failures in a row, re-admit
-        after ``success_threshold`` successes in a row. Returns whether the verdict changed."""
+        """Count one probe (or request) result: admit a pending worker on its first success, eject after
+        ``fail_threshold`` failures in a row, re-admit after ``success_threshold`` successes in a row.
+        Returns whether the verdict changed."""
         state = worker.health
         if ok:
             state.successes, state.failures = state.successes + 1, 0
-            flip = not state.healthy and state.successes >= self._success_threshold
+            flip = not state.healthy and (state.pending or state.successes >= self._success_threshold)
         else:
             state.failures, state.successes, state.last_error = state.failures + 1, 0, error
             flip = state.healthy and state.failures >= self._fail_threshold
@@ -132,6 +138,8 @@ class WorkerPool:
 
     def _set_health(self, worker: Worker, healthy: bool) -> None:
         worker.health.healthy = healthy
+        worker.health.pending = False
+        worker.health.ejections += 0 if healthy else 1
         if not healthy and worker.name in self._workers:
             self._router.forget_cache(worker.name)  # what the engine probably lost; its requests still run
         for listener in self._listeners:

@@ -1,7 +1,9 @@
 """Scraping engines' ``/metrics`` (parsed by the engine adapters) into the routing core's load view.
 
 A scrape that fails or hangs is bounded by its timeout and simply not applied: the router ignores engine
-load older than ``routing.engine_load_stale_s``, so routing falls back to its own in-flight counts.
+load older than ``routing.engine_load_stale_s``, so routing falls back to its own in-flight counts. A
+scrape that ends after its worker left the pool (removed, or replaced by a new worker of the same name)
+is dropped: it re-creates no state for the removed worker and never lands on its successor.
 """
 
 from __future__ import annotations
@@ -51,10 +53,9 @@ class MetricsScraper:
             load = worker.adapter.parse_metrics(text)
         except Exception:  # a garbage page must not break the loop
             return None
-        if self._pool.get(worker.name) is worker:
-            self.apply(worker, load)
-            if self.on_result is not None:
-                self.on_result(worker, load)
+        self.apply(worker, load)
+        if self.on_result is not None and self._pool.get(worker.name) is worker:
+            self.on_result(worker, load)
         return load
 
     async def _fetch(self, worker: Worker) -> str | None:
@@ -70,6 +71,9 @@ class MetricsScraper:
         return got.body.decode("utf-8", "replace") if got.status == 200 else None
 
     def apply(self, worker: Worker, load: EngineLoad) -> None:
+        """Feed ``load`` to the router, if ``worker`` is still the pool's worker of that name."""
+        if self._pool.get(worker.name) is not worker:
+            return
         now = self._clock()
         if load.queue_depth is not None or load.kv_usage is not None:
             self._router.set_engine_load(worker.name, load.queue_depth or 0, load.kv_usage, now)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from prefix_router.pool.engines.registry import ENGINE_NAMES, normalize
-from prefix_router.settings import Section, split_list
+from prefix_router.settings import Section, header_secret, split_list
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]{0,252})$|^[0-9a-fA-F:.]+$")
 
 
 class WorkerConfig(Section):
@@ -30,6 +33,11 @@ class WorkerConfig(Section):
     @classmethod
     def _check_url(cls, value: str) -> str:
         return normalize_url(value)
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return None if value is None else header_secret(value)
 
     @field_validator("engine")
     @classmethod
@@ -61,16 +69,22 @@ def workers_from_urls(value: Any) -> Any:
 
 
 def unique_worker_names(workers: list[WorkerConfig]) -> list[WorkerConfig]:
-    """Refuses two workers of one name (index entries, metrics and shared state are keyed by it)."""
+    """Refuses two workers of one name (index entries, metrics and shared state are keyed by it), and one
+    engine under two names (its load would be counted twice, apart)."""
     names = [w.resolved_name() for w in workers]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise ValueError(f"duplicate worker name {dup!r}")
+    urls = [url_identity(w.url) for w in workers]
+    same = next((w for w, u in zip(workers, urls, strict=True) if urls.count(u) > 1), None)
+    if same is not None:
+        raise ValueError(f"the same URL under two names: {same.url}")
     return workers
 
 
 def normalize_url(value: str) -> str:
-    """``http(s)://host[:port][/base]`` without a trailing slash or ``/v1`` (endpoints are appended)."""
+    """``http(s)://host[:port][/base]`` without a trailing slash or ``/v1`` (endpoints are appended).
+    The host must be a DNS name, an IPv4 address or a bracketed IPv6 address; the port 1-65535."""
     url = value.strip().rstrip("/")
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("http", "https") or not rest or rest.startswith("/"):
@@ -79,7 +93,41 @@ def normalize_url(value: str) -> str:
         raise ValueError(
             f"URL must be http(s)://host[:port][/path] without user, query or fragment: {value!r}"
         )
+    problem = _authority_problem(url)
+    if problem is not None:
+        raise ValueError(f"{problem}: {value!r}")
     return url.removesuffix("/v1")
+
+
+def _authority_problem(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError as exc:
+        return f"invalid URL ({str(exc).split(' as ', 1)[0]})"
+    host = parts.hostname
+    if not host:
+        return "the URL has no host"
+    if port == 0 or (parts.netloc.endswith(":") and port is None):
+        return "the port must be 1-65535"
+    if parts.netloc.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "not an IPv6 address between the brackets"
+    elif not _HOST_RE.match(host) or ":" in host:
+        return "not a host name or IPv4 address"
+    return None
+
+
+def url_identity(url: str) -> str:
+    """What two worker URLs have in common when they reach the same engine: scheme, host (lower case),
+    port (the scheme's default made explicit) and base path."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = (parts.hostname or "").lower()
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
 class HealthConfig(Section):
@@ -126,9 +174,13 @@ class DiscoveredWorkerConfig(Section):
     def _check_engine(cls, value: str) -> str:
         return WorkerConfig._check_engine(value)
 
+    @field_validator("api_key")
+    @classmethod
+    def _check_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return None if value is None else header_secret(value)
+
 
 _K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]{0,252})$|^[0-9a-fA-F:.]+$")
 
 
 class DiscoverySettings(Section):

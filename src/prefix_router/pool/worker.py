@@ -13,12 +13,19 @@ from prefix_router.pool.settings import WorkerConfig
 
 @dataclass(slots=True)
 class HealthState:
-    """Consecutive probe results and the verdict drawn from them."""
+    """Consecutive probe results and the verdict drawn from them. A new worker is ``pending``: not
+    healthy until its first probe passes (it is admitted then, with no success threshold)."""
 
-    healthy: bool = True
+    healthy: bool = False
+    pending: bool = True
+    ejections: int = 0
     failures: int = 0
     successes: int = 0
     last_error: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "pending" if self.pending else "healthy" if self.healthy else "ejected"
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +87,7 @@ class Worker:
             "engine": self.adapter.name if self.adapter is not None else self.engine,
             "models": self.model_ids(),
             "healthy": self.health.healthy,
+            "health": self.health.verdict,
             "draining": self.draining,
             "in_flight": in_flight,
             "consecutive_failures": self.health.failures,

@@ -1,6 +1,11 @@
 """Bookkeeping of one attempt on one worker: the routing core's lifecycle calls (which keep the one
 in-flight count, ``Router.load``), metrics and the trace record. Every attempt, routed or pass-through,
-is dispatched and finished exactly once, whatever happens."""
+is dispatched and finished exactly once, whatever happens.
+
+The first byte of a successful (2xx) response is the request's first token for the routing core: the
+engine has computed the whole prompt, so a failure or a client abort after it keeps the prompt's blocks
+in the index; only a failure before it (no answer, a 4xx/5xx, a cut before any byte) trims them.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import logging
 from typing import Any
 
 from prefix_router.pool.engines.base import EngineAdapter
-from prefix_router.pool.engines.usage import dig, openai_cached_tokens
+from prefix_router.pool.engines.usage import count, dig, openai_cached_tokens
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.parse import Parsed
@@ -24,7 +29,7 @@ class Flight:
     """One attempt: counted in flight by the routing core from dispatch until ``finish``. ``parsed`` is
     None for a pass-through call (``route`` then has no blocks)."""
 
-    __slots__ = ("_done", "_state", "decision", "parsed", "policy", "route", "started", "worker")
+    __slots__ = ("_done", "_state", "decision", "parsed", "route", "started", "worker")
 
     def __init__(
         self,
@@ -33,7 +38,6 @@ class Flight:
         route: RouteRequest,
         decision: Decision,
         parsed: Parsed | None,
-        policy: str,
         started: float,
     ) -> None:
         self._state = state
@@ -41,15 +45,18 @@ class Flight:
         self.route = route
         self.decision = decision
         self.parsed = parsed
-        self.policy = policy
         self.started = started
         self._done = False
         state.router.dispatched(route, decision, state.clock())
 
-    def first_byte(self) -> None:
-        now = self._state.clock()
-        self._state.metrics.ttft.observe(now - self.started)
-        self._state.router.first_token(self.route.request_id)
+    def first_byte(self, status: int) -> float:
+        """The response's status and first bytes arrived (a 2xx: the engine's first token); returns the
+        time to it (seconds since the request arrived)."""
+        ttft = self._state.clock() - self.started
+        self._state.metrics.ttft.observe(ttft)
+        if 200 <= status < 300:
+            self._state.router.first_token(self.route.request_id)
+        return ttft
 
     def fail(self, kind: FailureKind, status: int, error: str) -> None:
         """The attempt failed before anything reached the client."""
@@ -64,7 +71,7 @@ class Flight:
         self._done = True
         state, now = self._state, self._state.clock()
         state.router.finished(self.route, self.worker.name, outcome, now)  # also if it left meanwhile
-        state.metrics.request_done(self.worker.name, self.policy, status)
+        state.metrics.attempt_done(self.worker.name, status)
         state.metrics.latency.observe(now - self.started)
 
 
@@ -76,10 +83,9 @@ def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: i
         flight.finish(status, Outcome(ok=ok))
         return
     cached = cached_tokens(reply.usage_body, flight.worker.adapter)
+    prompt = count(dig(reply.usage_body or {}, "usage", "prompt_tokens"))
     extension = extension_blocks(state, parsed, reply.generated()) if ok else ()
-    flight.finish(status, Outcome(ok=ok, cached_tokens=cached, extension_blocks=extension))
-    predicted = flight.decision.predicted_tokens
-    state.metrics.cached_tokens(flight.worker.name, predicted, cached)
+    flight.finish(status, Outcome(ok, cached, extension, prompt))  # the router judges the report
     if state.recorder is not None:
         state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.keys.chars_per_token))
 

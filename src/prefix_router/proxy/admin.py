@@ -1,7 +1,11 @@
-"""The admin API under ``/admin``: bearer-token protected, off without a configured token."""
+"""The admin API under ``/admin``: bearer-token protected, off without a configured token. Every change
+(add, remove, drain, undrain a worker) and every refused call is written to the audit log
+(``proxy.audit``)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -10,6 +14,7 @@ from aiohttp import web
 
 from prefix_router.pool.pool import PoolError
 from prefix_router.pool.settings import WorkerConfig
+from prefix_router.proxy.audit import audit
 from prefix_router.proxy.auth import check_admin
 from prefix_router.proxy.config import describe
 from prefix_router.proxy.context import CONTEXT, AdminChange, AppContext
@@ -20,19 +25,48 @@ MAX_ADMIN_BODY = 64 * 1024
 
 
 def admin_only(handler: Handler) -> Handler:
+    return guard(handler, None)
+
+
+def admin_change(action: str) -> Callable[[Handler], Handler]:
+    """An admin call that changes the pool: audited with its outcome (the status it answered)."""
+    return lambda handler: guard(handler, action)
+
+
+def guard(handler: Handler, action: str | None) -> Handler:
     async def wrapper(request: web.Request) -> web.StreamResponse:
         try:
             check_admin(request.app[CONTEXT].admin_token, request.headers)
-            return await handler(request)
         except ProxyError as err:
+            if err.status == 401:
+                audit("admin_refused", logging.WARNING, method=request.method, path=request.path,
+                      remote=request.remote)  # fmt: skip
             return err.response()
-        except PoolError as err:
-            status = 404 if str(err).startswith("unknown") else 409
-            return ProxyError(
-                status, str(err), code="worker_conflict" if status == 409 else "not_found"
-            ).response()
+        response = await answer(handler, request)
+        if action is not None:
+            worker = request.match_info.get("name") or request.get(ADDED_NAME)
+            audit(action, worker=worker, url=request.get(ADDED_URL), status=response.status,
+                  remote=request.remote)  # fmt: skip
+        return response
 
     return wrapper
+
+
+async def answer(handler: Handler, request: web.Request) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as err:
+        return err.response()
+    except PoolError as err:
+        status = 404 if str(err).startswith("unknown") else 409
+        return ProxyError(
+            status, str(err), code="worker_conflict" if status == 409 else "not_found"
+        ).response()
+
+
+# what add_worker was asked to add, for its audit line
+ADDED_NAME = web.RequestKey("prefix_router_added_name", str)
+ADDED_URL = web.RequestKey("prefix_router_added_url", str)
 
 
 @admin_only
@@ -41,17 +75,18 @@ async def list_workers(request: web.Request) -> web.StreamResponse:
     return json_response({"workers": [pool.public(w) for w in pool]})
 
 
-@admin_only
+@admin_change("admin_add_worker")
 async def add_worker(request: web.Request) -> web.StreamResponse:
     state = request.app[CONTEXT]
     cfg = worker_config(await read_json(request))
+    request[ADDED_NAME], request[ADDED_URL] = cfg.resolved_name(), cfg.url
     worker = state.pool.add(cfg)
     told(state, AdminChange("add", worker.name, cfg))
     await state.monitor.refresh(worker)
     return json_response({"worker": state.pool.public(worker)}, status=201)
 
 
-@admin_only
+@admin_change("admin_remove_worker")
 async def remove_worker(request: web.Request) -> web.StreamResponse:
     state = request.app[CONTEXT]
     view = state.pool.public(state.pool.require(request.match_info["name"]))  # with what still runs there
@@ -61,12 +96,12 @@ async def remove_worker(request: web.Request) -> web.StreamResponse:
     return json_response({"removed": view})
 
 
-@admin_only
+@admin_change("admin_drain_worker")
 async def drain_worker(request: web.Request) -> web.StreamResponse:
     return set_draining(request.app[CONTEXT], request.match_info["name"], True)
 
 
-@admin_only
+@admin_change("admin_undrain_worker")
 async def undrain_worker(request: web.Request) -> web.StreamResponse:
     return set_draining(request.app[CONTEXT], request.match_info["name"], False)
 

@@ -15,7 +15,7 @@ from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
-from prefix_router.proxy import admin, handlers
+from prefix_router.proxy import admin, handlers, http_errors
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
@@ -47,6 +47,7 @@ def create_app(
     app[CONTEXT] = state
     handlers.add_routes(app)
     admin.add_routes(app)
+    http_errors.add_catch_all(app)  # last: what no route above takes
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
@@ -66,7 +67,7 @@ def build_state(
 ) -> AppContext:
     router = build_router(config, rng)
     pool = build_pool(config, router)
-    metrics = ProxyMetrics(pool)
+    metrics = ProxyMetrics(pool, router)
     return AppContext(
         config=config,
         router=router,
@@ -128,18 +129,23 @@ async def _startup(app: web.Application) -> None:
 
 
 async def _shutdown(app: web.Application) -> None:
-    """SIGTERM: the listener is closed already; in-flight requests get ``timeouts.shutdown_s`` to finish."""
+    """The listener is closed. After ``serve``'s drain (``lifecycle.drain``, SIGTERM) nothing is left to
+    wait for; an app stopped without one (``server.start``'s ``Running.stop``) gives what runs
+    ``timeouts.shutdown_s``."""
     state = app[CONTEXT]
-    state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
-    log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
+    if not state.deadlines.stopping:
+        state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
+        log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
 
 
 def _ejection_cutter(state: AppContext) -> Callable[[Worker, bool], None]:
-    """When a worker is ejected, requests waiting for its first byte are retried elsewhere at once."""
+    """When a worker is ejected, requests waiting for its first byte are retried elsewhere at once, and
+    its streams end unless they show a chunk within every ``health.timeout_s`` (see ``Deadlines``)."""
 
     def cut(worker: Worker, healthy: bool) -> None:
         if not healthy:
-            state.deadlines.eject(worker.name, asyncio.get_running_loop().time())
+            now, grace = asyncio.get_running_loop().time(), state.config.health.timeout_s
+            state.deadlines.eject(worker.name, now, grace)
 
     return cut
 
@@ -157,7 +163,9 @@ async def _cleanup(app: web.Application) -> None:
 
 
 def _log_health(worker: Worker, healthy: bool) -> None:
-    if healthy:
+    if healthy and not worker.health.ejections:
+        log.info("worker %s admitted (its first probe passed)", worker.name)
+    elif healthy:
         log.warning("worker %s re-admitted", worker.name)
     else:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)

@@ -69,3 +69,10 @@ def tenant_of(headers: Mapping[str, str]) -> str | None:
     """A stable, non-secret tenant id derived from the client's bearer token."""
     token = bearer(headers)
     return digest(token).hex()[:32] if token else None
+
+
+def tenant_salt(headers: Mapping[str, str]) -> str | None:
+    """The ``cache_salt`` the router gives the client's engine requests: derived from its bearer token
+    (stable across router replicas and restarts), unrelated to its tenant id, revealing nothing of it."""
+    token = bearer(headers)
+    return digest("prefix-router cache_salt\0" + token).hex()[:32] if token else None

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+import random
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefix_router.proxy.config import Config, load_config
+from prefix_router.proxy.server import EarlyHangup
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
 from prefix_router.settings import ConfigError
-
-if TYPE_CHECKING:
-    from aiohttp import web
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,8 +109,14 @@ def worker_flag(value: str) -> dict[str, str]:
     return {"url": value}
 
 
+def merged_config(args: argparse.Namespace) -> Config:
+    """The file, then ``PREFIX_ROUTER_*`` variables, then the flags."""
+    return load_config(args.config, os.environ, overrides(args))
+
+
 def build_config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config, os.environ, overrides(args))
+    """``merged_config``, refused without any worker (static or discovered)."""
+    config = merged_config(args)
     if not config.workers and config.discovery.kind is None:
         raise ConfigError(
             "invalid config: workers: none given (use --worker URL, 'workers:' in the config file, or"
@@ -131,46 +133,94 @@ def effective_yaml(config: Config) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from prefix_router.proxy.app import create_app
-    from prefix_router.proxy.processes import process_count, supervise
-
+    """``--print-config``: the merged configuration, checked, printed; nothing started or contacted (no
+    workers needed, no cluster credentials). Otherwise serve; a bad configuration or an address that
+    cannot be bound is one line on stderr and a non-zero exit (2 and 1), never a traceback."""
     try:
+        if args.print_config:
+            return print_config(merged_config(args))
+        early = EarlyHangup()  # before the file is read: a SIGHUP from now on reloads it
         config = build_config(args)
-        app = create_app(config)  # also checks the config before any process starts
+        from prefix_router.proxy.processes import process_count
+
+        count = process_count(config.processes)
+        if count > 1:
+            return serve_processes(config, args, count)
+        return serve(config, args, early)
     except ConfigError as exc:
         print(f"prefix-router serve: {exc}", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(effective_yaml(config), end="")
-        return 0
-    count = process_count(config.processes)
-    if count == 1:
-        serve_app(app, config, reuse_port=False)
-        return 0
-    del app  # each process builds its own
 
-    def serve_one(index: int, directory: Path) -> None:
+
+def print_config(config: Config) -> int:
+    from prefix_router.proxy.app import build_router
+
+    build_router(config, random.Random(0))  # the policy knobs checked too (pure: no I/O)
+    print(effective_yaml(config), end="")
+    return 0
+
+
+Group = tuple[Path, int, int]  # ``serve --processes``: the channel's directory, this process, how many
+
+
+def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: Group | None = None) -> int:
+    from prefix_router.proxy import lifecycle, logs, reload
+    from prefix_router.proxy.app import create_app
+    from prefix_router.proxy.context import CONTEXT
+    from prefix_router.proxy.server import Hooks, ListenError, run
+
+    logs.configure(config.log_level, config.log_format, config.access_log)
+    app = create_app(config)
+    if group is not None:
         from prefix_router.proxy.processes import install_local_replication
 
-        child = create_app(config)
-        install_local_replication(child, directory, index, count)
-        serve_app(child, config, reuse_port=True)
+        install_local_replication(app, *group)
+    source = args.config or "environment and flags"
 
-    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
-    return supervise(config, count, serve_one)
+    async def reloaded() -> None:
+        await reload.reload(app[CONTEXT], lambda: build_config(args), source)
 
-
-def serve_app(app: web.Application, config: Config, reuse_port: bool) -> None:
-    from prefix_router.proxy.server import run
-
-    timeouts = config.timeouts
-    run(
-        app,
-        config.host,
-        config.port,
-        config.event_loop,
-        config.log_level,
-        timeouts.shutdown_s,
-        timeouts.client_header_s,
-        reuse_port=reuse_port,
+    hooks = Hooks(
+        serving=lambda addresses: lifecycle.summary(app, addresses),
+        drain=lambda: lifecycle.drain(app),
+        reload=reloaded,
+        early=early,
     )
+    try:
+        run(
+            app,
+            config.host,
+            config.port,
+            config.event_loop,
+            config.timeouts.client_header_s,
+            hooks,
+            reuse_port=group is not None,
+        )
+    except ListenError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int:
+    """``count`` serving processes under a supervisor (``proxy.processes``). The configuration and the
+    address are checked here first: a bad one is one line and an exit, not ``count`` failing children."""
+    from prefix_router.proxy import logs
+    from prefix_router.proxy.app import create_app
+    from prefix_router.proxy.processes import supervise
+    from prefix_router.proxy.server import ListenError, bind
+
+    create_app(config)  # every check a single process makes at start (then thrown away: each builds its own)
+    try:
+        for sock in bind(config.host, config.port, reuse_port=True):
+            sock.close()
+    except ListenError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 1
+    logs.configure(config.log_level, config.log_format, config.access_log)
+
+    def serve_one(index: int, directory: Path) -> None:
+        early = EarlyHangup()
+        sys.exit(serve(config, args, early, (directory, index, count)))
+
+    return supervise(config, count, serve_one)

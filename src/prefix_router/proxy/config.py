@@ -7,11 +7,20 @@ named ``PREFIX_ROUTER_<KEY>``, nested keys joined by ``__``, values read as YAML
 ``PREFIX_ROUTER_PORT=9000``, ``PREFIX_ROUTER_ROUTING__POLICY=random``,
 ``PREFIX_ROUTER_ROUTING__POLICIES__PREFIX__LOAD_FACTOR=1.5``,
 ``PREFIX_ROUTER_WORKERS=http://a:8000,http://b:8000``. Everything is validated at start-up; a bad value
-raises ``ConfigError`` with a one-line message naming the key.
+raises ``ConfigError`` with a one-line message naming the key; so does an unknown ``PREFIX_ROUTER_*`` key.
+
+Kubernetes service links are not configuration: Kubernetes gives every pod variables for every Service of
+its namespace (unless the pod says ``enableServiceLinks: false``), named after the Service, and the
+Services ``prefix-router`` and ``prefix-router-redis`` make them start with ``PREFIX_ROUTER_``. A variable
+is such a link, and is ignored, when its name (after ``PREFIX_ROUTER_``) has no ``__`` and is
+``[<SVC>_]SERVICE_HOST``, ``[<SVC>_]SERVICE_PORT[_<PORT NAME>]`` or ``[<SVC>_]PORT_<N>_<TCP|UDP|SCTP>[_PROTO|
+_PORT|_ADDR]``, or is ``[<SVC>_]PORT`` with a value ``tcp://ADDRESS:PORT`` (udp, sctp). So
+``PREFIX_ROUTER_PORT=tcp://10.96.0.12:80`` is ignored while ``PREFIX_ROUTER_PORT=9000`` sets the port.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +43,7 @@ from prefix_router.proxy.settings import (
     RecordConfig,
     RetryConfig,
     ServerSettings,
+    TenantsConfig,
     TimeoutConfig,
 )
 from prefix_router.replication.settings import ReplicationSettings
@@ -41,6 +51,11 @@ from prefix_router.routing.settings import RoutingSettings
 from prefix_router.settings import ConfigError
 
 ENV_PREFIX = "PREFIX_ROUTER_"
+_LINK_NAME = re.compile(
+    r"(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT_\d+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)"
+)
+_LINK_PORT = re.compile(r"(?:[A-Z0-9_]+_)?PORT")
+_LINK_URL = re.compile(r"(?:tcp|udp|sctp)://[^\s/]+:\d+")
 
 
 class Config(ServerSettings):
@@ -54,6 +69,7 @@ class Config(ServerSettings):
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     record: RecordConfig = Field(default_factory=RecordConfig)
     replication: ReplicationSettings = Field(default_factory=ReplicationSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
@@ -67,6 +83,17 @@ class Config(ServerSettings):
         if isinstance(data, Mapping) and "state" in data:
             raise ValueError("state: renamed to replication (serve --replication URL)")
         return data
+
+    @model_validator(mode="after")
+    def _isolation_default(self) -> Config:
+        """``routing.keys.isolate_tenants`` unset: on when clients are told apart by more than one key, or
+        their own credentials go to the engines."""
+        keys = self.routing.keys
+        if keys.isolate_tenants is not None:
+            return self
+        isolate = len(self.auth.api_keys) > 1 or self.auth.forward_client_auth
+        keys = keys.model_copy(update={"isolate_tenants": isolate})
+        return self.model_copy(update={"routing": self.routing.model_copy(update={"keys": keys})})
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -104,13 +131,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
-    """``PREFIX_ROUTER_A__B=v`` -> ``{"a.b": yaml_scalar(v)}``."""
+    """``PREFIX_ROUTER_A__B=v`` -> ``{"a.b": yaml_scalar(v)}``; Kubernetes service links are skipped."""
     out: dict[str, Any] = {}
     for name, raw in env.items():
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-            key = ".".join(name[len(ENV_PREFIX) :].lower().split("__"))
-            out[key] = parse_scalar(raw)
+            rest = name[len(ENV_PREFIX) :]
+            if service_link(rest, raw):
+                continue
+            out[".".join(rest.lower().split("__"))] = parse_scalar(raw)
     return out
+
+
+def service_link(name: str, value: str) -> bool:
+    """Whether ``PREFIX_ROUTER_<name>=<value>`` is a Kubernetes service-link variable (module docstring)."""
+    if "__" in name:  # configuration keys nest with "__"; Service names never give one
+        return False
+    if _LINK_NAME.fullmatch(name):
+        return True
+    return _LINK_PORT.fullmatch(name) is not None and _LINK_URL.fullmatch(value.strip()) is not None
 
 
 def parse_scalar(raw: str) -> Any:

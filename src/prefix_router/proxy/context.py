@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,13 +46,22 @@ class AppContext:
     policies: frozenset[str]
     recorder: TraceRecorder | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
+    active: int = 0  # /v1/* requests being handled (the drain waits for them)
     # told of every admin change once it is made here (``serve --processes``: the other processes follow)
     on_admin: Callable[[AdminChange], None] | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
+    # a random UUID4 but its last 12 hex digits, which count: unique per process and across replicas
+    _uuid_prefix: str = field(default_factory=lambda: str(uuid.uuid4())[:24])
 
     def next_id(self) -> str:
+        """An internal id (the routing core's request id)."""
         return f"{self._prefix}-{next(self._ids)}"
+
+    def next_request_id(self) -> str:
+        """A request id for ``x-request-id``: UUID-shaped, as some engines require (llama-cpp-python's
+        server answers 400 to any other)."""
+        return f"{self._uuid_prefix}{next(self._ids) & 0xFFFFFFFFFFFF:012x}"
 
 
 CONTEXT = web.AppKey("prefix_router_context", AppContext)

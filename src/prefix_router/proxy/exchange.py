@@ -2,10 +2,14 @@
 on another worker while nothing has reached the client), then relay the answer and settle the accounts.
 
 Retry rule: a connect failure, a timeout or a 5xx before the first byte is sent to the client is retried
-on the next best worker (excluding those tried), up to ``retries.max_attempts``. A non-streamed body is
-read whole (up to ``limits.max_response_buffer_bytes``) before anything is sent, so it is retryable until
-complete; a stream is committed with its first chunk and never retried: a later failure ends it with an
-SSE error event.
+on the next best worker (excluding those tried), up to ``retries.max_attempts``, within the request's
+first-byte budget (``timeouts.first_byte_s``, all attempts together): an attempt that used the budget up
+is not run again elsewhere (a slow generation would only be repeated), while one cut short (a connect
+failure, a 5xx, an ejected worker) leaves the rest of the budget to the next. A non-streamed body is read
+whole (up to ``limits.max_response_buffer_bytes``) before anything is sent, so it is retryable until
+complete; a stream is committed with its first chunk and never retried: a later failure (the engine
+breaks, stays silent for ``timeouts.stream_idle_s``, its worker is ejected, ``total_s`` or the shutdown
+deadline passes) ends it with an SSE error event naming the cause.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from aiohttp import web
 
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import forward
+from prefix_router.proxy.access import RequestNote
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.proxy.auth import tenant_salt
 from prefix_router.proxy.context import AppContext
+from prefix_router.proxy.deadlines import Cause, Watch
 from prefix_router.proxy.errors import ProxyError, overloaded, shutting_down, unavailable, upstream_failed
 from prefix_router.proxy.parse import Parsed
 from prefix_router.proxy.sse import ReplyAccumulator
@@ -64,19 +71,25 @@ class Exchange:
         parsed: Parsed | None,
         model: str | None,
         policy: str | None,
+        note: RequestNote,
     ) -> None:
         self.state = state
         self.request = request
+        self.note = note
         self.raw = raw
         self.parsed = parsed
         self.model = model
         self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
         self.policy_label = policy or state.config.routing.policy
+        note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
         self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
         loop = asyncio.get_running_loop()
-        self.deadline = loop.time() + state.config.timeouts.total_s
+        timeouts = state.config.timeouts
+        self.deadline = loop.time() + timeouts.total_s
+        self.first_byte_deadline = min(loop.time() + timeouts.first_byte_s, self.deadline)
+        self.bodies: dict[bool, bytes] | None = None  # tenants.cache_salt: the bodies sent upstream
 
     async def run(self) -> web.StreamResponse:
         self.check_path()
@@ -97,6 +110,8 @@ class Exchange:
             raise ProxyError(
                 404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
             )
+        if self.model is not None:
+            self.note.model = self.model  # known to the pool: a bounded label
 
     def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
         pool, limits = self.state.pool, self.state.config.limits
@@ -106,9 +121,12 @@ class Exchange:
         if not names:
             return None
         decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
+        note = self.note
+        note.worker, note.attempts = decision.worker, note.attempts + 1
         if self.parsed is not None:
             self.state.metrics.branches.inc((self.policy_label, decision.branch))
             self.state.metrics.predicted.observe(decision.predicted_tokens)
+            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
         return pool.require(decision.worker), decision
 
     def nobody(self) -> ProxyError:
@@ -122,9 +140,12 @@ class Exchange:
     async def open(self) -> Opened:
         excluded: set[str] = set()
         last: Failed | None = None
+        loop = asyncio.get_running_loop()
         for attempt in range(self.state.config.retries.max_attempts):
             if attempt and self.state.deadlines.stopping:
                 raise shutting_down(self.state.config.limits.retry_after_s)
+            if attempt and loop.time() >= self.first_byte_deadline:
+                break  # the first-byte budget is spent: no further generation is started
             pick = self.choose(excluded)
             if pick is None:
                 break
@@ -142,7 +163,8 @@ class Exchange:
             return self.nobody()
         if last.status is not None:
             secret = forward.worker_secret(self.state.pool.get(last.worker))
-            headers = forward.downstream_headers(last.headers, last.worker, None, secret)
+            shown = last.worker if self.state.config.tenants.decision_headers else None
+            headers = forward.downstream_headers(last.headers, shown, None, secret, self.note.request_id)
             body = forward.redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
@@ -151,14 +173,10 @@ class Exchange:
         return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
-        flight = Flight(
-            self.state, worker, self.route, decision, self.parsed, self.policy_label, self.started
-        )
+        flight = Flight(self.state, worker, self.route, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
-        loop = asyncio.get_running_loop()
-        first_byte_at = min(loop.time() + self.state.config.timeouts.first_byte_s, self.deadline)
         try:
-            async with self.state.deadlines.watch(worker.name, first_byte_at, first_byte=True):
+            async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):
                 response = await self.state.upstream.send(self.upstream_request(worker))
                 if response.status >= 500:
                     return await self.server_error(flight, response)
@@ -171,15 +189,30 @@ class Exchange:
             _abort(response)
             flight.finish(CLIENT_GONE, Outcome(ok=False))
             raise
-        flight.first_byte()
+        self.note.ttft_s = flight.first_byte(opened.response.status)
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
         headers = forward.upstream_headers(
-            self.request.headers, worker, self.state.config.auth.forward_client_auth
+            self.request.headers, worker, self.state.config.auth.forward_client_auth, self.note.request_id
         )
         url = forward.upstream_url(worker, self.path_qs)
-        return UpstreamRequest(self.request.method, url, headers, self.raw)
+        return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
+
+    def body_for(self, worker: Worker) -> bytes:
+        """The client's bytes, or (``tenants.cache_salt``, a vLLM worker, a client with a key) the body
+        with the tenant's ``cache_salt``, so that the engine's prefix cache is not shared across tenants."""
+        if self.parsed is None or not self.state.config.tenants.cache_salt:
+            return self.raw
+        salted = forward.takes_cache_salt(worker)
+        if self.bodies is None:
+            self.bodies = {}
+        body = self.bodies.get(salted)
+        if body is None:
+            salt = tenant_salt(self.request.headers) if salted else None
+            body = self.raw if salt is None else forward.salted_body(self.parsed.body, salt)
+            self.bodies[salted] = body
+        return body
 
     async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
         if forward.is_event_stream(response.headers):
@@ -210,7 +243,10 @@ class Exchange:
         predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
-        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret)
+        rid = self.note.request_id
+        if not self.state.config.tenants.decision_headers:
+            return forward.downstream_headers(opened.response.headers, None, None, secret, rid)
+        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
 
     def reply(self) -> ReplyAccumulator:
         limits = self.state.config.limits
@@ -228,6 +264,7 @@ class Exchange:
             await out.write_eof()
         except BaseException:
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
             raise
         if self.parsed is not None and 200 <= status < 300:
             reply.feed_body(opened.prefix)
@@ -244,6 +281,7 @@ class Exchange:
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
             opened.response.abort()
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return out
@@ -251,36 +289,48 @@ class Exchange:
         return out
 
     async def pump(self, out: web.StreamResponse, opened: Opened, reply: ReplyAccumulator) -> bool:
-        """Relay chunks as they come; on an upstream failure end the stream cleanly. Returns success."""
+        """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream
+        failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
+        idle_s, loop = self.state.config.timeouts.stream_idle_s, asyncio.get_running_loop()
+        watch = self.state.deadlines.watch(
+            opened.flight.worker.name, min(loop.time() + idle_s, self.deadline), idle_s
+        )
         try:
-            async with self.state.deadlines.watch(opened.flight.worker.name, self.deadline, first_byte=False):
+            async with watch:
                 while chunk:
                     if opened.stream:
                         reply.feed(chunk)
                     await out.write(chunk)
+                    self.push_idle(watch, loop.time())
                     chunk = await response.next_chunk()
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
             kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
             self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
-            await self.end_broken(out, opened, kind)
+            idle = watch.when is not None and watch.when < self.deadline  # not cut by total_s
+            await self.end_broken(out, opened, stream_cut(watch, exc, idle))
             return False
         response.release()
         return True
 
-    async def end_broken(self, out: web.StreamResponse, opened: Opened, kind: FailureKind) -> None:
+    def push_idle(self, watch: Watch, now: float) -> None:
+        """Move a stream's idle deadline on after a chunk, only once it lags by a slack (a reschedule
+        costs about 10 us: not once per token), so a silence is cut after between ``idle_s`` - slack and
+        ``idle_s`` (an ejection may have shortened ``idle_s``)."""
+        idle_s, watched = watch.idle_s or 0.0, watch.when
+        until = now + idle_s
+        if watched is not None and until - watched > min(1.0, idle_s / 20) and watched < self.deadline:
+            watch.push(min(until, self.deadline))
+
+    async def end_broken(self, out: web.StreamResponse, opened: Opened, cut: tuple[str, str]) -> None:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
             if self.request.transport is not None:
                 self.request.transport.abort()
             return
-        if kind == FailureKind.TIMEOUT and self.state.deadlines.stopping:
-            await out.write(sse_error("the router is shutting down", "router_shutdown"))
-            return
-        message = (
-            "upstream timed out mid-stream" if kind == FailureKind.TIMEOUT else "upstream failed mid-stream"
-        )
-        await out.write(sse_error(message, f"upstream_{kind}"))
+        message, code = cut
+        log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
+        await out.write(sse_error(message, code))
 
 
 class UpstreamReply(Exception):
@@ -289,6 +339,19 @@ class UpstreamReply(Exception):
     def __init__(self, response: web.Response) -> None:
         super().__init__("upstream reply")
         self.response = response
+
+
+def stream_cut(watch: Watch, exc: Exception, idle: bool) -> tuple[str, str]:
+    """Why a stream was cut, as the (message, code) of its SSE error event."""
+    if isinstance(exc, UpstreamError):
+        return "upstream failed mid-stream", "upstream_io"
+    if watch.cause is Cause.SHUTDOWN:
+        return "the router is shutting down", "router_shutdown"
+    if not idle:
+        return "upstream timed out mid-stream", "upstream_timeout"
+    if watch.cause is Cause.EJECTED:
+        return "the worker was ejected by health checks and sent nothing more", "worker_ejected"
+    return "no data from upstream within timeouts.stream_idle_s", "upstream_idle_timeout"
 
 
 def sse_error(message: str, code: str) -> bytes:

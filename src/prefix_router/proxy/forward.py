@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
+import orjson
 from multidict import CIMultiDict
 
 from prefix_router.pool.worker import Worker
-from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, WORKER_HEADER
+from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER
 
 # never forwarded in either direction (RFC 9110 section 7.6.1, plus what the proxy sets itself)
 HOP_BY_HOP = frozenset(
@@ -26,8 +28,25 @@ HOP_BY_HOP = frozenset(
         "host",
     }
 )
-_NOT_UPSTREAM = HOP_BY_HOP | {"authorization", "accept-encoding", "expect", "cookie", POLICY_HEADER}
-_NOT_DOWNSTREAM = HOP_BY_HOP | {"server", "date", "set-cookie", WORKER_HEADER, MATCH_HEADER}
+_NOT_UPSTREAM = HOP_BY_HOP | {
+    "authorization",
+    "accept-encoding",
+    "expect",
+    "cookie",
+    POLICY_HEADER,
+    REQUEST_ID_HEADER,  # x-request-id crosses both ways as the request's own id (``proxy.access``)
+}
+# request bodies in these encodings reach the router decoded (aiohttp's server decodes exactly these, and
+# counts the decoded bytes against the body limit): they go upstream decoded, without the header
+DECODED_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
+_NOT_DOWNSTREAM = HOP_BY_HOP | {
+    "server",
+    "date",
+    "set-cookie",
+    WORKER_HEADER,
+    MATCH_HEADER,
+    REQUEST_ID_HEADER,
+}
 
 
 def upstream_url(worker: Worker, path_qs: str) -> str:
@@ -49,11 +68,17 @@ def safe_path(path_qs: str) -> bool:
     return not any(segment in (".", "..") for segment in decoded.split("/"))
 
 
-def upstream_headers(incoming: Mapping[str, str], worker: Worker, forward_auth: bool) -> dict[str, str]:
-    """Client headers minus hop-by-hop ones; the worker's own credentials replace the client's."""
+def upstream_headers(
+    incoming: Mapping[str, str], worker: Worker, forward_auth: bool, request_id: str
+) -> dict[str, str]:
+    """Client headers minus hop-by-hop ones; the worker's own credentials replace the client's; the
+    request's id (``proxy.access``) replaces the client's ``x-request-id``."""
     dropped = _NOT_UPSTREAM | connection_tokens(incoming)
+    if incoming.get("Content-Encoding", "").lower() in DECODED_ENCODINGS:
+        dropped |= {"content-encoding"}
     out = {k: v for k, v in incoming.items() if k.lower() not in dropped}
     out["Accept-Encoding"] = "identity"  # bodies cross unchanged and stay readable for accounting
+    out["X-Request-Id"] = request_id
     if worker.api_key is not None:
         out["Authorization"] = f"Bearer {worker.api_key.get_secret_value()}"
     elif forward_auth and "Authorization" in incoming:
@@ -70,14 +95,23 @@ def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
 
 
 def downstream_headers(
-    upstream: Mapping[str, str], worker: str, predicted_tokens: int | None, secret: str | None = None
+    upstream: Mapping[str, str],
+    worker: str | None,
+    predicted_tokens: int | None,
+    secret: str | None = None,
+    request_id: str | None = None,
 ) -> CIMultiDict[str]:
-    """The upstream's headers that matter, plus the router's decision headers. A header echoing the
-    worker's credential (``secret``) is dropped."""
+    """The upstream's headers that matter, plus the request's id and the router's decision headers (none
+    without ``worker``: ``tenants.decision_headers: false``). A header echoing the worker's credential
+    (``secret``) is dropped."""
     dropped = _NOT_DOWNSTREAM | connection_tokens(upstream)
     out: CIMultiDict[str] = CIMultiDict(
         (k, v) for k, v in upstream.items() if k.lower() not in dropped and not (secret and secret in v)
     )
+    if request_id is not None:
+        out[REQUEST_ID_HEADER] = request_id
+    if worker is None:
+        return out
     out[WORKER_HEADER] = worker
     if predicted_tokens is not None:
         out[MATCH_HEADER] = str(predicted_tokens)
@@ -94,6 +128,19 @@ def redact(body: bytes, secret: str | None) -> bytes:
         return body
     token = secret.encode("utf-8", "surrogatepass")
     return body.replace(token, b"[redacted]") if token in body else body
+
+
+def takes_cache_salt(worker: Worker) -> bool:
+    """Whether the worker's engine keys its prefix cache by the request's ``cache_salt`` (vLLM)."""
+    engine = worker.adapter.name if worker.adapter is not None else worker.engine
+    return engine == "vllm"
+
+
+def salted_body(body: Mapping[str, Any], salt: str) -> bytes:
+    """The body with ``cache_salt`` set to ``salt``, followed by the client's own salt if it gave one (so
+    it can still partition its own cache, but never share another tenant's)."""
+    own = body.get("cache_salt")
+    return orjson.dumps({**body, "cache_salt": f"{salt}-{own}" if isinstance(own, str) and own else salt})
 
 
 def is_event_stream(headers: Mapping[str, str]) -> bool:

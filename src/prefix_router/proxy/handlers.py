@@ -1,4 +1,5 @@
-"""HTTP handlers of the OpenAI-compatible surface. Each one is: admit, parse, then an ``Exchange``."""
+"""HTTP handlers of the OpenAI-compatible surface. Each one is: admit, parse, then an ``Exchange``; each is
+``guarded``: it gets a ``RequestNote`` (request id, access log, ``prefix_router_requests_total``)."""
 
 from __future__ import annotations
 
@@ -10,39 +11,69 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from prefix_router.protocol import POLICY_HEADER, Endpoint
+from prefix_router.protocol import POLICY_HEADER, REQUEST_ID_HEADER, Endpoint
 from prefix_router.proxy import parse as parsing
+from prefix_router.proxy.access import RequestNote, log_access, request_id
+from prefix_router.proxy.accounting import CLIENT_GONE
 from prefix_router.proxy.auth import check_client, tenant_of
 from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.errors import ProxyError, bad_request, overloaded
+from prefix_router.proxy.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.exchange import Exchange, UpstreamReply
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NotedHandler = Callable[[web.Request, RequestNote], Awaitable[web.StreamResponse]]
 
 
-def guarded(handler: Handler) -> Handler:
-    """Turn the router's own errors into OpenAI error responses (and count them)."""
+def guarded(handler: NotedHandler) -> Handler:
+    """Give the request its ``RequestNote``; turn the router's own errors into OpenAI error responses (and
+    count them); close the note with the status the client got (499 when it left), once."""
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
+        state = request.app[CONTEXT]
+        rid = request_id(request.headers) or state.next_request_id()
+        note = RequestNote(rid, request.method, request.rel_url.raw_path, state.clock())
+        state.active += 1
+        status = CLIENT_GONE
         try:
-            return await handler(request)
-        except ProxyError as err:
-            request.app[CONTEXT].metrics.rejected.inc((str(err.status),))
-            return err.response()
-        except UpstreamReply as reply:
-            return reply.response
-        except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
-            log.exception("unexpected error on %s %s", request.method, request.path)
-            return ProxyError(
-                500, "internal router error", type="server_error", code="internal_error"
-            ).response()
+            response = await answer(handler, request, note)
+            status = note.status or response.status
+            if not response.prepared:
+                response.headers[REQUEST_ID_HEADER] = note.request_id
+                if state.deadlines.stopping:
+                    response.force_close()  # the client reconnects, to a replica that is not stopping
+            return response
+        finally:
+            state.active -= 1
+            closed(state, note, status)
 
     return wrapper
 
 
+async def answer(handler: NotedHandler, request: web.Request, note: RequestNote) -> web.StreamResponse:
+    try:
+        return await handler(request, note)
+    except ProxyError as err:
+        request.app[CONTEXT].metrics.rejected.inc((str(err.status),))
+        return err.response()
+    except UpstreamReply as reply:
+        return reply.response
+    except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
+        log.exception("unexpected error on %s %s (request %s)", request.method, request.path, note.request_id)
+        return ProxyError(500, "internal router error", type="server_error", code="internal_error").response()
+
+
+def closed(state: AppContext, note: RequestNote, status: int) -> None:
+    """The request is over: count it once (``prefix_router_requests_total``) and log it (``access_log``)."""
+    state.metrics.request_done(note.worker, note.model, note.policy, status)
+    if state.config.access_log:
+        log_access(note, status, state.clock())
+
+
 def admit(state: AppContext, request: web.Request) -> None:
-    """Client key check and the global in-flight cap, before reading the body."""
+    """Shutdown, client key check and the global in-flight cap, before reading the body."""
+    if state.deadlines.stopping:
+        raise shutting_down(state.config.limits.retry_after_s)
     check_client(state.client_keys, request.headers)
     if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
@@ -64,7 +95,7 @@ def policy_override(state: AppContext, request: web.Request) -> str | None:
     return name
 
 
-async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) -> web.StreamResponse:
     state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
@@ -82,33 +113,33 @@ async def routed(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     policy = policy_override(state, request)
     model = parsed.body.get("model")
     return await Exchange(
-        state, request, raw, parsed, model if isinstance(model, str) else None, policy
+        state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
     ).run()
 
 
 @guarded
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await routed(request, "chat")
+async def chat_completions(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    return await routed(request, "chat", note)
 
 
 @guarded
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await routed(request, "completions")
+async def completions(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    return await routed(request, "completions", note)
 
 
 @guarded
-async def passthrough(request: web.Request) -> web.StreamResponse:
+async def passthrough(request: web.Request, note: RequestNote) -> web.StreamResponse:
     """Any other ``/v1/*`` call goes to the least loaded worker (serving the body's model, if named),
     chosen and counted by the routing core like any request."""
     state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
     model = parsing.body_model(raw, request.content_type)
-    return await Exchange(state, request, raw, None, model, None).run()
+    return await Exchange(state, request, raw, None, model, None, note).run()
 
 
 @guarded
-async def list_models(request: web.Request) -> web.StreamResponse:
+async def list_models(request: web.Request, note: RequestNote) -> web.StreamResponse:
     state = request.app[CONTEXT]
     check_client(state.client_keys, request.headers)
     return json_response({"object": "list", "data": state.pool.models()})

@@ -31,7 +31,7 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict
 
-from prefix_router.proxy.upstream import FailureKind, UpstreamError, UpstreamRequest
+from prefix_router.proxy.upstream import UNENCODABLE, FailureKind, UpstreamError, UpstreamRequest
 
 MAX_BUFFERED = 256 * 1024  # body bytes held before reading pauses
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
@@ -382,14 +382,17 @@ def split_netloc(netloc: str, default_port: int) -> tuple[str, int]:
 
 
 def encode_head(request: UpstreamRequest, key: Key, target: str) -> bytes:
-    """The request line and headers; headers with CR, LF or NUL are dropped (no header injection)."""
+    """The request line and headers. A header with CR, LF or NUL is refused (no header injection): the
+    request fails before anything is sent (a failure of this worker, retried elsewhere)."""
     scheme, host, port = key
     default = 443 if scheme == "https" else 80
     authority = host if port == default else f"{host}:{port}"
     if ":" in host:
         authority = f"[{host}]" if port == default else f"[{host}]:{port}"
     lines = [f"{request.method} {target} HTTP/1.1", f"Host: {authority}"]
-    lines += [f"{k}: {v}" for k, v in request.headers.items() if _safe(k) and _safe(v)]
+    lines += [f"{k}: {v}" for k, v in request.headers.items()]
+    if any(not _safe(line) for line in lines):
+        raise UpstreamError(FailureKind.CONNECT, UNENCODABLE)
     if request.body or request.method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(request.body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")

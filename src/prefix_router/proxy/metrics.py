@@ -3,21 +3,28 @@
 The hot path only bumps plain numbers in bounded dicts (prometheus-client's labelled metrics cost the
 router tens of microseconds per request, measured by ``bench-overhead``); the Prometheus families are
 built when ``/metrics`` is scraped. Every labelled metric holds at most ``max_series`` label sets.
+Predicted vs reported cached tokens are read from the routing core's own tallies at scrape time
+(``Router.feedback``: one set of numbers for ``/metrics`` and ``/admin/routing``, bounded by the workers).
+Under ``serve --processes`` each process sends ``snapshot()`` to the others once a second, and every scrape
+adds the others' latest counters, histograms, in-flight counts and cache-report tallies (``peers``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.routing.feedback import FeedbackStats, Verdict
+from prefix_router.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
@@ -112,8 +119,8 @@ def _part(snapshot: dict[str, Any], section: str, name: str, kind: type) -> Any:
     return value if isinstance(value, kind) and not isinstance(value, bool) else kind()
 
 
-def _count(value: int) -> int:
-    return max(0, value)
+def _count(value: Any) -> int:
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _bound(value: float) -> str:
@@ -123,17 +130,19 @@ def _bound(value: float) -> str:
 class ProxyMetrics(Collector):
     """Everything the proxy counts, plus per-worker gauges read from the pool at scrape time."""
 
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool: WorkerPool, router: Router) -> None:
         self._pool = pool
+        self._router = router
         self.requests = CounterSet(
-            "prefix_router_requests", "Requests by worker, policy, status", ("worker", "policy", "status")
+            "prefix_router_requests",
+            "Client requests (not attempts) by the status the client got, the worker that answered, the model"
+            " and the routing policy",
+            ("worker", "model", "policy", "status"),
+        )
+        self.attempts = CounterSet(
+            "prefix_router_upstream_attempts", "Upstream attempts by worker and status", ("worker", "status")
         )
         self.branches = CounterSet("prefix_router_route_branch", "Routing branch taken", ("policy", "branch"))
-        self.cached = CounterSet(
-            "prefix_router_cached_tokens",
-            "Cached prompt tokens: predicted, engine-reported",
-            ("worker", "kind"),
-        )
         self.upstream_errors = CounterSet(
             "prefix_router_upstream_errors", "Failed exchanges", ("worker", "kind")
         )
@@ -151,23 +160,26 @@ class ProxyMetrics(Collector):
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_open_fds, ...
         # other serving processes' latest snapshots (``serve --processes``), added in at scrape time
         self.peers: Callable[[], list[bytes]] = list
 
     def _counters(self) -> tuple[CounterSet, ...]:
-        return (self.requests, self.branches, self.cached, self.upstream_errors, self.rejected, self.retries,
-                self.record_dropped)  # fmt: skip
+        return (self.requests, self.attempts, self.branches, self.upstream_errors, self.rejected,
+                self.retries, self.record_dropped)  # fmt: skip
 
     def _histograms(self) -> tuple[FastHistogram, ...]:
         return (self.predicted, self.ttft, self.latency)
 
     def snapshot(self) -> bytes:
-        """This process's counters, histograms and in-flight counts, for the other processes' scrapes."""
+        """This process's counters, histograms, in-flight counts and cache-report tallies, for the other
+        processes' scrapes."""
         return orjson.dumps(
             {
                 "counters": {c.name: c.snapshot() for c in self._counters()},
                 "histograms": {h.name: h.snapshot() for h in self._histograms()},
                 "in_flight": {w.name: self._pool.in_flight(w.name) for w in self._pool},
+                "feedback": {w: dataclasses.asdict(f) for w, f in list(self._router.feedback.items())},
             }
         )
 
@@ -180,18 +192,17 @@ class ProxyMetrics(Collector):
                     out.append(data)
         return out
 
-    def request_done(self, worker: str, policy: str, status: int) -> None:
-        self.requests.inc((worker, policy, str(status)))
+    def attempt_done(self, worker: str, status: int) -> None:
+        """One upstream attempt ended (a retried request makes several)."""
+        self.attempts.inc((worker, str(status)))
 
-    def cached_tokens(self, worker: str, predicted: int, actual: int | None) -> None:
-        self.cached.inc((worker, "predicted"), predicted)
-        if actual is not None:
-            self.cached.inc((worker, "actual"), actual)
-            self.cached.inc((worker, "predicted_when_reported"), predicted)
+    def request_done(self, worker: str, model: str, policy: str, status: int) -> None:
+        """One client request ended with ``status``: counted once, however many attempts it took."""
+        self.requests.inc((worker, model, policy, str(status)))
 
     def forget_worker(self, worker: str) -> None:
         """Drop a removed worker's series so the registry stays bounded by the live pool."""
-        for counter in (self.requests, self.cached, self.upstream_errors):
+        for counter in (self.requests, self.attempts, self.upstream_errors):
             counter.forget(0, worker)
 
     def collect(self) -> Iterator[Metric]:
@@ -201,6 +212,47 @@ class ProxyMetrics(Collector):
         for histogram in self._histograms():
             yield histogram.family(_part(p, "histograms", histogram.name, dict) for p in peers)
         yield from self._pool_gauges(peers)
+        yield from self._feedback(peers)
+
+    def _feedback(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Predicted vs engine-reported cached tokens per worker (the routing core's tallies)."""
+        tokens = CounterMetricFamily(
+            "prefix_router_cached_tokens",
+            "Cached prompt tokens of the routed requests whose engine reported a count (the others are "
+            "not counted: see verdict=unreported): kind=predicted, the router's prediction at dispatch; "
+            "kind=reported, the engine's report clamped to the prompt",
+            labels=["worker", "kind"],
+        )
+        reports = CounterMetricFamily(
+            "prefix_router_cache_reports",
+            "Engine cache reports of routed requests by verdict: agree, miss (the engine held less than "
+            "predicted), over (more), raced (short, dispatched during its prefix's first prefill: "
+            "ignored), unreported (the response carried no count)",
+            labels=["worker", "verdict"],
+        )
+        clamped = CounterMetricFamily(
+            "prefix_router_cache_reports_clamped",
+            "Engine cache reports outside [0, prompt tokens]",
+            labels=["worker"],
+        )
+        capacity = GaugeMetricFamily(
+            "prefix_router_worker_capacity_tokens",
+            "KV-cache tokens the index keeps per worker: kind=known (configured or scraped), kind=learned "
+            "(from engine reports, at most the known)",
+            labels=["worker", "kind"],
+        )
+        index = self._router.index
+        for worker, stats in list(self._router.feedback.items()):
+            stats = _with_peers(stats, worker, peers)
+            tokens.add_metric([worker, "predicted"], stats.predicted_tokens)
+            tokens.add_metric([worker, "reported"], stats.reported_tokens)
+            for verdict in Verdict:
+                reports.add_metric([worker, verdict.value], getattr(stats, verdict.value))
+            reports.add_metric([worker, "unreported"], stats.unreported)
+            clamped.add_metric([worker], stats.clamped)
+            capacity.add_metric([worker, "known"], index.ceiling_tokens(worker))
+            capacity.add_metric([worker, "learned"], index.capacity_tokens(worker))
+        yield from (tokens, reports, clamped, capacity)
 
     def _pool_gauges(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily("prefix_router_in_flight", "Requests in flight", labels=["worker"])
@@ -215,3 +267,15 @@ class ProxyMetrics(Collector):
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _with_peers(stats: FeedbackStats, worker: str, peers: list[dict[str, Any]]) -> FeedbackStats:
+    """``stats`` plus the other processes' tallies for ``worker`` (a bad snapshot adds nothing)."""
+    if not peers:
+        return stats
+    total = dataclasses.replace(stats)
+    for peer in peers:
+        theirs = _part(peer, "feedback", worker, dict)
+        for field in dataclasses.fields(FeedbackStats):
+            setattr(total, field.name, getattr(total, field.name) + _count(theirs.get(field.name)))
+    return total

@@ -1,7 +1,8 @@
 """``serve --processes N``: N router processes on one port (``SO_REUSEPORT``), one shared view.
 
 The supervisor (the process started by ``serve``) makes a private directory, forks N serving processes
-and then only watches them: SIGTERM/SIGINT are passed on (each child drains as a single router does), a
+and then only watches them: SIGTERM/SIGINT are passed on (each child drains as a single router does),
+so is SIGHUP (each child reloads the configuration, as a single router does), a
 child that dies unexpectedly is restarted (at most ``MAX_RESTARTS`` times), and it exits with the
 children's worst exit status. Each child binds the same port with ``SO_REUSEPORT`` (the kernel spreads
 new connections across them) and joins the local channel (``replication.local``): index changes and
@@ -103,14 +104,18 @@ def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]
         child.start()
         children[index] = child
 
+    def tell(signum: int) -> None:
+        for child in children.values():
+            if child.pid is not None and child.is_alive():
+                os.kill(child.pid, signum)
+
     def stop(signum: int, _: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
-        for child in children.values():
-            if child.pid is not None and child.is_alive():
-                os.kill(child.pid, signal.SIGTERM)
+        tell(signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, _: tell(signal.SIGHUP))
     try:
         for index in range(count):
             start(index)
@@ -129,6 +134,7 @@ def _child(serve_one: Callable[[int, Path], None], index: int, directory: Path) 
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the supervisor's: ``serve_one`` installs its own
     serve_one(index, directory)
 
 

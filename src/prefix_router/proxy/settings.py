@@ -1,23 +1,26 @@
 """Settings of the proxy: its top-level server fields and its sections (``timeouts``, ``retries``,
-``limits``, ``auth``, ``record``), frozen and typed, constraints on the fields."""
+``limits``, ``auth``, ``tenants``, ``record``), frozen and typed, constraints on the fields."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
 from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, SESSION_HEADER
-from prefix_router.settings import Section, split_list
+from prefix_router.settings import Section, header_secret, split_list
 
 
 class TimeoutConfig(Section):
-    """Upstream timeouts per phase, in seconds. A non-streamed answer arrives whole, so ``first_byte_s``
-    bounds its whole generation; streams are bounded by ``total_s``."""
+    """Upstream timeouts per phase, in seconds. ``first_byte_s`` is the request's budget for its first
+    byte, all attempts together (retries happen within it, so a slow generation is never run again on
+    another worker once it used the budget up); a non-streamed answer arrives whole, so it bounds its
+    whole generation. A stream is bounded by ``total_s``, and by ``stream_idle_s`` between two chunks."""
 
     connect_s: float = Field(default=3.0, gt=0)
     first_byte_s: float = Field(default=300.0, gt=0)
     total_s: float = Field(default=1800.0, gt=0)
+    stream_idle_s: float = Field(default=120.0, gt=0)
     shutdown_s: float = Field(default=30.0, ge=0)  # on SIGTERM: in-flight requests get this long
     # client side: a request head must arrive within client_header_s of the connection opening (or of the
     # previous response: the keep-alive idle limit), and its body within client_body_s (else 408)
@@ -61,14 +64,38 @@ class AuthConfig(Section):
     api_keys: list[SecretStr] = Field(default_factory=list, max_length=100_000)
     forward_client_auth: bool = False
 
-    _split_keys = field_validator("api_keys", mode="before")(split_list)
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        """An empty list given explicitly (``PREFIX_ROUTER_AUTH__API_KEYS=""``) would turn authentication
+        off without a word: refused. Without client keys, leave the setting out."""
+        value = split_list(value)
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list would turn client authentication off; leave the setting out")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        return [header_secret(key) for key in value]
 
     @field_validator("admin_token")
     @classmethod
     def _check_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 8:
+        if value is None:
+            return None
+        value = header_secret(value)
+        if len(value.get_secret_value()) < 8:
             raise ValueError("admin token must have at least 8 characters")
         return value
+
+
+class TenantsConfig(Section):
+    """What clients learn of the router's decisions and how far tenants are kept apart (docs/security.md).
+    Isolation in the router's own index is ``routing.keys.isolate_tenants``."""
+
+    decision_headers: bool = True  # x-prefix-router-worker / -prefix-match on every routed answer
+    cache_salt: bool = False  # set vLLM's per-request cache_salt per tenant in bodies sent to vLLM workers
 
 
 class RecordConfig(Section):
@@ -90,3 +117,5 @@ class ServerSettings(Section):
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     processes: int = Field(default=0, ge=0, le=256)  # serving processes on the port; 0: one per core
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"  # text: key=value lines; json: one JSON object per line
+    access_log: bool = True  # one line per /v1/* request (logger prefix_router.access)

@@ -7,11 +7,13 @@
   (a fresh process starts from the configured workers and catches up). Every process sends its change at
   once and all its registers again every ``publish`` (once a second), so a lost message or a restarted
   process is made good within a second. At most ``MAX_NAMES`` names are kept (the oldest go).
-- Health probes and engine scrapes run in process 0 only; each result goes to the other processes,
-  which feed it to their pool and routing core exactly as their own would be (``WorkerPool.report``,
-  ``MetricsScraper.apply``), so each engine sees one prober and one scraper, not N. Identification
-  (``/v1/models`` every ``health.models_interval_s``) still runs in every process. Should process 0 die,
-  the supervisor restarts it; meanwhile the others keep their last view and their passive health checks.
+- Health probes and engine scrapes run in process 0 only; their results go to the other processes
+  (gathered for 50 ms, one message per round), which feed them to their pool and routing core exactly as
+  their own would be (``WorkerPool.report``, ``MetricsScraper.apply``), so each engine sees one prober
+  and one scraper, not N. A worker that passes a probe while not healthy is identified again too.
+  Identification (``/v1/models`` every ``health.models_interval_s``) still runs in every process. Should
+  process 0 die, the supervisor restarts it; meanwhile the others keep their last view and their passive
+  health checks.
 
 Worker configs travel with their API key: the channel's sockets live in a private directory (0700) of
 the user running the router, and the key never leaves these processes' memory otherwise.
@@ -23,7 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,8 @@ log = logging.getLogger("prefix_router.processes")
 ADMIN, PROBE, SCRAPE = b"A", b"P", b"E"
 MAX_NAMES = 4096
 PER_MESSAGE = 256  # registers per admin message
+RELAY_DELAY_S = 0.05  # probe and scrape results gathered this long go out in one message
+RELAY_MAX = 512  # results per message
 LOAD_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineLoad))
 Stamp = tuple[int, int]
 ZERO: Stamp = (0, 0)
@@ -80,6 +84,9 @@ class SharedPool:
         self.leader = index == 0
         self.registers: dict[str, Registers] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._identifying: set[str] = set()  # bounded by the pool
+        self._relay: dict[bytes, list[dict[str, Any]]] = {PROBE: [], SCRAPE: []}
+        self._relay_timer: asyncio.TimerHandle | None = None
 
     def install(self) -> None:
         monitor = self.context.monitor
@@ -155,9 +162,7 @@ class SharedPool:
             except (PoolError, pydantic.ValidationError) as exc:
                 log.warning("admin change from another process not applied: %s", exc)
                 return
-            task = asyncio.get_running_loop().create_task(self.context.monitor.refresh(worker))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self.context.monitor.refresh(worker))
 
     def _bound(self) -> None:
         while len(self.registers) > MAX_NAMES:
@@ -169,24 +174,61 @@ class SharedPool:
     # ------------------------------------------------------------ probes and scrapes (process 0's)
 
     def _probed(self, worker: Worker, ok: bool, error: str | None) -> None:
-        self.channel.send(PROBE, orjson.dumps({"n": worker.name, "ok": ok, "e": error}))
+        self._queue(PROBE, {"n": worker.name, "ok": ok, "e": error})
 
     def _scraped(self, worker: Worker, load: EngineLoad) -> None:
-        self.channel.send(SCRAPE, orjson.dumps({"n": worker.name, "l": dataclasses.asdict(load)}))
+        self._queue(SCRAPE, {"n": worker.name, "l": dataclasses.asdict(load)})
+
+    def _queue(self, topic: bytes, item: dict[str, Any]) -> None:
+        """One message per ``RELAY_DELAY_S`` (a probe round of hundreds of workers is one datagram, not
+        hundreds: a process's receive queue holds only a few)."""
+        pending = self._relay[topic]
+        pending.append(item)
+        if len(pending) >= RELAY_MAX:
+            self.flush_relay()
+        elif self._relay_timer is None:
+            self._relay_timer = asyncio.get_running_loop().call_later(RELAY_DELAY_S, self.flush_relay)
+
+    def flush_relay(self) -> None:
+        if self._relay_timer is not None:
+            self._relay_timer.cancel()
+            self._relay_timer = None
+        for topic, pending in self._relay.items():
+            if pending:
+                self.channel.send(topic, orjson.dumps(pending))
+                pending.clear()
 
     def _on_probe(self, payload: bytes) -> None:
-        item = orjson.loads(payload)
+        for item in orjson.loads(payload):
+            self._take_probe(item)
+
+    def _take_probe(self, item: dict[str, Any]) -> None:
         worker = self.context.pool.get(item["n"])
-        if worker is not None:
-            error = item["e"]
-            self.context.pool.report(worker, bool(item["ok"]), error if isinstance(error, str) else None)
+        if worker is None:
+            return
+        ok, error = bool(item["ok"]), item["e"] if isinstance(item["e"], str) else None
+        if ok and not worker.health.healthy and worker.name not in self._identifying:
+            self._spawn(self._identify(worker))  # what it serves now, as process 0 looked before probing
+        self.context.pool.report(worker, ok, error)  # at once, in the order process 0 sent them
+
+    async def _identify(self, worker: Worker) -> None:
+        self._identifying.add(worker.name)
+        try:
+            await self.context.monitor.identifier.identify(worker)
+        finally:
+            self._identifying.discard(worker.name)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _on_scrape(self, payload: bytes) -> None:
-        item = orjson.loads(payload)
-        worker = self.context.pool.get(item["n"])
-        if worker is not None:
-            fields = {k: v for k, v in item["l"].items() if k in LOAD_FIELDS}
-            self.context.monitor.scraper.apply(worker, EngineLoad(**fields))
+        for item in orjson.loads(payload):
+            worker = self.context.pool.get(item["n"])
+            if worker is not None:
+                fields = {k: v for k, v in item["l"].items() if k in LOAD_FIELDS}
+                self.context.monitor.scraper.apply(worker, EngineLoad(**fields))
 
 
 def stamp(value: Any) -> Stamp:

@@ -22,6 +22,9 @@ class FailureKind(StrEnum):
     STATUS = "status"  # the worker answered 5xx
 
 
+UNENCODABLE = "the request could not be encoded for this worker"  # a header with CR, LF or NUL
+
+
 class UpstreamError(Exception):
     """The exchange with the worker failed. ``kind``: connect (nothing was sent), timeout or io."""
 

@@ -18,7 +18,9 @@ VERSION = 1
 MAX_BATCH = 0xFFFF
 _HEADER = struct.Struct("<BH")
 _CHANGE = struct.Struct("<BHdII")
-KINDS = (ChangeKind.INSERT, ChangeKind.TRIM, ChangeKind.FORGET_OLDER)  # wire codes 0, 1, 2: never reorder
+# wire codes 0, 1, 2, 3: never reorder, only append (a replica rejects a batch with a code it does not know,
+# so replicas run the same version; CAPACITY, code 3, came with engine feedback that learns capacity)
+KINDS = (ChangeKind.INSERT, ChangeKind.TRIM, ChangeKind.FORGET_OLDER, ChangeKind.CAPACITY)
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 
 

@@ -23,8 +23,9 @@ import contextlib
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -54,9 +55,19 @@ class LocalConfig:
     load_interval_s: float = 0.05
     load_ttl_s: float = 2.0
     max_snapshot_bytes: int = 1024 * 1024
+    backlog_max: int = 256  # datagrams kept per process whose receive queue is full
 
     def __post_init__(self) -> None:
-        if min(self.outbox_capacity, self.batch_max, self.max_datagram, self.socket_buffer_bytes) <= 0:
+        if (
+            min(
+                self.outbox_capacity,
+                self.batch_max,
+                self.max_datagram,
+                self.socket_buffer_bytes,
+                self.backlog_max,
+            )
+            <= 0
+        ):
             raise ValueError("local channel bounds must be positive")
         if self.load_interval_s <= 0 or self.load_ttl_s <= 0 or self.flush_interval_s < 0:
             raise ValueError("local channel intervals must be positive")
@@ -69,6 +80,7 @@ class _Peer:
     load: dict[str, int]
     load_at: float | None = None
     snapshot: bytes | None = None
+    backlog: deque[bytes] = field(default_factory=deque)  # datagrams its full queue could not take yet
 
 
 class LocalReplication:
@@ -200,10 +212,33 @@ class LocalReplication:
 
     def _broadcast(self, datagram: bytes) -> None:
         for peer in self.peers.values():
+            peer.backlog.append(datagram)
+            self._send_backlog(peer)
+
+    def resend(self) -> None:
+        """Try again what full receive queues could not take (the load tick does it too)."""
+        for peer in self.peers.values():
+            self._send_backlog(peer)
+
+    def _send_backlog(self, peer: _Peer) -> None:
+        """Send what waits for ``peer``, oldest first. A full receive queue (Linux queues at most
+        ``net.unix.max_dgram_qlen`` datagrams, 10 by default, whatever their size) keeps the rest for the
+        next send (at the latest the next load tick), up to ``backlog_max`` datagrams; a peer that is not
+        there (starting, restarting) drops them. What is dropped is counted (``publish_failures``)."""
+        backlog = peer.backlog
+        while backlog:
             try:
-                self._sock.sendto(datagram, peer.path)
-            except OSError:  # not started yet, restarting, or its queue is full: dropped, counted
-                self.counters.publish_failures += 1
+                self._sock.sendto(backlog[0], peer.path)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.counters.publish_failures += len(backlog)
+                backlog.clear()
+                return
+            backlog.popleft()
+        while len(backlog) > self.cfg.backlog_max:
+            backlog.popleft()
+            self.counters.publish_failures += 1
 
     def send_load(self) -> None:
         """Tell the other processes this one's in-flight counts per worker."""

@@ -10,6 +10,9 @@ LRU (``OrderedDict`` in access order, value = last access time) for eviction and
 - Bounds: each worker holds at most ``capacity_tokens / block_tokens`` blocks (its KV-cache size); all
   workers together hold at most ``max_total_blocks`` (global memory cap; the fullest worker gives way);
   entries older than ``ttl_s`` expire; removing a worker purges its entries.
+- The fullest worker is found in amortised O(1): workers are kept in buckets by the number of blocks they
+  hold (each bucket in insertion order, so ties go the same way on every run) and a pointer to the top
+  bucket only moves down one step at a time, each step paid for by an earlier insertion.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ class PrefixIndex:
         self._lru: dict[str, OrderedDict[int, float]] = {}
         self._bit: dict[str, int] = {}
         self._name: dict[int, str] = {}
-        self._cap_blocks: dict[str, int] = {}
+        self._cap_blocks: dict[str, int] = {}  # learned capacity (engine feedback), <= the ceiling
+        self._ceiling: dict[str, int] = {}  # known capacity (configured or scraped), blocks
+        self._by_size: dict[int, dict[str, None]] = {}  # blocks held -> workers holding that many (> 0)
+        self._fullest = 0  # an upper bound of the largest size in _by_size
         self._total = 0
         self._next_expiry = 0.0
         self.evictions = 0
@@ -60,25 +66,33 @@ class PrefixIndex:
             bit = min(set(range(len(self._bit) + 1)) - set(self._name))
             self._bit[name], self._name[bit] = bit, name
             self._lru[name] = OrderedDict()
-        self.set_capacity(name, capacity_tokens or self._cap_tokens(name))
-
-    def _cap_tokens(self, name: str) -> int:
-        blocks = self._cap_blocks.get(name)
-        return blocks * self.block_tokens if blocks else self.default_capacity_tokens
+        if capacity_tokens or name not in self._ceiling:
+            self.set_capacity(name, capacity_tokens or self.default_capacity_tokens)
 
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
-        self._cap_blocks[name] = max(1, capacity_tokens // self.block_tokens)
+        """The worker's known KV-cache size (configured, or scraped from the engine): the ceiling of its
+        learned capacity, which starts there again."""
+        self._ceiling[name] = max(1, capacity_tokens // self.block_tokens)
+        self.learn_capacity(name, self._ceiling[name])
+
+    def learn_capacity(self, name: str, blocks: int) -> int:
+        """Set the blocks ``name`` is believed to hold at most, within [1, its ceiling]; evicts LRU down to
+        it. Returns the capacity set."""
+        blocks = min(max(blocks, 1), self._ceiling[name])
+        self._cap_blocks[name] = blocks
         self._shrink(name)
+        return blocks
 
     def remove_worker(self, name: str) -> None:
         lru = self._lru.pop(name, None)
         if lru is None:
             return
         bit = self._bit.pop(name)
-        del self._name[bit], self._cap_blocks[name]
+        del self._name[bit], self._cap_blocks[name], self._ceiling[name]
         for block in lru:
             self._unhold(block, bit)
         self._total -= len(lru)
+        self._resized(name, len(lru), 0)
 
     def workers(self) -> list[str]:
         return list(self._lru)
@@ -124,7 +138,15 @@ class PrefixIndex:
         return self.blocks_of(worker) * self.block_tokens
 
     def capacity_tokens(self, worker: str) -> int:
+        """The learned capacity (what the index keeps for ``worker``)."""
         return self._cap_blocks.get(worker, 0) * self.block_tokens
+
+    def capacity_blocks(self, worker: str) -> int:
+        return self._cap_blocks.get(worker, 0)
+
+    def ceiling_tokens(self, worker: str) -> int:
+        """The known capacity (configured or scraped), the most the learned one may reach."""
+        return self._ceiling.get(worker, 0) * self.block_tokens
 
     def __len__(self) -> int:
         return self._total
@@ -144,7 +166,7 @@ class PrefixIndex:
             blocks = blocks[: self.max_prefix_blocks]
         bit_value = 1 << self._bit[worker]
         holders = self._holders
-        added = 0
+        before, added = len(lru), 0
         for block in reversed(blocks):
             if block in lru:
                 lru.move_to_end(block)
@@ -153,6 +175,7 @@ class PrefixIndex:
                 added += 1
             lru[block] = now
         self._total += added
+        self._resized(worker, before, before + added)
         self._shrink(worker)
         self._enforce_total()
 
@@ -167,6 +190,7 @@ class PrefixIndex:
                 self._unhold(block, self._bit[worker])
                 removed += 1
         self._total -= removed
+        self._resized(worker, len(lru) + removed, len(lru))
         return removed
 
     def forget_older(self, worker: str, cutoff: float) -> int:
@@ -198,13 +222,16 @@ class PrefixIndex:
             self._unhold(block, bit)
             removed += 1
         self._total -= removed
+        self._resized(worker, len(lru) + removed, len(lru))
         return removed
 
     def _evict_one(self, worker: str) -> None:
-        block, _ = self._lru[worker].popitem(last=False)
+        lru = self._lru[worker]
+        block, _ = lru.popitem(last=False)
         self._unhold(block, self._bit[worker])
         self._total -= 1
         self.evictions += 1
+        self._resized(worker, len(lru) + 1, len(lru))
 
     def _shrink(self, worker: str) -> None:
         cap = self._cap_blocks[worker]
@@ -213,7 +240,26 @@ class PrefixIndex:
 
     def _enforce_total(self) -> None:
         while self._total > self.max_total_blocks:
-            self._evict_one(max(self._lru, key=lambda w: len(self._lru[w])))
+            self._evict_one(self._fullest_worker())
+
+    def _resized(self, worker: str, old: int, new: int) -> None:
+        """Move ``worker`` from the bucket of ``old`` blocks to that of ``new`` (O(1))."""
+        if old == new:
+            return
+        if old:
+            bucket = self._by_size[old]
+            del bucket[worker]
+            if not bucket:
+                del self._by_size[old]
+        if new:
+            self._by_size.setdefault(new, {})[worker] = None
+            self._fullest = max(self._fullest, new)
+
+    def _fullest_worker(self) -> str:
+        """The worker holding the most blocks (the first to get there among equals); needs one."""
+        while self._fullest not in self._by_size:
+            self._fullest -= 1
+        return next(iter(self._by_size[self._fullest]))
 
     def _unhold(self, block: int, bit: int) -> None:
         mask = self._holders.get(block, 0) & ~(1 << bit)

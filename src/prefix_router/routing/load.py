@@ -6,7 +6,8 @@ dispatch until its first token, and as in flight until it finishes. Requests are
 holds the counts of the worker incarnation it started on: removing a worker forgets its counts (a worker
 added again under the same name starts at zero) while its requests stay tracked, so that ``tracked()``
 (every request of this router in flight) stays right and a late ``finish`` neither goes negative nor
-touches the new incarnation nor re-creates state for a removed worker. Other router replicas' in-flight
+touches the new incarnation nor re-creates state for a removed worker (neither does a request started
+on, or a scrape of, a worker that is not there). Other router replicas' in-flight
 counts (shared state) may be set per worker and are added to the snapshot. Engine-reported queue depth
 and KV usage (scraped) are kept beside, with their time, and ignored once stale so that a dead scrape
 never freezes routing. The table of tracked requests is bounded; the oldest entry gives way (and its
@@ -64,17 +65,19 @@ class LoadTracker:
         self._live.pop(worker, None)
         self._counts.pop(worker, None)
 
-    def _ensure(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
-        if worker not in self._live:
-            self.add_worker(worker)
-        return self._live[worker], self._counts[worker]
+    def _counted(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
+        """``worker``'s live counts; for an unknown (removed) worker, detached ones that nothing reads."""
+        snap = self._live.get(worker)
+        if snap is None:
+            return WorkerSnapshot(worker), _Counts()
+        return snap, self._counts[worker]
 
     # ------------------------------------------------------------ requests
 
     def start(self, request_id: str, worker: str, uncached_tokens: int) -> None:
         if request_id in self._requests:
             self.finish(request_id)
-        snap, counts = self._ensure(worker)
+        snap, counts = self._counted(worker)
         counts.own += 1
         snap.in_flight += 1
         snap.pending_prefill_tokens += uncached_tokens
@@ -106,8 +109,10 @@ class LoadTracker:
     # ------------------------------------------------------------ outside views
 
     def set_engine(self, worker: str, queue_depth: int, kv_usage: float | None, now: float) -> None:
-        snap, counts = self._ensure(worker)
-        snap.queue_depth, snap.kv_usage, counts.engine_at = queue_depth, kv_usage, now
+        """The engine's scraped load (ignored for unknown workers: a late scrape re-creates nothing)."""
+        snap, counts = self._live.get(worker), self._counts.get(worker)
+        if snap is not None and counts is not None:
+            snap.queue_depth, snap.kv_usage, counts.engine_at = queue_depth, kv_usage, now
 
     def set_remote_in_flight(self, worker: str, count: int) -> None:
         """Requests other router replicas have in flight on ``worker`` (shared state); added to the

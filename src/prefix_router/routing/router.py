@@ -12,11 +12,17 @@ and an outcome that reports nothing it writes nothing to the index (no change is
 Workers: ``remove_worker`` forgets a worker entirely; ``forget_cache`` keeps it (and its in-flight count)
 but drops what the index and the session table say it caches (an ejected engine probably restarted).
 
-Engine feedback: when a response reports fewer cached tokens than predicted (below
-``feedback_tolerance`` x the prediction), the engine evicted the predicted blocks earlier than the index
-assumed. With LRU engines everything the worker last used no later than those blocks is gone too, so the
-worker's entries up to the last access of the deepest predicted block are forgotten. (The request's own
-blocks were just recomputed and are kept.)
+Engine feedback (``routing/feedback.py`` judges each report against the prediction made at dispatch)
+corrects without destroying: a miss (the engine had evicted what the index holds) shrinks the worker's
+learned capacity by at most ``feedback.capacity_step`` of it, and an over-report while the index is full
+grows it back, up to the known capacity; the index's own LRU then follows. No report forgets a prefix:
+not the request's own chain (the engine has just computed it again), not another one (an engine's eviction
+order is not the index's, and one report cannot tell which it evicted). Reports within a few pages,
+reports of requests that raced their prefix's first prefill, and reports clamped to the prompt are safe.
+
+Failures: a request that failed before its first token trims its blocks beyond the prediction (the engine
+may never have computed them); after its first token (a client abort mid-stream, an upstream cut) the
+engine computed the whole prompt, so its blocks stay.
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from prefix_router.routing.bounded import BoundedLRU
+from prefix_router.routing.feedback import (
+    FeedbackStats,
+    PrefillTracker,
+    Verdict,
+    clamp_report,
+    judge,
+    prompt_bound,
+)
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
@@ -46,11 +60,13 @@ from prefix_router.routing.types import (
 
 
 class ChangeKind(StrEnum):
-    """What an :class:`IndexChange` does to the index (one method of ``PrefixIndex`` each)."""
+    """What an :class:`IndexChange` does to the index (one method of ``PrefixIndex`` each).
+    ``FORGET_OLDER`` is no longer emitted (feedback used to); replicas still apply it."""
 
     INSERT = "insert"
     TRIM = "trim"
     FORGET_OLDER = "forget_older"
+    CAPACITY = "capacity"  # the worker's learned capacity, ``keep`` blocks (engine feedback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +84,8 @@ class IndexChange:
 class _Prediction:
     worker: str
     tokens: int
-    deepest_seen: float | None
-
-
-@dataclass(slots=True)
-class FeedbackStats:
-    reports: int = 0
-    predicted_tokens: int = 0
-    actual_tokens: int = 0
-    mismatches: int = 0
+    raced: bool  # dispatched while some of its predicted blocks were in another request's first prefill
+    started: bool = False  # its first token came: the engine computed the whole prompt
 
 
 ChangeHook = Callable[[IndexChange], None]
@@ -101,8 +110,26 @@ class Router:
             raise KeyError(f"unknown policy {cfg.policy!r}")
         self._sessions: BoundedLRU[str, str] = BoundedLRU(cfg.sessions.max_sessions)
         self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.trackers.max_tracked_requests)
+        self._prefills = PrefillTracker(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
         self.on_change: ChangeHook | None = None
+
+    def retune(self, cfg: RoutingSettings) -> None:
+        """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
+        changed is rebuilt, its own state, such as a round-robin position, starting over), session
+        affinity and feedback tolerance. What sizes live state (``keys``, ``index``, ``trackers``,
+        ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
+        same = ("keys", "index", "trackers")
+        if any(getattr(cfg, k) != getattr(self.cfg, k) for k in same) or (
+            cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
+        ):
+            raise ValueError("retune: keys, index, trackers and sessions.max_sessions need a new Router")
+        if cfg.policy not in self.policies:
+            raise KeyError(f"unknown policy {cfg.policy!r}")
+        for spec in POLICIES:
+            if cfg.knobs(spec.name) != self.cfg.knobs(spec.name):
+                self.policies[spec.name] = spec.build(cfg.knobs(spec.name))
+        self.cfg = cfg
 
     # ------------------------------------------------------------ workers
 
@@ -115,6 +142,7 @@ class Router:
         self.index.remove_worker(name)
         self.load.remove_worker(name)
         self._sessions.drop_values(name)
+        self._prefills.forget_worker(name)
         self.feedback.pop(name, None)
         for policy in self.policies.values():
             policy.on_worker_removed(name)
@@ -123,13 +151,15 @@ class Router:
         """Drop ``name``'s index entries and sessions; its load, capacity and feedback stats stay."""
         self.index.forget_older(name, math.inf)
         self._sessions.drop_values(name)
+        self._prefills.forget_worker(name)
 
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         if name in self.index.workers():
             self.index.set_capacity(name, capacity_tokens)
 
     def set_engine_load(self, name: str, queue_depth: int, kv_usage: float | None, now: float) -> None:
-        self.load.set_engine(name, queue_depth, kv_usage, now)
+        if name in self.index:  # a late scrape of a removed worker re-creates nothing
+            self.load.set_engine(name, queue_depth, kv_usage, now)
 
     def workers(self) -> list[str]:
         return self.index.workers()
@@ -164,10 +194,11 @@ class Router:
     # ------------------------------------------------------------ lifecycle
 
     def dispatched(self, req: RouteRequest, decision: Decision, now: float) -> None:
-        worker = decision.worker
-        deepest = req.blocks[decision.matched_blocks - 1] if decision.matched_blocks else None
-        seen = self.index.last_access(worker, deepest) if deepest is not None else None
-        self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, seen))
+        worker, matched = decision.worker, decision.matched_blocks
+        raced = self._prefills.racing(worker, req.blocks[:matched])
+        self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, raced))
+        if worker in self.index and matched < len(req.blocks):
+            self._prefills.started(req.request_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
         self.load.start(req.request_id, worker, req.prompt_tokens - decision.predicted_tokens)
         if req.session:
@@ -175,45 +206,75 @@ class Router:
 
     def first_token(self, request_id: str) -> None:
         self.load.first_token(request_id)
+        self._prefills.done(request_id)
+        prediction = self._predictions.get(request_id)
+        if prediction is not None:
+            prediction.started = True
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.request_id)
+        self._prefills.done(req.request_id)
         prediction = self._predictions.pop(req.request_id)
         if worker not in self.index:  # removed meanwhile: nothing to learn, no state to re-create
             return
         if not outcome.ok:
-            keep = (prediction.tokens // self.index.block_tokens) if prediction else 0
-            self._trim(worker, req.blocks, keep, now)
+            if prediction is None or not prediction.started:  # the engine may not have computed them
+                keep = (prediction.tokens // self.index.block_tokens) if prediction else 0
+                self._trim(worker, req.blocks, keep, now)
             return
-        if prediction is not None and outcome.cached_tokens is not None:
-            self._learn(worker, prediction, outcome.cached_tokens, now)
+        self._learn(req, worker, prediction, outcome, now)
         if outcome.extension_blocks:
             self._insert(worker, outcome.extension_blocks, now)
 
-    def _learn(self, worker: str, prediction: _Prediction, cached: int, now: float) -> None:
-        stats = self.feedback.setdefault(worker, FeedbackStats())
-        stats.reports += 1
-        stats.predicted_tokens += prediction.tokens
-        stats.actual_tokens += cached
-        if cached >= prediction.tokens * self.cfg.feedback.tolerance or prediction.deepest_seen is None:
+    def _learn(
+        self, req: RouteRequest, worker: str, prediction: _Prediction | None, outcome: Outcome, now: float
+    ) -> None:
+        """Judge the engine's report (``routing/feedback.py``); a miss or an over-report moves the worker's
+        learned capacity by at most ``feedback.capacity_step`` of it."""
+        if prediction is None:  # its prediction gave way in the bounded table: nothing to compare
             return
-        stats.mismatches += 1
-        self.index.forget_older(worker, prediction.deepest_seen)
-        self._emit(IndexChange(ChangeKind.FORGET_OLDER, worker, at=prediction.deepest_seen))
+        stats = self.feedback[worker]
+        if outcome.cached_tokens is None:
+            stats.unreported += 1
+            return
+        reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.prompt_tokens, outcome))
+        verdict = judge(self.cfg.feedback, prediction.tokens, reported, prediction.raced)
+        stats.count(verdict, prediction.tokens, reported, moved)
+        if verdict in (Verdict.MISS, Verdict.OVER):
+            self._learn_capacity(worker, verdict == Verdict.OVER, now)
+
+    def _learn_capacity(self, worker: str, grow: bool, now: float) -> None:
+        """A miss: the engine evicted what the index still holds, so it holds less than the index assumes
+        (shrink). An over-report while the index is full: the index evicted what the engine still holds
+        (grow, up to the known capacity). One report moves the capacity by at most a step of it."""
+        step, index = self.cfg.feedback.capacity_step, self.index
+        cap = index.capacity_blocks(worker)
+        if grow:
+            if index.blocks_of(worker) < cap * (1 - step):
+                return  # the index was not full: its capacity did not cause the shortfall
+            wanted = cap + max(1, math.ceil(cap * step))
+        else:
+            floor = self.cfg.feedback.min_capacity_tokens // index.block_tokens
+            wanted = max(floor, cap - math.ceil(cap * step))
+        learned = index.learn_capacity(worker, wanted)
+        if learned != cap:
+            self.feedback[worker].capacity_changes += 1
+            self._emit(IndexChange(ChangeKind.CAPACITY, worker, keep=learned, at=now))
 
     # ------------------------------------------------------------ index writes (shared with replicas)
 
     def _insert(self, worker: str, blocks: tuple[int, ...], now: float) -> None:
-        if not blocks:
+        if not blocks or worker not in self.index:
             return
         self.index.insert(worker, blocks, now)
         self._emit(IndexChange(ChangeKind.INSERT, worker, blocks, at=now))
 
-    def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> None:
+    def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> int:
         if len(blocks) <= keep:
-            return
-        self.index.trim(worker, blocks, keep)
+            return 0
+        removed = self.index.trim(worker, blocks, keep)
         self._emit(IndexChange(ChangeKind.TRIM, worker, blocks, keep, now))
+        return removed
 
     def _emit(self, change: IndexChange) -> None:
         if self.on_change is not None:
@@ -229,6 +290,8 @@ class Router:
             self.index.trim(change.worker, change.blocks, change.keep)
         elif change.kind == ChangeKind.FORGET_OLDER:
             self.index.forget_older(change.worker, change.at)
+        elif change.kind == ChangeKind.CAPACITY:
+            self.index.learn_capacity(change.worker, change.keep)
 
     # ------------------------------------------------------------ introspection
 
@@ -246,6 +309,7 @@ class Router:
                 "evictions": self.index.evictions,
             },
             "tracked_requests": self.load.tracked(),
+            "prefilling_requests": len(self._prefills),
             "sessions": len(self._sessions),
             "workers": {name: self._worker_summary(name) for name in self.index.workers()},
         }
@@ -255,11 +319,10 @@ class Router:
         stats = self.feedback.get(name, FeedbackStats())
         return {
             "indexed_tokens": self.index.tokens_of(name),
-            "capacity_tokens": self.index.capacity_tokens(name),
+            "capacity_tokens": self.index.capacity_tokens(name),  # learned from engine feedback
+            "known_capacity_tokens": self.index.ceiling_tokens(name),  # configured or scraped
             "in_flight": snap.in_flight,
             "pending_prefill_tokens": snap.pending_prefill_tokens,
-            "predicted_cached_tokens": stats.predicted_tokens,
-            "actual_cached_tokens": stats.actual_tokens,
-            "feedback_reports": stats.reports,
-            "feedback_mismatches": stats.mismatches,
+            # predicted vs reported cached tokens, summed over the requests whose engine reported only
+            "feedback": stats.as_dict(),
         }

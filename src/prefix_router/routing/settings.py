@@ -7,7 +7,7 @@ routing:
   index: {worker_capacity_tokens: 1000000, max_total_blocks: 2000000, ...}  # prefix index bounds
   trackers: {max_tracked_requests: 100000, engine_load_stale_s: 10.0}      # load tracking
   sessions: {affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
-  feedback: {tolerance: 0.5}                                               # engine-reported cache hits
+  feedback: {tolerance: 0.5, page_tokens: 16, slack_pages: 2, capacity_step: 0.1}  # engine reports
   policies:                   # one knob group per policy, declared by the policy's own module
     prefix: {load_factor: 1.25, load_slack: 2, queue_penalty_tokens: 512, in_flight_penalty_tokens: 512}
     consistent_hash: {load_factor: 1.25, load_slack: 0, replicas: 64, max_rings: 32}
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, create_model, field_validator, model_validator
 
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICIES, POLICY_NAMES
 from prefix_router.settings import Section
@@ -31,14 +31,21 @@ from prefix_router.settings import Section
 
 class KeySettings(Section):
     """``routing.keys``: how a request body becomes a routing key (``routing/keys.py``). Tokens are
-    estimated as characters / ``chars_per_token`` without a tokenizer."""
+    estimated as characters / ``chars_per_token`` without a tokenizer.
 
-    block_chars: int = Field(default=64, gt=0)  # UTF-8 bytes per block of text
+    Every block is worth ``block_tokens`` tokens whatever the mode (the index, the predictions and the
+    engine feedback count in that unit), so a block of text must be ``block_tokens`` tokens of text:
+    ``block_chars == round(block_tokens x chars_per_token)``. Set one of the two and the other follows;
+    set both inconsistently and the configuration is refused."""
+
+    block_chars: int = Field(default=64, gt=0)  # UTF-8 bytes per block of text (block_tokens of text)
     chars_per_token: float = Field(default=4.0, gt=0)
-    block_tokens: int = Field(default=16, gt=0)  # token ids per block (token prompts, tokenizer)
+    block_tokens: int = Field(default=16, gt=0)  # tokens per block, in every mode (token ids, or text)
     max_prefix_chars: int | None = Field(default=1_048_576, gt=0)  # examined prefix (1 MiB, ~256 K tokens)
     hash_prefix_chars: int = Field(default=512, gt=0)  # the prefix that ``hash_key`` hashes
-    isolate_tenants: bool = False  # the tenant (client bearer token digest) seeds the namespace
+    # the tenant (client bearer token digest) seeds the namespace; None: the composition root decides
+    # (``serve``: on with more than one client key)
+    isolate_tenants: bool | None = None
     tokenizer_path: str | None = None  # a local tokenizer.json: blocks of token ids
     image_tokens: int = Field(
         default=576, gt=0
@@ -55,6 +62,31 @@ class KeySettings(Section):
                 if not (Path(directory) / name).is_file():
                     raise ValueError(f"{model}: no {name} in {directory!r}")
         return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_token_value_per_block(cls, data: Any, handler: ModelWrapValidatorHandler[KeySettings]) -> Any:
+        keys = handler(data)
+        chars = round(keys.block_tokens * keys.chars_per_token)
+        if keys.block_chars == chars:
+            return keys
+        given = keys.model_fields_set
+        if "block_chars" in given and "block_tokens" not in given:
+            derived = max(1, round(keys.block_chars / keys.chars_per_token))
+            if round(derived * keys.chars_per_token) == keys.block_chars:
+                return handler({**keys.model_dump(include=given), "block_tokens": derived})
+            raise ValueError(
+                f"block_chars {keys.block_chars} is not a whole number of tokens at chars_per_token "
+                f"{keys.chars_per_token:g} (block_chars = round(block_tokens x chars_per_token): try "
+                f"{round(derived * keys.chars_per_token)}, or set block_tokens)"
+            )
+        if "block_chars" not in given:
+            return handler({**keys.model_dump(include=given), "block_chars": chars})
+        raise ValueError(
+            f"block_chars {keys.block_chars} != round(block_tokens {keys.block_tokens} x chars_per_token "
+            f"{keys.chars_per_token:g}) = {chars}: every block is worth block_tokens tokens "
+            "(set one of the two)"
+        )
 
 
 class IndexSettings(Section):
@@ -84,10 +116,19 @@ class SessionSettings(Section):
 
 
 class FeedbackSettings(Section):
-    """``routing.feedback``: a reported cache hit below ``tolerance`` x the prediction means the engine
-    evicted earlier than the index assumed."""
+    """``routing.feedback``: what an engine's report of cached prompt tokens may correct (``feedback.py``).
 
-    tolerance: float = Field(default=0.5, ge=0)
+    A report short of the prediction by more than ``slack_pages`` pages of ``page_tokens`` and below
+    ``tolerance`` x the prediction is a miss (unless the request raced its prefix's first prefill): the
+    worker's learned capacity shrinks by ``capacity_step`` of it, not below ``min_capacity_tokens``. A
+    report over the prediction by more than the slack while the index is full grows it back by as much,
+    up to the known (configured or scraped) capacity. No report ever forgets a prefix."""
+
+    tolerance: float = Field(default=0.5, ge=0, le=1)
+    page_tokens: int = Field(default=16, gt=0)  # the engine's KV page (vLLM's default block size)
+    slack_pages: int = Field(default=2, ge=0)  # differences up to this many pages are agreement
+    capacity_step: float = Field(default=0.1, ge=0, lt=1)  # 0: never learn the capacity
+    min_capacity_tokens: int = Field(default=4096, gt=0)
 
 
 def _policy_groups() -> type[Section]:

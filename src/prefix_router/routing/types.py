@@ -89,14 +89,17 @@ class Outcome:
     """What happened to a dispatched request, reported back by the proxy or the simulator.
 
     ``cached_tokens`` is the engine-reported count of prompt tokens served from its cache (None when the
-    engine does not report it). ``extension_blocks`` is the full chained block list of the prompt extended
+    engine does not report it); ``prompt_tokens`` the engine-reported prompt length, when known (the bound
+    of ``cached_tokens``). ``extension_blocks`` is the full chained block list of the prompt extended
     with the generated assistant turn as the next request of the conversation will carry it (empty when
-    unknown); the index then learns that the worker caches those blocks too.
+    unknown); the index then learns that the worker caches those blocks too. ``ok`` False: the request
+    failed or was aborted (before or after its first token: the router knows which).
     """
 
     ok: bool = True
     cached_tokens: int | None = None
     extension_blocks: tuple[int, ...] = ()
+    prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)

@@ -178,7 +178,7 @@ class ClusterSimulation:
     def _on_finished(self, event: EngineEvent) -> None:
         live = self._live.pop(event.request_id)
         request = live.request
-        outcome = Outcome(True, event.cached_tokens, request.extension_blocks)
+        outcome = Outcome(True, event.cached_tokens, request.extension_blocks, request.engine.prompt_tokens)
         self.router.finished(request.route, self.names[live.instance], outcome, event.time)
         first = live.first_token if live.first_token is not None else event.time
         self.stats.finished(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +18,11 @@ def dig(body: Mapping[str, Any], *path: str) -> Any:
 
 
 def count(value: Any) -> int | None:
-    """A non-negative integer token count, or None (bools, strings and negatives are not counts)."""
+    """A non-negative integer token count, or None (bools, strings, negatives, NaN and infinities are not
+    counts; huge finite values are, and the routing core clamps them to the prompt)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if value < 0 or value != value:
+    if value < 0 or not math.isfinite(value):
         return None
     return int(value)
 

@@ -96,8 +96,19 @@ def build_source(settings: DiscoverySettings, membership: Membership, api: Any =
     return kubernetes_source(settings, settings.service, membership, api)
 
 
+K8S_MISSING = (
+    "invalid config: discovery.kind: kubernetes needs the Kubernetes client, which is not installed"
+    " (pip install 'prefix-router[k8s]')"
+)
+
+
 def kubernetes_source(settings: DiscoverySettings, service: str, membership: Membership, api: Any) -> Source:
-    from prefix_router.pool.worker_discovery.kubernetes import EndpointSliceDiscovery
+    try:
+        from prefix_router.pool.worker_discovery.kubernetes import EndpointSliceDiscovery
+    except ModuleNotFoundError as exc:  # the optional extra "k8s" is missing: one line, no traceback
+        if not (exc.name or "").startswith("kubernetes"):
+            raise
+        raise ConfigError(K8S_MISSING) from None
 
     return EndpointSliceDiscovery(
         api if api is not None else kubernetes_api(settings.in_cluster),

@@ -1,0 +1,35 @@
+"""``make test`` brings up everything its tests need: redis-server included (``make redis``), and a
+missing redis-server fails the Redis tests instead of skipping them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_ensures_redis_before_pytest() -> None:
+    dry = subprocess.run(
+        ["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = dry.stdout.splitlines()
+    ensure = next(i for i, line in enumerate(lines) if line.strip() == "scripts/redis-server.sh ensure")
+    pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
+    assert ensure < pytest_run
+
+
+def test_a_missing_redis_server_fails_the_redis_tests(tmp_path: Path) -> None:
+    """The Redis tests in a pytest whose PATH has no redis-server: failed, not skipped."""
+    test = "tests/replication/test_wiring.py::test_replicas_share_affinity_over_http"
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"PATH": str(tmp_path)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", test]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "redis-server is not installed" in proc.stdout and "skipped" not in proc.stdout
