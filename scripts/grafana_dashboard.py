@@ -112,7 +112,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
 
 def exported_names() -> set[str]:
     """The sample names of the router's exposition (an empty pool: every family still has its TYPE line)."""
-    metrics = ProxyMetrics(WorkerPool(Router(RoutingSettings()), 1))
+    router = Router(RoutingSettings())
+    metrics = ProxyMetrics(WorkerPool(router, 1), router)
     names: set[str] = set()
     for line in metrics.render().decode().splitlines():
         if line.startswith("# TYPE "):

@@ -27,7 +27,7 @@ def test_plan_sorts_changes_and_keeps_restart_only_values() -> None:
         and [w.name for w in plan.replaced] == ["b"]
     )
     assert set(plan.applied) == {"auth.api_keys", "retries.max_attempts"}
-    assert set(plan.restart_needed) == {"port", "routing.keys.block_chars"}
+    assert set(plan.restart_needed) == {"port", "routing.keys.block_chars", "routing.keys.block_tokens"}
     merged = plan.config
     assert merged.retries.max_attempts == 5 and merged.auth.api_keys[0].get_secret_value() == "k-new"
     assert merged.port == old.port and merged.routing.keys.block_chars == old.routing.keys.block_chars
