@@ -150,8 +150,8 @@ def _watch(
             child.join()
             code = child.exitcode or 0
             del children[index]
-            if stopping():
-                worst = max(worst, abs(code))
+            if stopping():  # ended by the SIGTERM passed on (one still starting had no handler yet): a stop
+                worst = max(worst, 0 if code == -signal.SIGTERM else abs(code))
             elif restarts < MAX_RESTARTS:
                 restarts += 1
                 log.warning("serving process %d exited (%s); restarting it", index, code)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate, repeat, takewhile
+from operator import and_
 
 EvictHook = Callable[[str, int], None]
 
@@ -103,23 +105,26 @@ class PrefixIndex:
     # ------------------------------------------------------------ queries
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
-        """Matched leading blocks per worker (workers with no match are absent)."""
+        """Matched leading blocks per worker (workers with no match are absent).
+
+        The running intersection of the blocks' holder masks is computed in C (``accumulate`` over
+        ``map``, stopped at the first empty mask); it only ever loses workers, so each worker's depth, the
+        first position its bit is missing, is found by bisection."""
         if self.max_prefix_blocks is not None:
             blocks = blocks[: self.max_prefix_blocks]
-        holders, result = self._holders, {}
-        alive = -1
-        for depth, block in enumerate(blocks):
-            held = holders.get(block, 0) & alive
-            if held == alive:
-                continue
-            if depth:
-                for bit in _bits(alive & ~held):
-                    result[self._name[bit]] = depth
-            alive = held
-            if not alive:
-                return result
-        for bit in _bits(alive if blocks else 0):
-            result[self._name[bit]] = len(blocks)
+        held = list(takewhile(bool, accumulate(map(self._holders.get, blocks, repeat(0)), and_)))
+        if not held:
+            return {}
+        result, end = {}, len(held)
+        for bit in _bits(held[0]):
+            flag, low, high = 1 << bit, 0, end
+            while low < high:
+                mid = (low + high) // 2
+                if held[mid] & flag:
+                    low = mid + 1
+                else:
+                    high = mid
+            result[self._name[bit]] = low
         return result
 
     def holds(self, worker: str, block: int) -> bool:
@@ -166,10 +171,10 @@ class PrefixIndex:
             blocks = blocks[: self.max_prefix_blocks]
         bit_value = 1 << self._bit[worker]
         holders = self._holders
-        before, added = len(lru), 0
+        before, added, move_to_end = len(lru), 0, lru.move_to_end
         for block in reversed(blocks):
             if block in lru:
-                lru.move_to_end(block)
+                move_to_end(block)
             else:
                 holders[block] = holders.get(block, 0) | bit_value
                 added += 1
