@@ -42,10 +42,8 @@ EXCHANGE = HANDLER + ";Exchange.run (prefix_router/proxy/exchange.py:82)"
             EXCHANGE + ";Exchange.attempt (x);Connection.start (prefix_router/proxy/http_client.py:186)",
             "send",
         ),
-        (
-            EXCHANGE + ";write_eof (aiohttp/web_response.py:1);_writelines (aiohttp/http_writer.py:116)",
-            "send",
-        ),
+        (EXCHANGE + ";write_eof (x);StreamWriter._writelines (aiohttp/http_writer.py:116)", "send"),
+        (EXCHANGE + ";write (x);StreamWriter._write (aiohttp/http_writer.py:105)", "send"),
     ],
 )
 def test_each_sample_lands_in_its_stage(stack: str, stage: str) -> None:

@@ -41,8 +41,11 @@ STAGES = (
     "loop", "kernel",
 )  # fmt: skip
 SEND = "send"  # not a stage: samples inside socket writes (see the module doc)
-SEND_LEAVES = ("Connection.start (prefix_router/proxy/http_client.py", "_write (aiohttp/http_writer.py")
-SEND_LEAVES_TOO = ("_writelines (aiohttp/http_writer.py",)
+SEND_LEAVES = (  # py-spy's frames: "qualified name (path:line)"
+    "Connection.start (prefix_router/proxy/http_client.py",
+    "StreamWriter._write (aiohttp/http_writer.py",
+    "StreamWriter._writelines (aiohttp/http_writer.py",
+)
 
 # (stage, substring of a frame "function (path:line)"), tried in order on each of the router's own frames
 OWN_RULES: tuple[tuple[str, str], ...] = (
@@ -83,7 +86,7 @@ LOOP_FRAMES = ("run_app ", "run_until_complete ", "run_forever ", "run ", "_run_
 
 def stage_of(frames: list[str]) -> str:
     """The stage one sampled stack (outermost frame first) belongs to (or ``SEND``)."""
-    if frames and frames[-1].startswith(SEND_LEAVES + SEND_LEAVES_TOO):
+    if frames and frames[-1].startswith(SEND_LEAVES):
         return SEND
     if any("prefix_router/replication/" in frame for frame in frames):
         return "share"  # applying the other processes' changes runs the routing core: still sharing
