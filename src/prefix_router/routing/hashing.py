@@ -30,7 +30,7 @@ def chain_blocks(data: bytes, block_size: int, seed: int, limit: int | None = No
         end = min(end, limit - limit % block_size)
     out: list[int] = []
     prev = seed & _MASK64
-    digest = xxhash.xxh3_64_intdigest  # the seed passed by position: keywords cost 40 % more per block
+    digest = xxhash.xxh3_64_intdigest  # the seed passed by position: a keyword costs 13 % more per block
     for start in range(0, end, block_size):
         prev = digest(data[start : start + block_size], prev)
         out.append(prev)

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate, repeat, takewhile
-from operator import and_
 
 EvictHook = Callable[[str, int], None]
 
@@ -105,26 +103,23 @@ class PrefixIndex:
     # ------------------------------------------------------------ queries
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
-        """Matched leading blocks per worker (workers with no match are absent).
-
-        The running intersection of the blocks' holder masks is computed in C (``accumulate`` over
-        ``map``, stopped at the first empty mask); it only ever loses workers, so each worker's depth, the
-        first position its bit is missing, is found by bisection."""
+        """Matched leading blocks per worker (workers with no match are absent)."""
         if self.max_prefix_blocks is not None:
             blocks = blocks[: self.max_prefix_blocks]
-        held = list(takewhile(bool, accumulate(map(self._holders.get, blocks, repeat(0)), and_)))
-        if not held:
-            return {}
-        result, end = {}, len(held)
-        for bit in _bits(held[0]):
-            flag, low, high = 1 << bit, 0, end
-            while low < high:
-                mid = (low + high) // 2
-                if held[mid] & flag:
-                    low = mid + 1
-                else:
-                    high = mid
-            result[self._name[bit]] = low
+        holders, result = self._holders, {}
+        alive = -1
+        for depth, block in enumerate(blocks):
+            held = holders.get(block, 0) & alive
+            if held == alive:
+                continue
+            if depth:
+                for bit in _bits(alive & ~held):
+                    result[self._name[bit]] = depth
+            alive = held
+            if not alive:
+                return result
+        for bit in _bits(alive if blocks else 0):
+            result[self._name[bit]] = len(blocks)
         return result
 
     def holds(self, worker: str, block: int) -> bool:
@@ -141,6 +136,11 @@ class PrefixIndex:
 
     def tokens_of(self, worker: str) -> int:
         return self.blocks_of(worker) * self.block_tokens
+
+    def fill(self, worker: str) -> float:
+        """The fraction of ``worker``'s capacity its entries use (1.0: full, an insert evicts)."""
+        lru = self._lru.get(worker)
+        return 0.0 if lru is None else len(lru) / self._cap_blocks[worker]
 
     def capacity_tokens(self, worker: str) -> int:
         """The learned capacity (what the index keeps for ``worker``)."""
@@ -171,10 +171,10 @@ class PrefixIndex:
             blocks = blocks[: self.max_prefix_blocks]
         bit_value = 1 << self._bit[worker]
         holders = self._holders
-        before, added, move_to_end = len(lru), 0, lru.move_to_end
+        before, added = len(lru), 0
         for block in reversed(blocks):
             if block in lru:
-                move_to_end(block)
+                lru.move_to_end(block)
             else:
                 holders[block] = holders.get(block, 0) | bit_value
                 added += 1
