@@ -15,6 +15,7 @@ from collections.abc import Sequence
 _COMMAND_MODULES = (
     "prefix_router.proxy.cli",  # serve
     "prefix_router.sim.cli",  # engine-sim, simulate
+    "prefix_router.sim.matrix_cli",  # sim-matrix
     "prefix_router.bench.cli",  # bench, demo, bench-index, bench-overhead, fidelity
     "prefix_router.launch.cli",  # engines
 )

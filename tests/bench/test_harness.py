@@ -43,3 +43,11 @@ async def test_external_router_counts_requests_from_engine_metrics(fake_pair: li
     assert summary["requests_per_worker"] == {fake_pair[0].url: 12, fake_pair[1].url: 0}
     assert summary["requests_per_worker_source"] == "engine counters"
     assert all(e.resets == 0 for e in fake_pair)
+
+
+async def test_the_sglang_emulation_runs_in_process_like_any_policy(fake_pair: list[FakeEngine]) -> None:
+    """The peer baseline is a policy of the in-process router: same engines, same requests."""
+    outcome = await run_bench(_plan(fake_pair, policies=("sglang_cache_aware",)))
+    summary = outcome.document["policies"]["sglang_cache_aware"]
+    assert summary["requests"] == 12 and summary["errors"] == 0
+    assert sum(summary["requests_per_worker"].values()) == 12

@@ -109,7 +109,7 @@ def test_predicted_vs_reported_counts_only_the_requests_whose_engine_reported() 
         req = RouteRequest(f"r{i}", blocks, 16, 70, hash_key=1)
         decision = router.route(req, ["a"], float(i))
         router.dispatched(req, decision, float(i))
-        router.first_token(req.request_id)
+        router.first_token(req.request_id, float(i))
         router.finished(req, "a", Outcome(cached_tokens=cached), float(i))
     got = samples(metrics)
     # predicted 64 twice (two reports), 0 + 64 + 64 for the three unreported ones: not counted

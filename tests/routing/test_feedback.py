@@ -44,7 +44,7 @@ def serve(router: Router, request: RouteRequest, now: float, first: bool = True,
     decision = router.route(request, ["a"], now)
     router.dispatched(request, decision, now)
     if first:
-        router.first_token(request.request_id)
+        router.first_token(request.request_id, now)
     router.finished(request, "a", Outcome(**outcome), now)  # type: ignore[arg-type]
     return decision.predicted_tokens
 
@@ -88,7 +88,7 @@ def test_a_request_that_raced_its_prefixs_first_prefill_is_ignored() -> None:
     assert serve(router, req("racer", prefix(7)), 1.1, cached_tokens=0) == 64
     assert router.index.capacity_tokens("a") == CAPACITY and held(router, 6, 7) == [4, 4]
     assert router.feedback["a"].raced == 1
-    router.first_token("first")
+    router.first_token("first", 1.5)
     router.finished(first, "a", Outcome(cached_tokens=0), 2.0)
     # after the first prefill, the same report is a real miss (one capacity step, nothing forgotten)
     assert serve(router, req("later", prefix(7)), 3.0, cached_tokens=0) == 64
@@ -228,7 +228,7 @@ def test_pending_prefills_never_outlive_their_requests(ops: list[tuple[str, int,
             router.dispatched(request, router.route(request, ["a"], 0.0), 0.0)
             live.add(rid)
         elif op == "first":
-            router.first_token(rid)
+            router.first_token(rid, 0.0)
         elif op == "finish" and rid in live:
             router.finished(req(rid, prefix(tag)), "a", Outcome(ok=False), 0.0)
             live.discard(rid)

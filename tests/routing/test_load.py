@@ -43,7 +43,7 @@ def test_a_passthrough_request_is_counted_but_writes_nothing() -> None:
         assert decision.branch == "least_load" and decision.predicted_tokens == 0
         router.dispatched(req, Decision("a", "least_load"), 0.0)
     assert router.load.in_flight("a") == 2 and router.load.tracked() == 2
-    router.first_token("p1")
+    router.first_token("p1", 0.5)
     router.finished(ok, "a", Outcome(ok=True), 1.0)
     router.finished(failed, "a", Outcome(ok=False), 1.0)
     assert router.load.in_flight("a") == 0 and router.load.tracked() == 0
@@ -143,7 +143,7 @@ def test_counts_match_a_model_whatever_happens_and_return_to_zero(ops: list[Op])
             router.dispatched(req, Decision(name, "test"), float(serial))
             live[req.request_id] = (req, name, incarnation[name], True)
         elif op == "first" and rid is not None:
-            router.first_token(rid)
+            router.first_token(rid, float(serial))
             req, worker, inc, _ = live[rid]
             live[rid] = (req, worker, inc, False)
         elif op in ("finish", "fail") and rid is not None:

@@ -85,7 +85,7 @@ def test_prefix_without_match_balances_load() -> None:
 
 def test_prefix_weighs_pending_prefill_against_the_match() -> None:
     policy = make_policy("prefix")
-    busy = [WorkerSnapshot("w0", pending_prefill_tokens=5_000), WorkerSnapshot("w1")]
+    busy = [WorkerSnapshot("w0", pending_prefill_tokens=5_000, prefill_backlog=5_000), WorkerSnapshot("w1")]
     assert policy.select(req(prompt=200), busy, ctx({"w0": 10})).worker == "w1"
 
 

@@ -29,7 +29,7 @@ def run(router: Router, req: RouteRequest, now: float, first: bool = True, **out
     d = router.route(req, ["a", "b", "c"], now)
     router.dispatched(req, d, now)
     if first:
-        router.first_token(req.request_id)
+        router.first_token(req.request_id, now)
     router.finished(req, d.worker, Outcome(**outcome), now)  # type: ignore[arg-type]
     return d.worker
 

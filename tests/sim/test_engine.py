@@ -176,3 +176,36 @@ def test_cached_tokens_never_exceed_the_prompt(
 def _check(events: list[Any], prompts: dict[str, int]) -> None:
     for event in events:
         assert 0 <= event.cached_tokens < prompts[event.request_id]
+
+
+def test_computed_chunks_are_hits_before_the_prompt_ends(demo_profile: EngineProfile, kit: Any) -> None:
+    """As vLLM V1 caches full blocks as chunks are computed, a request admitted while a long prompt is
+    still being prefilled reuses the chunks already done."""
+    profile = dataclasses.replace(demo_profile, max_num_batched_tokens=256)
+    engine = EngineModel(profile)
+    doc = kit.chain("doc", 64)  # 1,024 tokens: four full chunks of 256
+    engine.submit(kit.request("first", doc + kit.chain("q1", 1), 16), 0.0)
+    engine.advance()
+    engine.advance()  # two chunks (512 tokens, 32 blocks) computed
+    engine.submit(kit.request("second", doc + kit.chain("q2", 1), 16), engine.next_time() or 0.0)
+    events = kit.run_until_idle(engine)
+    cached = next(e[3] for e in events if e[0] == "finished" and e[1] == "second")
+    assert cached >= 32 * 16
+
+
+def test_the_engine_reports_queue_waits_and_busy_time(demo_profile: EngineProfile, kit: Any) -> None:
+    profile = dataclasses.replace(demo_profile, max_num_seqs=1)
+    engine = EngineModel(profile)
+    engine.submit(kit.request("a", kit.chain("a", 4), 16, output=20), 0.0)
+    engine.submit(kit.request("b", kit.chain("b", 4), 16, output=20), 0.0)
+    events = []
+    while engine.next_time() is not None:
+        events.extend(engine.advance())
+    waits = {e.request_id: e.queued_s for e in events if e.kind == "finished"}
+    end = max(e.time for e in events)
+    assert waits["a"] == 0.0
+    assert waits["b"] == pytest.approx(
+        next(e.time for e in events if e.kind == "finished" and e.request_id == "a")
+    )
+    assert engine.stats.busy_s == pytest.approx(end)  # never idle from 0 to the end
+    assert 0 < engine.stats.prefill_s < engine.stats.busy_s

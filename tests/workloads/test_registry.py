@@ -22,7 +22,7 @@ from prefix_router.workloads.traces import TRACES_ENV, find_trace
 from prefix_router.workloads.types import Workload
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
-SYNTHETIC = ["chatbots", "agents", "rag", "unique", "sglang-gsp", "vllm-prefix-repetition"]
+SYNTHETIC = ["chatbots", "agents", "rag", "unique", "sglang-gsp", "vllm-prefix-repetition", "bursty"]
 SMALL = {
     "chatbots": {"system_tokens": 32},
     "agents": {"system_tokens": 32},
@@ -30,12 +30,13 @@ SMALL = {
     "unique": {"prompt_tokens": 16},
     "sglang-gsp": {"system_tokens": 32, "question_tokens": 8},
     "vllm-prefix-repetition": {},
+    "bursty": {"system_tokens": 32, "system_tokens_max": 64, "question_tokens_max": 16},
 }
 
 
 def test_names_cover_the_issue() -> None:
     expected = {"chatbots", "multi-turn", "agents", "rag", "unique", "mooncake", "sglang-gsp"}
-    assert expected | {"vllm-prefix-repetition", "mixed", "trace"} == set(workload_names())
+    assert expected | {"vllm-prefix-repetition", "mixed", "trace", "bursty"} == set(workload_names())
 
 
 @pytest.mark.parametrize("name", SYNTHETIC)

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from prefix_router.workloads import agents, chatbots, mooncake, multiturn, presets, rag, unique
+from prefix_router.workloads import agents, bursty, chatbots, mooncake, multiturn, presets, rag, unique
 from prefix_router.workloads.text import estimate_tokens, random_text, rng_for, tagged_text
 
 
@@ -171,3 +172,33 @@ def test_multiturn_synthetic_fallback_without_trace(tmp_path: Path) -> None:
     assert all(s.session_id.startswith("synthetic-") and len(s.turns) >= 1 for s in sessions)
     assert sessions == multiturn.build(opts, 30, seed=2)
     assert len({str(s.turns[0].messages[0]["content"])[:40] for s in sessions}) == len(sessions)
+
+
+def test_rag_document_lengths_span_the_range() -> None:
+    opts = rag.RagOptions(documents=12, document_tokens=300, document_tokens_max=1200)
+    sessions = rag.build(opts, 200, seed=4)
+    lengths = {estimate_tokens(_user(s).split("</document>")[0]) for s in sessions}
+    assert min(lengths) >= 300 and max(lengths) <= 1200 + 8
+    assert max(lengths) - min(lengths) > 400
+    with pytest.raises(ValueError):
+        rag.build(rag.RagOptions(document_tokens=100, document_tokens_max=50), 1, seed=0)
+
+
+def test_bursty_tenants_come_in_bursts_and_share_only_their_prompt() -> None:
+    opts = bursty.BurstyOptions(system_tokens=16, system_tokens_max=32, question_tokens_max=16)
+    sessions = bursty.build(opts, 3000, seed=2)
+    assert sum(len(s.turns) for s in sessions) == 3000
+    assert all(s1.arrival_s <= s2.arrival_s for s1, s2 in itertools.pairwise(sessions))
+    by_tenant: dict[str | None, set[str]] = {}
+    for s in sessions:
+        by_tenant.setdefault(s.tenant, set()).add(_system(s))
+    assert len(by_tenant) == opts.tenants and all(len(p) == 1 for p in by_tenant.values())
+    # bursts: per tenant, the busiest 10-second window holds far more sessions than the average one
+    for tenant in ("tenant-0", "tenant-1"):
+        times = [s.arrival_s for s in sessions if s.tenant == tenant]
+        windows = Counter(int(t // 10) for t in times)
+        mean = len(times) / (max(times) // 10 + 1)
+        assert max(windows.values()) > 3 * mean
+    conversations = [s for s in sessions if len(s.turns) > 1]
+    assert 0.3 < len(conversations) / len(sessions) < 0.7
+    assert all(t.think_time_s > 0 for s in conversations for t in s.turns[1:])

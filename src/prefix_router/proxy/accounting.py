@@ -52,10 +52,11 @@ class Flight:
     def first_byte(self, status: int) -> float:
         """The response's status and first bytes arrived (a 2xx: the engine's first token); returns the
         time to it (seconds since the request arrived)."""
-        ttft = self._state.clock() - self.started
+        now = self._state.clock()
+        ttft = now - self.started
         self._state.metrics.ttft.observe(ttft)
         if 200 <= status < 300:
-            self._state.router.first_token(self.route.request_id)
+            self._state.router.first_token(self.route.request_id, now)
         return ttft
 
     def fail(self, kind: FailureKind, status: int, error: str) -> None:

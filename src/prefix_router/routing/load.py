@@ -15,7 +15,8 @@ load is released) when it is full (so ``routing.max_tracked_requests`` must not 
 ``limits.max_in_flight``, or the global cap could never be reached).
 
 Each worker's ``WorkerSnapshot`` is kept up to date in place, so a decision over hundreds of candidates
-reads them without building anything; policies must treat them as read-only.
+reads them without building anything; policies must treat them as read-only. The prefill work still
+queued on each worker (``prefill_backlog``) is estimated by ``drain.PrefillDrain`` from the same events.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prefix_router.routing.drain import PrefillDrain
 from prefix_router.routing.types import WorkerSnapshot
 
 
@@ -40,6 +42,7 @@ class _Tracked:
     snap: WorkerSnapshot  # the worker incarnation the request started on (detached once it is removed)
     counts: _Counts
     uncached: int
+    work: float  # the prefill's token-equivalents (drain.prefill_work)
     prefilling: bool = True
 
 
@@ -53,17 +56,20 @@ class LoadTracker:
         self._live: dict[str, WorkerSnapshot] = {}
         self._counts: dict[str, _Counts] = {}
         self._next_stale_check = 0.0
+        self.drain = PrefillDrain()
 
     # ------------------------------------------------------------ workers
 
     def add_worker(self, worker: str, weight: float = 1.0) -> None:
         self._live.setdefault(worker, WorkerSnapshot(worker)).weight = weight
         self._counts.setdefault(worker, _Counts())
+        self.drain.add_worker(worker)
 
     def remove_worker(self, worker: str) -> None:
         """Forget ``worker``'s counts; its requests stay tracked until they finish (see the module doc)."""
         self._live.pop(worker, None)
         self._counts.pop(worker, None)
+        self.drain.remove_worker(worker)
 
     def _counted(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
         """``worker``'s live counts; for an unknown (removed) worker, detached ones that nothing reads."""
@@ -74,31 +80,44 @@ class LoadTracker:
 
     # ------------------------------------------------------------ requests
 
-    def start(self, request_id: str, worker: str, uncached_tokens: int) -> None:
+    def start(
+        self, request_id: str, worker: str, uncached_tokens: int, now: float = 0.0, work: float | None = None
+    ) -> None:
+        """``work``: the prefill's token-equivalents (``drain.prefill_work``; default: uncached)."""
         if request_id in self._requests:
-            self.finish(request_id)
+            self.finish(request_id, now)
         snap, counts = self._counted(worker)
+        work = float(uncached_tokens) if work is None else work
+        self.drain.dispatched(worker, work, now)
         counts.own += 1
         snap.in_flight += 1
         snap.pending_prefill_tokens += uncached_tokens
-        self._requests[request_id] = _Tracked(worker, snap, counts, uncached_tokens)
+        self._requests[request_id] = _Tracked(worker, snap, counts, uncached_tokens, work)
         while len(self._requests) > self.max_tracked:
-            self.finish(next(iter(self._requests)))
+            self.finish(next(iter(self._requests)), now)
 
-    def first_token(self, request_id: str) -> None:
+    def first_token(self, request_id: str, now: float = 0.0) -> None:
         tracked = self._requests.get(request_id)
-        if tracked is not None:
+        if tracked is not None and tracked.prefilling:
             self._prefill_done(tracked)
+            if self._current(tracked):
+                self.drain.first_token(tracked.worker, tracked.work, now)
 
-    def finish(self, request_id: str) -> str | None:
+    def finish(self, request_id: str, now: float = 0.0) -> str | None:
         """Release one request (unknown or already finished ids are ignored); returns its worker."""
         tracked = self._requests.pop(request_id, None)
         if tracked is None:
             return None
+        if tracked.prefilling and self._current(tracked):
+            self.drain.abandoned(tracked.worker, tracked.work, now)
         self._prefill_done(tracked)
         tracked.counts.own -= 1
         tracked.snap.in_flight -= 1
         return tracked.worker
+
+    def _current(self, tracked: _Tracked) -> bool:
+        """Whether the request's worker is still the incarnation it started on."""
+        return self._live.get(tracked.worker) is tracked.snap
 
     @staticmethod
     def _prefill_done(tracked: _Tracked) -> None:
@@ -148,8 +167,11 @@ class LoadTracker:
     def snapshots(self, workers: Sequence[str], now: float) -> list[WorkerSnapshot]:
         """The live load of ``workers`` (read-only views; unknown names read as idle)."""
         self._drop_stale(now)
-        live = self._live
-        return [live.get(w) or WorkerSnapshot(w) for w in workers]
+        live, drain = self._live, self.drain
+        out = [live.get(w) or WorkerSnapshot(w) for w in workers]
+        for snap in out:
+            snap.prefill_backlog = drain.remaining(snap.name, now)
+        return out
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
         return self.snapshots([worker], now)[0]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from prefix_router.routing.bounded import BoundedLRU
+from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.feedback import (
     FeedbackStats,
     PrefillTracker,
@@ -176,10 +177,14 @@ class Router:
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
-        decision = sticky or chosen_policy.select(req, snaps, Context(now, self.rng, matches))
+        decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches))
         matched = matches.get(decision.worker, 0)
         predicted = min(matched * self.index.block_tokens, req.prompt_tokens)
         return Decision(decision.worker, decision.branch, matched, predicted)
+
+    def _context(self, now: float, matches: dict[str, int]) -> Context:
+        attention = self.cfg.trackers.attention_tokens
+        return Context(now, self.rng, matches, self.index, self.load.drain.mean_work, attention)
 
     def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
         sessions = self.cfg.sessions
@@ -200,19 +205,22 @@ class Router:
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.request_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
-        self.load.start(req.request_id, worker, req.prompt_tokens - decision.predicted_tokens)
+        uncached = req.prompt_tokens - decision.predicted_tokens
+        work = prefill_work(uncached, decision.predicted_tokens, self.cfg.trackers.attention_tokens)
+        self.load.start(req.request_id, worker, uncached, now, work)
         if req.session:
             self._sessions.set(req.session, worker)
 
-    def first_token(self, request_id: str) -> None:
-        self.load.first_token(request_id)
+    def first_token(self, request_id: str, now: float) -> None:
+        """The first token arrived at ``now``: its prefill, and every earlier one there, is done."""
+        self.load.first_token(request_id, now)
         self._prefills.done(request_id)
         prediction = self._predictions.get(request_id)
         if prediction is not None:
             prediction.started = True
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
-        self.load.finish(req.request_id)
+        self.load.finish(req.request_id, now)
         self._prefills.done(req.request_id)
         prediction = self._predictions.pop(req.request_id)
         if worker not in self.index:  # removed meanwhile: nothing to learn, no state to re-create

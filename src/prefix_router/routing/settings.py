@@ -5,7 +5,7 @@ routing:
   policy: prefix              # one of routing.policies.POLICY_NAMES
   keys: {block_chars: 64, chars_per_token: 4.0, block_tokens: 16, ...}      # the routing key
   index: {worker_capacity_tokens: 1000000, max_total_blocks: 2000000, ...}  # prefix index bounds
-  trackers: {max_tracked_requests: 100000, engine_load_stale_s: 10.0}      # load tracking
+  trackers: {max_tracked_requests: 100000, engine_load_stale_s: 10.0, attention_tokens: 32768}
   sessions: {affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
   feedback: {tolerance: 0.5, page_tokens: 16, slack_pages: 2, capacity_step: 0.1}  # engine reports
   policies:                   # one knob group per policy, declared by the policy's own module
@@ -103,6 +103,9 @@ class TrackerSettings(Section):
 
     max_tracked_requests: int = Field(default=100_000, gt=0)
     engine_load_stale_s: float = Field(default=10.0, gt=0)  # older scraped engine load is ignored
+    # prefill work per token grows with its context: 1 + context / attention_tokens (about 6 x the model's
+    # hidden size: 24,576 for Llama 3.1 8B, 49,152 for 70B); the unit of the backlog estimate (drain.py)
+    attention_tokens: int = Field(default=32_768, gt=0)
 
 
 class SessionSettings(Section):

@@ -52,6 +52,7 @@ class WorkerSnapshot:
     weight: float = 1.0
     in_flight: int = 0
     pending_prefill_tokens: int = 0
+    prefill_backlog: float = 0.0  # estimated prefill work still to compute, token-equivalents (drain.py)
     queue_depth: int = 0
     kv_usage: float | None = None
 
@@ -72,6 +73,7 @@ class Branch(StrEnum):
     POWER_OF_TWO = "power_of_two"
     RANDOM = "random"
     ROUND_ROBIN = "round_robin"
+    SMALLEST_TREE = "smallest_tree"  # sglang_cache_aware: a weak match goes to the smallest tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +104,27 @@ class Outcome:
     prompt_tokens: int | None = None
 
 
+class CacheView(Protocol):
+    """What the router's prefix index says about a worker's cache (read-only)."""
+
+    def fill(self, worker: str) -> float:
+        """The fraction of the worker's cache in use (0: empty, 1: full, inserting evicts)."""
+        ...
+
+
 @dataclass(slots=True)
 class Context:
-    """Everything a policy may read besides the request and the candidates."""
+    """Everything a policy may read besides the request and the candidates: the time, the seeded rng,
+    the matched blocks per worker, the index's view of the caches, the prefill work of a typical request
+    (token-equivalents, a moving average over dispatched requests; 0 before any) and the context length
+    at which a prompt token's attention costs as much as its linear layers (``drain.prefill_work``)."""
 
     now: float
     rng: random.Random
     matches: dict[str, int] = field(default_factory=dict)
+    cache: CacheView | None = None
+    request_work: float = 0.0
+    attention_tokens: float = 32_768.0
 
 
 class Policy(Protocol):

@@ -107,6 +107,16 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
+        "--config", metavar="FILE", help="a `serve` YAML config: its routing section sets the router's knobs"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a routing knob, with serve's keys: routing.load_factor=1.5 (after --config)",
+    )
+    p.add_argument(
         "--sessions",
         action="store_true",
         help="pass session ids to the router (its session affinity then overrides every policy)",
@@ -122,7 +132,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    with _progress(not args.no_progress) as progress:
+    with progress_bars(not args.no_progress) as progress:
         report = simulate(scenario, policies, progress)
     print_report(report, console)
     if args.json_out:
@@ -147,10 +157,35 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     default_capacity = TRACE_DEFAULT_CAPACITY_TOKENS if args.trace else profile.kv_capacity_tokens
     capacity = args.kv_capacity_tokens or default_capacity
     spec = ClusterSpec(args.instances, profile, capacity, args.seed, args.scrape_interval)
+    knobs = routing_knobs(args.config, args.set)
     if args.trace:
-        return trace_scenario(args.trace, spec, args.rate_scale, args.limit, args.tile)
+        return trace_scenario(args.trace, spec, args.rate_scale, args.limit, args.tile, knobs)
     options = _options(args.workload_opt)
-    return workload_scenario(args.workload, spec, args.rate_scale, args.limit, options, args.sessions)
+    return workload_scenario(args.workload, spec, args.rate_scale, args.limit, options, args.sessions, knobs)
+
+
+def routing_knobs(path: str | None, pairs: list[str]) -> dict[str, Any]:
+    """The ``routing`` section given by ``--config FILE`` and ``--set routing.KEY=VALUE`` (dotted keys as
+    ``serve --set``: ``routing.policies.prefix.load_factor=1.5``), validated exactly as ``serve`` validates
+    it; nested as in the YAML file, only the keys given (the policy comes from --policies)."""
+    from prefix_router.proxy.config import parse_scalar, read_yaml, set_dotted, validate
+
+    section = read_yaml(path).get("routing") if path else None
+    if section is not None and not isinstance(section, dict):
+        raise ValueError(f"config file {path}: routing must be a mapping")
+    data: dict[str, Any] = {"routing": dict(section or {})}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith("routing.") or key == "routing.":
+            raise ValueError(
+                f"--set {pair!r}: expected routing.KEY=VALUE (simulate takes routing knobs only)"
+            )
+        set_dotted(data, key, parse_scalar(value))
+    knobs: dict[str, Any] = data["routing"]
+    knobs.pop("policy", None)
+    validate({"routing": knobs})
+    return knobs
 
 
 def _options(pairs: list[str]) -> dict[str, Any]:
@@ -164,7 +199,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 @contextmanager
-def _progress(enabled: bool) -> Iterator[ProgressFactory | None]:
+def progress_bars(enabled: bool) -> Iterator[ProgressFactory | None]:
     if not enabled:
         yield None
         return

@@ -60,6 +60,7 @@ class EngineEvent:
     time: float
     cached_tokens: int
     generated: int
+    queued_s: float = 0.0  # from submission to admission (waiting for a slot, KV blocks or budget)
 
 
 class RequestRejected(ValueError):
@@ -79,6 +80,8 @@ class EngineStats:
     cancelled: int = 0
     rejected: int = 0
     steps: int = 0
+    busy_s: float = 0.0  # time with a step in progress
+    prefill_s: float = 0.0  # time in steps that computed prompt tokens (mixed steps)
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +94,8 @@ class _Seq:
     computed: int = 0
     join_step: int = 0
     cancelled: bool = False
+    submitted: float = 0.0
+    queued_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -191,7 +196,7 @@ class EngineModel:
             self.stats.rejected += 1
             raise
         self._order += 1
-        seq = _Seq(req, self._order, self._blocks_for(req.prompt_tokens + req.output_tokens))
+        seq = _Seq(req, self._order, self._blocks_for(req.prompt_tokens + req.output_tokens), submitted=now)
         self._seqs[req.request_id] = seq
         self._waiting.append(seq)
         self._wake(now)
@@ -244,7 +249,9 @@ class EngineModel:
         if span is None:
             return []
         events: list[EngineEvent] = []
+        self.stats.busy_s += span.end - span.start
         if span.chunks:
+            self.stats.prefill_s += span.end - span.start
             self._run_mixed(span, events)
         else:
             self._run_decode(span, events)
@@ -257,8 +264,12 @@ class EngineModel:
         self._step += 1
         self.stats.steps += 1
         self._decode_ctx += self._decoding
+        block = self.block_tokens
         for seq, tokens in span.chunks:
+            done = seq.computed
             seq.computed += tokens
+            # as vLLM V1, the full blocks of a chunk are cached once computed: hits for later requests
+            self.cache.mark_computed(seq.req.blocks[done // block : seq.computed // block])
             if seq.computed >= seq.req.prompt_tokens:
                 self._prefill_done(seq, span.end, events)
         self._prefilling = [s for s in self._prefilling if s.phase == PREFILL]
@@ -273,7 +284,7 @@ class EngineModel:
     def _prefill_done(self, seq: _Seq, now: float, events: list[EngineEvent]) -> None:
         self.cache.mark_computed(seq.req.blocks)
         if not seq.cancelled:
-            events.append(EngineEvent("first_token", seq.req.request_id, now, seq.cached, 1))
+            events.append(EngineEvent("first_token", seq.req.request_id, now, seq.cached, 1, seq.queued_s))
         if seq.req.output_tokens <= 1:
             self._finish(seq, now, events)
             return
@@ -300,7 +311,9 @@ class EngineModel:
         self.stats.finished += 1
         self._drop(seq)
         if not seq.cancelled:
-            events.append(EngineEvent("finished", req.request_id, now, seq.cached, req.output_tokens))
+            events.append(
+                EngineEvent("finished", req.request_id, now, seq.cached, req.output_tokens, seq.queued_s)
+            )
 
     def _drop(self, seq: _Seq) -> None:
         seq.phase = DONE
@@ -329,7 +342,7 @@ class EngineModel:
 
     def _plan(self, start: float) -> None:
         self._span = None
-        chunks = self._prefill_chunks()
+        chunks = self._prefill_chunks(start)
         if chunks:
             self._span = self._mixed_span(start, chunks)
         elif self._decoding:
@@ -353,7 +366,7 @@ class EngineModel:
             steps = min(steps, steps_within(first, growth, self.max_span_s))
         return _Span(start, start + decode_span_time(first, growth, steps), steps, [], first, growth)
 
-    def _prefill_chunks(self) -> list[tuple[_Seq, int]]:
+    def _prefill_chunks(self, now: float) -> list[tuple[_Seq, int]]:
         budget = self.profile.max_num_batched_tokens - self._decoding
         chunks: list[tuple[_Seq, int]] = []
         for seq in self._prefilling:
@@ -364,19 +377,20 @@ class EngineModel:
             budget -= n
         while budget > 0 and self._waiting and self.num_running < self.profile.max_num_seqs:
             seq = self._waiting[0]
-            if not self._admit(seq):
+            if not self._admit(seq, now):
                 break
             n = min(seq.req.prompt_tokens - seq.computed, budget)
             chunks.append((seq, n))
             budget -= n
         return chunks
 
-    def _admit(self, seq: _Seq) -> bool:
+    def _admit(self, seq: _Seq, now: float) -> bool:
         req = seq.req
         allocation = self.cache.allocate(req.blocks, seq.total_blocks)
         if allocation is None:
             return False
         self._waiting.popleft()
+        seq.queued_s = max(0.0, now - seq.submitted)
         # vLLM always computes at least the last prompt token, in whole blocks of its page size
         cap = (req.prompt_tokens - 1) // self.profile.block_size * self.profile.block_size
         seq.cached = min(allocation.hit_blocks * self.block_tokens, cap)

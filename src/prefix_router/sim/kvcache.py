@@ -12,7 +12,7 @@ that are freed, not cached, unless the engine hands their hashes in when the req
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import KeysView, Sequence
 from dataclasses import dataclass
 
 
@@ -53,6 +53,10 @@ class PrefixCache:
     def cached_blocks(self) -> int:
         """Resident hashed blocks (held or evictable)."""
         return len(self._ref)
+
+    def resident(self) -> KeysView[int]:
+        """The hashes of every resident block (a live read-only view)."""
+        return self._ref.keys()
 
     def contains(self, block: int) -> bool:
         return block in self._ref

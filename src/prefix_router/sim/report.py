@@ -16,23 +16,37 @@ def title(report: dict[str, Any]) -> str:
     )
 
 
+COLUMNS = (
+    "policy", "requests", "errors", "hit", "/oracle", "x random", "predicted",
+    "TTFT mean", "p50", "p90", "p99", "queue p50", "p99 ", "busy", "prefill",
+    "e2e p50", "req/s", "prefill Mtok", "copies", "imbalance",
+)  # fmt: skip
+
+
 def table(report: dict[str, Any]) -> Table:
-    out = Table(title=title(report), caption="simulated engines (prefix-router simulate); not measurements")
-    for name in ("policy", "requests", "errors", "hit rate", "of oracle", "x random", "predicted"):
+    caption = (
+        "simulated engines (prefix-router simulate); not measurements. Times in ms; queue: engine wait "
+        "before admission; busy: mean fraction of the run an engine was stepping; prefill: share of that "
+        "time in steps computing prompt tokens; copies: cached block copies per distinct cached block"
+    )
+    out = Table(title=title(report), caption=caption)
+    for name in COLUMNS:
         out.add_column(name, justify="left" if name == "policy" else "right")
-    for name in ("TTFT p50 ms", "p90", "p99", "e2e p50 ms", "req/s", "prefill Mtok", "imbalance"):
-        out.add_column(name, justify="right")
     oracle = report["oracle"]["hit_rate"]
     baseline = report["policies"].get("random", {}).get("hit_rate")
+    details = report.get("details", {})
     for policy, row in report["policies"].items():
-        out.add_row(policy, *_cells(row, oracle, baseline))
-    out.add_row("oracle (pooled cache)", "", "", f"{oracle:.1%}", "100%", *[""] * 9)
+        out.add_row(policy, *_cells(row, details.get(policy, {}), oracle, baseline))
+    out.add_row("oracle (pooled cache)", "", "", f"{oracle:.1%}", "100%", *[""] * (len(COLUMNS) - 5))
     return out
 
 
-def _cells(row: dict[str, Any], oracle: float, baseline: float | None) -> list[str]:
+def _cells(row: dict[str, Any], extra: dict[str, Any], oracle: float, baseline: float | None) -> list[str]:
     hit = row["hit_rate"]
     ttft = row["ttft_ms"]
+    queue = extra.get("queue_wait_ms", {})
+    use = extra.get("utilisation", {})
+    copies = extra.get("replication", {}).get("mean")
     return [
         f"{row['requests']:,}",
         str(row["errors"]),
@@ -40,12 +54,18 @@ def _cells(row: dict[str, Any], oracle: float, baseline: float | None) -> list[s
         f"{hit / oracle:.0%}" if oracle else "-",
         f"{hit / baseline:.2f}" if baseline else "-",
         f"{row['predicted_hit_rate']:.1%}",
+        f"{ttft['mean']:.0f}",
         f"{ttft['p50']:.0f}",
         f"{ttft['p90']:.0f}",
         f"{ttft['p99']:.0f}",
+        f"{queue['p50']:.0f}" if queue else "-",
+        f"{queue['p99']:.0f}" if queue else "-",
+        f"{use['busy_fraction']:.0%}" if use else "-",
+        f"{use['prefill_share']:.0%}" if use else "-",
         f"{row['e2e_ms']['p50']:.0f}",
         f"{row['throughput_rps']:.2f}",
         f"{row['prefill_tokens'] / 1e6:.1f}",
+        f"{copies:.2f}" if copies else "-",
         f"{row['load_imbalance']:.2f}",
     ]
 

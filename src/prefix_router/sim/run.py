@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
-from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.sim.openai_api import EngineLimits
 from prefix_router.sim.oracle import oracle
 from prefix_router.sim.requests import RequestSource, TraceSource
@@ -35,21 +35,36 @@ class Scenario:
     rate_scale: float = 1.0
 
 
+def merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top`` laid over it, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in top.items():
+        below = out.get(key)
+        both = isinstance(below, Mapping) and isinstance(value, Mapping)
+        out[key] = merged(below, value) if both else value  # type: ignore[arg-type]
+    return out
+
+
+def routing_factory(knobs: Mapping[str, Any] | None, capacity_tokens: int, **fixed: Any) -> RoutingFactory:
+    """The router's settings per policy: the defaults, with the index's per-worker capacity = the engines'
+    KV capacity, then ``knobs`` (the ``routing`` section of ``simulate --config/--set``, nested as in the
+    YAML file), then ``fixed`` (what the requests impose, e.g. the trace's block size) and the policy."""
+    base = merged({"index": {"worker_capacity_tokens": capacity_tokens}}, knobs or {})
+    base = merged(base, fixed)
+    return lambda policy: RoutingSettings.model_validate({**base, "policy": policy})
+
+
 def trace_scenario(
     path: str | Path,
     spec: ClusterSpec,
     rate_scale: float = 1.0,
     limit: int | None = None,
     copies: int = 1,
+    knobs: Mapping[str, Any] | None = None,
 ) -> Scenario:
     rows = tile(read_trace(path), copies)[:limit] if copies > 1 else read_trace(path, limit)
-
-    def routing(policy: str) -> RoutingSettings:
-        return RoutingSettings(
-            policy=policy,
-            keys=KeySettings(block_tokens=MOONCAKE_BLOCK_TOKENS),
-            index=IndexSettings(worker_capacity_tokens=spec.capacity_tokens),
-        )
+    block = {"keys": {"block_tokens": MOONCAKE_BLOCK_TOKENS}}
+    routing = routing_factory(knobs, spec.capacity_tokens, **block)
 
     source = lambda: TraceSource(rows, spec.seed, rate_scale)  # noqa: E731
     label = Path(path).name + (f" x{copies} tiled" if copies > 1 else "")
@@ -63,6 +78,7 @@ def workload_scenario(
     limit: int | None = None,
     options: dict[str, Any] | None = None,
     sessions: bool = False,
+    knobs: Mapping[str, Any] | None = None,
 ) -> Scenario:
     from prefix_router.sim.workload_source import WorkloadSource, scale_arrivals
     from prefix_router.workloads.registry import get_workload
@@ -72,11 +88,7 @@ def workload_scenario(
     workload = scale_arrivals(built, rate_scale)
     limits = EngineLimits(model, spec.profile.block_size, spec.profile.max_model_len)
 
-    def routing(policy: str) -> RoutingSettings:
-        return RoutingSettings(
-            policy=policy, index=IndexSettings(worker_capacity_tokens=spec.capacity_tokens)
-        )
-
+    routing = routing_factory(knobs, spec.capacity_tokens)
     source = lambda: WorkloadSource(workload, routing("prefix"), limits, sessions)  # noqa: E731
     return Scenario(name, spec, source, routing, rate_scale)
 

@@ -26,6 +26,7 @@ from prefix_router.sim.stats import SimStats
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks
+SAMPLE_EVERY = 256  # finished requests between samples of the cache replication
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,7 @@ class ClusterSimulation:
         self._upcoming: SimRequest | None = None
         self._progress = progress
         self._unreported = 0
+        self._unsampled = 0
         self._arrivals: list[SimRequest] | None = [] if keep_arrivals else None
 
     def _engine(self) -> EngineModel:
@@ -115,6 +117,9 @@ class ClusterSimulation:
             now, event = queue.pop()
             event.handle(self, now)
         self._report_progress()
+        self._sample_replication()
+        self.stats.busy_s = [e.stats.busy_s for e in self.engines]
+        self.stats.prefill_s = [e.stats.prefill_s for e in self.engines]
         result = RunResult(self.stats, time.perf_counter() - started, self._arrivals or [])
         result.router_summary = self.router.summary()
         return result
@@ -143,7 +148,7 @@ class ClusterSimulation:
         if len(self._live) >= self.spec.max_live_requests:
             raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
         self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens)
-        self.stats.dispatched(instance)
+        self.stats.dispatched(instance, str(decision.branch))
         self._reschedule(instance)
 
     def _failed(self, request: SimRequest, worker: str, now: float) -> None:
@@ -173,7 +178,7 @@ class ClusterSimulation:
 
     def _on_first_token(self, event: EngineEvent) -> None:
         self._live[event.request_id].first_token = event.time
-        self.router.first_token(event.request_id)
+        self.router.first_token(event.request_id, event.time)
 
     def _on_finished(self, event: EngineEvent) -> None:
         live = self._live.pop(event.request_id)
@@ -189,6 +194,7 @@ class ClusterSimulation:
             event.cached_tokens,
             live.predicted,
             event.generated,
+            event.queued_s,
         )
         self._follow(request, event.time, ok=True)
         self._tick()
@@ -199,8 +205,19 @@ class ClusterSimulation:
 
     def _tick(self) -> None:
         self._unreported += 1
+        self._unsampled += 1
         if self._unreported >= PROGRESS_EVERY:
             self._report_progress()
+        if self._unsampled >= SAMPLE_EVERY:
+            self._sample_replication()
+
+    def _sample_replication(self) -> None:
+        """Cached block copies across the engines per distinct cached block (1.0: no duplicates)."""
+        self._unsampled = 0
+        views = [engine.cache.resident() for engine in self.engines]
+        copies = sum(len(v) for v in views)
+        if copies:
+            self.stats.replication.append(copies / len(set().union(*views)))
 
     def _report_progress(self) -> None:
         if self._progress is not None and self._unreported:

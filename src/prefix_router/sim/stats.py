@@ -24,6 +24,11 @@ class SimStats:
     first_arrival: float | None = None
     last_finish: float = 0.0
     per_instance: list[int] = field(default_factory=list)
+    queued: list[float] = field(default_factory=list)  # engine queue wait per finished request, s
+    busy_s: list[float] = field(default_factory=list)  # per instance, set at the end of the run
+    prefill_s: list[float] = field(default_factory=list)
+    replication: list[float] = field(default_factory=list)  # samples of copies / distinct cached blocks
+    branches: dict[str, int] = field(default_factory=dict)  # routing decisions per branch
 
     def __post_init__(self) -> None:
         self.per_instance = [0] * self.instances
@@ -32,13 +37,23 @@ class SimStats:
         if self.first_arrival is None:
             self.first_arrival = now
 
-    def dispatched(self, instance: int) -> None:
+    def dispatched(self, instance: int, branch: str = "") -> None:
         self.per_instance[instance] += 1
+        self.branches[branch] = self.branches.get(branch, 0) + 1
 
     def finished(
-        self, arrival: float, first: float, end: float, prompt: int, cached: int, predicted: int, out: int
+        self,
+        arrival: float,
+        first: float,
+        end: float,
+        prompt: int,
+        cached: int,
+        predicted: int,
+        out: int,
+        queued: float = 0.0,
     ) -> None:
         self.ttft.append(first - arrival)
+        self.queued.append(queued)
         self.e2e.append(end - arrival)
         self.prompt.append(prompt)
         self.cached.append(cached)
@@ -85,6 +100,29 @@ def summarize(stats: SimStats) -> dict[str, Any]:
     }
 
 
+def utilisation(stats: SimStats, span: float) -> dict[str, float]:
+    """How busy the engines were: the fraction of the run each had a step in progress (mean and max
+    over instances) and the share of that busy time spent in steps that computed prompt tokens."""
+    if span <= 0 or not stats.busy_s:
+        return {"busy_fraction": 0.0, "busy_fraction_max": 0.0, "prefill_share": 0.0}
+    busy = [b / span for b in stats.busy_s]
+    total = sum(stats.busy_s)
+    return {
+        "busy_fraction": sum(busy) / len(busy),
+        "busy_fraction_max": max(busy),
+        "prefill_share": sum(stats.prefill_s) / total if total > 0 else 0.0,
+    }
+
+
+def replication(stats: SimStats) -> dict[str, float]:
+    """Cached block copies per distinct cached block across the engines (1.0: no block is cached
+    twice), averaged over the samples taken during the run, and the last sample."""
+    samples = stats.replication
+    if not samples:
+        return {"mean": 0.0, "final": 0.0}
+    return {"mean": sum(samples) / len(samples), "final": samples[-1]}
+
+
 def details(stats: SimStats, wall_s: float) -> dict[str, Any]:
     """Extra facts per policy (kept out of the fixed schema)."""
     span = stats.last_finish - (stats.first_arrival or 0.0)
@@ -95,4 +133,8 @@ def details(stats: SimStats, wall_s: float) -> dict[str, Any]:
         "output_tokens_per_s": stats.output_tokens / span if span > 0 else 0.0,
         "simulated_span_s": span,
         "wall_s": wall_s,
+        "utilisation": utilisation(stats, span),
+        "queue_wait_ms": latency_ms(stats.queued),
+        "replication": replication(stats),
+        "branches": dict(sorted(stats.branches.items())),
     }

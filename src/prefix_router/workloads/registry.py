@@ -20,6 +20,7 @@ from typing import Any
 
 from prefix_router.workloads import (
     agents,
+    bursty,
     chatbots,
     mixed,
     mooncake,
@@ -58,6 +59,8 @@ WORKLOADS: tuple[WorkloadSpec, ...] = (
                  agents.AgentOptions, agents.build, 400, _POISSON),
     WorkloadSpec("rag", "a few long shared documents, different questions",
                  rag.RagOptions, rag.build, 200, _POISSON),
+    WorkloadSpec("bursty", "tenants' system prompts and conversations, traffic in per-tenant bursts",
+                 bursty.BurstyOptions, bursty.build, 1000, _TRACE),
     WorkloadSpec("unique", "no sharing at all (negative control)",
                  unique.UniqueOptions, unique.build, 400, _POISSON),
     WorkloadSpec("mooncake", "Mooncake conversation trace replay (hash ids -> text blocks)",

@@ -13,6 +13,7 @@ from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
 from prefix_router.routing.policies.prefix import PrefixKnobs, PrefixPolicy
 from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
+from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
 from prefix_router.routing.policies.spec import AnySpec, NoKnobs, PolicySpec, knobless
 from prefix_router.routing.types import Policy
 from prefix_router.settings import Section
@@ -29,7 +30,9 @@ POLICIES: tuple[AnySpec, ...] = (
     PolicySpec("consistent_hash", ConsistentHashKnobs, ConsistentHashPolicy, True,
                "consistent hashing of the key's first characters with bounded loads (CHWBL)"),
     PolicySpec("prefix", PrefixKnobs, PrefixPolicy, True,
-               "lowest estimated prefill work (uncached tokens + load) under a bounded-load cap"),
+               "lowest expected cost of this request and of the work it creates, under a bounded-load cap"),
+    PolicySpec("sglang_cache_aware", SGLangCacheAwareKnobs, SGLangCacheAwarePolicy, False,
+               "an emulation of SGLang router's cache_aware policy (a baseline)"),
 )  # fmt: skip
 POLICY_NAMES: tuple[str, ...] = tuple(spec.name for spec in POLICIES)
 DEFAULT_POLICY = "prefix"

@@ -1,18 +1,40 @@
-"""prefix: the worker with the lowest estimated time to first token, within a bounded-load cap.
+"""prefix: the worker with the lowest expected cost of this request *and* of what it does to the fleet.
 
-Algorithm: for each candidate under the bounded-load cap (``load_factor`` x mean in-flight + ``load_slack``;
-all candidates if none is), estimate its prefill work in tokens:
-    uncached prompt tokens on that worker (prompt - predicted cached prefix from the index)
-  + pending prefill tokens already dispatched there and not yet past their first token
-  + ``queue_penalty_tokens`` x the engine's waiting queue (when scraped and fresh)
-  + ``in_flight_penalty_tokens`` x requests in flight there (decode steps slow down with batch size),
-divided by the worker's weight, and pick the cheapest; ties break at random (seeded).
-A hot prefix therefore spreads to a second and third worker once its holder reaches the cap or its queue
-outweighs a cold prefill; a prompt that matches nowhere falls back to pure load balancing.
-Knobs (``routing.policies.prefix``, ``PrefixKnobs``): ``load_factor``, ``load_slack``,
-``queue_penalty_tokens``, ``in_flight_penalty_tokens``.
+Algorithm. For each candidate under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in
+flight + 1) / total weight) + load_slack``, times its weight; all candidates if none is), in token-
+equivalents of prefill work (``drain.prefill_work``: a token at context c costs 1 + c / attention_tokens):
+
+    cost = backlog                                 prefill still queued there (learned drain, drain.py)
+         + queue_penalty_tokens x engine queue     (scraped, when fresh: other routers' requests)
+         + in_flight_penalty_tokens x in flight    (decode steps slow down with the batch)
+         + (1 + recompute_weight x fill + saturation_weight x D) x work
+    work = this request's prefill there: its prompt minus the prefix that worker holds (index)
+    fill = the fraction of that worker's cache in use (index): 1 when inserting there evicts
+    D    = requests delayed by a token of prefill placed now: W / (1 - rho), W the fleet's mean backlog
+           counted in typical requests, rho the utilisation of an M/M/1 queue that long
+
+divided by the worker's weight; the cheapest wins, ties broken at random (seeded).
+
+Why. ``backlog + work`` is this request's own time to first token (FCFS chunked prefill). The rest prices
+the future of the work this choice creates:
+- cache: new blocks on a full cache evict someone's blocks, which will likely be needed again, and a
+  copy of a prefix held elsewhere leaves a duplicate in the pooled cache (``recompute_weight`` x fill);
+- capacity: the prefill delays the requests that will queue behind it before the backlog drains; an
+  M/M/1 queue of W requests is a fleet at utilisation rho, and about W / (1 - rho) requests arrive before
+  it drains (``saturation_weight``). This grows without bound as the fleet saturates, so the policy
+  sticks to the holders harder and harder exactly when capacity is scarce, and balances freely when the
+  fleet is idle.
+So the holder of a prefix is left only when its wait exceeds the recomputation by that margin; a hot
+prefix is then copied deliberately to the cheapest other worker (the emptiest cache among equals), and
+from then on both holders share it by cost. Prompts that match nowhere go where the wait is shortest,
+preferring caches with room. The bounded-load cap is a hard guarantee on top: no worker takes a request
+above it, however long the prefix it holds.
+
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
-longer match was passed over for load), ``load_balance`` (no match anywhere).
+longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
+Knobs (``routing.policies.prefix``, ``PrefixKnobs``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
+``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
+``saturation_weight`` 1.0; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
 """
 
 from __future__ import annotations
@@ -22,18 +44,21 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
+from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.policies.base import NoHooks, load_cap
 from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
 
 class PrefixKnobs(Section):
-    """``routing.policies.prefix``: the bounded-load cap and the load penalties of the cost estimate."""
+    """``routing.policies.prefix``: the bounded-load cap, the load penalties and the weights of the future."""
 
     load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
     load_slack: int = Field(default=2, ge=0)  # ... + load_slack requests
     queue_penalty_tokens: int = Field(default=512, ge=0)  # per request waiting in the engine's queue
     in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request in flight there
+    recompute_weight: float = Field(default=1.0, ge=0)  # a full cache: what an evicted token costs later
+    saturation_weight: float = Field(default=1.0, ge=0)  # x the requests a token of prefill delays
 
 
 class PrefixPolicy(NoHooks):
@@ -42,20 +67,40 @@ class PrefixPolicy(NoHooks):
         self.load_slack = knobs.load_slack
         self.queue_penalty_tokens = knobs.queue_penalty_tokens
         self.in_flight_penalty_tokens = knobs.in_flight_penalty_tokens
+        self.recompute_weight = knobs.recompute_weight
+        self.saturation_weight = knobs.saturation_weight
+
+    def saturation(self, workers: Sequence[WorkerSnapshot], request_work: float) -> float:
+        """``saturation_weight x`` the requests delayed by a token of prefill placed now (see the header);
+        0 while no typical request size is known yet."""
+        if request_work <= 0 or not workers:
+            return 0.0
+        waiting = sum(w.prefill_backlog for w in workers) / len(workers) / request_work
+        return self.saturation_weight * delayed_requests(waiting)
 
     def cheapest(
-        self, req: RouteRequest, workers: Sequence[WorkerSnapshot], matches: dict[str, int], cap: float
+        self,
+        req: RouteRequest,
+        workers: Sequence[WorkerSnapshot],
+        matches: dict[str, int],
+        cap: float,
+        base: float,
+        ctx: Context,
     ) -> list[WorkerSnapshot]:
-        """The workers under ``cap`` with the lowest estimated work, in one inlined pass (this runs for
-        every candidate of every request)."""
+        """The workers under ``cap`` with the lowest cost, in one inlined pass (this runs for every
+        candidate of every request)."""
         prompt, block, best, tied = req.prompt_tokens, req.block_tokens, math.inf, []
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
+        attention, cache = ctx.attention_tokens, ctx.cache
+        evicting = self.recompute_weight if cache is not None else 0.0
         for w in workers:
             if w.in_flight + 1 > cap * w.weight:
                 continue
-            uncached = max(0, prompt - matches.get(w.name, 0) * block)
-            work = uncached + w.pending_prefill_tokens + w.queue_depth * queue_penalty
-            cost = (work + w.in_flight * flight_penalty) / w.weight
+            cached = min(prompt, matches.get(w.name, 0) * block)
+            work = prefill_work(prompt - cached, cached, attention)
+            wait = w.prefill_backlog + w.queue_depth * queue_penalty + w.in_flight * flight_penalty
+            factor = base + (evicting * cache.fill(w.name) if cache is not None and work else 0.0)
+            cost = (wait + factor * work) / w.weight
             if cost < best:
                 best, tied = cost, [w]
             elif cost == best:
@@ -63,12 +108,24 @@ class PrefixPolicy(NoHooks):
         return tied
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        tied = self.cheapest(req, workers, ctx.matches, load_cap(workers, self.load_factor, self.load_slack))
-        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf)
+        base = 1.0 + self.saturation(workers, ctx.request_work)
+        cap = load_cap(workers, self.load_factor, self.load_slack)
+        tied = self.cheapest(req, workers, ctx.matches, cap, base, ctx)
+        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf, base, ctx)
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
         names = {w.name for w in workers} if ctx.matches else set()
         best = max((m for n, m in ctx.matches.items() if n in names), default=0)
         return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), best))
+
+
+def delayed_requests(waiting: float) -> float:
+    """Requests delayed by work added to a queue holding ``waiting`` requests: those that will arrive
+    before it drains, W / (1 - rho), with the utilisation rho of an M/M/1 queue of that length
+    (W = rho^2 / (1 - rho)). 0 for an empty queue; grows without bound as the queue does."""
+    if waiting <= 0:
+        return 0.0
+    rho = (math.sqrt(waiting * waiting + 4.0 * waiting) - waiting) / 2.0
+    return waiting / (1.0 - rho)
 
 
 def _branch(matched: int, best: int) -> Branch:

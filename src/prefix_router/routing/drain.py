@@ -1,0 +1,137 @@
+"""Remaining prefill work per worker: a fluid queue drained at a learned rate.
+
+The router knows the prompt tokens it sent to each worker that have not produced a first token yet (its
+*pending* prefill), but not how far the engine got: a 100,000-token prompt counts in full until its first
+token, although it is half done halfway through. Engines prefill first come, first served (vLLM's
+scheduler with chunked prefill), so between two first tokens a worker's pending work drains at about its
+prefill rate. Per worker this model keeps:
+
+- the pending work, exactly (added at dispatch, removed at the first token or when a request leaves);
+- an estimate of what remains, ``pending - rate x (time since the last first token)`` (never below 0),
+  re-synchronised with the exact pending work at every first token (all earlier work is done then);
+- the drain rate, learned from the same events: work drained between two first tokens (exact) over the
+  time it took while the worker had work, as an exponential moving average (``alpha`` per sample);
+  a worker without samples yet uses the fleet's average, and 0 (no drain) before any sample at all.
+
+It also keeps the work of a typical dispatched request (``mean_work``, a moving average with weight
+``WORK_ALPHA``), the unit in which a backlog counts as "requests waiting".
+
+Work is in *token-equivalents* (``prefill_work``): a prompt token at context position ``c`` costs
+``1 + c / attention_tokens`` tokens, since attention makes long prompts slower per token; with work in
+these units one drain rate fits short and long prompts alike. Bounded: one entry per worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WORK_ALPHA = 0.02  # weight of one request in the moving average of dispatched work (about 50 requests)
+
+
+def prefill_work(uncached: int, cached: int, attention_tokens: float) -> float:
+    """Token-equivalents of prefilling ``uncached`` tokens after ``cached`` ones: each token at context
+    position c costs ``1 + c / attention_tokens`` (linear layers plus attention over its context)."""
+    if uncached <= 0:
+        return 0.0
+    return uncached * (1.0 + (cached + uncached / 2.0) / attention_tokens)
+
+
+@dataclass(slots=True)
+class _Worker:
+    pending: float = 0.0  # exact work dispatched and not past its first token
+    estimate: float = 0.0  # remaining work at ``estimate_at``
+    estimate_at: float = 0.0
+    synced: float = 0.0  # pending work at the last first token (or when work reached an idle worker)
+    synced_at: float = 0.0
+    added: float = 0.0  # work dispatched since
+    rate: float = 0.0  # learned work per second (0: unknown)
+
+
+class PrefillDrain:
+    def __init__(self, alpha: float = 0.1) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError("alpha must be in (0, 1]")
+        self.alpha = alpha
+        self._workers: dict[str, _Worker] = {}
+        self._rate_sum = 0.0
+        self._rated = 0
+        self.mean_work = 0.0
+
+    def add_worker(self, worker: str) -> None:
+        self._workers.setdefault(worker, _Worker())
+
+    def remove_worker(self, worker: str) -> None:
+        state = self._workers.pop(worker, None)
+        if state is not None and state.rate > 0:
+            self._rated -= 1
+            self._rate_sum -= state.rate
+
+    # ------------------------------------------------------------ reads
+
+    def rate(self, worker: str) -> float:
+        """The learned prefill rate of ``worker`` (work/s), else the fleet's average, else 0."""
+        state = self._workers.get(worker)
+        if state is None:
+            return 0.0
+        if state.rate > 0:
+            return state.rate
+        return self._rate_sum / self._rated if self._rated else 0.0
+
+    def pending(self, worker: str) -> float:
+        state = self._workers.get(worker)
+        return 0.0 if state is None else state.pending
+
+    def remaining(self, worker: str, now: float) -> float:
+        """Estimated prefill work still to compute on ``worker`` (at most its pending work)."""
+        state = self._workers.get(worker)
+        if state is None:
+            return 0.0
+        left = state.estimate - self.rate(worker) * max(0.0, now - state.estimate_at)
+        return min(state.pending, max(0.0, left))
+
+    # ------------------------------------------------------------ events
+
+    def dispatched(self, worker: str, work: float, now: float) -> None:
+        state = self._workers.get(worker)
+        if state is None:
+            return
+        self.mean_work = (
+            work if self.mean_work <= 0 else self.mean_work + WORK_ALPHA * (work - self.mean_work)
+        )
+        state.estimate = self.remaining(worker, now) + work
+        state.estimate_at = now
+        if state.pending <= 0:  # the worker's prefill was idle: a learning interval starts now
+            state.synced, state.synced_at, state.added = 0.0, now, 0.0
+        state.pending += work
+        state.added += work
+
+    def first_token(self, worker: str, work: float, now: float) -> None:
+        """A request on ``worker`` got its first token: everything dispatched before it is computed."""
+        state = self._workers.get(worker)
+        if state is None:
+            return
+        state.pending = max(0.0, state.pending - work)
+        drained, elapsed = state.synced + state.added - state.pending, now - state.synced_at
+        if drained > 0 and elapsed > 0:
+            self._learn(state, drained / elapsed)
+        self._sync(state, now)
+
+    def abandoned(self, worker: str, work: float, now: float) -> None:
+        """A request left without a first token (failed, cancelled): its work is dropped, not drained."""
+        state = self._workers.get(worker)
+        if state is None:
+            return
+        left = self.remaining(worker, now)
+        state.pending = max(0.0, state.pending - work)
+        self._sync(state, now)
+        state.estimate = min(state.pending, left)
+
+    def _sync(self, state: _Worker, now: float) -> None:
+        state.synced, state.synced_at, state.added = state.pending, now, 0.0
+        state.estimate, state.estimate_at = state.pending, now
+
+    def _learn(self, state: _Worker, sample: float) -> None:
+        old = state.rate
+        state.rate = sample if old <= 0 else old + self.alpha * (sample - old)
+        self._rated += old <= 0
+        self._rate_sum += state.rate - max(old, 0.0)

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import pytest
+
+from prefix_router.routing.drain import PrefillDrain, prefill_work
+
+
+def test_prefill_work_is_linear_for_short_prompts_and_grows_with_context() -> None:
+    assert prefill_work(0, 5_000, 32_768) == 0.0
+    assert prefill_work(100, 0, 32_768) == pytest.approx(100, rel=0.01)
+    # the same 1,000 new tokens cost more after a long cached context (attention over it)
+    assert prefill_work(1_000, 64_000, 32_768) > 2.9 * prefill_work(1_000, 0, 32_768)
+    # a whole 128k prompt costs about 3x its token count
+    assert prefill_work(131_072, 0, 32_768) == pytest.approx(3 * 131_072)
+
+
+def test_without_samples_the_estimate_is_the_pending_work() -> None:
+    drain = PrefillDrain()
+    drain.add_worker("a")
+    drain.dispatched("a", 5_000, now=0.0)
+    assert drain.rate("a") == 0.0
+    assert drain.remaining("a", now=100.0) == 5_000
+    assert drain.remaining("unknown", now=1.0) == 0.0
+
+
+def test_the_rate_is_learned_from_first_tokens_and_drains_the_estimate() -> None:
+    drain = PrefillDrain()
+    drain.add_worker("a")
+    drain.dispatched("a", 1_000, now=0.0)
+    drain.first_token("a", 1_000, now=0.5)  # 1,000 work drained in 0.5 s
+    assert drain.rate("a") == pytest.approx(2_000)
+    drain.dispatched("a", 4_000, now=1.0)
+    assert drain.remaining("a", now=1.0) == pytest.approx(4_000)
+    assert drain.remaining("a", now=2.0) == pytest.approx(2_000)
+    assert drain.remaining("a", now=10.0) == 0.0  # never below zero
+    assert drain.pending("a") == 4_000  # the exact count is kept
+
+
+def test_a_first_token_resynchronises_with_the_exact_pending_work() -> None:
+    drain = PrefillDrain(alpha=1.0)
+    drain.add_worker("a")
+    drain.dispatched("a", 1_000, now=0.0)
+    drain.dispatched("a", 3_000, now=0.0)
+    drain.first_token("a", 1_000, now=1.0)  # 1,000 drained in 1 s; 3,000 still pending, none started
+    assert drain.rate("a") == pytest.approx(1_000)
+    assert drain.remaining("a", now=1.0) == pytest.approx(3_000)
+    assert drain.remaining("a", now=2.5) == pytest.approx(1_500)
+
+
+def test_workers_without_samples_use_the_fleet_average() -> None:
+    drain = PrefillDrain()
+    for name in ("a", "b", "c"):
+        drain.add_worker(name)
+    drain.dispatched("a", 1_000, now=0.0)
+    drain.first_token("a", 1_000, now=1.0)
+    drain.dispatched("b", 3_000, now=0.0)
+    drain.first_token("b", 3_000, now=1.0)
+    assert drain.rate("c") == pytest.approx(2_000)
+    drain.remove_worker("b")
+    assert drain.rate("c") == pytest.approx(1_000)
+
+
+def test_abandoned_work_is_dropped_without_learning() -> None:
+    drain = PrefillDrain()
+    drain.add_worker("a")
+    drain.dispatched("a", 2_000, now=0.0)
+    drain.abandoned("a", 2_000, now=5.0)
+    assert drain.rate("a") == 0.0
+    assert drain.pending("a") == 0.0 and drain.remaining("a", now=5.0) == 0.0
+
+
+def test_the_table_holds_one_entry_per_known_worker() -> None:
+    drain = PrefillDrain()
+    drain.dispatched("ghost", 1_000, now=0.0)  # unknown workers are not added
+    assert drain.pending("ghost") == 0.0
+    drain.add_worker("a")
+    drain.remove_worker("a")
+    assert drain.pending("a") == 0.0
+    with pytest.raises(ValueError):
+        PrefillDrain(alpha=0.0)
