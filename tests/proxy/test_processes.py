@@ -207,3 +207,50 @@ async def test_admin_changes_and_health_verdicts_reach_every_process(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.timeout(120)
+async def test_sighup_reaches_every_process(fake_engine: Any, free_port: Any, tmp_path: Path) -> None:
+    """The supervisor passes SIGHUP on: every process reloads the file (here: the client keys)."""
+    engine = await fake_engine("a")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "router.yaml"
+    config.write_text(f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-one-123456]}}\n")
+    argv = ["-m", "prefix_router.proxy", "serve", "--config", str(config), "--port", str(port)]
+    argv += ["--processes", "2", "--set", "log_level=warning"]
+    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
+
+    async def statuses(key: str) -> list[int]:
+        out = []
+        for _ in range(8):  # fresh connections: the kernel spreads them over the processes
+            connector = aiohttp.TCPConnector(force_close=True)
+            headers = {"Authorization": f"Bearer {key}"}
+            async with (
+                aiohttp.ClientSession(connector=connector) as http,
+                http.post(url + PATH, json=CHAT, headers=headers) as resp,
+            ):
+                await resp.read()
+                out.append(resp.status)
+        return out
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            await wait_ready(http, url, proc)
+        assert await statuses("key-one-123456") == [200] * 8
+        config.write_text(
+            f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-two-654321]}}\n"
+        )
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while await statuses("key-two-654321") != [200] * 8:
+            assert time.monotonic() < deadline, "not every process reloaded"
+            await asyncio.sleep(0.2)
+        assert await statuses("key-one-123456") == [401] * 8
+        assert proc.returncode is None
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

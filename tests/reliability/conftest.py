@@ -416,8 +416,8 @@ ServeFactory = Callable[..., Awaitable[ServeProcess]]
 @pytest.fixture
 async def serve_process(tmp_path: Any) -> AsyncIterator[ServeFactory]:
     """``await serve_process("--worker", url, ..., env={...}, ready=True)``: ``python -m
-    prefix_router.proxy serve ARGS --port FREE`` (``ready``: waits for ``/ready`` 200, else ``/health``);
-    killed afterwards."""
+    prefix_router.proxy serve ARGS --port FREE`` (``ready``: waits for ``/ready`` 200, else ``/health``),
+    one serving process unless ARGS say ``--processes``; killed afterwards."""
     from prefix_router.launch.net import free_port
 
     procs: list[ServeProcess] = []
@@ -425,7 +425,9 @@ async def serve_process(tmp_path: Any) -> AsyncIterator[ServeFactory]:
     async def spawn(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServeProcess:
         port = free_port()
         log = tmp_path / f"serve-{len(procs)}.log"
-        argv = ["-m", "prefix_router.proxy", "serve", *args, "--port", str(port)]
+        # one serving process unless asked (the default, one per core: tests/proxy/test_processes.py)
+        single = () if "--processes" in args else ("--processes", "1")
+        argv = ["-m", "prefix_router.proxy", "serve", *args, *single, "--port", str(port)]
         with log.open("wb") as sink:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, *argv, stderr=sink, env={**os.environ, **(env or {})}
