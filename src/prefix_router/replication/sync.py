@@ -1,8 +1,8 @@
 """RedisReplication: this replica's prefix index shared with the other replicas through Redis.
 
 - Publish: the router's change hook puts every local index change in a bounded outbox (O(1), never
-  waits); a task drains it in batches and XADDs them (pipelined, stream trimmed to about
-  ``stream_maxlen`` entries).
+  waits); a task drains it in batches, merges each worker's runs of inserts (``coalesce``) and XADDs
+  them (pipelined, stream trimmed to about ``stream_maxlen`` entries).
 - Subscribe: a task XREADs the entries after the last one seen and applies the other replicas' changes
   with ``Router.apply`` (its own are skipped). Times travel as ages, so replicas need no common clock.
 - Warm-up: ``start()`` applies the stream backlog before returning (bounded by ``warmup_timeout_s``),
@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from prefix_router.replication import load_share, stream
 from prefix_router.replication.backoff import Backoff
+from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
 from prefix_router.replication.outbox import Outbox
 from prefix_router.replication.settings import ReplicationSettings
@@ -163,7 +164,8 @@ class RedisReplication:
         changes = self.outbox.take(self.cfg.batch_max * self.cfg.entries_per_flush)
         if not changes:
             return 0
-        payloads = self._encode(changes)
+        merged = coalesce(changes, self.router.index.max_prefix_blocks)
+        payloads = self._encode(merged)
         if not payloads:
             return len(changes)
         try:
@@ -175,6 +177,7 @@ class RedisReplication:
             raise
         self.counters.published_entries += len(payloads)
         self.counters.published_changes += len(changes)
+        self.counters.sent_changes += len(merged)
         return len(changes)
 
     async def flush(self) -> None:
