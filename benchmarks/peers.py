@@ -65,10 +65,15 @@ class RouterSpec:
     kind: str  # prefix-router | sglang-router | vllm-router
     policy: str
     nodelay_shim: bool = False
+    processes: int | None = None  # prefix-router only: serve --processes (0: one per usable core)
 
 
+# Both peers serve from one process with a tokio runtime of one worker thread per core (2 here, counted in
+# /proc/PID/task), so prefix-router's like-for-like row is `serve` as shipped: --processes 0, one serving
+# process per usable core. Its single-process row (--processes 1) is reported beside it.
 ROUTERS: dict[str, RouterSpec] = {
-    "prefix": RouterSpec("prefix-router prefix", "prefix-router", "prefix"),
+    "prefix": RouterSpec("prefix-router prefix", "prefix-router", "prefix", processes=0),
+    "prefix-1p": RouterSpec("prefix-router prefix 1 process", "prefix-router", "prefix", processes=1),
     "random": RouterSpec("prefix-router random", "prefix-router", "random"),
     "least_load": RouterSpec("prefix-router least_load", "prefix-router", "least_load"),
     # prefix-router's in-process emulation of SGLang's cache_aware, beside the real one (a fidelity check)
@@ -79,7 +84,7 @@ ROUTERS: dict[str, RouterSpec] = {
     "vllm-nodelay": RouterSpec("vllm-router cache_aware +nodelay", "vllm-router", "cache_aware", True),
 }
 DEFAULT_ROUTERS = (
-    "prefix,sglang,sglang-nodelay,vllm,vllm-nodelay"  # the +nodelay shim is a no-op on vllm-router
+    "prefix,prefix-1p,sglang,sglang-nodelay,vllm,vllm-nodelay"  # the +nodelay shim is a no-op on vllm-router
 )
 
 
@@ -168,6 +173,7 @@ def router_command(spec: RouterSpec, setup: Setup, port: int, metrics_port: int)
             str(port),
             "--set",
             "log_level=warning",
+            *(["--processes", str(spec.processes)] if spec.processes is not None else []),
         ]
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy,
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip

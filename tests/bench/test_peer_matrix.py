@@ -75,4 +75,16 @@ def test_markdown_tables() -> None:
     assert "| mixed | hot (4/s, 80 %) | prefix-router prefix | 100 | 0 | 50.0% | 84.0 |" in text
     assert lines[2].endswith("| 40 / 60 | 8.0 |")  # requests per worker in worker order (w1, w2), load
     assert "vllm-router (no token ids: 25 %)" in text
-    assert "| mixed | hot | vllm-router | 0.84 | 0.83 | <= 0.85 | yes |" in text
+    assert "| mixed | hot | prefix-router prefix | vllm-router | 0.84 | 0.83 | <= 0.85 | yes |" in text
+
+
+def test_each_row_of_ours_gets_its_own_verdict() -> None:
+    cell = _cell("hot", _summary(84, 250), sglang_router=_summary(100, 300))
+    cell["document"]["policies"]["prefix-router prefix 1 process"] = _summary(95, 250)
+    verdicts = peer_matrix.build([cell])["verdicts"]
+    assert [(v["ours"], v["ok"]) for v in verdicts] == [
+        ("prefix-router prefix", True),
+        ("prefix-router prefix 1 process", False),  # 95/100 misses the hot margin
+    ]
+    only_single = peer_matrix.build([cell], ours=["prefix-router prefix 1 process"])
+    assert [v["ours"] for v in only_single["verdicts"]] == ["prefix-router prefix 1 process"]

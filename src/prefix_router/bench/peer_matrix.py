@@ -8,8 +8,9 @@ router, what the router's own metrics said (``router_decisions``).
 ``machine load`` is the 1-minute load average of the (shared) machine at the end of the router's runs:
 on 2 cores, figures measured at a load of 8 were measured on a starved CPU.
 
-Verdict, per cell and peer row: ``ours`` (prefix-router's row) against that peer on TTFT mean and p99;
-``ok`` when ours is no worse on both, and, in hot cells, at least ``HOT_MARGIN`` better on both.
+Verdict, per cell, row of ours and peer row: ``ours`` (prefix-router's rows: ``serve`` as shipped, one
+process per core, and a single process) against that peer on TTFT mean and p99; ``ok`` when ours is no
+worse on both, and, in hot cells, at least ``HOT_MARGIN`` better on both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from prefix_router.bench.summary import distribution_ms
 from prefix_router.pool.engines import promtext
 
-OURS = "prefix-router prefix"
+OURS = ("prefix-router prefix", "prefix-router prefix 1 process")
 HOT_MARGIN = 0.15  # hot cells: ours must be at least 15 % lower than the peer
 PEER_PREFIXES = ("sglang-router", "vllm-router")
 VLLM_DECISIONS = "vllm_router_prefix_routing_decisions_total"
@@ -76,12 +77,12 @@ def is_peer(label: str) -> bool:
     return label.startswith(PEER_PREFIXES)
 
 
-def build(cells: Sequence[Mapping[str, Any]], ours: str = OURS) -> dict[str, Any]:
-    """The matrix document: the cells as given plus one verdict per (cell, peer row)."""
-    verdicts = [v for cell in cells for v in cell_verdicts(cell, ours)]
+def build(cells: Sequence[Mapping[str, Any]], ours: Sequence[str] = OURS) -> dict[str, Any]:
+    """The matrix document: the cells as given plus one verdict per (cell, row of ours, peer row)."""
+    verdicts = [v for cell in cells for label in ours for v in cell_verdicts(cell, label)]
     return {
         "simulated": all(bool(c["document"].get("simulated")) for c in cells),
-        "ours": ours,
+        "ours": list(ours),
         "hot_margin": HOT_MARGIN,
         "cells": list(cells),
         "verdicts": verdicts,
@@ -89,13 +90,17 @@ def build(cells: Sequence[Mapping[str, Any]], ours: str = OURS) -> dict[str, Any
     }
 
 
-def cell_verdicts(cell: Mapping[str, Any], ours: str = OURS) -> list[dict[str, Any]]:
+def cell_verdicts(cell: Mapping[str, Any], ours: str = OURS[0]) -> list[dict[str, Any]]:
     policies = cell["document"]["policies"]
     mine = policies.get(ours)
     if mine is None:
         return []
     hot = cell["load"] == "hot"
-    return [_verdict(cell, label, mine, theirs, hot) for label, theirs in policies.items() if is_peer(label)]
+    return [
+        {"ours": ours, **_verdict(cell, label, mine, theirs, hot)}
+        for label, theirs in policies.items()
+        if is_peer(label)
+    ]
 
 
 def _verdict(
@@ -173,14 +178,14 @@ def _per_worker(counts: Mapping[str, int]) -> str:
 
 
 def _verdict_table(matrix: Mapping[str, Any]) -> str:
-    ours = matrix["ours"]
-    lines = [f"| workload | load | peer | {ours} / peer, TTFT mean | TTFT p99 | needed | met |",
-             "|---|---|---|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| workload | load | ours | peer | ours / peer, TTFT mean | TTFT p99 | needed | met |",
+             "|---|---|---|---|---:|---:|---:|---|"]  # fmt: skip
     for v in matrix["verdicts"]:
         met = "yes" if v["ok"] else "no"
         cells = (
             v["workload"],
             v["load"],
+            v["ours"],
             v["peer"],
             _x(v["mean_ratio"]),
             _x(v["p99_ratio"]),
