@@ -29,6 +29,6 @@ gcc -O2 -Wall -Wextra -shared -fPIC -o "$SHIM" benchmarks/nodelay_shim.c -ldl
 mkdir -p "$OUT"
 status=0
 "$PY" benchmarks/peers.py --out "$OUT" --peers-venv "$PEERS_VENV" --shim "$SHIM" "$@" || status=$?
-"$PY" benchmarks/peers_table.py "$OUT" --json "$OUT/peers.json" --markdown "$OUT/peers.md"
-echo "results: $OUT/peers.md, $OUT/peers.json (per run: $OUT/<workload>-<load>/)"
+"$PY" benchmarks/peers_table.py "$OUT" --json "$OUT/peers.json" --markdown "$OUT/peers.md" --plot "$OUT/peers.png"
+echo "results: $OUT/peers.md, $OUT/peers.json, $OUT/peers.png (per run: $OUT/<workload>-<load>/)"
 exit "$status"

@@ -1,6 +1,7 @@
 """The fair peer run's tables from its result files (``benchmarks/peers.py`` writes them).
 
-    .venv/bin/python benchmarks/peers_table.py OUT [--json OUT/peers.json] [--markdown OUT/peers.md]
+    .venv/bin/python benchmarks/peers_table.py OUT [--json OUT/peers.json] [--markdown OUT/peers.md] \
+        [--plot OUT/peers.png]
 
 OUT holds ``runs.json`` (what ran: cells, rates, commands) and one directory per cell
 (``<workload>-<load>/``) with one ``prefix-router bench --json`` file per router and that router's
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefix_router.bench import merge, peer_matrix
+from prefix_router.bench import merge, peer_matrix, plots
 
 
 def load_cells(out: Path) -> list[dict[str, Any]]:
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="the directory benchmarks/peers.py wrote")
     parser.add_argument("--json", type=Path, help="write the matrix document here")
     parser.add_argument("--markdown", type=Path, help="write the Markdown tables here")
+    parser.add_argument("--plot", type=Path, help="write a PNG of TTFT mean and p99 per cell and router here")
     args = parser.parse_args(argv)
     matrix = peer_matrix.build(load_cells(args.out))
     text = peer_matrix.markdown(matrix)
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(matrix, indent=2) + "\n")
     if args.markdown:
         args.markdown.write_text(text)
+    if args.plot:
+        plots.peer_matrix(matrix, args.plot)
     return 0
 
 

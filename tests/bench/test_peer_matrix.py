@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from prefix_router.bench import peer_matrix
+from prefix_router.bench import peer_matrix, plots
 
 VLLM_PAGE = """# TYPE vllm_router_prefix_routing_decisions_total counter
 vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",outcome="prefix_hit"} 30
@@ -88,3 +89,11 @@ def test_each_row_of_ours_gets_its_own_verdict() -> None:
     ]
     only_single = peer_matrix.build([cell], ours=["prefix-router prefix 1 process"])
     assert [v["ours"] for v in only_single["verdicts"]] == ["prefix-router prefix 1 process"]
+
+
+def test_plot_of_the_matrix(tmp_path: Path) -> None:
+    cold = _cell("cold", _summary(20, 80), sglang_router=_summary(25, 90))
+    hot = _cell("hot", _summary(30, 120), vllm_router=_summary(35, 150))  # a router missing from a cell
+    path = plots.peer_matrix(peer_matrix.build([cold, hot]), tmp_path / "peers.png")
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000

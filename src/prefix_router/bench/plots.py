@@ -1,4 +1,5 @@
-"""PNG plots of a benchmark: TTFT CDF per policy, hit rate per policy, requests per worker.
+"""PNG plots of a benchmark: TTFT CDF per policy, hit rate per policy, requests per worker; and the fair
+peer run's TTFT mean and p99 per cell and router (``peer_matrix``).
 
 Every title says whether the engines were simulated.
 """
@@ -77,6 +78,32 @@ def write_all(
         hit_rates(policies, directory / "hit_rate.png", simulated),
         requests_per_worker(policies, directory / "requests_per_worker.png", simulated),
     ]
+
+
+def peer_matrix(matrix: Mapping[str, Any], path: Path) -> Path:
+    """TTFT mean (top) and p99 (bottom) per cell (workload, load) and router, from a ``peer_matrix.build``
+    document: one bar group per cell, one bar per router, in the order the routers first appear."""
+    cells = matrix["cells"]
+    routers = list(dict.fromkeys(label for cell in cells for label in cell["document"]["policies"]))
+    names = [f"{cell['workload']}\n{cell['load']}" for cell in cells]
+    fig, axes = plt.subplots(2, 1, figsize=(max(7, len(cells) * 1.9), 7.5), sharex=True)
+    width = 0.8 / max(1, len(routers))
+    for ax, stat in zip(axes, ("mean", "p99"), strict=True):
+        for i, router in enumerate(routers):
+            values = [_ttft(cell, router, stat) for cell in cells]
+            ax.bar([c + i * width for c in range(len(cells))], values, width, label=router)
+        ax.set(ylabel=f"TTFT {stat} (ms)")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[-1].set_xticks([c + 0.4 - width / 2 for c in range(len(cells))], names)
+    axes[0].set_title("Fair peer run: TTFT per cell and router" + _suffix(bool(matrix.get("simulated"))))
+    axes[0].legend(fontsize="small", ncol=2)
+    return _save(fig, path)
+
+
+def _ttft(cell: Mapping[str, Any], router: str, stat: str) -> float:
+    summary = cell["document"]["policies"].get(router)
+    value = summary["ttft_ms"].get(stat) if summary else None
+    return float(value) if value is not None else 0.0
 
 
 def _save(fig: Any, path: Path) -> Path:
