@@ -213,6 +213,21 @@ def router(spec: RouterSpec, setup: Setup, log: Path) -> Iterator[tuple[str, str
 # ---------------------------------------------------------------------- runs
 
 
+def code_commit() -> str:
+    """The checkout's commit (prefix-router's code under test), ``+dirty`` when ``src/`` has changes."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        head = _output([*git, "rev-parse", "--short=12", "HEAD"])
+        dirty = _output([*git, "status", "--porcelain", "--untracked-files=no", "--", "src"])
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def _output(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+
 def bench_command(
     setup: Setup, workload: Workload, load: str, spec: RouterSpec, url: str, out: Path, requests: int
 ) -> list[str]:
@@ -317,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     with engines(setup) as urls:
         setup.workers = urls
         runs = run_matrix(setup, cells, specs, args.repeats, args.requests)
+    commit = code_commit()
+    for run in runs:
+        run["commit"] = commit
     manifest = {"engines": args.engines, "engine_args": list(engine_args), "seed": args.seed, "runs": runs,
-                "simulated": True}  # fmt: skip
+                "commit": commit, "simulated": True}  # fmt: skip
     (args.out / "runs.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return 0 if all(r["rc"] == 0 for r in runs) else 1
 

@@ -1,7 +1,11 @@
 """The fair peer run's tables from its result files (``benchmarks/peers.py`` writes them).
 
-    .venv/bin/python benchmarks/peers_table.py OUT [--json OUT/peers.json] [--markdown OUT/peers.md] \
-        [--plot OUT/peers.png]
+    .venv/bin/python benchmarks/peers_table.py OUT [OUT2 ...] [--json OUT/peers.json] \
+        [--markdown OUT/peers.md] [--plot OUT/peers.png]
+
+With several directories, a router's runs of a cell in a later one replace that router's runs of that
+cell in the earlier ones (re-measure some rows on newer code, keep the others; each row lists the
+commits it was measured at in the JSON).
 
 OUT holds ``runs.json`` (what ran: cells, rates, commands) and one directory per cell
 (``<workload>-<load>/``) with one ``prefix-router bench --json`` file per router and that router's
@@ -15,60 +19,74 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from prefix_router.bench import merge, peer_matrix, plots
 
 
-def load_cells(out: Path) -> list[dict[str, Any]]:
-    """One entry per cell: workload, load, rate, the pooled document and vllm-router's decisions."""
-    runs = json.loads((out / "runs.json").read_text())["runs"]
+def load_cells(outs: Sequence[Path]) -> list[dict[str, Any]]:
+    """One entry per cell: workload, load, rate, the pooled document and vllm-router's decisions. With
+    several directories, a router's runs of a cell in a later directory replace that router's runs there
+    in the earlier ones (re-measure some rows, keep the others)."""
+    rows: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for out in outs:
+        fresh: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        for run in json.loads((out / "runs.json").read_text())["runs"]:
+            if run["rc"] != 0:
+                print(
+                    f"left out (exit {run['rc']}): {run['workload']} {run['load']} {run['label']}",
+                    file=sys.stderr,
+                )
+                continue
+            run = {**run, "dir": str(out / f"{run['workload']}-{run['load']}")}
+            fresh.setdefault((run["workload"], run["load"], run["label"]), []).append(run)
+        rows.update(fresh)
     cells: dict[tuple[str, str], dict[str, Any]] = {}
-    for run in runs:
-        if run["rc"] != 0:
-            print(
-                f"left out (exit {run['rc']}): {run['workload']} {run['load']} {run['label']}",
-                file=sys.stderr,
-            )
-            continue
-        key = (run["workload"], run["load"])
-        cell = cells.setdefault(key, {"workload": key[0], "load": key[1], "rate": run["rate"], "runs": {}})
-        cell["runs"].setdefault(run["label"], []).append(run)
+    for (workload, load, label), runs in rows.items():
+        cell = cells.setdefault((workload, load), {"workload": workload, "load": load, "runs": {}})
+        cell["rate"] = runs[0]["rate"]
+        cell["runs"][label] = runs
     for cell in cells.values():
-        directory = out / f"{cell['workload']}-{cell['load']}"
-        labels = sorted(cell["runs"], key=lambda label: (peer_matrix.is_peer(label), label))
-        documents = {label: [_json(directory, run) for run in cell["runs"][label]] for label in labels}
-        checked = merge.merge([docs[0] for docs in documents.values()])  # same workers and workload?
-        policies = {
-            label: peer_matrix.pool(
-                [doc["policies"][label] for doc in docs],
-                [rec for run in cell["runs"][label] for rec in _records(directory, run)],
-            )
-            for label, docs in documents.items()
-        }
-        for label, pooled in policies.items():
-            loads = [run.get("load_avg") for run in cell["runs"][label] if run.get("load_avg") is not None]
-            pooled["machine_load_avg"] = round(sum(loads) / len(loads), 1) if loads else None
-        cell["document"] = {**checked, "policies": policies}
-        cell["router_decisions"] = {label: _decisions(directory, cell["runs"][label]) for label in labels}
+        _pool_cell(cell)
     return list(cells.values())
 
 
-def _json(directory: Path, run: dict[str, Any]) -> dict[str, Any]:
-    return dict(json.loads((directory / f"{run['file']}.json").read_text()))
+def _pool_cell(cell: dict[str, Any]) -> None:
+    labels = sorted(cell["runs"], key=lambda label: (peer_matrix.is_peer(label), label))
+    documents = {label: [_json(run) for run in cell["runs"][label]] for label in labels}
+    checked = merge.merge([docs[0] for docs in documents.values()])  # same workers and workload?
+    policies = {
+        label: peer_matrix.pool(
+            [doc["policies"][label] for doc in docs],
+            [rec for run in cell["runs"][label] for rec in _records(run)],
+        )
+        for label, docs in documents.items()
+    }
+    for label, pooled in policies.items():
+        runs = cell["runs"][label]
+        loads = [run["load_avg"] for run in runs if run.get("load_avg") is not None]
+        pooled["machine_load_avg"] = round(sum(loads) / len(loads), 1) if loads else None
+        pooled["commits"] = sorted({str(run.get("commit", "unrecorded")) for run in runs})
+    cell["document"] = {**checked, "policies": policies}
+    cell["router_decisions"] = {label: _decisions(cell["runs"][label]) for label in labels}
 
 
-def _records(directory: Path, run: dict[str, Any]) -> list[dict[str, Any]]:
-    path = directory / f"{run['file']}.records.jsonl"
+def _json(run: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads((Path(run["dir"]) / f"{run['file']}.json").read_text()))
+
+
+def _records(run: dict[str, Any]) -> list[dict[str, Any]]:
+    path = Path(run["dir"]) / f"{run['file']}.records.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _decisions(directory: Path, runs: list[dict[str, Any]]) -> dict[str, float]:
+def _decisions(runs: list[dict[str, Any]]) -> dict[str, float]:
     """vllm-router's decision counters summed over the repeats (empty for other routers)."""
     total: dict[str, float] = {}
     for run in runs:
-        path = directory / f"{run['file']}.metrics.txt"
+        path = Path(run["dir"]) / f"{run['file']}.metrics.txt"
         for key, value in peer_matrix.router_decisions(path.read_text() if path.exists() else "").items():
             total[key] = total.get(key, 0.0) + value
     return total
@@ -78,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("out", type=Path, help="the directory benchmarks/peers.py wrote")
+    parser.add_argument(
+        "out", type=Path, nargs="+", help="the directory benchmarks/peers.py wrote (later ones replace rows)"
+    )
     parser.add_argument("--json", type=Path, help="write the matrix document here")
     parser.add_argument("--markdown", type=Path, help="write the Markdown tables here")
     parser.add_argument("--plot", type=Path, help="write a PNG of TTFT mean and p99 per cell and router here")
