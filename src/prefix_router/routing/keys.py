@@ -284,6 +284,7 @@ class KeyBuilder:
             session=session,
             output_tokens_hint=_max_tokens(body),
             tail=b"" if tokens_mode else data[len(data) - len(data) % self.cfg.block_chars :],
+            text_model=None if tokens_mode else body["model"],  # validated by ``namespace``
         )
 
     def extend(

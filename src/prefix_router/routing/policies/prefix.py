@@ -89,7 +89,8 @@ class PrefixPolicy(NoHooks):
     ) -> list[WorkerSnapshot]:
         """The workers under ``cap`` with the lowest cost, in one inlined pass (this runs for every
         candidate of every request)."""
-        prompt, block, best, tied = req.prompt_tokens, req.block_tokens, math.inf, []
+        scale = ctx.token_scale  # engine tokens per key token (routing/units.py)
+        prompt, block, best, tied = req.prompt_tokens * scale, req.block_tokens * scale, math.inf, []
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
