@@ -5,9 +5,12 @@ does). Modes, all over the same requests and engines (``prefix_router.sim``'s cl
 
 - ``single``: one router sees everything (the target);
 - ``independent``: N replicas, each with only its own view (no shared state);
-- ``shared-index``: N replicas sharing index changes through a real redis-server (``prefix_router.replication``);
+- ``shared-index``: N replicas sharing index changes through a real redis-server
+  (``prefix_router.replication``);
 - ``shared``: the same plus shared in-flight counts (``sync_load`` every ``load_interval_s`` of simulated
-  time, as the background task does every 0.5 s by default).
+  time, as the background task does every 0.5 s by default);
+- ``local``: N processes of one ``serve --processes N`` sharing index changes and in-flight counts over
+  the local channel (``replication.local``, real Unix datagram sockets; load every ``load_interval_s``).
 
 Propagation: replicas publish and read the stream at sync points every ``--sync-interval-s`` of simulated
 time (0: before every arrival). Through loopback Redis a change reaches the other replicas in about a
@@ -43,6 +46,7 @@ from rich.table import Table
 
 from prefix_router.replication import RedisReplication, ReplicationSettings
 from prefix_router.replication.connect import make_client
+from prefix_router.replication.local import LocalReplication
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import RouteRequest
@@ -53,7 +57,7 @@ from prefix_router.sim.run import Scenario, trace_scenario, workload_scenario
 from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.sim.stats import details, summarize
 
-MODES = ("single", "independent", "shared-index", "shared")
+MODES = ("single", "independent", "shared-index", "shared", "local")
 
 
 # ---------------------------------------------------------------------------------------- redis-server
@@ -144,6 +148,55 @@ class RedisSync:
         self.loop.close()
 
 
+class LocalSync:
+    """The replicas' LocalStates (``serve --processes``), driven at sync points in simulated time."""
+
+    def __init__(self, interval_s: float, load_interval_s: float) -> None:
+        self.interval_s, self.load_interval_s = interval_s, load_interval_s
+        self.directory = Path(tempfile.mkdtemp(prefix="pr-bench-"))
+        self.loop = asyncio.new_event_loop()
+        self.states: list[LocalReplication] = []
+        self.now = 0.0
+        self._last = self._last_load = -1e18
+        self.sync_seconds = 0.0
+        self.syncs = 0
+
+    def attach(self, routers: list[Router]) -> None:
+        for i, router in enumerate(routers):
+            state = LocalReplication(router, self.directory, i, len(routers), clock=lambda: self.now)
+            self.loop.run_until_complete(state.start(run_tasks=False))
+            self.states.append(state)
+
+    def before_arrival(self, now: float) -> None:
+        self.now = now
+        if now - self._last < self.interval_s:
+            return
+        started = time.perf_counter()
+        for state in self.states:
+            state.flush()
+        for state in self.states:
+            state.read_once()
+        if now - self._last_load >= self.load_interval_s:
+            for state in self.states:
+                state.sync_load()
+            for state in self.states:
+                state.read_once()
+            self._last_load = now
+        self.sync_seconds += time.perf_counter() - started
+        self.syncs += 1
+        self._last = now
+
+    def totals(self) -> dict[str, float]:
+        keys = ("published_changes", "published_entries", "applied_changes", "failures")
+        return {k: sum(s.stats()[k] for s in self.states) for k in keys}
+
+    def close(self) -> None:
+        for state in self.states:
+            self.loop.run_until_complete(state.stop())
+        self.loop.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------- simulation
 
 
@@ -158,7 +211,7 @@ class ReplicatedSimulation(ClusterSimulation):
         source: RequestSource,
         routing: RoutingSettings,
         replicas: int,
-        sync: RedisSync | None,
+        sync: RedisSync | LocalSync | None,
     ) -> None:
         super().__init__(spec, policy, source, routing)
         self.routers = [self.router] + [self._replica(routing, i) for i in range(1, replicas)]
@@ -211,8 +264,10 @@ class ReplicatedSimulation(ClusterSimulation):
 
 def run_mode(scenario: Scenario, mode: str, args: argparse.Namespace, url: str | None) -> dict[str, Any]:
     replicas = 1 if mode == "single" else args.replicas
-    sync = None
-    if mode.startswith("shared"):
+    sync: RedisSync | LocalSync | None = None
+    if mode == "local":
+        sync = LocalSync(args.sync_interval_s, args.load_interval_s)
+    elif mode.startswith("shared"):
         assert url is not None
         key = f"bench:{mode}:{args.sync_interval_s}:{time.time_ns()}"
         sync = RedisSync(url, key, args.sync_interval_s, mode == "shared", args.load_interval_s)
@@ -226,7 +281,11 @@ def run_mode(scenario: Scenario, mode: str, args: argparse.Namespace, url: str |
     row = {"mode": mode, "replicas": replicas, **summarize(result.stats)}
     row["details"] = details(result.stats, result.wall_s)
     if sync is not None:
-        row["redis"] = {**sync.totals(), "syncs": sync.syncs, "sync_wall_s": sync.sync_seconds}
+        row["redis" if isinstance(sync, RedisSync) else "local"] = {
+            **sync.totals(),
+            "syncs": sync.syncs,
+            "sync_wall_s": sync.sync_seconds,
+        }
     return row
 
 
@@ -365,8 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     if prop is not None:
         console.print(f"propagation through loopback Redis (real): {json.dumps(prop)}")
     for r in rows:
-        if "redis" in r:
-            console.print(f"{r['mode']} redis traffic (real): {json.dumps(r['redis'])}")
+        for channel in ("redis", "local"):
+            if channel in r:
+                console.print(f"{r['mode']} {channel} traffic (real): {json.dumps(r[channel])}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"simulated": True, "rows": rows, "propagation": prop}, indent=1)

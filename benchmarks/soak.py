@@ -66,7 +66,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-sessions", type=int, default=2_000, help="router bound routing.sessions.max_sessions"
     )
-    p.add_argument("--upstream-client", default="aiohttp", choices=["aiohttp", "h1"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write samples and summary as JSON")
     p.add_argument("--plot", type=Path, help="write an RSS / index plot (PNG)")
@@ -126,7 +125,6 @@ def router_argv(opts: argparse.Namespace, engines: list[Engine], port: int, toke
         "routing.sessions.max_sessions": opts.max_sessions,
         "health.interval_s": 0.5,
         "health.fail_threshold": 2,
-        "upstream_client": opts.upstream_client,
         "log_level": "warning",
         "access_log": "false",  # hundreds of thousands of requests: warnings only on the terminal
     }

@@ -73,6 +73,34 @@ def test_histogram_edges() -> None:
     assert hist.counts == [1, 2, 1] and hist.count == 4 and hist.sum == 7.5
 
 
+def test_other_processes_snapshots_are_added_at_scrape_time() -> None:
+    """``serve --processes``: any process's /metrics counts every process's requests."""
+    mine, _ = metrics_with("a")
+    their_router = Router(RoutingSettings())
+    theirs, _ = metrics_with("a", router=their_router)
+    mine.request_done("a", "m", "prefix", 200)
+    theirs.request_done("a", "m", "prefix", 200)
+    theirs.request_done("a", "m", "prefix", 502)
+    theirs.latency.observe(0.003)
+    their_router.load.start("r1", "a", 0)  # one request in flight in the other process
+    req = RouteRequest("r2", (1, 2), 16, 32, hash_key=1)
+    their_router.dispatched(req, Decision("a", "test"), 0.0)
+    their_router.finished(req, "a", Outcome(cached_tokens=16), 0.0)  # one cache report there
+    mine.peers = lambda: [
+        theirs.snapshot(),
+        b"not json",
+        b"[1]",
+        b'{"counters": {"prefix_router_requests": 5}, "feedback": {"a": {"reports": "x"}}}',
+    ]
+    got = samples(mine)
+    for status, count in (("200", 2), ("502", 1)):
+        labels = (("model", "m"), ("policy", "prefix"), ("status", status), ("worker", "a"))
+        assert got[("prefix_router_requests_total", labels)] == count
+    assert got[("prefix_router_request_seconds_count", ())] == 1
+    assert got[("prefix_router_in_flight", (("worker", "a"),))] == 1
+    assert got[("prefix_router_cached_tokens_total", (("kind", "reported"), ("worker", "a")))] == 16
+
+
 def test_predicted_vs_reported_counts_only_the_requests_whose_engine_reported() -> None:
     router = Router(RoutingSettings.model_validate({"keys": {"block_tokens": 16}}))
     metrics, _ = metrics_with("a", router=router)

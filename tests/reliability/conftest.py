@@ -1,4 +1,4 @@
-"""Fixtures for fault tests: routers over either upstream client (``support.routers``), scriptable
+"""Fixtures for fault tests: routers (``support.routers``), scriptable
 misbehaving engines on raw sockets, an engine that records when each request is cancelled, and the ``kit``
 of helpers (test modules are imported with ``--import-mode=importlib`` and cannot import this file; shared
 helpers live in ``support``)."""
@@ -28,7 +28,6 @@ from prefix_router.sim.server import READY_PREFIX
 from support.routers import RouterFactory, RouterHandle, Routers
 from support.waiting import wait_until
 
-CLIENTS = ("aiohttp", "h1")
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 20}]}
 RR = {POLICY_HEADER: "round_robin"}
 
@@ -38,13 +37,11 @@ RR = {POLICY_HEADER: "round_robin"}
 
 @pytest.fixture
 async def start_router() -> AsyncIterator[RouterFactory]:
-    """``await start_router(engine_a, engine_b, settings={...}, client="h1")``; stopped afterwards."""
+    """``await start_router(engine_a, engine_b, settings={...})``; stopped afterwards."""
     routers = Routers(shutdown_timeout_s=0.5, models=["m"])
 
-    async def make(
-        *workers: Any, settings: dict[str, Any] | None = None, client: str = "aiohttp"
-    ) -> RouterHandle:
-        return await routers.start(*workers, settings={"upstream_client": client, **(settings or {})})
+    async def make(*workers: Any, settings: dict[str, Any] | None = None) -> RouterHandle:
+        return await routers.start(*workers, settings=settings)
 
     try:
         yield make
@@ -349,7 +346,6 @@ async def sim_process() -> AsyncIterator[SimFactory]:
 class Kit:
     CHAT = CHAT
     RR = RR
-    CLIENTS = CLIENTS
 
     wait_until = staticmethod(wait_until)
 
@@ -420,8 +416,8 @@ ServeFactory = Callable[..., Awaitable[ServeProcess]]
 @pytest.fixture
 async def serve_process(tmp_path: Any) -> AsyncIterator[ServeFactory]:
     """``await serve_process("--worker", url, ..., env={...}, ready=True)``: ``python -m
-    prefix_router.proxy serve ARGS --port FREE`` (``ready``: waits for ``/ready`` 200, else ``/health``);
-    killed afterwards."""
+    prefix_router.proxy serve ARGS --port FREE`` (``ready``: waits for ``/ready`` 200, else ``/health``),
+    one serving process unless ARGS say ``--processes``; killed afterwards."""
     from prefix_router.launch.net import free_port
 
     procs: list[ServeProcess] = []
@@ -429,7 +425,9 @@ async def serve_process(tmp_path: Any) -> AsyncIterator[ServeFactory]:
     async def spawn(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServeProcess:
         port = free_port()
         log = tmp_path / f"serve-{len(procs)}.log"
-        argv = ["-m", "prefix_router.proxy", "serve", *args, "--port", str(port)]
+        # one serving process unless asked (the default, one per core: tests/proxy/test_processes.py)
+        single = () if "--processes" in args else ("--processes", "1")
+        argv = ["-m", "prefix_router.proxy", "serve", *args, *single, "--port", str(port)]
         with log.open("wb") as sink:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, *argv, stderr=sink, env={**os.environ, **(env or {})}

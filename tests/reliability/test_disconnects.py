@@ -16,7 +16,6 @@ import pytest
 from prefix_router.proxy.server import Running, start
 from prefix_router.sim.server import CONTEXT, EngineSimConfig, build_app
 
-CLIENTS = ("aiohttp", "h1")
 STREAMS = 40
 BOUND_S = 1.0  # the engine's streams would run for 10 s and more
 
@@ -40,12 +39,11 @@ async def hang_up(http: aiohttp.ClientSession, responses: list[Any]) -> float:
     return hung_up
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 async def test_every_upstream_request_is_cancelled_at_once(
-    recording_engine: Any, start_router: Any, kit: Any, client: str
+    recording_engine: Any, start_router: Any, kit: Any
 ) -> None:
     engines = [await recording_engine(f"rec{i}", chunk_delay_s=0.02) for i in range(2)]
-    router = await start_router(*engines, client=client)
+    router = await start_router(*engines)
     http, responses = await open_streams(router.url, STREAMS, {**kit.CHAT, "stream": True})
     assert sum(e.active for e in engines) == STREAMS
     assert router.state.pool.total_in_flight() == STREAMS
@@ -58,12 +56,11 @@ async def test_every_upstream_request_is_cancelled_at_once(
     await kit.wait_until(lambda: kit.quiescent(router))
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 async def test_hanging_up_before_the_first_byte_cancels_too(
-    recording_engine: Any, start_router: Any, kit: Any, client: str
+    recording_engine: Any, start_router: Any, kit: Any
 ) -> None:
     engine = await recording_engine("slowstart", delay_s=30)
-    router = await start_router(engine, client=client)
+    router = await start_router(engine)
     async with aiohttp.ClientSession() as http:
         tasks = [
             asyncio.ensure_future(http.post(router.url + "/v1/chat/completions", json=kit.CHAT))
@@ -89,13 +86,12 @@ async def sim_app() -> AsyncIterator[tuple[Running, Any]]:
         await running.stop()
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 async def test_the_simulated_engine_stops_generating(
-    sim_app: tuple[Running, Any], start_router: Any, kit: Any, client: str
+    sim_app: tuple[Running, Any], start_router: Any, kit: Any
 ) -> None:
     """The same through a simulated engine (simulated): its scheduler's live requests drop to zero."""
     running, ctx = sim_app
-    router = await start_router({"url": running.url, "name": "sim", "models": ["m"]}, client=client)
+    router = await start_router({"url": running.url, "name": "sim", "models": ["m"]})
     body = {**kit.CHAT, "stream": True, "max_tokens": 4000}
     http, responses = await open_streams(router.url, 20, body)
     assert ctx.driver.live() == 20

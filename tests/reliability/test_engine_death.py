@@ -65,13 +65,12 @@ def streaming_on(router: Any, worker: str) -> bool:
     return any(r.worker == worker and not r.prefilling for r in requests)
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_engine_killed_mid_run(
-    sim_process: Any, start_router: Any, kit: Any, client: str, caplog: pytest.LogCaptureFixture
+    sim_process: Any, start_router: Any, kit: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     engines = list(await asyncio.gather(*(sim_process() for _ in range(3))))
     workers = [{"url": e.url, "name": f"sim{i}", "models": ["m"]} for i, e in enumerate(engines)]
-    router = await start_router(*workers, settings=SETTINGS, client=client)
+    router = await start_router(*workers, settings=SETTINGS)
     victim, index = engines[0], router.state.router.index
     await batch(router, kit, 6, 0, max_tokens=4)  # every worker now holds the system prompt
     assert index.blocks_of("sim0") > 0

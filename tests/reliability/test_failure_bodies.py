@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-import pytest
 
 QUICK = {"timeouts.first_byte_s": 0.5, "timeouts.connect_s": 0.5, "health.fail_threshold": 10}
 
@@ -21,12 +20,11 @@ def assert_names_the_worker_only(body: bytes, engine: Any, code: str) -> None:
         assert address not in body.decode(), (address, body)
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_a_refused_port_gives_a_502_naming_the_worker(
-    sim_process: Any, start_router: Any, kit: Any, client: str
+    sim_process: Any, start_router: Any, kit: Any
 ) -> None:
     engine = await sim_process()
-    router = await start_router({"url": engine.url, "name": "sim-a"}, settings=QUICK, client=client)
+    router = await start_router({"url": engine.url, "name": "sim-a"}, settings=QUICK)
     assert router.state.pool.require("sim-a").health.healthy
     await engine.kill()
     status, _, body = await kit.post(router.url)
@@ -34,12 +32,11 @@ async def test_a_refused_port_gives_a_502_naming_the_worker(
     assert_names_the_worker_only(body, engine, "upstream_unavailable")
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_a_hung_worker_gives_a_504_naming_the_worker(
-    sim_process: Any, start_router: Any, kit: Any, client: str
+    sim_process: Any, start_router: Any, kit: Any
 ) -> None:
     engine = await sim_process()
-    router = await start_router({"url": engine.url, "name": "sim-a"}, settings=QUICK, client=client)
+    router = await start_router({"url": engine.url, "name": "sim-a"}, settings=QUICK)
     engine.freeze()
     status, _, body = await kit.post(router.url)
     assert status == 504

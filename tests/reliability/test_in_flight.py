@@ -11,10 +11,8 @@ from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-CLIENTS = ("aiohttp", "h1")
 EMBED = {"model": "m", "input": "a pass-through call"}
 EMBEDDINGS = "/v1/embeddings"
 TOKEN = "admin-token-for-load-tests"
@@ -61,13 +59,12 @@ def assert_refused(result: tuple[int, Any, bytes], retry_after: int) -> None:
     assert orjson.loads(raw)["error"]["code"] == "too_many_requests"
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 async def test_passthrough_calls_are_counted_and_held_to_the_per_worker_cap(
-    recording_engine: Any, start_router: Any, kit: Any, client: str
+    recording_engine: Any, start_router: Any, kit: Any
 ) -> None:
     engine = await recording_engine("e", delay_s=0.6)
     settings = {"limits.max_in_flight_per_worker": 2, "limits.retry_after_s": 3}
-    router = await start_router(engine, settings=settings, client=client)
+    router = await start_router(engine, settings=settings)
     slow = [asyncio.ensure_future(kit.post(router.url, EMBED, path=EMBEDDINGS)) for _ in range(2)]
     await kit.wait_until(lambda: engine.active == 2)
     assert counts(router) == {"e": 2} and router.state.router.load.tracked() == 2
@@ -149,9 +146,8 @@ async def read_stream(url: str, body: dict[str, Any], started: asyncio.Event) ->
         return first + await resp.read()
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 async def test_an_ejection_mid_request_keeps_the_count_until_the_requests_finish(
-    recording_engine: Any, start_router: Any, kit: Any, client: str
+    recording_engine: Any, start_router: Any, kit: Any
 ) -> None:
     engine = await recording_engine("e", chunks=60, chunk_delay_s=0.04)  # ~2.4 s streams
     settings = {
@@ -160,7 +156,7 @@ async def test_an_ejection_mid_request_keeps_the_count_until_the_requests_finish
         "health.success_threshold": 1,
         "auth.admin_token": TOKEN,
     }
-    router = await start_router(engine, settings=settings, client=client)
+    router = await start_router(engine, settings=settings)
     core = router.state.router
     started = [asyncio.Event() for _ in range(3)]
     streams = [
@@ -213,15 +209,14 @@ async def storm_request(router: Any, kit: Any, i: int, rng: random.Random) -> st
     return str(status)
 
 
-@pytest.mark.parametrize("client", CLIENTS)
 async def test_no_count_leaks_after_a_storm_of_mixed_requests_with_failures(
-    recording_engine: Any, raw_engine: Any, start_router: Any, kit: Any, client: str
+    recording_engine: Any, raw_engine: Any, start_router: Any, kit: Any
 ) -> None:
     good = [await recording_engine(f"rec{i}", chunks=8, chunk_delay_s=0.01, delay_s=0.02) for i in range(2)]
     bad = [await raw_engine("r500", "http_500"), await raw_engine("cut", "sse_then_close")]
     bad.append(await raw_engine("closer", "close"))
     settings = {"health.interval_s": 0.05, "health.fail_threshold": 1, "health.success_threshold": 1}
-    router = await start_router(*good, *bad, settings={**settings, "retries.max_attempts": 2}, client=client)
+    router = await start_router(*good, *bad, settings={**settings, "retries.max_attempts": 2})
     core, names = router.state.router, [w.name for w in router.state.pool]
     violations: list[str] = []
 

@@ -8,9 +8,6 @@ import time
 from typing import Any
 
 import orjson
-import pytest
-
-CLIENTS = ("aiohttp", "h1")
 
 
 def assert_rate_limited(status: int, headers: Any, raw: bytes, retry_after: int) -> None:
@@ -19,13 +16,10 @@ def assert_rate_limited(status: int, headers: Any, raw: bytes, retry_after: int)
     assert error["type"] == "rate_limit_error" and error["code"] == "too_many_requests"
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-async def test_global_cap_holds_under_a_burst(
-    recording_engine: Any, start_router: Any, kit: Any, client: str
-) -> None:
+async def test_global_cap_holds_under_a_burst(recording_engine: Any, start_router: Any, kit: Any) -> None:
     engines = [await recording_engine(f"e{i}", delay_s=0.3) for i in range(2)]
     settings = {"limits.max_in_flight": 5, "limits.retry_after_s": 7}
-    router = await start_router(*engines, settings=settings, client=client)
+    router = await start_router(*engines, settings=settings)
     results = await asyncio.gather(*(kit.post(router.url) for _ in range(40)))  # arrive together
     served = [r for r in results if r[0] == 200]
     for status, headers, raw in results:
@@ -64,11 +58,10 @@ async def test_global_cap_holds_for_requests_admitted_while_their_bodies_were_in
     await kit.wait_until(lambda: kit.quiescent(router))
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-async def test_per_worker_cap(recording_engine: Any, start_router: Any, kit: Any, client: str) -> None:
+async def test_per_worker_cap(recording_engine: Any, start_router: Any, kit: Any) -> None:
     engines = [await recording_engine(f"e{i}", chunk_delay_s=0.05, chunks=20) for i in range(2)]
     settings = {"limits.max_in_flight_per_worker": 2, "limits.retry_after_s": 3}
-    router = await start_router(*engines, settings=settings, client=client)
+    router = await start_router(*engines, settings=settings)
     http_streams = [
         asyncio.ensure_future(kit.post(router.url, body={**kit.CHAT, "stream": True})) for _ in range(4)
     ]

@@ -7,17 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-import pytest
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
-async def test_a_slow_generation_runs_once_then_504(
-    fake_engine: Any, start_router: Any, kit: Any, client: str
-) -> None:
+async def test_a_slow_generation_runs_once_then_504(fake_engine: Any, start_router: Any, kit: Any) -> None:
     engines = [await fake_engine(f"slow{i}", delay_s=1.0) for i in range(3)]
     settings = {"timeouts.first_byte_s": 0.4, "retries.max_attempts": 3}
     workers = [{"url": e.url, "name": e.name, "models": ["m"]} for e in engines]
-    router = await start_router(*workers, settings=settings, client=client)
+    router = await start_router(*workers, settings=settings)
     status, _, body = await kit.post(router.url)
     assert status == 504 and orjson.loads(body)["error"]["code"] == "upstream_timeout"
     # one generation: before, each of the 3 workers got it in turn (0.4 s each, 3 generations)
@@ -26,15 +22,14 @@ async def test_a_slow_generation_runs_once_then_504(
     await kit.wait_until(lambda: kit.quiescent(router))
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_early_failures_are_retried_within_the_budget(
-    fake_engine: Any, start_router: Any, kit: Any, client: str
+    fake_engine: Any, start_router: Any, kit: Any
 ) -> None:
     flaky = await fake_engine("flaky", fail_next=10)
     slowish = await fake_engine("slowish", delay_s=0.2)
     settings = {"timeouts.first_byte_s": 2.0, "retries.max_attempts": 2}
     workers = [{"url": e.url, "name": e.name, "models": ["m"]} for e in (flaky, slowish)]
-    router = await start_router(*workers, settings=settings, client=client)
+    router = await start_router(*workers, settings=settings)
     for _ in range(2):  # round robin: one of them starts on the engine answering 500
         status, headers, _ = await kit.post(router.url, headers=kit.RR)
         assert status == 200 and headers["x-prefix-router-worker"] == "slowish"

@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 import orjson
-import pytest
 
 LONG = {
     "model": "m",
@@ -36,13 +35,12 @@ def error_code(event: bytes) -> str:
     return code
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_a_silent_stream_is_cut_after_the_idle_timeout(
-    sim_process: Any, start_router: Any, kit: Any, client: str
+    sim_process: Any, start_router: Any, kit: Any
 ) -> None:
     engine = await sim_process()
     worker = {"url": engine.url, "name": "sim", "models": ["m"]}
-    router = await start_router(worker, settings={"timeouts.stream_idle_s": 0.5}, client=client)
+    router = await start_router(worker, settings={"timeouts.stream_idle_s": 0.5})
     status, events, waited = await stream_until_frozen(router, engine, kit)
     assert status == 200 and len(events) > 2 and orjson.loads(events[0])["choices"]
     assert error_code(events[-1]) == "upstream_idle_timeout"
@@ -51,10 +49,7 @@ async def test_a_silent_stream_is_cut_after_the_idle_timeout(
     assert router.state.pool.require("sim").health.healthy  # probes are off here: only the stream was cut
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
-async def test_ejecting_a_worker_ends_its_open_streams(
-    sim_process: Any, start_router: Any, kit: Any, client: str
-) -> None:
+async def test_ejecting_a_worker_ends_its_open_streams(sim_process: Any, start_router: Any, kit: Any) -> None:
     engine = await sim_process()
     settings = {
         "timeouts.stream_idle_s": 600,
@@ -63,7 +58,7 @@ async def test_ejecting_a_worker_ends_its_open_streams(
         "health.fail_threshold": 2,
     }
     worker = {"url": engine.url, "name": "sim", "models": ["m"]}
-    router = await start_router(worker, settings=settings, client=client)
+    router = await start_router(worker, settings=settings)
     status, events, waited = await stream_until_frozen(router, engine, kit)
     assert status == 200 and len(events) > 2
     assert error_code(events[-1]) == "worker_ejected"

@@ -12,7 +12,7 @@ from prefix_router.replication import RedisReplication, attach
 async def test_redis_killed_and_restarted_mid_run(redis_server: Any, replicas: Any, kit: Any) -> None:
     a, b = await replicas.add(seed=1), await replicas.add(seed=2)
     before = {t: kit.dispatch(a.router, f"a{t}", kit.prefix(t), 1.0) for t in range(10)}
-    await kit.wait_until(lambda: b.counters.applied_changes >= 10)
+    await kit.wait_until(lambda: all(b.router.index.match(kit.prefix(t)) for t in before))
 
     redis_server.kill()
     started = time.perf_counter()

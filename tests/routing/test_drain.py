@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefix_router.routing.drain import PrefillDrain, prefill_work
+from prefix_router.routing.types import WorkerSnapshot
 
 
 def test_prefill_work_is_linear_for_short_prompts_and_grows_with_context() -> None:
@@ -78,3 +81,25 @@ def test_the_table_holds_one_entry_per_known_worker() -> None:
     assert drain.pending("a") == 0.0
     with pytest.raises(ValueError):
         PrefillDrain(alpha=0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["d", "f", "a"]), st.sampled_from(["w0", "w1", "w2"]), st.floats(1, 5000)),
+        max_size=30,
+    ),
+    st.floats(0, 10),
+)
+def test_the_one_pass_backlogs_equal_remaining(events: list[tuple[str, str, float]], later: float) -> None:
+    """``fill_backlogs`` (the per-request pass over the candidates) says what ``remaining`` says."""
+    drain = PrefillDrain()
+    for worker in ("w0", "w1", "w2"):
+        drain.add_worker(worker)
+    now = 0.0
+    for kind, worker, work in events:
+        now += 0.01
+        {"d": drain.dispatched, "f": drain.first_token, "a": drain.abandoned}[kind](worker, work, now)
+    snaps = [WorkerSnapshot(w) for w in ("w0", "w1", "w2", "unknown")]
+    drain.fill_backlogs(snaps, now + later)
+    assert [s.prefill_backlog for s in snaps] == [drain.remaining(s.name, now + later) for s in snaps]

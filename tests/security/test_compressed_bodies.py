@@ -18,12 +18,11 @@ ENCODE = {"gzip": gzip.compress, "deflate": zlib.compress}
 
 
 @pytest.mark.parametrize("encoding", list(ENCODE))
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_a_compressed_body_is_forwarded_decoded(
-    echo_engine: Any, start_router: Any, kit: Any, encoding: str, client: str
+    echo_engine: Any, start_router: Any, kit: Any, encoding: str
 ) -> None:
     engine = await echo_engine("w")
-    router = await start_router(engine, settings={"upstream_client": client})
+    router = await start_router(engine, settings={})
     packed = ENCODE[encoding](BODY)
     status, _, body = await kit.post(router.url, packed, {"Content-Encoding": encoding})
     assert status == 200, body

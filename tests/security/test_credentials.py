@@ -79,16 +79,15 @@ async def test_an_empty_key_list_given_explicitly_is_refused(kit: Any, how: dict
     assert code == 2 and "auth.api_keys" in err, err
 
 
-@pytest.mark.parametrize("client", ["aiohttp", "h1"])
 async def test_a_worker_whose_headers_cannot_be_sent_is_that_workers_failure(
-    echo_engine: Any, start_router: Any, kit: Any, client: str, caplog: pytest.LogCaptureFixture
+    echo_engine: Any, start_router: Any, kit: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Defence in depth: a key that slipped past validation (built without it here) makes every request to
     that worker fail before anything is sent: retried on another worker, reported against the worker's
     health, and alone a 502 naming it. Before: a 500 "internal router error", never retried."""
     caplog.set_level(logging.DEBUG)
     good, bad_engine = await echo_engine("good"), await echo_engine("bad")
-    router = await start_router(good, settings={"upstream_client": client, "health.fail_threshold": 100})
+    router = await start_router(good, settings={"health.fail_threshold": 100})
     broken = WorkerConfig.model_construct(
         url=bad_engine.url, name="bad", weight=1.0, models=[], engine="auto",
         api_key=SecretStr(WORKER_KEY + "\nX-Injected: 1"), capacity_tokens=None,

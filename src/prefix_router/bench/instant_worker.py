@@ -2,7 +2,8 @@
 
 ``python -m prefix_router.bench.instant_worker --port P`` serves ``/v1/chat/completions`` and
 ``/v1/completions`` (a fixed short reply; streams of ``--chunks`` SSE events), ``/v1/models`` and
-``/health``, with no work at all, so that any latency seen through the router is the router's.
+``/health`` (and the ``/server_info``, ``/model_info`` that sglang-router asks), with no work at all,
+so that any latency seen through the router is the router's.
 """
 
 from __future__ import annotations
@@ -67,11 +68,16 @@ def build_app(chunks: int) -> web.Application:
     async def health(request: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
 
+    async def info(request: web.Request) -> web.StreamResponse:  # what sglang-router asks at start-up
+        return web.json_response({"served_model_name": MODEL, "is_generation": True})
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_post("/v1/completions", generate)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        app.router.add_get(path, info)
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from prefix_router.pool.http import Fetcher, FetchError
 from prefix_router.pool.pool import WorkerPool
@@ -12,15 +13,18 @@ from prefix_router.pool.worker import Worker
 FALLBACK_PATH = "/v1/models"
 PROBE_MAX_BYTES = 1024 * 1024
 _NOT_THERE = (404, 405, 501)
+ProbeListener = Callable[[Worker, bool, str | None], None]
 
 
 class HealthProber:
-    """Probes workers and reports each result to the pool (which ejects and re-admits)."""
+    """Probes workers and reports each result to the pool (which ejects and re-admits), then to
+    ``on_result`` if set (``serve --processes``: the other processes take the same result)."""
 
     def __init__(self, pool: WorkerPool, fetcher: Fetcher, cfg: HealthConfig) -> None:
         self._pool = pool
         self._fetcher = fetcher
         self._cfg = cfg
+        self.on_result: ProbeListener | None = None
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(w) for w in self._pool))
@@ -30,6 +34,8 @@ class HealthProber:
         error = await self.check(worker)
         if self._pool.get(worker.name) is worker:  # not removed meanwhile
             self._pool.report(worker, error is None, error)
+            if self.on_result is not None:
+                self.on_result(worker, error is None, error)
         return error is None
 
     async def check(self, worker: Worker) -> str | None:

@@ -37,6 +37,7 @@ class PoolMonitor:
         self.identifier = Identifier(fetcher, health.timeout_s, max_models, scrape.max_bytes)
         self.scraper = MetricsScraper(pool, router, fetcher, scrape, clock)
         self._health, self._scrape = health, scrape
+        self.probe_and_scrape = True
         self._tasks: list[asyncio.Task[None]] = []
 
     async def refresh(self, worker: Worker) -> None:
@@ -48,14 +49,16 @@ class PoolMonitor:
         await asyncio.gather(*(self.refresh(w) for w in self.pool))
 
     def start(self) -> None:
-        """Start the loops (idempotent)."""
+        """Start the loops (idempotent). With ``probe_and_scrape`` off only identification runs: the
+        probes' and scrapes' results come from elsewhere (another process of ``serve --processes``)."""
         if self._tasks:
             return
         loops: list[tuple[float, Callable[[], Awaitable[None]]]] = [
-            (self._health.interval_s, self._probe_all),
             (self._health.models_interval_s, self._identify_all),
         ]
-        if self._scrape.enabled:
+        if self.probe_and_scrape:
+            loops.append((self._health.interval_s, self._probe_all))
+        if self.probe_and_scrape and self._scrape.enabled:
             loops.append((self._scrape.interval_s, self.scraper.scrape_all))
         self._tasks = [asyncio.create_task(_every(interval, fn)) for interval, fn in loops]
 

@@ -19,8 +19,13 @@ from prefix_router.pool.settings import ScrapeConfig
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 
+ScrapeListener = Callable[[Worker, EngineLoad], None]
+
 
 class MetricsScraper:
+    """Scrapes workers and applies what they say to the routing core, then hands it to ``on_result`` if
+    set (``serve --processes``: the other processes apply the same load)."""
+
     def __init__(
         self,
         pool: WorkerPool,
@@ -34,6 +39,7 @@ class MetricsScraper:
         self._fetcher = fetcher
         self._cfg = cfg
         self._clock = clock
+        self.on_result: ScrapeListener | None = None
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(w) for w in self._pool if w.health.healthy))
@@ -48,6 +54,8 @@ class MetricsScraper:
         except Exception:  # a garbage page must not break the loop
             return None
         self.apply(worker, load)
+        if self.on_result is not None and self._pool.get(worker.name) is worker:
+            self.on_result(worker, load)
         return load
 
     async def _fetch(self, worker: Worker) -> str | None:

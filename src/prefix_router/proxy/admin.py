@@ -17,7 +17,7 @@ from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.audit import audit
 from prefix_router.proxy.auth import check_admin
 from prefix_router.proxy.config import describe
-from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.context import CONTEXT, AdminChange, AppContext
 from prefix_router.proxy.errors import ProxyError, bad_request
 from prefix_router.proxy.handlers import Handler, json_response
 
@@ -81,6 +81,7 @@ async def add_worker(request: web.Request) -> web.StreamResponse:
     cfg = worker_config(await read_json(request))
     request[ADDED_NAME], request[ADDED_URL] = cfg.resolved_name(), cfg.url
     worker = state.pool.add(cfg)
+    told(state, AdminChange("add", worker.name, cfg))
     await state.monitor.refresh(worker)
     return json_response({"worker": state.pool.public(worker)}, status=201)
 
@@ -91,6 +92,7 @@ async def remove_worker(request: web.Request) -> web.StreamResponse:
     view = state.pool.public(state.pool.require(request.match_info["name"]))  # with what still runs there
     worker = state.pool.remove(request.match_info["name"])
     state.metrics.forget_worker(worker.name)
+    told(state, AdminChange("remove", worker.name))
     return json_response({"removed": view})
 
 
@@ -111,7 +113,15 @@ async def routing_summary(request: web.Request) -> web.StreamResponse:
 
 
 def set_draining(state: AppContext, name: str, draining: bool) -> web.Response:
-    return json_response({"worker": state.pool.public(state.pool.drain(name, draining))})
+    worker = state.pool.drain(name, draining)
+    told(state, AdminChange("drain" if draining else "undrain", worker.name))
+    return json_response({"worker": state.pool.public(worker)})
+
+
+def told(state: AppContext, change: AdminChange) -> None:
+    """Tell whoever follows this process's admin changes (the other processes of ``serve --processes``)."""
+    if state.on_admin is not None:
+        state.on_admin(change)
 
 
 async def read_json(request: web.Request) -> Any:

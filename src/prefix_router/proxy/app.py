@@ -19,10 +19,10 @@ from prefix_router.proxy import admin, handlers, http_errors
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.h1client import H1Upstream
+from prefix_router.proxy.http_client import HttpUpstream
 from prefix_router.proxy.metrics import ProxyMetrics
 from prefix_router.proxy.record import TraceRecorder
-from prefix_router.proxy.upstream import AiohttpUpstream, Upstream
+from prefix_router.proxy.upstream import Upstream
 from prefix_router.routing.router import Router
 from prefix_router.settings import ConfigError
 
@@ -94,12 +94,9 @@ def build_router(config: Config, rng: random.Random) -> Router:
         raise ConfigError(f"invalid config: routing: {str(exc).strip(chr(34) + chr(39))}") from None
 
 
-def build_upstream(config: Config) -> Upstream:
-    """aiohttp's client by default (a well-kept library); the lean ``h1`` client when asked for (less CPU
-    per request, see ``bench-overhead`` and docs/reliability.md)."""
-    if config.upstream_client == "h1":
-        return H1Upstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
-    return AiohttpUpstream(config.timeouts.connect_s, config.limits.max_connections)
+def build_upstream(config: Config) -> HttpUpstream:
+    """The upstream client: pooled keep-alive HTTP/1.1, parsed by llhttp (see ``proxy.http_client``)."""
+    return HttpUpstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
 
 
 def build_pool(config: Config, router: Router) -> WorkerPool:
@@ -158,7 +155,7 @@ async def _cleanup(app: web.Application) -> None:
     await state.monitor.stop()
     if state.recorder is not None:
         await state.recorder.close()
-    if isinstance(state.upstream, AiohttpUpstream | H1Upstream):
+    if isinstance(state.upstream, HttpUpstream):
         await state.upstream.close()
     fetcher = state.monitor.fetcher
     if isinstance(fetcher, AiohttpFetcher):

@@ -6,6 +6,7 @@ import argparse
 import os
 import random
 import sys
+from pathlib import Path
 from typing import Any
 
 from prefix_router.proxy.config import Config, load_config
@@ -29,6 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        help="serving processes sharing the port and the prefix view (0: one per core)",
+    )
     serve.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
     serve.add_argument(
         "--replication",
@@ -72,6 +78,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "port": args.port,
         "record.file": args.record,
         "replication.url": args.replication,
+        "processes": args.processes,
     }
     out.update({k: v for k, v in flags.items() if v is not None})
     out.update(discovery_flags(args))
@@ -133,7 +140,13 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.print_config:
             return print_config(merged_config(args))
         early = EarlyHangup()  # before the file is read: a SIGHUP from now on reloads it
-        return serve(build_config(args), args, early)
+        config = build_config(args)
+        from prefix_router.proxy.processes import process_count
+
+        count = process_count(config.processes)
+        if count > 1:
+            return serve_processes(config, args, count)
+        return serve(config, args, early)
     except ConfigError as exc:
         print(f"prefix-router serve: {exc}", file=sys.stderr)
         return 2
@@ -147,7 +160,10 @@ def print_config(config: Config) -> int:
     return 0
 
 
-def serve(config: Config, args: argparse.Namespace, early: EarlyHangup) -> int:
+Group = tuple[Path, int, int]  # ``serve --processes``: the channel's directory, this process, how many
+
+
+def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: Group | None = None) -> int:
     from prefix_router.proxy import lifecycle, logs, reload
     from prefix_router.proxy.app import create_app
     from prefix_router.proxy.context import CONTEXT
@@ -155,6 +171,10 @@ def serve(config: Config, args: argparse.Namespace, early: EarlyHangup) -> int:
 
     logs.configure(config.log_level, config.log_format, config.access_log)
     app = create_app(config)
+    if group is not None:
+        from prefix_router.proxy.processes import install_local_replication
+
+        install_local_replication(app, *group)
     source = args.config or "environment and flags"
 
     async def reloaded() -> None:
@@ -167,8 +187,40 @@ def serve(config: Config, args: argparse.Namespace, early: EarlyHangup) -> int:
         early=early,
     )
     try:
-        run(app, config.host, config.port, config.event_loop, config.timeouts.client_header_s, hooks)
+        run(
+            app,
+            config.host,
+            config.port,
+            config.event_loop,
+            config.timeouts.client_header_s,
+            hooks,
+            reuse_port=group is not None,
+        )
     except ListenError as exc:
         print(f"prefix-router serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int:
+    """``count`` serving processes under a supervisor (``proxy.processes``). The configuration and the
+    address are checked here first: a bad one is one line and an exit, not ``count`` failing children."""
+    from prefix_router.proxy import logs
+    from prefix_router.proxy.app import create_app
+    from prefix_router.proxy.processes import supervise
+    from prefix_router.proxy.server import ListenError, bind
+
+    create_app(config)  # every check a single process makes at start (then thrown away: each builds its own)
+    try:
+        for sock in bind(config.host, config.port, reuse_port=True):
+            sock.close()
+    except ListenError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 1
+    logs.configure(config.log_level, config.log_format, config.access_log)
+
+    def serve_one(index: int, directory: Path) -> None:
+        early = EarlyHangup()
+        sys.exit(serve(config, args, early, (directory, index, count)))
+
+    return supervise(config, count, serve_one)

@@ -7,11 +7,13 @@ import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiohttp import web
 
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.deadlines import Deadlines
@@ -19,6 +21,15 @@ from prefix_router.proxy.metrics import ProxyMetrics
 from prefix_router.proxy.record import TraceRecorder
 from prefix_router.proxy.upstream import Upstream
 from prefix_router.routing.router import Router
+
+
+@dataclass(frozen=True, slots=True)
+class AdminChange:
+    """A change of the pool made through the admin API (``worker``: the added worker's config)."""
+
+    op: Literal["add", "remove", "drain", "undrain"]
+    name: str
+    worker: WorkerConfig | None = None
 
 
 @dataclass(eq=False)
@@ -36,6 +47,8 @@ class AppContext:
     recorder: TraceRecorder | None = None
     deadlines: Deadlines = field(default_factory=Deadlines)
     active: int = 0  # /v1/* requests being handled (the drain waits for them)
+    # told of every admin change once it is made here (``serve --processes``: the other processes follow)
+    on_admin: Callable[[AdminChange], None] | None = None
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
     # a random UUID4 but its last 12 hex digits, which count: unique per process and across replicas

@@ -5,19 +5,25 @@ router tens of microseconds per request, measured by ``bench-overhead``); the Pr
 built when ``/metrics`` is scraped. Every labelled metric holds at most ``max_series`` label sets.
 Predicted vs reported cached tokens are read from the routing core's own tallies at scrape time
 (``Router.feedback``: one set of numbers for ``/metrics`` and ``/admin/routing``, bounded by the workers).
+Under ``serve --processes`` each process sends ``snapshot()`` to the others once a second, and every scrape
+adds the others' latest counters, histograms, in-flight counts and cache-report tallies (``peers``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.routing.feedback import Verdict
+from prefix_router.routing.feedback import FeedbackStats, Verdict
 from prefix_router.routing.router import Router
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -54,11 +60,21 @@ class CounterSet:
         for key in [k for k in self.values if k[position] == value]:
             del self.values[key]
 
-    def family(self) -> Metric:
+    def family(self, others: Iterable[list[list[Any]]] = ()) -> Metric:
+        """The Prometheus family, with other processes' series (``snapshot`` lists) added in."""
+        values = dict(self.values)
+        for series in others:
+            for labels, value in series:
+                key = tuple(str(v) for v in labels)
+                if len(key) == len(self.labels) and isinstance(value, int | float):
+                    values[key] = values.get(key, 0.0) + value
         family = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
-        for key, value in self.values.items():
+        for key, value in values.items():
             family.add_metric(list(key), value)
         return family
+
+    def snapshot(self) -> list[list[Any]]:
+        return [[list(key), value] for key, value in self.values.items()]
 
 
 class FastHistogram:
@@ -78,12 +94,33 @@ class FastHistogram:
     def count(self) -> int:
         return sum(self.counts)
 
-    def family(self) -> Metric:
+    def family(self, others: Iterable[dict[str, Any]] = ()) -> Metric:
+        """The Prometheus family, with other processes' counts (``snapshot`` dicts) added in."""
+        counts, total = list(self.counts), self.sum
+        for other in others:
+            theirs = other.get("counts")
+            if isinstance(theirs, list) and len(theirs) == len(counts):
+                counts = [a + int(b) for a, b in zip(counts, theirs, strict=True)]
+                total += float(other.get("sum", 0.0))
         cumulative, running = [], 0
-        for bound, n in zip([*map(_bound, self.bounds), "+Inf"], self.counts, strict=True):
+        for bound, n in zip([*map(_bound, self.bounds), "+Inf"], counts, strict=True):
             running += n
             cumulative.append((bound, float(running)))
-        return HistogramMetricFamily(self.name, self.doc, buckets=cumulative, sum_value=self.sum)
+        return HistogramMetricFamily(self.name, self.doc, buckets=cumulative, sum_value=total)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": self.counts, "sum": self.sum}
+
+
+def _part(snapshot: dict[str, Any], section: str, name: str, kind: type) -> Any:
+    """``snapshot[section][name]`` when it is a ``kind``, else an empty one (a bad snapshot adds nothing)."""
+    table = snapshot.get(section)
+    value = table.get(name) if isinstance(table, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else kind()
+
+
+def _count(value: Any) -> int:
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _bound(value: float) -> str:
@@ -124,6 +161,36 @@ class ProxyMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_open_fds, ...
+        # other serving processes' latest snapshots (``serve --processes``), added in at scrape time
+        self.peers: Callable[[], list[bytes]] = list
+
+    def _counters(self) -> tuple[CounterSet, ...]:
+        return (self.requests, self.attempts, self.branches, self.upstream_errors, self.rejected,
+                self.retries, self.record_dropped)  # fmt: skip
+
+    def _histograms(self) -> tuple[FastHistogram, ...]:
+        return (self.predicted, self.ttft, self.latency)
+
+    def snapshot(self) -> bytes:
+        """This process's counters, histograms, in-flight counts and cache-report tallies, for the other
+        processes' scrapes."""
+        return orjson.dumps(
+            {
+                "counters": {c.name: c.snapshot() for c in self._counters()},
+                "histograms": {h.name: h.snapshot() for h in self._histograms()},
+                "in_flight": {w.name: self._pool.in_flight(w.name) for w in self._pool},
+                "feedback": {w: dataclasses.asdict(f) for w, f in list(self._router.feedback.items())},
+            }
+        )
+
+    def _peer_snapshots(self) -> list[dict[str, Any]]:
+        out = []
+        for raw in self.peers():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                data = orjson.loads(raw)
+                if isinstance(data, dict):
+                    out.append(data)
+        return out
 
     def attempt_done(self, worker: str, status: int) -> None:
         """One upstream attempt ended (a retried request makes several)."""
@@ -139,16 +206,16 @@ class ProxyMetrics(Collector):
             counter.forget(0, worker)
 
     def collect(self) -> Iterator[Metric]:
-        for counter in (self.requests, self.attempts, self.branches, self.upstream_errors, self.rejected,
-                        self.retries, self.record_dropped):  # fmt: skip
-            yield counter.family()
-        for histogram in (self.predicted, self.ttft, self.latency):
-            yield histogram.family()
-        yield from self._pool_gauges()
-        yield from self._feedback()
-        yield from self._units()
+        peers = self._peer_snapshots()
+        for counter in self._counters():
+            yield counter.family(_part(p, "counters", counter.name, list) for p in peers)
+        for histogram in self._histograms():
+            yield histogram.family(_part(p, "histograms", histogram.name, dict) for p in peers)
+        yield from self._pool_gauges(peers)
+        yield from self._feedback(peers)
+        yield from self._units()  # this process's own (each process learns its own)
 
-    def _feedback(self) -> Iterator[Metric]:
+    def _feedback(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         """Predicted vs engine-reported cached tokens per worker (the routing core's tallies)."""
         tokens = CounterMetricFamily(
             "prefix_router_cached_tokens",
@@ -177,6 +244,7 @@ class ProxyMetrics(Collector):
         )
         index = self._router.index
         for worker, stats in list(self._router.feedback.items()):
+            stats = _with_peers(stats, worker, peers)
             tokens.add_metric([worker, "predicted"], stats.predicted_tokens)
             tokens.add_metric([worker, "reported"], stats.reported_tokens)
             for verdict in Verdict:
@@ -205,15 +273,28 @@ class ProxyMetrics(Collector):
             samples.add_metric([model], units["samples"])
         yield from (chars, samples)
 
-    def _pool_gauges(self) -> Iterator[Metric]:
+    def _pool_gauges(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily("prefix_router_in_flight", "Requests in flight", labels=["worker"])
         healthy = GaugeMetricFamily("prefix_router_worker_healthy", "1 when healthy", labels=["worker"])
         draining = GaugeMetricFamily("prefix_router_worker_draining", "1 when draining", labels=["worker"])
         for w in self._pool:
-            in_flight.add_metric([w.name], self._pool.in_flight(w.name))
+            others = sum(_count(_part(p, "in_flight", w.name, int)) for p in peers)
+            in_flight.add_metric([w.name], self._pool.in_flight(w.name) + others)
             healthy.add_metric([w.name], 1.0 if w.health.healthy else 0.0)
             draining.add_metric([w.name], 1.0 if w.draining else 0.0)
         yield from (in_flight, healthy, draining)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _with_peers(stats: FeedbackStats, worker: str, peers: list[dict[str, Any]]) -> FeedbackStats:
+    """``stats`` plus the other processes' tallies for ``worker`` (a bad snapshot adds nothing)."""
+    if not peers:
+        return stats
+    total = dataclasses.replace(stats)
+    for peer in peers:
+        theirs = _part(peer, "feedback", worker, dict)
+        for field in dataclasses.fields(FeedbackStats):
+            setattr(total, field.name, getattr(total, field.name) + _count(theirs.get(field.name)))
+    return total

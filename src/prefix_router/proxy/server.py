@@ -101,9 +101,10 @@ class ListenError(OSError):
     """The listening address cannot be bound (in use, not permitted, not resolvable): one line."""
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
+def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
     """Bound (not yet listening) sockets for every address ``host`` resolves to, as asyncio would make
-    them; fails before anything starts, with one line."""
+    them; fails before anything starts, with one line. ``reuse_port``: shared with the other processes of
+    ``serve --processes`` (``SO_REUSEPORT``: the kernel spreads new connections across them)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -114,6 +115,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
@@ -154,23 +157,31 @@ def run(
     event_loop: str,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
     hooks: Hooks | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve until SIGTERM/SIGINT, then ``hooks.drain`` with the listener still open, then close.
     SIGHUP runs ``hooks.reload`` (never ends the process). Raises ``ListenError`` when the address cannot
-    be bound (before the app starts)."""
+    be bound (before the app starts). ``reuse_port``: see ``bind``."""
     tune_gc()
     loop = loop_factory(event_loop)()
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(serve(app, host, port, keepalive_timeout, hooks or Hooks()))
+        loop.run_until_complete(serve(app, host, port, keepalive_timeout, hooks or Hooks(), reuse_port))
     finally:
         _cancel_all(loop)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def serve(app: web.Application, host: str, port: int, keepalive_timeout: float, hooks: Hooks) -> None:
-    sockets = bind(host, port)
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    keepalive_timeout: float,
+    hooks: Hooks,
+    reuse_port: bool = False,
+) -> None:
+    sockets = bind(host, port, reuse_port)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     _signals(loop, stop, hooks)

@@ -45,8 +45,9 @@ class LimitsConfig(Section):
     max_response_buffer_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_generated_chars: int = Field(default=256 * 1024, ge=0)
     max_sse_line_bytes: int = Field(default=1024 * 1024, gt=0)
-    max_connections: int = Field(default=0, ge=0)  # aiohttp upstream client pool size; 0 = unlimited
-    max_idle_connections: int = Field(default=256, ge=1)  # h1 client: idle keep-alive connections per worker
+    max_idle_connections: int = Field(
+        default=256, ge=1
+    )  # upstream client: idle keep-alive connections per worker
     retry_after_s: int = Field(default=1, ge=0)
     # bodies larger than this are parsed (JSON, routing key) in a worker thread: a 7 MB prompt of a million
     # token ids takes about half a second, which would otherwise stall every request on the event loop
@@ -114,7 +115,7 @@ class ServerSettings(Section):
     port: int = Field(default=8000, ge=0, le=65535)
     session_header: str = Field(default=SESSION_HEADER, min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    upstream_client: Literal["aiohttp", "h1"] = "aiohttp"  # h1: the lean opt-in client
+    processes: int = Field(default=0, ge=0, le=256)  # serving processes on the port; 0: one per core
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"  # text: key=value lines; json: one JSON object per line
     access_log: bool = True  # one line per /v1/* request (logger prefix_router.access)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class ReplicationStats:
-    published_changes: int = 0
+    published_changes: int = 0  # index changes taken from the outbox
+    sent_changes: int = 0  # what went out once runs of inserts were merged (``coalesce``)
     published_entries: int = 0
     publish_failures: int = 0
     encode_errors: int = 0

@@ -1,8 +1,8 @@
 """RedisReplication: this replica's prefix index shared with the other replicas through Redis.
 
 - Publish: the router's change hook puts every local index change in a bounded outbox (O(1), never
-  waits); a task drains it in batches and XADDs them (pipelined, stream trimmed to about
-  ``stream_maxlen`` entries).
+  waits); a task drains it in batches, merges each worker's runs of inserts (``coalesce``) and XADDs
+  them (pipelined, stream trimmed to about ``stream_maxlen`` entries).
 - Subscribe: a task XREADs the entries after the last one seen and applies the other replicas' changes
   with ``Router.apply`` (its own are skipped). Times travel as ages, so replicas need no common clock.
 - Warm-up: ``start()`` applies the stream backlog before returning (bounded by ``warmup_timeout_s``),
@@ -28,11 +28,12 @@ from redis.exceptions import RedisError
 
 from prefix_router.replication import load_share, stream
 from prefix_router.replication.backoff import Backoff
+from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
-from prefix_router.replication.outbox import Outbox
+from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing.router import ChangeHook, IndexChange, Router
+from prefix_router.routing.router import IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -69,7 +70,7 @@ class RedisReplication:
         self._ready = False
         self._offset = 0.0  # Redis clock - local wall clock
         self._tasks: list[asyncio.Task[None]] = []
-        self._previous_hook: ChangeHook | None = None
+        self._tap = Tap(router, self.outbox)
         self._load_ok_at: float | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -80,7 +81,7 @@ class RedisReplication:
 
     async def start(self, run_tasks: bool = True) -> None:
         """Hook the router, warm up from the backlog (bounded), then run the background tasks."""
-        self._hook()
+        self._tap.attach()
         await self._warm_up()
         self._ready = True
         if run_tasks:
@@ -96,7 +97,7 @@ class RedisReplication:
         self._tasks.clear()
         with contextlib.suppress(*ERRORS):
             await asyncio.wait_for(self.flush(), self.cfg.op_timeout_s)
-        self._unhook()
+        self._tap.detach()
         self._ready = False
         for client in {id(c): c for c in (self.client, self.reader)}.values():
             with contextlib.suppress(*ERRORS):
@@ -113,22 +114,6 @@ class RedisReplication:
             ready=float(self._ready),
         )
         return out
-
-    # ------------------------------------------------------------ router hook
-
-    def _hook(self) -> None:
-        if self.router.on_change != self._on_change:
-            self._previous_hook = self.router.on_change
-            self.router.on_change = self._on_change
-
-    def _unhook(self) -> None:
-        if self.router.on_change == self._on_change:
-            self.router.on_change = self._previous_hook
-
-    def _on_change(self, change: IndexChange) -> None:
-        self.outbox.put(change)
-        if self._previous_hook is not None:
-            self._previous_hook(change)
 
     # ------------------------------------------------------------ warm-up
 
@@ -163,7 +148,8 @@ class RedisReplication:
         changes = self.outbox.take(self.cfg.batch_max * self.cfg.entries_per_flush)
         if not changes:
             return 0
-        payloads = self._encode(changes)
+        merged = coalesce(changes, self.router.index.max_prefix_blocks)
+        payloads = self._encode(merged)
         if not payloads:
             return len(changes)
         try:
@@ -175,6 +161,7 @@ class RedisReplication:
             raise
         self.counters.published_entries += len(payloads)
         self.counters.published_changes += len(changes)
+        self.counters.sent_changes += len(merged)
         return len(changes)
 
     async def flush(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -58,11 +59,15 @@ def install(
     return slot
 
 
+class HasStats(Protocol):
+    def stats(self) -> dict[str, float]: ...
+
+
 class ReplicationCollector(Collector):
     """``prefix_router_replication_<counter>_total`` counters, ``prefix_router_replication_<gauge>``
-    gauges."""
+    gauges, from a ``ReplicationSlot`` (Redis) or a ``LocalReplication`` (``serve --processes``)."""
 
-    def __init__(self, slot: ReplicationSlot) -> None:
+    def __init__(self, slot: HasStats) -> None:
         self.slot = slot
 
     def collect(self) -> Iterator[Metric]:

@@ -23,7 +23,10 @@ these units one drain rate fits short and long prompts alike. Bounded: one entry
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from prefix_router.routing.types import WorkerSnapshot
 
 WORK_ALPHA = 0.02  # weight of one request in the moving average of dispatched work (about 50 requests)
 
@@ -88,6 +91,20 @@ class PrefillDrain:
             return 0.0
         left = state.estimate - self.rate(worker) * max(0.0, now - state.estimate_at)
         return min(state.pending, max(0.0, left))
+
+    def fill_backlogs(self, snaps: Sequence[WorkerSnapshot], now: float) -> None:
+        """``snap.prefill_backlog = remaining(snap.name, now)`` for each snapshot, in one pass (this runs
+        for every candidate of every request; an idle worker costs one lookup)."""
+        workers = self._workers
+        fleet = self._rate_sum / self._rated if self._rated else 0.0
+        for snap in snaps:
+            state = workers.get(snap.name)
+            if state is None or state.pending <= 0:
+                snap.prefill_backlog = 0.0
+                continue
+            rate = state.rate if state.rate > 0 else fleet
+            left = state.estimate - rate * max(0.0, now - state.estimate_at)
+            snap.prefill_backlog = min(state.pending, max(0.0, left))
 
     # ------------------------------------------------------------ events
 

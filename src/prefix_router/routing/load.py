@@ -167,10 +167,9 @@ class LoadTracker:
     def snapshots(self, workers: Sequence[str], now: float) -> list[WorkerSnapshot]:
         """The live load of ``workers`` (read-only views; unknown names read as idle)."""
         self._drop_stale(now)
-        live, drain = self._live, self.drain
+        live = self._live
         out = [live.get(w) or WorkerSnapshot(w) for w in workers]
-        for snap in out:
-            snap.prefill_backlog = drain.remaining(snap.name, now)
+        self.drain.fill_backlogs(out, now)
         return out
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:

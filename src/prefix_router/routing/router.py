@@ -165,7 +165,7 @@ class Router:
         self._prefills.forget_worker(name)
 
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
-        if name in self.index.workers():
+        if name in self.index:
             self.index.set_capacity(name, capacity_tokens)
 
     def set_engine_load(self, name: str, queue_depth: int, kv_usage: float | None, now: float) -> None:
@@ -309,7 +309,7 @@ class Router:
 
     def apply(self, change: IndexChange) -> None:
         """Apply another replica's index update to the local index (never re-emitted)."""
-        if change.worker not in self.index.workers():
+        if change.worker not in self.index:
             return
         if change.kind == ChangeKind.INSERT:
             self.index.insert(change.worker, change.blocks, change.at)

@@ -86,19 +86,32 @@ class PrefixPolicy(NoHooks):
         cap: float,
         base: float,
         ctx: Context,
-    ) -> list[WorkerSnapshot]:
-        """The workers under ``cap`` with the lowest cost, in one inlined pass (this runs for every
-        candidate of every request)."""
+    ) -> tuple[list[WorkerSnapshot], int]:
+        """The workers under ``cap`` with the lowest cost, and the longest match among all the workers,
+        in one inlined pass (this runs for every candidate of every request: nothing else walks them)."""
         scale = ctx.token_scale  # engine tokens per key token (routing/units.py)
-        prompt, block, best, tied = req.prompt_tokens * scale, req.block_tokens * scale, math.inf, []
+        prompt, block, best, tied, longest = (
+            req.prompt_tokens * scale,
+            req.block_tokens * scale,
+            math.inf,
+            [],
+            0,
+        )
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
+        cold = prefill_work(prompt, 0, attention)  # the work on every worker that matches nothing
         for w in workers:
+            matched = matches.get(w.name, 0)
+            if matched > longest:
+                longest = matched
             if w.in_flight + 1 > cap * w.weight:
                 continue
-            cached = min(prompt, matches.get(w.name, 0) * block)
-            work = prefill_work(prompt - cached, cached, attention)
+            if matched:
+                cached = min(prompt, matched * block)
+                work = prefill_work(prompt - cached, cached, attention)
+            else:
+                work = cold
             wait = w.prefill_backlog + w.queue_depth * queue_penalty + w.in_flight * flight_penalty
             factor = base + (evicting * cache.fill(w.name) if cache is not None and work else 0.0)
             cost = (wait + factor * work) / w.weight
@@ -106,17 +119,16 @@ class PrefixPolicy(NoHooks):
                 best, tied = cost, [w]
             elif cost == best:
                 tied.append(w)
-        return tied
+        return tied, longest
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         base = 1.0 + self.saturation(workers, ctx.request_work)
         cap = load_cap(workers, self.load_factor, self.load_slack)
-        tied = self.cheapest(req, workers, ctx.matches, cap, base, ctx)
-        tied = tied or self.cheapest(req, workers, ctx.matches, math.inf, base, ctx)
+        tied, longest = self.cheapest(req, workers, ctx.matches, cap, base, ctx)
+        if not tied:
+            tied, _ = self.cheapest(req, workers, ctx.matches, math.inf, base, ctx)
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
-        names = {w.name for w in workers} if ctx.matches else set()
-        best = max((m for n, m in ctx.matches.items() if n in names), default=0)
-        return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), best))
+        return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), longest))
 
 
 def delayed_requests(waiting: float) -> float:
