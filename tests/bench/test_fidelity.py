@@ -81,8 +81,8 @@ def test_small_corpus_meets_the_targets(model_dirs: dict[str, Any]) -> None:
     default = next(s for s in found if s.mode == "default-tok" and s.scope == TARGET_SCOPE)
     assert default.over == 0 and default.ratio >= 0.90
     # character blocks: with the token value learned from engine reports (held out), no over-prediction
-    # beyond a block where the configured 4 characters per token over-predicts; the margin below the
-    # average costs part of the share of true
+    # beyond a block where the configured 4 characters per token over-predicts. The 90 % share is not met
+    # (0.829 measured): one value per model cannot follow prose and JSON at once (docs/routing.md, Fidelity)
     chars = next(s for s in found if s.mode == "default" and s.scope == TARGET_SCOPE)
     fixed = next(s for s in found if s.mode == "default-fixed" and s.scope == TARGET_SCOPE)
     assert chars.over == 0 and fixed.over > 10 and fixed.ratio > 1.05
