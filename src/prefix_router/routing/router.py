@@ -63,7 +63,7 @@ from prefix_router.routing.types import (
     RouteRequest,
     WorkerSnapshot,
 )
-from prefix_router.routing.units import TokenUnits
+from prefix_router.routing.units import TokenUnits, count_prefix
 
 
 class ChangeKind(StrEnum):
@@ -104,7 +104,7 @@ class Router:
         self.cfg = cfg
         self.rng = rng if rng is not None else random.Random()
         self.keys = KeyBuilder(cfg.keys)
-        self.units = TokenUnits(cfg.units, cfg.keys.chars_per_token)
+        self.units = TokenUnits(cfg.units, cfg.keys.chars_per_token, cfg.keys.image_tokens)
         self.index = PrefixIndex(
             block_tokens=cfg.keys.block_tokens,
             default_capacity_tokens=cfg.index.worker_capacity_tokens,
@@ -187,19 +187,36 @@ class Router:
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
-        scale = self.units.scale(req.text_model)
+        prompt = self._prompt_value(req)
+        scale = prompt / req.prompt_tokens if req.text_model is not None and req.prompt_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         matched = matches.get(decision.worker, 0)
-        predicted = int(min(matched * self.index.block_tokens, req.prompt_tokens) * scale)
-        return Decision(decision.worker, decision.branch, matched, predicted)
+        return Decision(decision.worker, decision.branch, matched, self._match_value(req, matched, prompt))
+
+    def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
+        """The engine tokens of ``req``'s first ``matched`` blocks: a text key's by the content of those
+        blocks once its model's value is learned, else nominal x the scale."""
+        nominal = min(matched * self.index.block_tokens, req.prompt_tokens)
+        if not matched or req.text_model is None:
+            return nominal
+        counts = req.counts[-1] if req.counts else None
+        size = matched * self.cfg.keys.block_chars
+        if counts is not None and size < len(req.text) and self.units.by_content(req.text_model):
+            counts = count_prefix(req.text, size, req.counts)
+        return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
 
     def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
         attention = self.cfg.trackers.attention_tokens
         return Context(now, self.rng, matches, self.index, self.load.drain.mean_work, attention, scale)
 
     def prompt_tokens(self, req: RouteRequest) -> int:
-        """The engine tokens ``req``'s prompt is estimated at (a text key's nominal tokens, scaled)."""
-        return math.ceil(req.prompt_tokens * self.units.scale(req.text_model))
+        """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
+        return math.ceil(self._prompt_value(req))
+
+    def _prompt_value(self, req: RouteRequest) -> float:
+        if req.text_model is None:
+            return float(req.prompt_tokens)
+        return self.units.tokens(req.text_model, req.counts[-1] if req.counts else None, req.prompt_tokens)
 
     def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
         sessions = self.cfg.sessions
@@ -247,7 +264,7 @@ class Router:
             return
         self._learn(req, worker, prediction, outcome, now)
         if req.text_model is not None and self.units.observe(
-            req.text_model, req.prompt_tokens, outcome.prompt_tokens
+            req.text_model, req.prompt_tokens, outcome.prompt_tokens, req.counts[-1] if req.counts else None
         ):
             self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(req.text_model))
         if outcome.extension_blocks:

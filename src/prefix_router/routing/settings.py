@@ -140,6 +140,8 @@ class UnitSettings(Section):
     ``usage.prompt_tokens`` (``routing/units.py``). A report counts when the request's key is text and at
     least ``min_sample_tokens`` nominal tokens (characters / ``keys.chars_per_token``) long; the value used
     is the moving average (weight ``alpha``) less ``margin`` moving deviations, from ``warmup`` reports on.
+    With ``by_content``, a key's bytes are valued by class (word, punctuation, whitespace) by a moving
+    least squares per model, less ``margin`` relative residual deviations (``min_spread``: the ridge).
     """
 
     learn: bool = True  # false: text keys are worth characters / keys.chars_per_token tokens, always
@@ -148,6 +150,9 @@ class UnitSettings(Section):
     warmup: int = Field(default=8, gt=0)  # reports of a model before its learned value is used
     margin: float = Field(default=1.0, ge=0)  # deviations below the average (over-predicting costs more)
     max_models: int = Field(default=1024, gt=0)  # models learned at once (least recently reported dropped)
+    by_content: bool = True  # value a key's bytes by class (word, punctuation, whitespace), learned per model
+    # byte classes whose share of a prompt varies less than this between reports keep the common value
+    min_spread: float = Field(default=0.01, gt=0, le=1)
 
 
 def _policy_groups() -> type[Section]:

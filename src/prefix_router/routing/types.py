@@ -45,6 +45,11 @@ class RouteRequest:
     # a key of text blocks: its model, whose learned token value (routing/units.py) scales the nominal
     # ``prompt_tokens`` and ``block_tokens``; None: token ids, counted exactly
     text_model: str | None = None
+    # a text key's bytes (kept, not copied: a match's own first blocks are valued by their content) and
+    # their counts by class (word, punctuation, whitespace, images), cumulative at every 4 KiB and the
+    # whole last (``routing/units.py``, ``count_marks``); empty for token ids
+    text: bytes = b""
+    counts: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(slots=True)
