@@ -7,7 +7,7 @@ in ``rounds`` rounds so that the shared machine's noise falls on every column al
 
 - ``key``: ``KeyBuilder.build`` (validate, canonicalise, cut into chained block hashes, and count the
   key's bytes by class, which the content value needs);
-- ``count``: ``count_classes`` over the key's bytes alone (the part of ``key`` the content value adds);
+- ``count``: ``count_marks`` over the key's bytes alone (the part of ``key`` the content value adds);
 - ``route``: ``Router.route`` of the prompt fully indexed on 3 of 64 workers (1,000,000 blocks indexed),
   and of a prompt whose first half only is indexed (on 3 others), the model's units learned (10 reports),
   with ``routing.units.by_content`` on (the match valued by the classes of its own blocks: one more count,
@@ -32,7 +32,7 @@ from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import IndexSettings, RoutingSettings, UnitSettings
 from prefix_router.routing.types import Outcome, RouteRequest
-from prefix_router.routing.units import count_classes
+from prefix_router.routing.units import count_marks
 
 WORKERS = 64
 BLOCKS = 1_000_000
@@ -79,7 +79,7 @@ def measure(chars: int, routers: dict[bool, Router], rounds: int, repeat: int) -
             router.index.insert(worker, half.blocks[: len(req.blocks) // 2], now=1e6)
     columns: dict[str, Callable[[], object]] = {
         "key": lambda: keys.build("chat", body, request_id="k"),
-        "count": lambda: count_classes(req.text),
+        "count": lambda: count_marks(req.text),
         "route_content": lambda: routers[True].route(req, workers, 1e6, policy="prefix"),
         "route_scale": lambda: routers[False].route(req, workers, 1e6, policy="prefix"),
         "half_content": lambda: routers[True].route(half, workers, 1e6, policy="prefix"),

@@ -46,7 +46,7 @@ class RouteRequest:
     # ``prompt_tokens`` and ``block_tokens``; None: token ids, counted exactly
     text_model: str | None = None
     # a text key's bytes (kept, not copied: a match's own first blocks are valued by their content) and
-    # their counts by class (word, punctuation, whitespace, images), cumulative at every 4 KiB and the
+    # their counts by class (word, punctuation, whitespace, images), cumulative at every 16 KiB and the
     # whole last (``routing/units.py``, ``count_marks``); empty for token ids
     text: bytes = b""
     counts: tuple[tuple[int, int, int, int], ...] = ()

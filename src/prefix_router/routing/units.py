@@ -60,21 +60,21 @@ _MEDIA = MEDIA.encode()
 _NOT_PUNCT = b" \t\n\r\x0b\x0c" + _MEDIA
 
 Counts = tuple[int, int, int, int]  # bytes of a text key by class: (word, punctuation, whitespace, images)
-CHUNK = 4096  # the key's classes are kept cumulative at every CHUNK bytes (``count_marks``)
+CHUNK = 16_384  # the key's classes are kept cumulative at every CHUNK bytes (``count_marks``)
 
 
 def count_classes(data: bytes) -> Counts:
     """``data``'s bytes by class (word, punctuation, whitespace, image placeholder), in two C passes: one
     over the bytes, one over the non-word bytes (a fifth of prose)."""
     other = data.translate(None, _WORD)
-    media = other.count(_MEDIA) if _MEDIA in other else 0
+    media = other.count(_MEDIA)
     punct = len(other.translate(None, _NOT_PUNCT))
     return len(data) - len(other), punct, len(other) - punct - media, media
 
 
 def count_marks(data: bytes) -> tuple[Counts, ...]:
     """The classes of ``data[:CHUNK]``, ``data[:2 x CHUNK]``, ... and of the whole (the last), cumulative:
-    the same passes as one count, cut so that a prefix needs at most ``CHUNK`` bytes counted."""
+    the same passes as one count, cut so that a prefix needs at most ``CHUNK / 2`` bytes counted."""
     marks: list[Counts] = []
     word = punct = space = media = 0
     for start in range(0, len(data), CHUNK):
@@ -85,15 +85,17 @@ def count_marks(data: bytes) -> tuple[Counts, ...]:
 
 
 def count_prefix(data: bytes, size: int, marks: tuple[Counts, ...]) -> Counts:
-    """The classes of ``data[:size]`` from ``count_marks(data)``: the last mark below it, plus the rest
-    (under ``CHUNK`` bytes) counted."""
-    full = min(size // CHUNK, len(marks))
-    start = full * CHUNK
-    w, p, s, m = count_classes(data[start:size]) if size > start else (0, 0, 0, 0)
-    if not full:
-        return w, p, s, m
-    word, punct, space, media = marks[full - 1]
-    return word + w, punct + p, space + s, media + m
+    """The classes of ``data[:size]`` (``size < len(data)``) from ``count_marks(data)``: from the nearer
+    mark, the bytes between it and ``size`` counted and added (or taken off): at most ``CHUNK / 2``."""
+    full = size // CHUNK
+    below, above = full * CHUNK, min((full + 1) * CHUNK, len(data))
+    if size - below <= above - size:
+        w, p, s, m = count_classes(data[below:size])
+        base, sign = (marks[full - 1] if full else (0, 0, 0, 0)), 1
+    else:
+        w, p, s, m = count_classes(data[size:above])
+        base, sign = marks[full], -1
+    return base[0] + sign * w, base[1] + sign * p, base[2] + sign * s, base[3] + sign * m
 
 
 @dataclass(frozen=True, slots=True)
