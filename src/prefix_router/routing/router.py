@@ -18,7 +18,9 @@ learned capacity by at most ``feedback.capacity_step`` of it, and an over-report
 grows it back, up to the known capacity; the index's own LRU then follows. No report forgets a prefix:
 not the request's own chain (the engine has just computed it again), not another one (an engine's eviction
 order is not the index's, and one report cannot tell which it evicted). Reports within a few pages,
-reports of requests that raced their prefix's first prefill, and reports clamped to the prompt are safe.
+reports of requests that raced their prefix's first prefill, reports explained by a long wait in the
+engine's queue (the prefix was evicted while the request waited: ``queued``), and reports clamped to the
+prompt are safe.
 
 Failures: a request that failed before its first token trims its blocks beyond the prediction (the engine
 may never have computed them); after its first token (a client abort mid-stream, an upstream cut) the
@@ -40,6 +42,7 @@ from prefix_router.routing.feedback import (
     PrefillTracker,
     Verdict,
     clamp_report,
+    explained_by_queueing,
     judge,
     prompt_bound,
 )
@@ -86,7 +89,9 @@ class _Prediction:
     worker: str
     tokens: int
     raced: bool  # dispatched while some of its predicted blocks were in another request's first prefill
+    last_touched: float | None  # the index's last access of its deepest predicted block before dispatch
     started: bool = False  # its first token came: the engine computed the whole prompt
+    started_at: float | None = None  # when
 
 
 ChangeHook = Callable[[IndexChange], None]
@@ -201,7 +206,8 @@ class Router:
     def dispatched(self, req: RouteRequest, decision: Decision, now: float) -> None:
         worker, matched = decision.worker, decision.matched_blocks
         raced = self._prefills.racing(worker, req.blocks[:matched])
-        self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, raced))
+        touched = self.index.last_access(worker, req.blocks[matched - 1]) if matched else None
+        self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, raced, touched))
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.request_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
@@ -217,7 +223,7 @@ class Router:
         self._prefills.done(request_id)
         prediction = self._predictions.get(request_id)
         if prediction is not None:
-            prediction.started = True
+            prediction.started, prediction.started_at = True, now
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.request_id, now)
@@ -246,7 +252,10 @@ class Router:
             stats.unreported += 1
             return
         reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.prompt_tokens, outcome))
-        verdict = judge(self.cfg.feedback, prediction.tokens, reported, prediction.raced)
+        cfg = self.cfg.feedback
+        turnover = self.index.turnover(worker, now)
+        queued = explained_by_queueing(cfg, prediction.last_touched, prediction.started_at, turnover)
+        verdict = judge(cfg, prediction.tokens, reported, prediction.raced, queued)
         stats.count(verdict, prediction.tokens, reported, moved)
         if verdict in (Verdict.MISS, Verdict.OVER):
             self._learn_capacity(worker, verdict == Verdict.OVER, now)
