@@ -228,7 +228,8 @@ class ProxyMetrics(Collector):
             "prefix_router_cache_reports",
             "Engine cache reports of routed requests by verdict: agree, miss (the engine held less than "
             "predicted), over (more), raced (short, dispatched during its prefix's first prefill: "
-            "ignored), unreported (the response carried no count)",
+            "ignored), queued (short, explained by its wait in the engine's queue: ignored), unreported (the "
+            "response carried no count)",
             labels=["worker", "verdict"],
         )
         clamped = CounterMetricFamily(

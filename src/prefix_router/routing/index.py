@@ -167,6 +167,14 @@ class PrefixIndex:
         lru = self._lru.get(worker)
         return 0.0 if lru is None else len(lru) / self._cap_blocks[worker]
 
+    def turnover(self, worker: str, now: float) -> float | None:
+        """How long an untouched block stays in ``worker``'s entries: the age of its least recent one (the
+        next to be evicted). None while they are below its capacity (nothing was evicted for room)."""
+        lru = self._lru.get(worker)
+        if not lru or len(lru) < self._cap_blocks[worker]:
+            return None
+        return max(0.0, now - next(iter(lru.values())))
+
     def capacity_tokens(self, worker: str) -> int:
         """The learned capacity (what the index keeps for ``worker``)."""
         return round(self._cap_blocks.get(worker, 0) * self.block_value(worker))

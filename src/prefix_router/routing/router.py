@@ -18,7 +18,9 @@ learned capacity by at most ``feedback.capacity_step`` of it, and an over-report
 grows it back, up to the known capacity; the index's own LRU then follows. No report forgets a prefix:
 not the request's own chain (the engine has just computed it again), not another one (an engine's eviction
 order is not the index's, and one report cannot tell which it evicted). Reports within a few pages,
-reports of requests that raced their prefix's first prefill, and reports clamped to the prompt are safe.
+reports of requests that raced their prefix's first prefill, reports explained by a long wait in the
+engine's queue (the prefix was evicted while the request waited: ``queued``), and reports clamped to the
+prompt are safe.
 
 Token units: a text key counts nominal tokens (characters / ``keys.chars_per_token``); ``routing/units.py``
 learns per model what they are worth from the engines' ``usage.prompt_tokens``, and the router multiplies
@@ -45,6 +47,7 @@ from prefix_router.routing.feedback import (
     PrefillTracker,
     Verdict,
     clamp_report,
+    explained_by_queueing,
     judge,
     prompt_bound,
 )
@@ -93,7 +96,9 @@ class _Prediction:
     tokens: int
     raced: bool  # dispatched while some of its predicted blocks were in another request's first prefill
     blocks: int  # the matched blocks behind ``tokens``
+    last_touched: float | None  # the index's last access of its deepest predicted block before dispatch
     started: bool = False  # its first token came: the engine computed the whole prompt
+    started_at: float | None = None  # when
 
 
 ChangeHook = Callable[[IndexChange], None]
@@ -233,7 +238,9 @@ class Router:
     def dispatched(self, req: RouteRequest, decision: Decision, now: float) -> None:
         worker, matched = decision.worker, decision.matched_blocks
         raced = self._prefills.racing(worker, req.blocks[:matched])
-        self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, raced, matched))
+        touched = self.index.last_access(worker, req.blocks[matched - 1]) if matched else None
+        prediction = _Prediction(worker, decision.predicted_tokens, raced, matched, touched)
+        self._predictions.set(req.request_id, prediction)
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.request_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
@@ -249,7 +256,7 @@ class Router:
         self._prefills.done(request_id)
         prediction = self._predictions.get(request_id)
         if prediction is not None:
-            prediction.started = True
+            prediction.started, prediction.started_at = True, now
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.request_id, now)
@@ -282,7 +289,10 @@ class Router:
             stats.unreported += 1
             return
         reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.prompt_tokens, outcome))
-        verdict = judge(self.cfg.feedback, prediction.tokens, reported, prediction.raced)
+        cfg = self.cfg.feedback
+        turnover = self.index.turnover(worker, now)
+        queued = explained_by_queueing(cfg, prediction.last_touched, prediction.started_at, turnover)
+        verdict = judge(cfg, prediction.tokens, reported, prediction.raced, queued)
         stats.count(verdict, prediction.tokens, reported, moved)
         if verdict in (Verdict.MISS, Verdict.OVER):
             self._learn_capacity(worker, verdict == Verdict.OVER, now)

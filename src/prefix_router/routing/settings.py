@@ -126,13 +126,17 @@ class FeedbackSettings(Section):
     ``tolerance`` x the prediction is a miss (unless the request raced its prefix's first prefill): the
     worker's learned capacity shrinks by ``capacity_step`` of it, not below ``min_capacity_tokens``. A
     report over the prediction by more than the slack while the index is full grows it back by as much,
-    up to the known (configured or scraped) capacity. No report ever forgets a prefix."""
+    up to the known (configured or scraped) capacity. A short report of a request whose prefix was, at
+    its first token, older than ``queued_turnover`` x the worker's index turnover is ``queued`` (evicted
+    while it waited in the engine's queue) and changes nothing; None: never. No report ever forgets a
+    prefix."""
 
     tolerance: float = Field(default=0.5, ge=0, le=1)
     page_tokens: int = Field(default=16, gt=0)  # the engine's KV page (vLLM's default block size)
     slack_pages: int = Field(default=2, ge=0)  # differences up to this many pages are agreement
     capacity_step: float = Field(default=0.1, ge=0, lt=1)  # 0: never learn the capacity
     min_capacity_tokens: int = Field(default=4096, gt=0)
+    queued_turnover: float | None = Field(default=1.0, gt=0)  # None: a queued request's report is a miss
 
 
 class UnitSettings(Section):
