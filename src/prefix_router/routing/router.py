@@ -23,9 +23,10 @@ engine's queue (the prefix was evicted while the request waited: ``queued``), an
 prompt are safe.
 
 Token units: a text key counts nominal tokens (characters / ``keys.chars_per_token``); ``routing/units.py``
-learns per model what they are worth from the engines' ``usage.prompt_tokens``, and the router multiplies
-by that scale wherever the key's tokens are used: the prediction, the load tracker's prompt length and
-prefill work, the policy's cost (``Context.token_scale``) and the index's capacity in blocks per worker.
+learns per model what they are worth from the engines' ``usage.prompt_tokens`` (by the classes of the
+key's bytes, or one scale), and the router values the key's tokens by it wherever they are used: the
+prediction (a match by its own first blocks' bytes), the load tracker's prompt length and prefill work,
+the policy's cost (``Context.token_scale``, per request) and the index's capacity in blocks per worker.
 
 Failures: a request that failed before its first token trims its blocks beyond the prediction (the engine
 may never have computed them); after its first token (a client abort mid-stream, an upstream cut) the

@@ -21,10 +21,12 @@ learns, per model, what a key's bytes are worth from the engines' ``usage.prompt
    images``, with ``(a, b, c)`` per model by a moving least squares (weight ``alpha``) of each report's
    tokens per byte on its classes' shares of the bytes, ridge-pulled towards one value for all classes
    (``min_spread``: classes whose share varies less than that between prompts keep the common value), and
-   ``d`` the fit's moving relative residual deviation. Each span's value is clamped to [1/4, 4] x nominal.
-   The router values a match of k blocks by the classes of the request's own first k blocks (one count of
-   those bytes), and the prompt, the load and the policy's cost by the whole key's counts (made with the
-   key).
+   ``d`` the fit's relative residual deviation (from the moving moments), widened by the span's leverage
+   and, for a span shorter than the reports, by the root of the ratio. Each span's value is clamped to
+   [1/4, 4] x nominal.
+   The router values a match of k blocks by the classes of the request's own first k blocks (from the
+   key builder's cumulative counts, ``count_marks``: at most ``CHUNK / 2`` bytes more counted), and the
+   prompt, the load and the policy's cost by the whole key's counts.
 
 Fallback: before ``warmup`` samples, for models never reported, with ``learn`` off, and for token-id keys
 (a tokenizer, exact mode, completions given as ids: counted exactly), the scale is 1 (the configured
