@@ -81,6 +81,16 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Engine cache reports by verdict",
+        "ops",
+        [(rate("prefix_router_cache_reports_total", "verdict"), "{{verdict}}")],
+    ),
+    (
+        "Worker KV capacity: known vs learned",
+        "short",
+        [("sum by (worker, kind) (prefix_router_worker_capacity_tokens)", "{{worker}} {{kind}}")],
+    ),
+    (
         "Retries and upstream errors",
         "ops",
         [

@@ -1,5 +1,6 @@
-"""Shared fixtures: a scriptable fake OpenAI-compatible engine (``support.engines``) served over real HTTP on
-127.0.0.1, any aiohttp app served and stopped, free ports and recorded engine pages."""
+"""Shared fixtures: real routers in front of workers, a scriptable fake OpenAI-compatible engine
+(``support.engines``) served over real HTTP on 127.0.0.1,
+any aiohttp app served and stopped, free ports and recorded engine pages."""
 
 from __future__ import annotations
 
@@ -14,11 +15,23 @@ from aiohttp import web
 from prefix_router.launch import net as launch_net
 from prefix_router.proxy.server import Running, start
 from support.engines import Behaviour, FakeEngine
+from support.routers import RouterFactory, Routers
 
 EngineFactory = Callable[..., Awaitable[FakeEngine]]
 
 
 ServeApp = Callable[[web.Application], Awaitable[Running]]
+
+
+@pytest.fixture
+async def start_router() -> AsyncIterator[RouterFactory]:
+    """``await start_router(engine_a, engine_b, settings={"retries.max_attempts": 2}, upstream=...)``: a real
+    router app on 127.0.0.1 (``support.routers``) in front of the given workers; all stopped afterwards."""
+    routers = Routers()
+    try:
+        yield routers.start
+    finally:
+        await routers.close()
 
 
 @pytest.fixture

@@ -7,16 +7,13 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.protocol import POLICY_HEADER
-from support.routers import RouterFactory, Routers
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "prefix-router.json"
@@ -52,15 +49,6 @@ async def exported(url: str) -> dict[str, set[str]]:
         for sample in family.samples:
             out.setdefault(sample.name, set()).update(sample.labels)
     return out
-
-
-@pytest.fixture
-async def start_router() -> AsyncIterator[RouterFactory]:
-    routers = Routers()
-    try:
-        yield routers.start
-    finally:
-        await routers.close()
 
 
 async def test_every_metric_and_label_is_exported(fake_engine: Any, start_router: Any) -> None:

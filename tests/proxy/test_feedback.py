@@ -69,7 +69,9 @@ async def test_one_report_of_no_cached_tokens_wipes_no_other_prefix(
     feedback = worker["feedback"]
     assert (feedback["reports"], feedback["miss"], feedback["reported_tokens"]) == (1, 1, 0)
     assert feedback["predicted_tokens"] > 900 and feedback["unreported"] == 11
-    assert worker["capacity_tokens"] == worker["known_capacity_tokens"] * 9 // 10  # one bounded step
+    # one bounded step (in blocks, worth what the engine usage taught the units: within a block in tokens)
+    step = worker["known_capacity_tokens"] * 9 // 10
+    assert abs(worker["capacity_tokens"] - step) <= worker["block_tokens"], (worker, step)
     got = await metric_samples(router.url)
     assert got[("prefix_router_cache_reports_total", (("verdict", "miss"), ("worker", "a")))] == 1
     assert got[("prefix_router_cached_tokens_total", (("kind", "reported"), ("worker", "a")))] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from prefix_router.proxy import processes
 from prefix_router.proxy.processes import process_count, usable_cores
 
 PATH = "/v1/chat/completions"
@@ -254,3 +256,20 @@ async def test_sighup_reaches_every_process(fake_engine: Any, free_port: Any, tm
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def _mark(index: int, directory: Path) -> None:
+    (directory / f"served-{index}").write_text("")
+
+
+def test_a_process_whose_supervisor_died_before_it_started_does_not_serve(tmp_path: Path) -> None:
+    """The supervisor can die between the fork and the child's request for SIGTERM on its death: such a
+    child must not go on serving (an orphan holding the port). Here: a parent pid that is not the child's."""
+    context = multiprocessing.get_context("fork")
+    for supervisor, served in ((os.getpid(), True), (os.getpid() + 1_000_000, False)):
+        child = context.Process(target=processes._child, args=(_mark, 0, tmp_path, supervisor))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        assert (tmp_path / "served-0").exists() is served
+        (tmp_path / "served-0").unlink(missing_ok=True)

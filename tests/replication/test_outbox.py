@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from prefix_router.replication.outbox import Outbox
+from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.routing.router import IndexChange
 
 
@@ -59,3 +60,20 @@ async def test_wait_returns_once_something_is_queued() -> None:
     assert not waiter.done()
     box.put(change(1))
     await asyncio.wait_for(waiter, 1.0)
+
+
+def test_tap_queues_changes_after_the_previous_hook_and_detach_restores_it(kit: Any) -> None:
+    router = kit.make_router()
+    seen: list[IndexChange] = []
+    router.on_change = seen.append
+    box = Outbox(10)
+    tap = Tap(router, box)
+    tap.attach()
+    tap.attach()  # idempotent: the previous hook is not the tap itself
+    router._emit(change(1))
+    assert seen == [change(1)] and box.take(10) == [change(1)]
+    tap.detach()
+    tap.detach()
+    assert router.on_change == seen.append
+    router._emit(change(2))
+    assert seen == [change(1), change(2)] and len(box) == 0

@@ -235,3 +235,61 @@ def test_pending_prefills_never_outlive_their_requests(ops: list[tuple[str, int,
     for rid in list(live):
         router.finished(req(rid, ()), "a", Outcome(ok=False), 0.0)
     assert router.summary()["prefilling_requests"] == 0
+
+
+def small_router(**feedback: object) -> Router:
+    """One worker whose index holds 12 blocks (three 4-block prefixes): full, it evicts."""
+    cfg = RoutingSettings.model_validate(
+        {
+            "keys": {"block_tokens": 16},
+            "index": {"worker_capacity_tokens": 16 * 12},
+            "feedback": {"min_capacity_tokens": 16, **feedback},
+        }
+    )
+    router = Router(cfg, random.Random(0))
+    router.add_worker("a")
+    for tag, at in ((1, 0.0), (2, 50.0), (3, 90.0)):
+        serve(router, req(f"p{tag}", prefix(tag)), at)
+    return router
+
+
+def short_report_after(router: Router, first_token_at: float, traffic: bool) -> None:
+    """Prefix 2 (last touched at 50 s) is requested at 91 s; while the request waits, other prefixes may
+    arrive (and evict older ones); at ``first_token_at`` it starts, and its engine reports 0 cached."""
+    waiting = req("q", prefix(2))
+    router.dispatched(waiting, router.route(waiting, ["a"], 91.0), 91.0)
+    if traffic:
+        for tag, at in ((4, 100.0), (5, 110.0)):
+            serve(router, req(f"p{tag}", prefix(tag)), at)
+    router.first_token("q", first_token_at)
+    router.finished(waiting, "a", Outcome(cached_tokens=0), first_token_at)
+
+
+def test_the_index_turnover_is_the_age_of_its_oldest_entry_once_full() -> None:
+    router = make_router()
+    serve(router, req("p1", prefix(1)), 0.0)
+    assert router.index.turnover("a", 5.0) is None  # 4 of 1000 blocks: nothing was evicted for room
+    full = small_router()
+    assert full.index.turnover("a", 100.0) == 100.0  # prefix 1, touched at 0 s, goes next
+
+
+def test_a_short_report_of_a_request_that_started_promptly_is_a_miss() -> None:
+    router = small_router()
+    short_report_after(router, first_token_at=92.0, traffic=False)
+    stats = router.feedback["a"]
+    assert (stats.miss, stats.queued) == (1, 0)
+    assert router.index.capacity_tokens("a") < 16 * 12  # one capacity step
+
+
+def test_a_short_report_explained_by_a_long_queue_changes_nothing() -> None:
+    # the prefix was 100 s old when the engine started the request; the index's oldest entry is 59 s
+    # old: the index's own LRU would have evicted it too, had it touched it when the engine did
+    router = small_router()
+    short_report_after(router, first_token_at=150.0, traffic=True)
+    stats = router.feedback["a"]
+    assert (stats.miss, stats.queued, stats.reports) == (0, 1, 1)
+    assert router.index.capacity_tokens("a") == 16 * 12
+    never = small_router(queued_turnover=None)  # the knob off: the same report is a miss
+    short_report_after(never, first_token_at=150.0, traffic=True)
+    assert (never.feedback["a"].miss, never.feedback["a"].queued) == (1, 0)
+    assert never.index.capacity_tokens("a") < 16 * 12

@@ -1,5 +1,7 @@
-"""The ``prefix`` policy's promises: the bounded-load cap binds even for long, fully matched prompts, and
-the holder of a prefix is left only when its wait clearly exceeds the recomputation."""
+"""The ``prefix`` policy's promises: the bounded-load cap binds, and a long prompt held by a worker at the
+cap goes beyond it only as a cheap hit (held to ``hit_cap_share``, no more work left than the fleet's mean
+request) and never beyond ``hit_cap_factor`` x the cap; the holder of a prefix is left only when its wait
+clearly exceeds the recomputation."""
 
 from __future__ import annotations
 
@@ -43,16 +45,49 @@ def ctx(matches: dict[str, int], fill: float = 1.0, request_work: float = 0.0) -
     return Context(0.0, random.Random(0), matches, Caches(fill), request_work)
 
 
-def test_a_long_fully_matched_prompt_leaves_a_holder_at_the_cap() -> None:
-    policy = make_policy("prefix")
+NO_HIT_CAP = PrefixKnobs(hit_cap_factor=1.0)
+
+
+def test_a_long_fully_matched_prompt_leaves_a_holder_at_the_cap_without_the_hit_cap() -> None:
+    policy = make_policy("prefix", NO_HIT_CAP)
     workers = snaps(4, 0, 0, 0)
     assert workers[0].in_flight + 1 > load_cap(workers, CFG.load_factor, CFG.load_slack)  # at the cap
-    d = policy.select(long_request(), workers, ctx({"w0": BLOCKS}))
+    d = policy.select(long_request(), workers, ctx({"w0": BLOCKS}, request_work=1_000))
     assert d.worker != "w0" and d.branch == "load_fallback"
 
 
-def test_the_cap_boundary_one_below_it_still_takes_the_request() -> None:
+def test_a_cheap_hit_stays_on_its_holder_above_the_cap_up_to_the_hit_cap() -> None:
     policy = make_policy("prefix")
+    # cap = ceil(1.25 x 5 / 4) + 2 = 4: w0 is at it
+    at_cap = snaps(4, 0, 0, 0)
+    assert at_cap[0].in_flight + 1 > load_cap(at_cap, CFG.load_factor, CFG.load_slack)
+    d = policy.select(long_request(), at_cap, ctx({"w0": BLOCKS}, request_work=1_000))
+    assert (d.worker, d.branch) == ("w0", "prefix_hit")  # no work left: cheaper than any request
+    # 13 in flight: cap ceil(1.25 x 14 / 4) + 2 = 7, hit cap 14: the 14th request is the last it takes
+    below, at_hit_cap = snaps(13, 0, 0, 0), snaps(14, 0, 0, 0)
+    assert below[0].in_flight + 1 == CFG.hit_cap_factor * load_cap(below, CFG.load_factor, CFG.load_slack)
+    assert policy.select(long_request(), below, ctx({"w0": BLOCKS}, request_work=1_000)).worker == "w0"
+    cap = load_cap(at_hit_cap, CFG.load_factor, CFG.load_slack)
+    assert at_hit_cap[0].in_flight + 1 > CFG.hit_cap_factor * cap  # at the hit cap: never above it
+    d = policy.select(long_request(), at_hit_cap, ctx({"w0": BLOCKS}, request_work=1_000))
+    assert d.worker != "w0" and d.branch == "load_fallback"
+
+
+def test_above_the_cap_only_a_hit_that_holds_the_prompt_and_leaves_little_work() -> None:
+    policy = make_policy("prefix")
+    workers = snaps(4, 0, 0, 0)
+    # 80 % held (below hit_cap_share 0.9): 4,000 tokens left to compute, however cheap the fleet finds them
+    partial = policy.select(long_request(), workers, ctx({"w0": BLOCKS * 8 // 10}, request_work=1e9))
+    assert partial.worker != "w0"
+    # 95 % held, but the 1,000 tokens left cost more than the fleet's mean request (500)
+    costly = policy.select(long_request(), workers, ctx({"w0": BLOCKS * 95 // 100}, request_work=500))
+    assert costly.worker != "w0"
+    cheap = policy.select(long_request(), workers, ctx({"w0": BLOCKS * 95 // 100}, request_work=5_000))
+    assert cheap.worker == "w0"
+
+
+def test_the_cap_boundary_one_below_it_still_takes_the_request() -> None:
+    policy = make_policy("prefix", NO_HIT_CAP)
     workers = snaps(3, 0, 0, 0)  # cap = ceil(1.25 x 4 / 4) + 2 = 4: the holder may take a 4th request
     assert workers[0].in_flight + 1 == load_cap(workers, CFG.load_factor, CFG.load_slack)
     d = policy.select(long_request(), workers, ctx({"w0": BLOCKS}))
@@ -91,6 +126,7 @@ def test_the_delayed_requests_grow_without_bound_with_the_queue() -> None:
     assert values[-1] > 10 * 10
 
 
+@pytest.mark.parametrize("hit_cap_factor", [1.0, 2.0])
 @settings(max_examples=40, deadline=None)
 @given(
     workers=st.integers(min_value=2, max_value=8),
@@ -99,11 +135,13 @@ def test_the_delayed_requests_grow_without_bound_with_the_queue() -> None:
     ),
 )
 def test_no_worker_ever_exceeds_the_cap_under_one_hot_long_prefix(
-    workers: int, events: list[tuple[bool, int]]
+    hit_cap_factor: float, workers: int, events: list[tuple[bool, int]]
 ) -> None:
     """Requests that all share one long prefix arrive and finish in any order: the worker chosen for each
-    is under the bounded-load cap computed over every worker just before the decision."""
-    router = Router(RoutingSettings(), rng=random.Random(1))
+    is under the bounded-load cap computed over every worker just before the decision, times the hit cap
+    (the requests are cheap hits once the prefix is held: without the hit cap, under the cap itself)."""
+    knobs = {"policies": {"prefix": {"hit_cap_factor": hit_cap_factor}}}
+    router = Router(RoutingSettings.model_validate(knobs), rng=random.Random(1))
     names = [f"w{i}" for i in range(workers)]
     for name in names:
         router.add_worker(name)
@@ -118,6 +156,7 @@ def test_no_worker_ever_exceeds_the_cap_under_one_hot_long_prefix(
         cap = load_cap(before, CFG.load_factor, CFG.load_slack)
         decision = router.route(req, names, float(step))
         chosen = next(s for s in before if s.name == decision.worker)
-        assert chosen.in_flight + 1 <= cap, (decision, [s.in_flight for s in before], cap)
+        limit = cap * hit_cap_factor
+        assert chosen.in_flight + 1 <= limit, (decision, [s.in_flight for s in before], cap)
         router.dispatched(req, decision, float(step))
         live.append((req, decision.worker))

@@ -18,18 +18,7 @@ import pytest
 from aiohttp import web
 
 from prefix_router.proxy.server import Running
-from support.routers import RouterFactory, Routers
 from support.waiting import wait_until
-
-
-@pytest.fixture
-async def start_router() -> AsyncIterator[RouterFactory]:
-    """``await start_router(worker, ..., settings={...})``; workers are engines or config entries."""
-    routers = Routers()
-    try:
-        yield routers.start
-    finally:
-        await routers.close()
 
 
 @dataclass

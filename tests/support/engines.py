@@ -4,6 +4,7 @@ metrics), served over real HTTP by the ``fake_engine`` fixture."""
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ class Behaviour:
     cached_tokens: int | None = None
     # usage.prompt_tokens; None: a quarter of the request body's bytes, never below cached_tokens
     prompt_tokens: int | None = None
+    # set: usage.prompt_tokens counts the prompt as rendered by a ChatML-like template (``rendered_tokens``)
+    chars_per_token: float | None = None
     fail_next: int = 0  # the next N generation requests answer 500
     status: int = 200  # status of generation requests (when not failing)
     hang: bool = False  # accept generation requests and never answer
@@ -117,8 +120,19 @@ class FakeEngine:
             headers={"x-engine": self.name},
         )
 
+    def rendered_tokens(self, body: dict[str, Any]) -> int:
+        """The prompt's tokens as an engine with a ChatML-like template counts them: the text at
+        ``chars_per_token`` characters per token, plus 4 tokens per message (its markers and role) and 3
+        for the generation prompt; a completions prompt is its text (and a BOS token)."""
+        cpt = self.b.chars_per_token or 4.0
+        if "messages" not in body:
+            return math.ceil(len(str(body.get("prompt", ""))) / cpt) + 1
+        return sum(math.ceil(len(str(m.get("content") or "")) / cpt) + 4 for m in body["messages"]) + 3
+
     def _usage(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = self.b.prompt_tokens
+        if prompt is None and self.b.chars_per_token is not None:
+            prompt = self.rendered_tokens(body)
         if prompt is None:
             prompt = max(len(orjson.dumps(body)) // 4, self.b.cached_tokens or 0)
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}

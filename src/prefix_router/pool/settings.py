@@ -16,11 +16,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]{0,252})$|^[0-9a-fA-F:.]+$")
 
 
-class WorkerConfig(Section):
-    """One engine instance behind the router."""
+class WorkerTraits(Section):
+    """What a worker is beyond its address: the fields a ``workers:`` entry and every discovered worker
+    share."""
 
-    url: str
-    name: str | None = None
     weight: float = Field(default=1.0, gt=0, le=1000)
     models: list[str] = Field(default_factory=list, max_length=1024)
     engine: str = "auto"
@@ -28,11 +27,6 @@ class WorkerConfig(Section):
     capacity_tokens: int | None = Field(default=None, gt=0)
 
     _split_models = field_validator("models", mode="before")(split_list)
-
-    @field_validator("url")
-    @classmethod
-    def _check_url(cls, value: str) -> str:
-        return normalize_url(value)
 
     @field_validator("api_key")
     @classmethod
@@ -47,6 +41,18 @@ class WorkerConfig(Section):
         if normalize(value) not in ENGINE_NAMES:
             raise ValueError(f"unknown engine {value!r} (auto, {', '.join(ENGINE_NAMES)})")
         return normalize(value)
+
+
+class WorkerConfig(WorkerTraits):
+    """One engine instance behind the router."""
+
+    url: str
+    name: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return normalize_url(value)
 
     @field_validator("name")
     @classmethod
@@ -157,27 +163,9 @@ class ScrapeConfig(Section):
     max_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
 
 
-class DiscoveredWorkerConfig(Section):
+class DiscoveredWorkerConfig(WorkerTraits):
     """What every discovered worker gets: the fields of a ``workers:`` entry but url and name (discovered
     workers are named ``host:port``, the same on every replica)."""
-
-    weight: float = Field(default=1.0, gt=0, le=1000)
-    models: list[str] = Field(default_factory=list, max_length=1024)
-    engine: str = "auto"
-    api_key: SecretStr | None = None
-    capacity_tokens: int | None = Field(default=None, gt=0)
-
-    _split_models = field_validator("models", mode="before")(split_list)
-
-    @field_validator("engine")
-    @classmethod
-    def _check_engine(cls, value: str) -> str:
-        return WorkerConfig._check_engine(value)
-
-    @field_validator("api_key")
-    @classmethod
-    def _check_key(cls, value: SecretStr | None) -> SecretStr | None:
-        return None if value is None else header_secret(value)
 
 
 _K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -213,6 +213,7 @@ class ProxyMetrics(Collector):
             yield histogram.family(_part(p, "histograms", histogram.name, dict) for p in peers)
         yield from self._pool_gauges(peers)
         yield from self._feedback(peers)
+        yield from self._units()  # this process's own (each process learns its own)
 
     def _feedback(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         """Predicted vs engine-reported cached tokens per worker (the routing core's tallies)."""
@@ -227,7 +228,8 @@ class ProxyMetrics(Collector):
             "prefix_router_cache_reports",
             "Engine cache reports of routed requests by verdict: agree, miss (the engine held less than "
             "predicted), over (more), raced (short, dispatched during its prefix's first prefill: "
-            "ignored), unreported (the response carried no count)",
+            "ignored), queued (short, explained by its wait in the engine's queue: ignored), unreported (the "
+            "response carried no count)",
             labels=["worker", "verdict"],
         )
         clamped = CounterMetricFamily(
@@ -253,6 +255,24 @@ class ProxyMetrics(Collector):
             capacity.add_metric([worker, "known"], index.ceiling_tokens(worker))
             capacity.add_metric([worker, "learned"], index.capacity_tokens(worker))
         yield from (tokens, reports, clamped, capacity)
+
+    def _units(self) -> Iterator[Metric]:
+        """What text keys' characters are worth in tokens, per model (``routing/units.py``)."""
+        chars = GaugeMetricFamily(
+            "prefix_router_chars_per_token",
+            "Characters (UTF-8 bytes) of a text routing key per engine token, learned per model from the "
+            "engines' usage.prompt_tokens: kind=learned (the moving average), kind=used (the lower bound "
+            "the router predicts with; routing.units)",
+            labels=["model", "kind"],
+        )
+        samples = CounterMetricFamily(
+            "prefix_router_units_samples", "Engine reports the token value was learned from", labels=["model"]
+        )
+        for model, units in self._router.units.summary().items():
+            chars.add_metric([model, "learned"], units["chars_per_token"])
+            chars.add_metric([model, "used"], units["chars_per_token_used"])
+            samples.add_metric([model], units["samples"])
+        yield from (chars, samples)
 
     def _pool_gauges(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily("prefix_router_in_flight", "Requests in flight", labels=["worker"])

@@ -99,7 +99,7 @@ def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]
 
     def start(index: int) -> None:
         child = context.Process(
-            target=_child, args=(serve_one, index, directory), name=f"prefix-router-{index}"
+            target=_child, args=(serve_one, index, directory, os.getpid()), name=f"prefix-router-{index}"
         )
         child.start()
         children[index] = child
@@ -127,11 +127,14 @@ def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _child(serve_one: Callable[[int, Path], None], index: int, directory: Path) -> None:
-    """A serving process: gets SIGTERM should the supervisor die (no orphan keeps the port)."""
+def _child(serve_one: Callable[[int, Path], None], index: int, directory: Path, supervisor: int) -> None:
+    """A serving process: gets SIGTERM should the supervisor die (no orphan keeps the port), and does not
+    start at all when the supervisor died between the fork and the request for that signal."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:
+        os._exit(0)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the supervisor's: ``serve_one`` installs its own

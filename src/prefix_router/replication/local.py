@@ -32,9 +32,9 @@ import orjson
 
 from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
-from prefix_router.replication.outbox import Outbox
+from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing.router import ChangeHook, IndexChange, Router
+from prefix_router.routing.router import IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -109,14 +109,14 @@ class LocalReplication:
         self._sock = _bind(self._path, self.cfg.socket_buffer_bytes)
         self._handlers: dict[bytes, Handler] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._previous_hook: ChangeHook | None = None
+        self._tap = Tap(router, self.outbox)
         self._reading = False
         self.ready = False
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, run_tasks: bool = True) -> None:
-        self._hook()
+        self._tap.attach()
         self.ready = True
         if run_tasks:
             asyncio.get_running_loop().add_reader(self._sock.fileno(), self._on_readable)
@@ -135,7 +135,7 @@ class LocalReplication:
         if self._reading:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._reading = False
-        self._unhook()
+        self._tap.detach()
         self.ready = False
         self._sock.close()
         with contextlib.suppress(OSError):
@@ -151,22 +151,6 @@ class LocalReplication:
             remote_replicas=float(sum(1 for p in self.peers.values() if self._fresh(p))),
         )
         return out
-
-    # ------------------------------------------------------------ router hook
-
-    def _hook(self) -> None:
-        if self.router.on_change != self._on_change:
-            self._previous_hook = self.router.on_change
-            self.router.on_change = self._on_change
-
-    def _unhook(self) -> None:
-        if self.router.on_change == self._on_change:
-            self.router.on_change = self._previous_hook
-
-    def _on_change(self, change: IndexChange) -> None:
-        self.outbox.put(change)
-        if self._previous_hook is not None:
-            self._previous_hook(change)
 
     # ------------------------------------------------------------ sending
 

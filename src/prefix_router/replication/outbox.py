@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from prefix_router.routing.router import IndexChange
+from prefix_router.routing.router import ChangeHook, IndexChange, Router
 
 
 class Outbox:
@@ -51,3 +51,26 @@ class Outbox:
         while not self._items:
             self._wake.clear()
             await self._wake.wait()
+
+
+class Tap:
+    """Puts a router's index changes in an outbox, after whatever hook the router had (which still runs).
+    ``attach`` and ``detach`` are idempotent; ``detach`` restores the previous hook."""
+
+    def __init__(self, router: Router, outbox: Outbox) -> None:
+        self.router, self.outbox = router, outbox
+        self._previous: ChangeHook | None = None
+
+    def attach(self) -> None:
+        if self.router.on_change != self._on_change:
+            self._previous = self.router.on_change
+            self.router.on_change = self._on_change
+
+    def detach(self) -> None:
+        if self.router.on_change == self._on_change:
+            self.router.on_change = self._previous
+
+    def _on_change(self, change: IndexChange) -> None:
+        self.outbox.put(change)
+        if self._previous is not None:
+            self._previous(change)

@@ -30,10 +30,10 @@ from prefix_router.replication import load_share, stream
 from prefix_router.replication.backoff import Backoff
 from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
-from prefix_router.replication.outbox import Outbox
+from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing.router import ChangeHook, IndexChange, Router
+from prefix_router.routing.router import IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -70,7 +70,7 @@ class RedisReplication:
         self._ready = False
         self._offset = 0.0  # Redis clock - local wall clock
         self._tasks: list[asyncio.Task[None]] = []
-        self._previous_hook: ChangeHook | None = None
+        self._tap = Tap(router, self.outbox)
         self._load_ok_at: float | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -81,7 +81,7 @@ class RedisReplication:
 
     async def start(self, run_tasks: bool = True) -> None:
         """Hook the router, warm up from the backlog (bounded), then run the background tasks."""
-        self._hook()
+        self._tap.attach()
         await self._warm_up()
         self._ready = True
         if run_tasks:
@@ -97,7 +97,7 @@ class RedisReplication:
         self._tasks.clear()
         with contextlib.suppress(*ERRORS):
             await asyncio.wait_for(self.flush(), self.cfg.op_timeout_s)
-        self._unhook()
+        self._tap.detach()
         self._ready = False
         for client in {id(c): c for c in (self.client, self.reader)}.values():
             with contextlib.suppress(*ERRORS):
@@ -114,22 +114,6 @@ class RedisReplication:
             ready=float(self._ready),
         )
         return out
-
-    # ------------------------------------------------------------ router hook
-
-    def _hook(self) -> None:
-        if self.router.on_change != self._on_change:
-            self._previous_hook = self.router.on_change
-            self.router.on_change = self._on_change
-
-    def _unhook(self) -> None:
-        if self.router.on_change == self._on_change:
-            self.router.on_change = self._previous_hook
-
-    def _on_change(self, change: IndexChange) -> None:
-        self.outbox.put(change)
-        if self._previous_hook is not None:
-            self._previous_hook(change)
 
     # ------------------------------------------------------------ warm-up
 

@@ -31,7 +31,7 @@ from prefix_router.routing.types import WorkerSnapshot
 WORK_ALPHA = 0.02  # weight of one request in the moving average of dispatched work (about 50 requests)
 
 
-def prefill_work(uncached: int, cached: int, attention_tokens: float) -> float:
+def prefill_work(uncached: float, cached: float, attention_tokens: float) -> float:
     """Token-equivalents of prefilling ``uncached`` tokens after ``cached`` ones: each token at context
     position c costs ``1 + c / attention_tokens`` (linear layers plus attention over its context)."""
     if uncached <= 0:

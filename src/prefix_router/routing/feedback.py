@@ -10,6 +10,10 @@ else the router's estimate), so a buggy or hostile engine cannot poison the tall
   so a one-page prediction can come back as 0; the character estimate of tokens is approximate).
 - ``raced``: short, but the request was dispatched while some of its predicted blocks had been first
   inserted on that worker by a request still in its prefill: the engine could not serve them yet. Ignored.
+- ``queued``: short, but the request waited so long between its dispatch and its first token that the
+  index's own LRU, had it touched the matched blocks when the engine did (at admission, not at dispatch),
+  would have evicted them too: the prefix was evicted while the request queued (overload), not
+  mispredicted. Ignored (``queued_turnover``; ``explained_by_queueing``).
 - ``miss``: short: the engine evicted what the index still holds.
 - ``over``: more than the prediction by over ``slack_pages`` pages: the index gave up blocks the engine
   still holds (or the estimate under-counts).
@@ -41,6 +45,7 @@ class Verdict(StrEnum):
 
     AGREE = "agree"
     RACED = "raced"
+    QUEUED = "queued"
     MISS = "miss"
     OVER = "over"
 
@@ -54,6 +59,7 @@ class FeedbackStats:
     reported_tokens: int = 0  # the engines' reports, clamped to [0, prompt tokens]
     agree: int = 0
     raced: int = 0
+    queued: int = 0
     miss: int = 0
     over: int = 0
     unreported: int = 0  # responses without a cached-token count (not in the sums)
@@ -84,14 +90,34 @@ def clamp_report(reported: int, prompt_tokens: int) -> tuple[int, bool]:
     return bounded, bounded != reported
 
 
-def judge(cfg: FeedbackSettings, predicted: int, reported: int, raced: bool) -> Verdict:
-    """The verdict on a (clamped) report of a request predicted at ``predicted`` tokens."""
+def judge(cfg: FeedbackSettings, predicted: int, reported: int, raced: bool, queued: bool = False) -> Verdict:
+    """The verdict on a (clamped) report of a request predicted at ``predicted`` tokens; ``queued``:
+    the shortfall is explained by its wait in the engine's queue (``explained_by_queueing``)."""
     slack = cfg.slack_pages * cfg.page_tokens
     if reported - predicted > slack:
         return Verdict.OVER
     if predicted - reported <= slack or reported >= cfg.tolerance * predicted:
         return Verdict.AGREE
-    return Verdict.RACED if raced else Verdict.MISS
+    if raced:
+        return Verdict.RACED
+    return Verdict.QUEUED if queued else Verdict.MISS
+
+
+def explained_by_queueing(
+    cfg: FeedbackSettings, last_touched: float | None, started: float | None, turnover: float | None
+) -> bool:
+    """Whether a short report is explained by the request's wait in the engine's queue.
+
+    ``last_touched``: when the index last touched the deepest predicted block before this request's
+    dispatch; ``started``: when its first token came (the engine computed the prompt by then);
+    ``turnover``: how long an untouched block stays in the worker's index (the age of its LRU's oldest
+    entry, None while the index is not full: it has evicted nothing). The engine touches the prefix when
+    it admits the request, the index did at dispatch; when the prefix was already older than
+    ``queued_turnover`` x the turnover at the first token, the index's own LRU would have evicted it as
+    well, so the report says the request waited, not that the index holds more than the engine."""
+    if cfg.queued_turnover is None or last_touched is None or started is None or turnover is None:
+        return False
+    return started - last_touched >= cfg.queued_turnover * turnover
 
 
 class PrefillTracker:

@@ -7,7 +7,9 @@ LRU (``OrderedDict`` in access order, value = last access time) for eviction and
   leading blocks present (the mask of still-matching workers narrows block by block).
 - Insert: a dispatched request's blocks are touched deepest first, so that among blocks of one request
   the deepest is the least recent and is evicted first, as an engine's LRU evictor does.
-- Bounds: each worker holds at most ``capacity_tokens / block_tokens`` blocks (its KV-cache size); all
+- Bounds: each worker holds at most ``capacity_tokens / block value`` blocks (its KV-cache size; a block is
+  worth ``block_tokens``, or for a worker keyed by text what the router learned its model's text is worth,
+  ``set_block_value``); all
   workers together hold at most ``max_total_blocks`` (global memory cap; the fullest worker gives way);
   entries older than ``ttl_s`` expire; removing a worker purges its entries.
 - The fullest worker is found in amortised O(1): workers are kept in buckets by the number of blocks they
@@ -53,6 +55,8 @@ class PrefixIndex:
         self._name: dict[int, str] = {}
         self._cap_blocks: dict[str, int] = {}  # learned capacity (engine feedback), <= the ceiling
         self._ceiling: dict[str, int] = {}  # known capacity (configured or scraped), blocks
+        self._known: dict[str, int] = {}  # known capacity, tokens
+        self._value: dict[str, float] = {}  # tokens one block of the worker is worth (default block_tokens)
         self._by_size: dict[int, dict[str, None]] = {}  # blocks held -> workers holding that many (> 0)
         self._fullest = 0  # an upper bound of the largest size in _by_size
         self._total = 0
@@ -72,8 +76,28 @@ class PrefixIndex:
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         """The worker's known KV-cache size (configured, or scraped from the engine): the ceiling of its
         learned capacity, which starts there again."""
-        self._ceiling[name] = max(1, capacity_tokens // self.block_tokens)
+        self._known[name] = capacity_tokens
+        self._ceiling[name] = self.blocks_for(name, capacity_tokens)
         self.learn_capacity(name, self._ceiling[name])
+
+    def set_block_value(self, name: str, tokens: float) -> None:
+        """What one of ``name``'s blocks is worth in tokens (text keys: learned, ``routing/units.py``): its
+        known and learned capacities keep their tokens and change their blocks. A move of less than 1/64
+        changes nothing (the learned value moves a little with every report)."""
+        old = self._value.get(name, self.block_tokens)
+        if name not in self._lru or tokens <= 0 or abs(tokens - old) * 64 < old:
+            return
+        learned = self._cap_blocks[name] * old
+        self._value[name] = tokens
+        self._ceiling[name] = self.blocks_for(name, self._known[name])
+        self.learn_capacity(name, self.blocks_for(name, learned))
+
+    def block_value(self, worker: str) -> float:
+        return self._value.get(worker, self.block_tokens)
+
+    def blocks_for(self, worker: str, tokens: float) -> int:
+        """``tokens`` of ``worker``'s cache in blocks (at least 1)."""
+        return max(1, int(tokens / self._value.get(worker, self.block_tokens)))
 
     def learn_capacity(self, name: str, blocks: int) -> int:
         """Set the blocks ``name`` is believed to hold at most, within [1, its ceiling]; evicts LRU down to
@@ -88,7 +112,8 @@ class PrefixIndex:
         if lru is None:
             return
         bit = self._bit.pop(name)
-        del self._name[bit], self._cap_blocks[name], self._ceiling[name]
+        del self._name[bit], self._cap_blocks[name], self._ceiling[name], self._known[name]
+        self._value.pop(name, None)
         for block in lru:
             self._unhold(block, bit)
         self._total -= len(lru)
@@ -135,23 +160,31 @@ class PrefixIndex:
         return 0 if lru is None else len(lru)
 
     def tokens_of(self, worker: str) -> int:
-        return self.blocks_of(worker) * self.block_tokens
+        return round(self.blocks_of(worker) * self.block_value(worker))
 
     def fill(self, worker: str) -> float:
         """The fraction of ``worker``'s capacity its entries use (1.0: full, an insert evicts)."""
         lru = self._lru.get(worker)
         return 0.0 if lru is None else len(lru) / self._cap_blocks[worker]
 
+    def turnover(self, worker: str, now: float) -> float | None:
+        """How long an untouched block stays in ``worker``'s entries: the age of its least recent one (the
+        next to be evicted). None while they are below its capacity (nothing was evicted for room)."""
+        lru = self._lru.get(worker)
+        if not lru or len(lru) < self._cap_blocks[worker]:
+            return None
+        return max(0.0, now - next(iter(lru.values())))
+
     def capacity_tokens(self, worker: str) -> int:
         """The learned capacity (what the index keeps for ``worker``)."""
-        return self._cap_blocks.get(worker, 0) * self.block_tokens
+        return round(self._cap_blocks.get(worker, 0) * self.block_value(worker))
 
     def capacity_blocks(self, worker: str) -> int:
         return self._cap_blocks.get(worker, 0)
 
     def ceiling_tokens(self, worker: str) -> int:
         """The known capacity (configured or scraped), the most the learned one may reach."""
-        return self._ceiling.get(worker, 0) * self.block_tokens
+        return round(self._ceiling.get(worker, 0) * self.block_value(worker))
 
     def __len__(self) -> int:
         return self._total

@@ -39,6 +39,7 @@ from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_se
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError, load_templates, media_ids
 from prefix_router.routing.types import InvalidRequest, RouteRequest
+from prefix_router.routing.units import count_marks
 
 __all__ = ["Endpoint", "InvalidRequest", "KeyBuilder", "chat_text"]
 
@@ -274,6 +275,7 @@ class KeyBuilder:
         seed = self.namespace(body, tenant)
         data = self.payload(endpoint, body, None)
         tokens_mode = self._tokens_mode(endpoint, body)
+        text = b"" if tokens_mode else data
         return RouteRequest(
             request_id=request_id,
             blocks=self._blocks(data, tokens_mode, seed),
@@ -284,6 +286,9 @@ class KeyBuilder:
             session=session,
             output_tokens_hint=_max_tokens(body),
             tail=b"" if tokens_mode else data[len(data) - len(data) % self.cfg.block_chars :],
+            text_model=None if tokens_mode else body["model"],  # validated by ``namespace``
+            text=text,
+            counts=count_marks(text),
         )
 
     def extend(

@@ -18,7 +18,15 @@ learned capacity by at most ``feedback.capacity_step`` of it, and an over-report
 grows it back, up to the known capacity; the index's own LRU then follows. No report forgets a prefix:
 not the request's own chain (the engine has just computed it again), not another one (an engine's eviction
 order is not the index's, and one report cannot tell which it evicted). Reports within a few pages,
-reports of requests that raced their prefix's first prefill, and reports clamped to the prompt are safe.
+reports of requests that raced their prefix's first prefill, reports explained by a long wait in the
+engine's queue (the prefix was evicted while the request waited: ``queued``), and reports clamped to the
+prompt are safe.
+
+Token units: a text key counts nominal tokens (characters / ``keys.chars_per_token``); ``routing/units.py``
+learns per model what they are worth from the engines' ``usage.prompt_tokens`` (by the classes of the
+key's bytes, or one scale), and the router values the key's tokens by it wherever they are used: the
+prediction (a match by its own first blocks' bytes), the load tracker's prompt length and prefill work,
+the policy's cost (``Context.token_scale``, per request) and the index's capacity in blocks per worker.
 
 Failures: a request that failed before its first token trims its blocks beyond the prediction (the engine
 may never have computed them); after its first token (a client abort mid-stream, an upstream cut) the
@@ -40,6 +48,7 @@ from prefix_router.routing.feedback import (
     PrefillTracker,
     Verdict,
     clamp_report,
+    explained_by_queueing,
     judge,
     prompt_bound,
 )
@@ -58,6 +67,7 @@ from prefix_router.routing.types import (
     RouteRequest,
     WorkerSnapshot,
 )
+from prefix_router.routing.units import TokenUnits, count_prefix
 
 
 class ChangeKind(StrEnum):
@@ -86,7 +96,10 @@ class _Prediction:
     worker: str
     tokens: int
     raced: bool  # dispatched while some of its predicted blocks were in another request's first prefill
+    blocks: int  # the matched blocks behind ``tokens``
+    last_touched: float | None  # the index's last access of its deepest predicted block before dispatch
     started: bool = False  # its first token came: the engine computed the whole prompt
+    started_at: float | None = None  # when
 
 
 ChangeHook = Callable[[IndexChange], None]
@@ -97,6 +110,7 @@ class Router:
         self.cfg = cfg
         self.rng = rng if rng is not None else random.Random()
         self.keys = KeyBuilder(cfg.keys)
+        self.units = TokenUnits(cfg.units, cfg.keys.chars_per_token, cfg.keys.image_tokens)
         self.index = PrefixIndex(
             block_tokens=cfg.keys.block_tokens,
             default_capacity_tokens=cfg.index.worker_capacity_tokens,
@@ -120,11 +134,13 @@ class Router:
         changed is rebuilt, its own state, such as a round-robin position, starting over), session
         affinity and feedback tolerance. What sizes live state (``keys``, ``index``, ``trackers``,
         ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
-        same = ("keys", "index", "trackers")
+        same = ("keys", "index", "trackers", "units")
         if any(getattr(cfg, k) != getattr(self.cfg, k) for k in same) or (
             cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
         ):
-            raise ValueError("retune: keys, index, trackers and sessions.max_sessions need a new Router")
+            raise ValueError(
+                "retune: keys, index, trackers, units and sessions.max_sessions need a new Router"
+            )
         if cfg.policy not in self.policies:
             raise KeyError(f"unknown policy {cfg.policy!r}")
         for spec in POLICIES:
@@ -177,14 +193,36 @@ class Router:
         matches = self.index.match(req.blocks)
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
-        decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches))
+        prompt = self._prompt_value(req)
+        scale = prompt / req.prompt_tokens if req.text_model is not None and req.prompt_tokens else 1.0
+        decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         matched = matches.get(decision.worker, 0)
-        predicted = min(matched * self.index.block_tokens, req.prompt_tokens)
-        return Decision(decision.worker, decision.branch, matched, predicted)
+        return Decision(decision.worker, decision.branch, matched, self._match_value(req, matched, prompt))
 
-    def _context(self, now: float, matches: dict[str, int]) -> Context:
+    def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
+        """The engine tokens of ``req``'s first ``matched`` blocks: a text key's by the content of those
+        blocks once its model's value is learned, else nominal x the scale."""
+        nominal = min(matched * self.index.block_tokens, req.prompt_tokens)
+        if not matched or req.text_model is None:
+            return nominal
+        counts = req.counts[-1] if req.counts else None
+        size = matched * self.cfg.keys.block_chars
+        if counts is not None and size < len(req.text) and self.units.by_content(req.text_model):
+            counts = count_prefix(req.text, size, req.counts)
+        return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
+
+    def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
         attention = self.cfg.trackers.attention_tokens
-        return Context(now, self.rng, matches, self.index, self.load.drain.mean_work, attention)
+        return Context(now, self.rng, matches, self.index, self.load.drain.mean_work, attention, scale)
+
+    def prompt_tokens(self, req: RouteRequest) -> int:
+        """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
+        return math.ceil(self._prompt_value(req))
+
+    def _prompt_value(self, req: RouteRequest) -> float:
+        if req.text_model is None:
+            return float(req.prompt_tokens)
+        return self.units.tokens(req.text_model, req.counts[-1] if req.counts else None, req.prompt_tokens)
 
     def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
         sessions = self.cfg.sessions
@@ -201,11 +239,13 @@ class Router:
     def dispatched(self, req: RouteRequest, decision: Decision, now: float) -> None:
         worker, matched = decision.worker, decision.matched_blocks
         raced = self._prefills.racing(worker, req.blocks[:matched])
-        self._predictions.set(req.request_id, _Prediction(worker, decision.predicted_tokens, raced))
+        touched = self.index.last_access(worker, req.blocks[matched - 1]) if matched else None
+        prediction = _Prediction(worker, decision.predicted_tokens, raced, matched, touched)
+        self._predictions.set(req.request_id, prediction)
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.request_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
-        uncached = req.prompt_tokens - decision.predicted_tokens
+        uncached = self.prompt_tokens(req) - decision.predicted_tokens
         work = prefill_work(uncached, decision.predicted_tokens, self.cfg.trackers.attention_tokens)
         self.load.start(req.request_id, worker, uncached, now, work)
         if req.session:
@@ -217,7 +257,7 @@ class Router:
         self._prefills.done(request_id)
         prediction = self._predictions.get(request_id)
         if prediction is not None:
-            prediction.started = True
+            prediction.started, prediction.started_at = True, now
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.request_id, now)
@@ -227,10 +267,14 @@ class Router:
             return
         if not outcome.ok:
             if prediction is None or not prediction.started:  # the engine may not have computed them
-                keep = (prediction.tokens // self.index.block_tokens) if prediction else 0
+                keep = prediction.blocks if prediction else 0
                 self._trim(worker, req.blocks, keep, now)
             return
         self._learn(req, worker, prediction, outcome, now)
+        if req.text_model is not None and self.units.observe(
+            req.text_model, req.prompt_tokens, outcome.prompt_tokens, req.counts[-1] if req.counts else None
+        ):
+            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(req.text_model))
         if outcome.extension_blocks:
             self._insert(worker, outcome.extension_blocks, now)
 
@@ -246,7 +290,10 @@ class Router:
             stats.unreported += 1
             return
         reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.prompt_tokens, outcome))
-        verdict = judge(self.cfg.feedback, prediction.tokens, reported, prediction.raced)
+        cfg = self.cfg.feedback
+        turnover = self.index.turnover(worker, now)
+        queued = explained_by_queueing(cfg, prediction.last_touched, prediction.started_at, turnover)
+        verdict = judge(cfg, prediction.tokens, reported, prediction.raced, queued)
         stats.count(verdict, prediction.tokens, reported, moved)
         if verdict in (Verdict.MISS, Verdict.OVER):
             self._learn_capacity(worker, verdict == Verdict.OVER, now)
@@ -262,7 +309,7 @@ class Router:
                 return  # the index was not full: its capacity did not cause the shortfall
             wanted = cap + max(1, math.ceil(cap * step))
         else:
-            floor = self.cfg.feedback.min_capacity_tokens // index.block_tokens
+            floor = index.blocks_for(worker, self.cfg.feedback.min_capacity_tokens)
             wanted = max(floor, cap - math.ceil(cap * step))
         learned = index.learn_capacity(worker, wanted)
         if learned != cap:
@@ -319,6 +366,7 @@ class Router:
             "tracked_requests": self.load.tracked(),
             "prefilling_requests": len(self._prefills),
             "sessions": len(self._sessions),
+            "units": self.units.summary(),  # learned tokens of text keys, per model
             "workers": {name: self._worker_summary(name) for name in self.index.workers()},
         }
 
@@ -329,6 +377,7 @@ class Router:
             "indexed_tokens": self.index.tokens_of(name),
             "capacity_tokens": self.index.capacity_tokens(name),  # learned from engine feedback
             "known_capacity_tokens": self.index.ceiling_tokens(name),  # configured or scraped
+            "block_tokens": self.index.block_value(name),  # what one of its blocks is worth (units)
             "in_flight": snap.in_flight,
             "pending_prefill_tokens": snap.pending_prefill_tokens,
             # predicted vs reported cached tokens, summed over the requests whose engine reported only

@@ -8,6 +8,7 @@ routing:
   trackers: {max_tracked_requests: 100000, engine_load_stale_s: 10.0, attention_tokens: 32768}
   sessions: {affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
   feedback: {tolerance: 0.5, page_tokens: 16, slack_pages: 2, capacity_step: 0.1}  # engine reports
+  units: {learn: true, alpha: 0.03125, min_sample_tokens: 512, warmup: 8, margin: 1.0}  # text keys' tokens
   policies:                   # one knob group per policy, declared by the policy's own module
     prefix: {load_factor: 1.25, load_slack: 2, queue_penalty_tokens: 512, in_flight_penalty_tokens: 512}
     consistent_hash: {load_factor: 1.25, load_slack: 0, replicas: 64, max_rings: 32}
@@ -125,13 +126,37 @@ class FeedbackSettings(Section):
     ``tolerance`` x the prediction is a miss (unless the request raced its prefix's first prefill): the
     worker's learned capacity shrinks by ``capacity_step`` of it, not below ``min_capacity_tokens``. A
     report over the prediction by more than the slack while the index is full grows it back by as much,
-    up to the known (configured or scraped) capacity. No report ever forgets a prefix."""
+    up to the known (configured or scraped) capacity. A short report of a request whose prefix was, at
+    its first token, older than ``queued_turnover`` x the worker's index turnover is ``queued`` (evicted
+    while it waited in the engine's queue) and changes nothing; None: never. No report ever forgets a
+    prefix."""
 
     tolerance: float = Field(default=0.5, ge=0, le=1)
     page_tokens: int = Field(default=16, gt=0)  # the engine's KV page (vLLM's default block size)
     slack_pages: int = Field(default=2, ge=0)  # differences up to this many pages are agreement
     capacity_step: float = Field(default=0.1, ge=0, lt=1)  # 0: never learn the capacity
     min_capacity_tokens: int = Field(default=4096, gt=0)
+    queued_turnover: float | None = Field(default=1.0, gt=0)  # None: a queued request's report is a miss
+
+
+class UnitSettings(Section):
+    """``routing.units``: the tokens a text key's characters are worth, learned per model from the engines'
+    ``usage.prompt_tokens`` (``routing/units.py``). A report counts when the request's key is text and at
+    least ``min_sample_tokens`` nominal tokens (characters / ``keys.chars_per_token``) long; the value used
+    is the moving average (weight ``alpha``) less ``margin`` moving deviations, from ``warmup`` reports on.
+    With ``by_content``, a key's bytes are valued by class (word, punctuation, whitespace) by a moving
+    least squares per model, less ``margin`` relative residual deviations (``min_spread``: the ridge).
+    """
+
+    learn: bool = True  # false: text keys are worth characters / keys.chars_per_token tokens, always
+    alpha: float = Field(default=1 / 32, gt=0, le=1)  # weight of one report in the moving average
+    min_sample_tokens: int = Field(default=512, gt=0)  # shorter prompts: template tokens weigh too much
+    warmup: int = Field(default=8, gt=0)  # reports of a model before its learned value is used
+    margin: float = Field(default=1.0, ge=0)  # deviations below the average (over-predicting costs more)
+    max_models: int = Field(default=1024, gt=0)  # models learned at once (least recently reported dropped)
+    by_content: bool = True  # value a key's bytes by class (word, punctuation, whitespace), learned per model
+    # byte classes whose share of a prompt varies less than this between reports keep the common value
+    min_spread: float = Field(default=0.01, gt=0, le=1)
 
 
 def _policy_groups() -> type[Section]:
@@ -172,6 +197,7 @@ class RoutingSettings(Section):
     trackers: TrackerSettings = Field(default_factory=TrackerSettings)
     sessions: SessionSettings = Field(default_factory=SessionSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
+    units: UnitSettings = Field(default_factory=UnitSettings)
     policies: PolicyGroups = Field(default_factory=PolicyGroups)
 
     @model_validator(mode="before")

@@ -35,13 +35,21 @@ class RouteRequest:
     request_id: str
     blocks: tuple[int, ...]
     block_tokens: int
-    prompt_tokens: int
+    prompt_tokens: int  # nominal for a text key: characters / chars_per_token (see ``text_model``)
     hash_key: int
     namespace: int = 0
     session: str | None = None
     output_tokens_hint: int = 0
     tail: bytes = b""  # the key's bytes after the last full block (lets extensions continue the chain)
     exact: bool = False  # blocks of the model's own chat template and tokenizer (exact mode)
+    # a key of text blocks: its model, whose learned token value (routing/units.py) scales the nominal
+    # ``prompt_tokens`` and ``block_tokens``; None: token ids, counted exactly
+    text_model: str | None = None
+    # a text key's bytes (kept, not copied: a match's own first blocks are valued by their content) and
+    # their counts by class (word, punctuation, whitespace, images), cumulative at every 16 KiB and the
+    # whole last (``routing/units.py``, ``count_marks``); empty for token ids
+    text: bytes = b""
+    counts: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -116,8 +124,10 @@ class CacheView(Protocol):
 class Context:
     """Everything a policy may read besides the request and the candidates: the time, the seeded rng,
     the matched blocks per worker, the index's view of the caches, the prefill work of a typical request
-    (token-equivalents, a moving average over dispatched requests; 0 before any) and the context length
-    at which a prompt token's attention costs as much as its linear layers (``drain.prefill_work``)."""
+    (token-equivalents, a moving average over dispatched requests; 0 before any), the context length
+    at which a prompt token's attention costs as much as its linear layers (``drain.prefill_work``) and
+    the engine tokens per token of the request's key (``routing/units.py``: 1 for token ids; a policy
+    that counts tokens multiplies ``prompt_tokens`` and ``block_tokens`` by it)."""
 
     now: float
     rng: random.Random
@@ -125,6 +135,7 @@ class Context:
     cache: CacheView | None = None
     request_work: float = 0.0
     attention_tokens: float = 32_768.0
+    token_scale: float = 1.0
 
 
 class Policy(Protocol):

@@ -1,8 +1,10 @@
 """prefix: the worker with the lowest expected cost of this request *and* of what it does to the fleet.
 
 Algorithm. For each candidate under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in
-flight + 1) / total weight) + load_slack``, times its weight; all candidates if none is), in token-
-equivalents of prefill work (``drain.prefill_work``: a token at context c costs 1 + c / attention_tokens):
+flight + 1) / total weight) + load_slack``, times its weight; all candidates if none is), or under
+``hit_cap_factor`` x that cap for a *cheap hit* (it holds at least ``hit_cap_share`` of the prompt and
+the prefill left there is no more than the fleet's mean request's), in token-equivalents of prefill work
+(``drain.prefill_work``: a token at context c costs 1 + c / attention_tokens):
 
     cost = backlog                                 prefill still queued there (learned drain, drain.py)
          + queue_penalty_tokens x engine queue     (scraped, when fresh: other routers' requests)
@@ -28,13 +30,18 @@ So the holder of a prefix is left only when its wait exceeds the recomputation b
 prefix is then copied deliberately to the cheapest other worker (the emptiest cache among equals), and
 from then on both holders share it by cost. Prompts that match nowhere go where the wait is shortest,
 preferring caches with room. The bounded-load cap is a hard guarantee on top: no worker takes a request
-above it, however long the prefix it holds.
+above it, however long the prefix it holds, except a cheap hit, and that never above ``hit_cap_factor`` x
+the cap. A request count is a poor measure of a long prompt that is fully held: it costs its holder
+almost no prefill, while a copy elsewhere costs tens of thousands of tokens of prefill and a duplicate in
+the pooled cache; counting such hits against the cap forced exactly those copies (long-document RAG under
+overload) while they added little to the holder's work.
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
 Knobs (``routing.policies.prefix``, ``PrefixKnobs``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
 ``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
-``saturation_weight`` 1.0; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
+``saturation_weight`` 1.0, ``hit_cap_factor`` 2.0 (1: the cap binds every request), ``hit_cap_share``
+0.9; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
 """
 
 from __future__ import annotations
@@ -59,6 +66,9 @@ class PrefixKnobs(Section):
     in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request in flight there
     recompute_weight: float = Field(default=1.0, ge=0)  # a full cache: what an evicted token costs later
     saturation_weight: float = Field(default=1.0, ge=0)  # x the requests a token of prefill delays
+    hit_cap_factor: float = Field(default=2.0, ge=1)  # a cheap hit may go up to this x the cap; 1: never
+    hit_cap_share: float = Field(default=0.9, gt=0, le=1)  # cheap: this share of the prompt held, and
+    # no more prefill work left than the fleet's mean request
 
 
 class PrefixPolicy(NoHooks):
@@ -69,6 +79,8 @@ class PrefixPolicy(NoHooks):
         self.in_flight_penalty_tokens = knobs.in_flight_penalty_tokens
         self.recompute_weight = knobs.recompute_weight
         self.saturation_weight = knobs.saturation_weight
+        self.hit_cap_factor = knobs.hit_cap_factor
+        self.hit_cap_share = knobs.hit_cap_share
 
     def saturation(self, workers: Sequence[WorkerSnapshot], request_work: float) -> float:
         """``saturation_weight x`` the requests delayed by a token of prefill placed now (see the header);
@@ -89,20 +101,32 @@ class PrefixPolicy(NoHooks):
     ) -> tuple[list[WorkerSnapshot], int]:
         """The workers under ``cap`` with the lowest cost, and the longest match among all the workers,
         in one inlined pass (this runs for every candidate of every request: nothing else walks them)."""
-        prompt, block, best, tied, longest = req.prompt_tokens, req.block_tokens, math.inf, [], 0
+        scale = ctx.token_scale  # engine tokens per key token (routing/units.py)
+        prompt, block, best, tied, longest = (
+            req.prompt_tokens * scale,
+            req.block_tokens * scale,
+            math.inf,
+            [],
+            0,
+        )
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
         cold = prefill_work(prompt, 0, attention)  # the work on every worker that matches nothing
+        hard, cheap = cap * self.hit_cap_factor, ctx.request_work
+        held = self.hit_cap_share * prompt
         for w in workers:
             matched = matches.get(w.name, 0)
             if matched > longest:
                 longest = matched
-            if w.in_flight + 1 > cap * w.weight:
+            over = w.in_flight + 1 > cap * w.weight
+            if over and (not matched or w.in_flight + 1 > hard * w.weight):
                 continue
             if matched:
                 cached = min(prompt, matched * block)
                 work = prefill_work(prompt - cached, cached, attention)
+                if over and (cached < held or work > cheap):
+                    continue  # above the cap only for a cheap hit: the prompt held, little work left
             else:
                 work = cold
             wait = w.prefill_backlog + w.queue_depth * queue_penalty + w.in_flight * flight_penalty

@@ -1,0 +1,312 @@
+"""Token units of text keys: what a model's key characters are worth in tokens, learned from its engines.
+
+A key of text blocks (the default key without a tokenizer) counts *nominal* tokens: UTF-8 bytes /
+``routing.keys.chars_per_token`` (a block of ``block_chars`` is ``block_tokens``). Real tokenizers differ
+(English prose is about 5 bytes per token for SmolLM2; code, JSON and other scripts fewer), so the router
+learns, per model, what a key's bytes are worth from the engines' ``usage.prompt_tokens``, two ways:
+
+1. The *scale*: engine tokens per nominal token. A sample is ``usage.prompt_tokens`` over the nominal
+   tokens of the key, taken when the key is text and at least ``min_sample_tokens`` nominal tokens long (a
+   chat template adds a few tokens per message that the key does not count; on a long prompt they are a
+   small part), clamped to [1/4, 4]. Per model: the moving average of the samples (weight ``alpha``; a
+   plain average over the first 1/alpha samples) and their moving variance; the scale in use is
+   ``average - margin x deviation`` (a lower bound: one prompt's text is denser or sparser than the
+   model's average, and over-predicting a match is the costly error), from ``warmup`` samples on. It
+   values a worker's blocks in the index (capacity) and keys that carry no byte counts.
+2. The *content value* (``by_content``): one value per model cannot follow prose (a token per word of
+   about 5 bytes) and JSON or code (a token for most punctuation) at once, so a key's bytes are counted by
+   class, in C (``bytes.translate``): word bytes (ASCII letters and digits, and every byte of a non-ASCII
+   character), punctuation, whitespace, and image placeholders (each worth ``keys.image_tokens``, known:
+   not learned). A span's tokens are ``(a x word + b x punctuation + c x whitespace) x (1 - margin x d) +
+   images``, with ``(a, b, c)`` per model by a moving least squares (weight ``alpha``) of each report's
+   tokens per byte on its classes' shares of the bytes, ridge-pulled towards one value for all classes
+   (``min_spread``: classes whose share varies less than that between prompts keep the common value), and
+   ``d`` the fit's relative residual deviation (from the moving moments), widened by the span's leverage
+   and, for a span shorter than the reports, by the root of the ratio. Each span's value is clamped to
+   [1/4, 4] x nominal.
+   The router values a match of k blocks by the classes of the request's own first k blocks (from the
+   key builder's cumulative counts, ``count_marks``: at most ``CHUNK / 2`` bytes more counted), and the
+   prompt, the load and the policy's cost by the whole key's counts.
+
+Fallback: before ``warmup`` samples, for models never reported, with ``learn`` off, and for token-id keys
+(a tokenizer, exact mode, completions given as ids: counted exactly), the scale is 1 (the configured
+``chars_per_token``); keys without counts (replayed traces) use the scale. Engines of one model share its
+tokenizer and chat template, so the table is per model, not per worker: every worker's reports teach it,
+and it applies before a worker is chosen.
+
+Where it applies (``router.py``): the prediction, the prompt length of the load tracker and the prefill
+drain, the ``prefix`` policy's cost (``Context.token_scale``), and the index's conversion of a worker's
+capacity from tokens into blocks (each worker at the scale of the model it last reported for). Each
+router replica learns its own (``warmup`` reports suffice).
+
+Knobs (``routing.units``, ``UnitSettings``): ``learn`` (true), ``alpha`` (1/32), ``min_sample_tokens`` (512),
+``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently reported model gives way),
+``by_content`` (true), ``min_spread`` (0.01).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from prefix_router.routing.canonical import MEDIA
+from prefix_router.routing.settings import UnitSettings
+
+CLAMP = 4.0  # a sample is clamped to [1 / CLAMP, CLAMP] x the nominal value
+MAX_REPORT_TOKENS = 1 << 31  # no prompt is this long: a larger count is not a sample
+
+# byte classes of a text key (UTF-8): deleting the word bytes leaves punctuation, whitespace and images
+_WORD = bytes([*range(0x30, 0x3A), *range(0x41, 0x5B), *range(0x61, 0x7B), *range(0x80, 0x100)])
+_MEDIA = MEDIA.encode()
+_NOT_PUNCT = b" \t\n\r\x0b\x0c" + _MEDIA
+
+Counts = tuple[int, int, int, int]  # bytes of a text key by class: (word, punctuation, whitespace, images)
+CHUNK = 16_384  # the key's classes are kept cumulative at every CHUNK bytes (``count_marks``)
+
+
+def count_classes(data: bytes) -> Counts:
+    """``data``'s bytes by class (word, punctuation, whitespace, image placeholder), in two C passes: one
+    over the bytes, one over the non-word bytes (a fifth of prose)."""
+    other = data.translate(None, _WORD)
+    media = other.count(_MEDIA)
+    punct = len(other.translate(None, _NOT_PUNCT))
+    return len(data) - len(other), punct, len(other) - punct - media, media
+
+
+def count_marks(data: bytes) -> tuple[Counts, ...]:
+    """The classes of ``data[:CHUNK]``, ``data[:2 x CHUNK]``, ... and of the whole (the last), cumulative:
+    the same passes as one count, cut so that a prefix needs at most ``CHUNK / 2`` bytes counted."""
+    marks: list[Counts] = []
+    word = punct = space = media = 0
+    for start in range(0, len(data), CHUNK):
+        w, p, s, m = count_classes(data[start : start + CHUNK])
+        word, punct, space, media = word + w, punct + p, space + s, media + m
+        marks.append((word, punct, space, media))
+    return tuple(marks)
+
+
+def count_prefix(data: bytes, size: int, marks: tuple[Counts, ...]) -> Counts:
+    """The classes of ``data[:size]`` (``size < len(data)``) from ``count_marks(data)``: from the nearer
+    mark, the bytes between it and ``size`` counted and added (or taken off): at most ``CHUNK / 2``."""
+    full = size // CHUNK
+    below, above = full * CHUNK, min((full + 1) * CHUNK, len(data))
+    if size - below <= above - size:
+        w, p, s, m = count_classes(data[below:size])
+        base, sign = (marks[full - 1] if full else (0, 0, 0, 0)), 1
+    else:
+        w, p, s, m = count_classes(data[size:above])
+        base, sign = marks[full], -1
+    return base[0] + sign * w, base[1] + sign * p, base[2] + sign * s, base[3] + sign * m
+
+
+@dataclass(frozen=True, slots=True)
+class ContentValue:
+    """A model's content value in use: tokens per byte of each class, the fit's relative residual deviation
+    and its inverse moment matrix over the effective samples (for the leverage of a span's shares)."""
+
+    coef: tuple[float, float, float]
+    deviation: float
+    spread: tuple[float, ...]  # (E[x x^T] + ridge)^-1 / effective samples, row-major 3 x 3
+    size: float  # the reports' average text bytes
+
+    def relative_margin(self, x: tuple[float, float, float], size: int) -> float:
+        """The relative deviation of a span of ``size`` text bytes, shares ``x``: the fit's, widened by the
+        span's leverage (a prediction interval of least squares: shares unlike the reports learned from are
+        less certain) and for a span shorter than the reports by the root of the ratio (a shorter text is
+        a smaller sample of words: its density varies more)."""
+        m, (a, b, c) = self.spread, x
+        lever = (
+            a * (m[0] * a + m[1] * b + m[2] * c)
+            + b * (m[3] * a + m[4] * b + m[5] * c)
+            + c * (m[6] * a + m[7] * b + m[8] * c)
+        )
+        return self.deviation * math.sqrt((1.0 + max(0.0, lever)) * max(1.0, self.size / size))
+
+
+@dataclass(slots=True)
+class ContentFit:
+    """One model's moving least squares of tokens per byte on the byte classes' shares (see the module
+    docstring): moving moments of x = (word, punctuation, whitespace) / bytes and y = tokens / bytes."""
+
+    samples: int = 0
+    xx: list[float] = field(default_factory=lambda: [0.0] * 9)  # E[x x^T], row-major 3 x 3
+    xy: list[float] = field(default_factory=lambda: [0.0] * 3)  # E[x y]
+    yy: float = 0.0  # E[y^2]
+    y: float = 0.0  # E[y]
+    size: float = 0.0  # E[text bytes]
+    value: ContentValue | None = None  # the fit (None until solvable)
+
+    def add(self, x: tuple[float, float, float], y: float, size: int, alpha: float, spread: float) -> None:
+        self.samples += 1
+        a = max(alpha, 1.0 / self.samples)
+        self.size += a * (size - self.size)
+        for i in range(3):
+            self.xy[i] += a * (x[i] * y - self.xy[i])
+            for j in range(3):
+                self.xx[3 * i + j] += a * (x[i] * x[j] - self.xx[3 * i + j])
+        self.yy += a * (y * y - self.yy)
+        self.y += a * (y - self.y)
+        effective = min(float(self.samples), (2.0 - alpha) / alpha)  # of a moving average of weight alpha
+        self._solve(spread * spread, effective)
+
+    def _solve(self, ridge: float, effective: float) -> None:
+        """coef minimising E[(y - coef x)^2] + ridge |coef - the common value|^2 (classes whose share does
+        not vary keep the common value); the residual deviation from the moments, relative to the average
+        tokens per byte. A coefficient may be negative: a class can stand for text the template drops (a
+        template that ignores tools drops their JSON); the value of a span is clamped, never negative."""
+        inv = _inverse3([self.xx[k] + (ridge if k % 4 == 0 else 0.0) for k in range(9)])
+        if inv is None or self.y <= 0:
+            return
+        b = [self.xy[i] + ridge * self.y for i in range(3)]
+        coef = (
+            inv[0] * b[0] + inv[1] * b[1] + inv[2] * b[2],
+            inv[3] * b[0] + inv[4] * b[1] + inv[5] * b[2],
+            inv[6] * b[0] + inv[7] * b[1] + inv[8] * b[2],
+        )
+        fitted = sum(coef[i] * self.xy[i] for i in range(3))
+        second = sum(coef[i] * coef[j] * self.xx[3 * i + j] for i in range(3) for j in range(3))
+        deviation = math.sqrt(max(0.0, self.yy - 2.0 * fitted + second)) / self.y
+        self.value = ContentValue(coef, deviation, tuple(v / effective for v in inv), self.size)
+
+
+def _inverse3(m: list[float]) -> list[float] | None:
+    """The inverse of a 3 x 3 matrix (row-major), None when singular."""
+    a, b, c, d, e, f, g, h, i = m
+    co = [e * i - f * h, c * h - b * i, b * f - c * e, f * g - d * i, a * i - c * g, c * d - a * f,
+          d * h - e * g, b * g - a * h, a * e - b * d]  # fmt: skip
+    det = a * co[0] + b * co[3] + c * co[6]
+    if det <= 0.0 or not math.isfinite(det):
+        return None
+    return [v / det for v in co]
+
+
+@dataclass(slots=True)
+class ModelUnits:
+    """One model's learned scale (engine tokens per nominal token) and content fit."""
+
+    samples: int = 0
+    mean: float = 1.0
+    variance: float = 0.0
+    clamped: int = 0  # samples outside [1/4, 4], clamped before use
+    content: ContentFit = field(default_factory=ContentFit)
+
+    def deviation(self) -> float:
+        return math.sqrt(self.variance)
+
+
+class TokenUnits:
+    """Per model, the learned value of text keys' bytes (see the module docstring)."""
+
+    def __init__(self, cfg: UnitSettings, chars_per_token: float, image_tokens: int = 576) -> None:
+        self.cfg = cfg
+        self.chars_per_token = chars_per_token
+        self._models: OrderedDict[str, ModelUnits] = OrderedDict()
+        self.scales: dict[str, float] = {}  # model -> scale in use (read once per request)
+        self.values: dict[str, ContentValue] = {}  # model -> content value in use (from ``warmup`` on)
+        # an image placeholder: MEDIA, 16 hex digits (word bytes), MEDIA up to image_tokens x chars_per_token
+        self._media_value = image_tokens / max(1, max(17, round(image_tokens * chars_per_token)) - 16)
+
+    def scale(self, model: str | None) -> float:
+        """Engine tokens per nominal token of a key of ``model`` (None: a token-id key, 1)."""
+        return self.scales.get(model, 1.0) if model is not None else 1.0
+
+    def by_content(self, model: str) -> bool:
+        """Whether ``model``'s keys are valued by their content (learned, past the warm-up)."""
+        return model in self.values
+
+    def tokens(self, model: str | None, counts: Counts | None, nominal: float) -> float:
+        """The engine tokens of a key span of ``nominal`` tokens whose bytes are ``counts`` by class: the
+        content value once learned, else ``nominal`` x the scale."""
+        value = self.values.get(model) if model is not None and counts is not None else None
+        if value is None or counts is None:
+            return nominal * self.scale(model)
+        word, punct, space, media = counts
+        text = word + punct + space
+        if not text:
+            return media * self._media_value
+        a, b, c = value.coef
+        margin = self.cfg.margin * value.relative_margin((word / text, punct / text, space / text), text)
+        est = (a * word + b * punct + c * space) * max(0.0, 1.0 - margin)
+        nominal_text = text / self.chars_per_token
+        return min(max(est, nominal_text / CLAMP), nominal_text * CLAMP) + media * self._media_value
+
+    def observe(self, model: str, nominal: int, reported: int | None, counts: Counts | None = None) -> bool:
+        """Learn from a response reporting ``reported`` prompt tokens for a text key of ``nominal`` tokens
+        (and ``counts`` bytes by class); returns whether it was a sample."""
+        cfg = self.cfg
+        if not cfg.learn or reported is None or nominal < cfg.min_sample_tokens:
+            return False
+        if not 0 < reported <= MAX_REPORT_TOKENS:
+            return False
+        units = self._units(model)
+        sample = reported / nominal
+        bounded = min(max(sample, 1.0 / CLAMP), CLAMP)
+        units.clamped += bounded != sample
+        units.samples += 1
+        if units.samples == 1:
+            units.mean, units.variance = bounded, 0.0
+        else:
+            alpha = max(cfg.alpha, 1.0 / units.samples)
+            delta = bounded - units.mean
+            units.mean += alpha * delta
+            units.variance = (1.0 - alpha) * (units.variance + alpha * delta * delta)
+        if units.samples >= cfg.warmup:
+            self.scales[model] = max(1.0 / CLAMP, units.mean - cfg.margin * units.deviation())
+        if cfg.by_content and counts is not None:
+            self._fit(model, units.content, reported, counts)
+        return True
+
+    def _fit(self, model: str, fit: ContentFit, reported: int, counts: Counts) -> None:
+        """A content sample: its text bytes' shares by class and tokens per text byte (the images'
+        known tokens taken off), clamped like the scale's samples."""
+        word, punct, space, media = counts
+        text = word + punct + space
+        if text / self.chars_per_token < self.cfg.min_sample_tokens:
+            return  # mostly images: their tokens are known, the text's too short to learn from
+        nominal = 1.0 / self.chars_per_token
+        per_byte = (reported - media * self._media_value) / text
+        y = min(max(per_byte, nominal / CLAMP), nominal * CLAMP)
+        fit.add((word / text, punct / text, space / text), y, text, self.cfg.alpha, self.cfg.min_spread)
+        if fit.samples >= self.cfg.warmup and fit.value is not None:
+            self.values[model] = fit.value
+
+    def _units(self, model: str) -> ModelUnits:
+        units = self._models.get(model)
+        if units is not None:
+            self._models.move_to_end(model)
+            return units
+        units = self._models[model] = ModelUnits()
+        while len(self._models) > self.cfg.max_models:
+            old, _ = self._models.popitem(last=False)
+            self.scales.pop(old, None)
+            self.values.pop(old, None)
+        return units
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per model: reports learned from, the learned characters per token (average and in use), the
+        scale in use (engine tokens per nominal token), the samples clamped, and the content fit: tokens
+        per 1,000 bytes of word, punctuation and whitespace bytes, and its relative deviation."""
+        cpt = self.chars_per_token
+        out: dict[str, dict[str, float]] = {}
+        for model, u in self._models.items():
+            fit = u.content.value
+            coef, deviation = (fit.coef, fit.deviation) if fit is not None else ((0.0, 0.0, 0.0), 0.0)
+            out[model] = {
+                "samples": u.samples,
+                "chars_per_token": cpt / u.mean,
+                "chars_per_token_used": cpt / self.scale(model),
+                "scale": self.scale(model),
+                "deviation": u.deviation(),
+                "clamped": u.clamped,
+                "content_samples": u.content.samples,
+                "word_tokens_per_kb": coef[0] * 1000,
+                "punct_tokens_per_kb": coef[1] * 1000,
+                "space_tokens_per_kb": coef[2] * 1000,
+                "content_deviation": deviation,
+                "content_used": model in self.values,
+            }
+        return out
