@@ -7,11 +7,13 @@ calls), whose prefix caches are flushed before each run by the client. The clien
 ``prefix-router bench --router URL`` (the official ``openai`` client, streaming, keep-alive).
 
 Matrix: workloads x load levels (``CELLS``); per cell, every router in ``--routers``. The peers run
-``cache_aware`` with their defaults, twice each: ``stock`` (as shipped) and ``+nodelay`` (with
+``cache_aware`` with their defaults: sglang-router twice, ``stock`` (as shipped) and ``+nodelay`` (with
 ``nodelay_shim.so`` preloaded, which sets TCP_NODELAY on accepted connections: sglang-router 0.3.2
-does not, which delays a keep-alive client's first streamed token by ~35 ms; a transport artefact, not
-routing). Results: ``OUT/<workload>-<load>/<router>.json`` (+ ``.log``, the router's ``.metrics.txt``),
-merged by ``peers_table.py`` into ``OUT/peers.md`` and ``OUT/peers.json``.
+does not, which delays a keep-alive client's first streamed token by ~30 ms; a transport artefact, not
+routing); vllm-router stock only by default (it sets TCP_NODELAY itself). prefix-router as shipped
+(one serving process per core) and with one process. Results: ``OUT/<workload>-<load>/<router>.json``
+(+ ``.log``, the router's ``.metrics.txt``), merged by ``peers_table.py`` into ``OUT/peers.md``,
+``OUT/peers.json`` and ``OUT/peers.png``.
 
 Run it through ``benchmarks/peers.sh`` (installs the peers into their own venv and builds the shim).
 """

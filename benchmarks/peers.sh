@@ -3,7 +3,7 @@
 # 0.1.17), each as its own process, in front of the SAME simulated engines, driven by the SAME client
 # (`prefix-router bench --router URL`), over a matrix of workloads x load levels (benchmarks/peers.py).
 #
-#   benchmarks/peers.sh                                   # the whole matrix; results in $OUT
+#   benchmarks/peers.sh                                   # the whole matrix (~40 min); results in $OUT
 #   benchmarks/peers.sh --workloads mixed --loads hot --repeats 1 --requests 200   # one cell, quickly
 #
 # - The peers are installed into their own venv ($PEERS_VENV, default /tmp/peers), never the project's.
