@@ -16,11 +16,23 @@ from prefix_router.launch import net as launch_net
 from prefix_router.proxy.server import Running, start
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers
+from support.serving import ServeFactory, ServeProcesses
 
 EngineFactory = Callable[..., Awaitable[FakeEngine]]
 
 
 ServeApp = Callable[[web.Application], Awaitable[Running]]
+
+
+@pytest.fixture
+async def serve_process(tmp_path: Path) -> AsyncIterator[ServeFactory]:
+    """``await serve_process("--worker", url, ..., env={...}, ready=True)``: a real ``prefix-router serve``
+    process (``support.serving``); killed afterwards if still running."""
+    processes = ServeProcesses(tmp_path)
+    try:
+        yield processes.spawn
+    finally:
+        await processes.close()
 
 
 @pytest.fixture

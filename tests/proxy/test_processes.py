@@ -6,7 +6,6 @@ import asyncio
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,20 +39,6 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return out
 
 
-async def wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.returncode is None, "the router exited early"
-        try:
-            async with http.get(url + "/ready") as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError("not ready")
-
-
 async def served_by(url: str) -> int:
     """One request on a fresh connection (the kernel picks the process); returns its status."""
     connector = aiohttp.TCPConnector(force_close=True)
@@ -68,67 +53,54 @@ async def metric(http: aiohttp.ClientSession, url: str, name: str) -> dict[Any, 
 
 
 @pytest.mark.timeout(120)
-async def test_two_processes_share_the_port_the_view_and_metrics(fake_engine: Any, free_port: Any) -> None:
+async def test_two_processes_share_the_port_the_view_and_metrics(
+    fake_engine: Any, serve_process: Any
+) -> None:
     engine = await fake_engine("a")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = ["-m", "prefix_router.proxy", "serve", "--worker", f"a={engine.url}", "--port", str(port)]
-    argv += ["--processes", "2", "--set", "log_level=warning", "--set", "scrape.interval_s=3600"]
-    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
-    try:
-        async with aiohttp.ClientSession() as http:
-            await wait_ready(http, url, proc)
-            statuses = [await served_by(url) for _ in range(20)]
-            assert statuses == [200] * 20
-            await asyncio.sleep(1.5)  # every process sends its counters once a second
-            seen = []
-            for _ in range(6):  # whichever process answers the scrape, it counts all 20 requests
-                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
-                    requests = await metric(fresh, url, "prefix_router_requests_total")
-                    applied = await metric(fresh, url, "prefix_router_replication_applied_changes_total")
-                seen.append(sum(applied.values()))
-                assert sum(requests.values()) == 20
-            assert max(seen) > 0  # index changes crossed between the processes
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    served = await serve_process(
+        "--worker", f"a={engine.url}", "--processes", "2", "--set", "log_level=warning",
+        "--set", "scrape.interval_s=3600",
+    )  # fmt: skip
+    url = served.url
+    statuses = [await served_by(url) for _ in range(20)]
+    assert statuses == [200] * 20
+    await asyncio.sleep(1.5)  # every process sends its counters once a second
+    seen = []
+    for _ in range(6):  # whichever process answers the scrape, it counts all 20 requests
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            requests = await metric(fresh, url, "prefix_router_requests_total")
+            applied = await metric(fresh, url, "prefix_router_replication_applied_changes_total")
+        seen.append(sum(applied.values()))
+        assert sum(requests.values()) == 20
+    assert max(seen) > 0  # index changes crossed between the processes
+    served.signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.process.wait(), 30) == 0
 
 
 @pytest.mark.timeout(120)
 async def test_a_killed_process_is_replaced_and_the_supervisor_takes_its_children_along(
-    fake_engine: Any, free_port: Any
+    fake_engine: Any, serve_process: Any
 ) -> None:
     engine = await fake_engine("a")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = ["-m", "prefix_router.proxy", "serve", "--worker", f"a={engine.url}", "--port", str(port)]
-    argv += ["--processes", "2", "--set", "log_level=warning"]
-    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
-    try:
-        async with aiohttp.ClientSession() as http:
-            await wait_ready(http, url, proc)
-        first = children(proc.pid)
-        assert len(first) == 2
-        os.kill(first[0], signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while len(set(children(proc.pid)) - {first[0]}) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        now = children(proc.pid)
-        assert len(now) == 2 and first[0] not in now
-        assert await served_by(url) == 200
-        proc.kill()  # the supervisor dies without a word: its children get SIGTERM from the kernel
-        await proc.wait()
-        deadline = time.monotonic() + 20
-        while any(alive(pid) for pid in now) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert not any(alive(pid) for pid in now)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    served = await serve_process(
+        "--worker", f"a={engine.url}", "--processes", "2", "--set", "log_level=warning"
+    )
+    proc = served.process
+    first = children(proc.pid)
+    assert len(first) == 2
+    os.kill(first[0], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while len(set(children(proc.pid)) - {first[0]}) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    now = children(proc.pid)
+    assert len(now) == 2 and first[0] not in now
+    assert await served_by(served.url) == 200
+    proc.kill()  # the supervisor dies without a word: its children get SIGTERM from the kernel
+    await proc.wait()
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in now) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not any(alive(pid) for pid in now)
 
 
 def children(pid: int) -> list[int]:
@@ -174,54 +146,43 @@ async def until_every_view(url: str, check: Any, timeout_s: float = 10.0) -> Non
 
 @pytest.mark.timeout(120)
 async def test_admin_changes_and_health_verdicts_reach_every_process(
-    fake_engine: Any, free_port: Any
+    fake_engine: Any, serve_process: Any
 ) -> None:
     a, b = await fake_engine("a"), await fake_engine("b")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = ["-m", "prefix_router.proxy", "serve", "--worker", f"a={a.url}", "--port", str(port)]
-    argv += ["--processes", "2", "--set", "log_level=warning", "--set", f"auth.admin_token={TOKEN}"]
-    argv += ["--set", "health.interval_s=0.2", "--set", "health.fail_threshold=1"]
-    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
+    served = await serve_process(
+        "--worker", f"a={a.url}", "--processes", "2", "--set", "log_level=warning",
+        "--set", f"auth.admin_token={TOKEN}", "--set", "health.interval_s=0.2",
+        "--set", "health.fail_threshold=1",
+    )  # fmt: skip
+    url = served.url
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    try:
-        async with aiohttp.ClientSession() as http:
-            await wait_ready(http, url, proc)
-            async with http.post(
-                url + "/admin/workers", json={"url": b.url, "name": "b"}, headers=headers
-            ) as r:
-                assert r.status == 201
-            await until_every_view(url, lambda view: set(view) == {"a", "b"})
-            async with http.post(url + "/admin/workers/a/drain", headers=headers) as r:
-                assert r.status == 200
-            await until_every_view(url, lambda view: view["a"]["draining"])
-            b.b.health_status = 503  # process 0 probes it, every process ejects it
-            await until_every_view(url, lambda view: not view["b"]["healthy"])
-            checks = a.health_checks
-            await asyncio.sleep(2.0)
-            assert a.health_checks - checks <= 13  # one prober every 0.2 s, not two
-            async with http.delete(url + "/admin/workers/b", headers=headers) as r:
-                assert r.status == 200
-            await until_every_view(url, lambda view: set(view) == {"a"})
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/admin/workers", json={"url": b.url, "name": "b"}, headers=headers) as r:
+            assert r.status == 201
+        await until_every_view(url, lambda view: set(view) == {"a", "b"})
+        async with http.post(url + "/admin/workers/a/drain", headers=headers) as r:
+            assert r.status == 200
+        await until_every_view(url, lambda view: view["a"]["draining"])
+        b.b.health_status = 503  # process 0 probes it, every process ejects it
+        await until_every_view(url, lambda view: not view["b"]["healthy"])
+        checks = a.health_checks
+        await asyncio.sleep(2.0)
+        assert a.health_checks - checks <= 13  # one prober every 0.2 s, not two
+        async with http.delete(url + "/admin/workers/b", headers=headers) as r:
+            assert r.status == 200
+        await until_every_view(url, lambda view: set(view) == {"a"})
+    served.signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.process.wait(), 30) == 0
 
 
 @pytest.mark.timeout(120)
-async def test_sighup_reaches_every_process(fake_engine: Any, free_port: Any, tmp_path: Path) -> None:
+async def test_sighup_reaches_every_process(fake_engine: Any, serve_process: Any, tmp_path: Path) -> None:
     """The supervisor passes SIGHUP on: every process reloads the file (here: the client keys)."""
     engine = await fake_engine("a")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     config = tmp_path / "router.yaml"
     config.write_text(f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-one-123456]}}\n")
-    argv = ["-m", "prefix_router.proxy", "serve", "--config", str(config), "--port", str(port)]
-    argv += ["--processes", "2", "--set", "log_level=warning"]
-    proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stderr=asyncio.subprocess.PIPE)
+    served = await serve_process("--config", str(config), "--processes", "2", "--set", "log_level=warning")
+    proc, url = served.process, served.url
 
     async def statuses(key: str) -> list[int]:
         out = []
@@ -236,26 +197,17 @@ async def test_sighup_reaches_every_process(fake_engine: Any, free_port: Any, tm
                 out.append(resp.status)
         return out
 
-    try:
-        async with aiohttp.ClientSession() as http:
-            await wait_ready(http, url, proc)
-        assert await statuses("key-one-123456") == [200] * 8
-        config.write_text(
-            f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-two-654321]}}\n"
-        )
-        proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 20
-        while await statuses("key-two-654321") != [200] * 8:
-            assert time.monotonic() < deadline, "not every process reloaded"
-            await asyncio.sleep(0.2)
-        assert await statuses("key-one-123456") == [401] * 8
-        assert proc.returncode is None
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    assert await statuses("key-one-123456") == [200] * 8
+    config.write_text(f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-two-654321]}}\n")
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while await statuses("key-two-654321") != [200] * 8:
+        assert time.monotonic() < deadline, "not every process reloaded"
+        await asyncio.sleep(0.2)
+    assert await statuses("key-one-123456") == [401] * 8
+    assert proc.returncode is None
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
 
 
 def _mark(index: int, directory: Path) -> None:

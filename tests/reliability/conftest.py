@@ -6,7 +6,6 @@ helpers live in ``support``)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import struct
@@ -387,75 +386,3 @@ class Kit:
 @pytest.fixture
 def kit() -> type[Kit]:
     return Kit
-
-
-# ------------------------------------------------------------------------------------------ serve processes
-
-
-@dataclass
-class ServeProcess:
-    """A real ``prefix-router serve`` process; its stderr (the logs) goes to ``log`` (a file)."""
-
-    process: asyncio.subprocess.Process
-    url: str
-    log: Any  # pathlib.Path
-
-    def logs(self) -> str:
-        return str(self.log.read_text(errors="replace"))
-
-    def lines(self, marker: str) -> list[str]:
-        return [line for line in self.logs().splitlines() if marker in line]
-
-    def signal(self, sig: int) -> None:
-        self.process.send_signal(sig)
-
-
-ServeFactory = Callable[..., Awaitable[ServeProcess]]
-
-
-@pytest.fixture
-async def serve_process(tmp_path: Any) -> AsyncIterator[ServeFactory]:
-    """``await serve_process("--worker", url, ..., env={...}, ready=True)``: ``python -m
-    prefix_router.proxy serve ARGS --port FREE`` (``ready``: waits for ``/ready`` 200, else ``/health``),
-    one serving process unless ARGS say ``--processes``; killed afterwards."""
-    from prefix_router.launch.net import free_port
-
-    procs: list[ServeProcess] = []
-
-    async def spawn(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServeProcess:
-        port = free_port()
-        log = tmp_path / f"serve-{len(procs)}.log"
-        # one serving process unless asked (the default, one per core: tests/proxy/test_processes.py)
-        single = () if "--processes" in args else ("--processes", "1")
-        argv = ["-m", "prefix_router.proxy", "serve", *args, *single, "--port", str(port)]
-        with log.open("wb") as sink:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, *argv, stderr=sink, env={**os.environ, **(env or {})}
-            )
-        procs.append(ServeProcess(proc, f"http://127.0.0.1:{port}", log))
-        await wait_serving(procs[-1], "/ready" if ready else "/health")
-        return procs[-1]
-
-    try:
-        yield spawn
-    finally:
-        for served in procs:
-            if served.process.returncode is None:
-                served.process.kill()
-            await served.process.wait()
-
-
-async def wait_serving(served: ServeProcess, path: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            if served.process.returncode is not None:
-                raise AssertionError(f"serve exited with {served.process.returncode}: {served.logs()}")
-            try:
-                async with http.get(served.url + path) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{served.url} did not answer {path} in time: {served.logs()}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -180,65 +179,6 @@ async def _read_all(reader: asyncio.StreamReader, into: bytearray) -> None:
 @pytest.fixture
 def kit() -> type[Kit]:
     return Kit
-
-
-# ------------------------------------------------------------------------------------------ serve processes
-
-
-@dataclass
-class ServeProcess:
-    process: asyncio.subprocess.Process
-    url: str
-
-    async def stop(self) -> bytes:
-        """SIGTERM, wait, and return what it wrote to stderr (its log)."""
-        if self.process.returncode is None:
-            self.process.terminate()
-        _, err = await asyncio.wait_for(self.process.communicate(), 30)
-        return err
-
-
-ServeFactory = Callable[..., Awaitable[ServeProcess]]
-
-
-@pytest.fixture
-async def serve_process(free_port: Callable[[], int]) -> AsyncIterator[ServeFactory]:
-    """``await serve_process("--worker", url, env={...})``: a real ``prefix-router serve`` process on a free
-    port, ready (``/ready`` 200) when returned; stopped afterwards."""
-    procs: list[ServeProcess] = []
-
-    async def spawn(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServeProcess:
-        port = free_port()
-        argv = ["-m", "prefix_router.proxy", "serve", "--port", str(port), *args]
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})}
-        )
-        procs.append(ServeProcess(process, f"http://127.0.0.1:{port}"))
-        if ready:
-            await _wait_ready(procs[-1])
-        return procs[-1]
-
-    try:
-        yield spawn
-    finally:
-        for proc in procs:
-            if proc.process.returncode is None:
-                proc.process.kill()
-                await proc.process.wait()
-
-
-async def _wait_ready(proc: ServeProcess, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline and proc.process.returncode is None:
-            try:
-                async with http.get(proc.url + "/ready") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"serve did not become ready (exit code {proc.process.returncode})")
 
 
 async def _refused_config(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
