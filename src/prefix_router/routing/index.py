@@ -57,6 +57,7 @@ class PrefixIndex:
         self._ceiling: dict[str, int] = {}  # known capacity (configured or scraped), blocks
         self._known: dict[str, int] = {}  # known capacity, tokens
         self._value: dict[str, float] = {}  # tokens one block of the worker is worth (default block_tokens)
+        self.fills: dict[str, float] = {}  # worker -> ``fill(worker)``, kept current (read per candidate)
         self._by_size: dict[int, dict[str, None]] = {}  # blocks held -> workers holding that many (> 0)
         self._fullest = 0  # an upper bound of the largest size in _by_size
         self._total = 0
@@ -104,6 +105,7 @@ class PrefixIndex:
         it. Returns the capacity set."""
         blocks = min(max(blocks, 1), self._ceiling[name])
         self._cap_blocks[name] = blocks
+        self.fills[name] = len(self._lru[name]) / blocks
         self._shrink(name)
         return blocks
 
@@ -114,6 +116,7 @@ class PrefixIndex:
         bit = self._bit.pop(name)
         del self._name[bit], self._cap_blocks[name], self._ceiling[name], self._known[name]
         self._value.pop(name, None)
+        self.fills.pop(name, None)
         for block in lru:
             self._unhold(block, bit)
         self._total -= len(lru)
@@ -164,8 +167,7 @@ class PrefixIndex:
 
     def fill(self, worker: str) -> float:
         """The fraction of ``worker``'s capacity its entries use (1.0: full, an insert evicts)."""
-        lru = self._lru.get(worker)
-        return 0.0 if lru is None else len(lru) / self._cap_blocks[worker]
+        return self.fills.get(worker, 0.0)
 
     def turnover(self, worker: str, now: float) -> float | None:
         """How long an untouched block stays in ``worker``'s entries: the age of its least recent one (the
@@ -284,6 +286,9 @@ class PrefixIndex:
         """Move ``worker`` from the bucket of ``old`` blocks to that of ``new`` (O(1))."""
         if old == new:
             return
+        cap = self._cap_blocks.get(worker)
+        if cap is not None:
+            self.fills[worker] = new / cap
         if old:
             bucket = self._by_size[old]
             del bucket[worker]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from prefix_router.routing.drain import PrefillDrain
 from prefix_router.routing.types import WorkerSnapshot
@@ -61,9 +62,10 @@ class LoadTracker:
     # ------------------------------------------------------------ workers
 
     def add_worker(self, worker: str, weight: float = 1.0) -> None:
-        self._live.setdefault(worker, WorkerSnapshot(worker)).weight = weight
+        snap = self._live.setdefault(worker, WorkerSnapshot(worker))
+        snap.weight = weight
         self._counts.setdefault(worker, _Counts())
-        self.drain.add_worker(worker)
+        self.drain.add_worker(worker, snap)
 
     def remove_worker(self, worker: str) -> None:
         """Forget ``worker``'s counts; its requests stay tracked until they finish (see the module doc)."""
@@ -167,9 +169,12 @@ class LoadTracker:
     def snapshots(self, workers: Sequence[str], now: float) -> list[WorkerSnapshot]:
         """The live load of ``workers`` (read-only views; unknown names read as idle)."""
         self._drop_stale(now)
-        live = self._live
-        out = [live.get(w) or WorkerSnapshot(w) for w in workers]
-        self.drain.fill_backlogs(out, now)
+        found = list(map(self._live.get, workers))  # in C: no per-candidate Python step
+        if all(found):
+            out = cast(list[WorkerSnapshot], found)
+        else:  # unknown names (rare): idle snapshots of their own
+            out = [snap or WorkerSnapshot(name) for snap, name in zip(found, workers, strict=True)]
+        self.drain.refresh(now)  # the live snapshots' backlogs (the busy workers' only: O(busy))
         return out
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
