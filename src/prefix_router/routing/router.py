@@ -347,7 +347,7 @@ class Router:
         if change.worker not in self.index:
             return
         if change.kind == ChangeKind.INSERT:
-            self.index.insert(change.worker, change.blocks, change.at)
+            self.index.insert(change.worker, change.blocks, change.at, chained=False)  # merged: any blocks
         elif change.kind == ChangeKind.TRIM:
             self.index.trim(change.worker, change.blocks, change.keep)
         elif change.kind == ChangeKind.FORGET_OLDER:
