@@ -267,7 +267,7 @@ def test_bisected_matches_equal_the_block_by_block_walk(
 ) -> None:
     """Long chains sharing prefixes, trims that cut others' chains in the middle (holes), replicas' merged
     block lists (any subset, ``chained=False``), evictions by capacity, expiry and global cap: the
-    bisected match always equals the walk over each worker's own entries."""
+    bisected match always equals the walk over each worker's own entries (and ``fills`` the entries)."""
     index = make_index(cap_tokens=120, total=40, ttl=30)
     inserted: list[tuple[str, list[int]]] = []  # recent inserts: probed after every later operation
     for step, (op, worker, ids, keep) in enumerate(operations):
@@ -291,6 +291,8 @@ def test_bisected_matches_equal_the_block_by_block_walk(
             index.expire(float(step) + keep)
         else:
             index.remove_worker(worker)
+        for w in index.workers():  # the live fill map, kept by every change, says what the entries say
+            assert index.fill(w) == index.fills[w] == index.blocks_of(w) / index.capacity_blocks(w)
         for ids_probe in [ids, *(long for _, long in inserted), *probes]:
             probe = chain(*ids_probe)
             assert index.match(probe) == walked_match(index, probe)
