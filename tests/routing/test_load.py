@@ -203,7 +203,7 @@ def test_the_snapshots_backlogs_are_what_the_drain_says(
 ) -> None:
     """The live snapshots' backlogs, kept for busy workers only (``PrefillDrain.refresh``), always equal
     ``remaining`` (the drain's definition), for every worker, whatever was dispatched, started, finished,
-    removed or re-added, whenever read."""
+    removed or re-added, whenever read; the snapshots of the same candidates, reused, stay the live ones."""
     load = LoadTracker(max_tracked=40, engine_stale_s=10.0)
     for name in WORKERS:
         load.add_worker(name)
@@ -229,3 +229,4 @@ def test_the_snapshots_backlogs_are_what_the_drain_says(
         for at in (now, now + later):
             snaps = load.snapshots([*WORKERS, "unknown"], at)
             assert [s.prefill_backlog for s in snaps] == [load.drain.remaining(s.name, at) for s in snaps]
+            assert [s.in_flight for s in snaps] == [load.in_flight(s.name) for s in snaps]

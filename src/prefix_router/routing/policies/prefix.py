@@ -107,7 +107,7 @@ class PrefixPolicy(NoHooks):
         prompt, block = req.prompt_tokens * scale, req.block_tokens * scale
         best, tied, longest = math.inf, [], 0
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
-        attention, cache, get = ctx.attention_tokens, ctx.cache, matches.get
+        attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
         fill = _fill_reader(ctx)
         cold = prefill_work(prompt, 0, attention)  # the work on every worker that matches nothing
@@ -115,8 +115,8 @@ class PrefixPolicy(NoHooks):
         hard, cheap = cap * self.hit_cap_factor, ctx.request_work
         held = self.hit_cap_share * prompt
         for w in workers:
-            matched, flight = get(w.name, 0), w.in_flight
-            if matched:
+            name, flight = w.name, w.in_flight
+            if name in matches and (matched := matches[name]):
                 if matched > longest:
                     longest = matched
                 over = flight + 1 > cap * w.weight
@@ -126,12 +126,12 @@ class PrefixPolicy(NoHooks):
                 work = prefill_work(prompt - cached, cached, attention)
                 if over and (cached < held or work > cheap):
                     continue  # above the cap only for a cheap hit: the prompt held, little work left
-                factor = base + evicting * fill(w.name, 0.0) if cache is not None and work else base
+                factor = base + evicting * fill(name, 0.0) if cache is not None and work else base
             elif flight + 1 > cap * w.weight:
                 continue
             else:
                 work = cold
-                factor = base + evicting * fill(w.name, 0.0) if cold_fill else base
+                factor = base + evicting * fill(name, 0.0) if cold_fill else base
             wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
             cost = (wait + factor * work) / w.weight
             if cost < best:
