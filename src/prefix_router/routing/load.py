@@ -188,4 +188,7 @@ class LoadTracker:
         return out
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
-        return self.snapshots([worker], now)[0]
+        """One worker's live load (the last decision's candidate list stays as it is)."""
+        self._drop_stale(now)
+        self.drain.refresh(now)
+        return self._live.get(worker) or WorkerSnapshot(worker)
