@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefix_router.replication.coalesce import MAX_SPAN_S, coalesce
+from prefix_router.routing.hashing import chain_blocks
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.router import ChangeKind, IndexChange
 
@@ -118,3 +119,56 @@ def test_a_long_run_keeps_its_times_span_by_span() -> None:
     ]
     out = coalesce(changes)
     assert [(c.blocks, c.at) for c in out] == [((1, 2), 2.0), ((3, 4, 5), 10.0)]
+
+
+def chain(*ids: int) -> tuple[int, ...]:
+    """Chained block hashes of the ids (a block names its whole prefix), as the router inserts them."""
+    return chain_blocks(b"".join(i.to_bytes(8, "little") for i in ids), 8, seed=7)
+
+
+def walked(idx: PrefixIndex, probe: tuple[int, ...]) -> dict[str, int]:
+    """The definition of a match: each worker's leading run of held blocks, block by block."""
+    out = {}
+    for worker in WORKERS:
+        depth = 0
+        while depth < len(probe) and idx.holds(worker, probe[depth]):
+            depth += 1
+        if depth:
+            out[worker] = depth
+    return out
+
+
+chains = st.lists(st.integers(0, 2), min_size=1, max_size=10)  # few ids: chains share and extend prefixes
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    requests=st.lists(st.tuples(workers, chains), min_size=1, max_size=24),
+    at=times,
+    capacity=st.integers(3, 40),
+    max_blocks=st.one_of(st.none(), st.integers(2, 6)),
+)
+def test_chained_merged_inserts_keep_the_bisected_match_exact(
+    requests: list[tuple[str, list[int]]], at: list[float], capacity: int, max_blocks: int | None
+) -> None:
+    """The router's inserts are whole chains; what ``coalesce`` still marks ``chained`` (sent as such to the
+    other processes, which then match that worker by bisection) must leave every worker's held blocks
+    chain-closed: after every applied change, the index's match equals the block-by-block walk."""
+    timed_requests = zip(requests, at, strict=False)  # at most 30 times
+    changes = [IndexChange(ChangeKind.INSERT, w, chain(*ids), at=t) for (w, ids), t in timed_requests]
+    idx = index(capacity, None)
+    for worker, ids in requests:  # the roots held before: a later block lacking its parent would show
+        idx.insert(worker, chain(ids[0]), 0.5)
+    probes = [chain(*ids) for _, ids in requests]
+    for change in coalesce(changes, max_blocks=max_blocks):
+        idx.insert(change.worker, change.blocks, change.at, chained=change.chained)
+        for probe in probes:
+            assert idx.match(probe) == walked(idx, probe)
+
+
+def test_only_whole_chains_go_out_chained() -> None:
+    one_span = [IndexChange(ChangeKind.INSERT, "a", chain(1, i), at=1 + i / 1000) for i in range(3)]
+    assert [c.chained for c in coalesce(one_span)] == [True]
+    two_spans = [*one_span, IndexChange(ChangeKind.INSERT, "a", chain(1, 2, 3), at=2.0)]
+    assert [c.chained for c in coalesce(two_spans)] == [False, True]  # the older span lacks what came later
+    assert [c.chained for c in coalesce(one_span, max_blocks=2)] == [False, False]  # split: children first

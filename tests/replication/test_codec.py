@@ -16,6 +16,7 @@ changes = st.builds(
     blocks=st.lists(st.integers(0, 2**64 - 1), max_size=40).map(tuple),
     keep=st.integers(0, 2**32 - 1),
     at=st.just(0.0),
+    chained=st.booleans(),
 )
 
 
@@ -23,8 +24,8 @@ changes = st.builds(
 def test_round_trip(items: list[tuple[IndexChange, float]]) -> None:
     payload = encode_batch([encode_change(change, age) for change, age in items])
     decoded = decode_batch(payload)
-    assert [(d.kind, d.worker, d.blocks, d.keep, d.age) for d in decoded] == [
-        (c.kind, c.worker, c.blocks, c.keep, age) for c, age in items
+    assert [(d.kind, d.worker, d.blocks, d.keep, d.age, d.chained) for d in decoded] == [
+        (c.kind, c.worker, c.blocks, c.keep, age, c.chained and c.kind == "insert") for c, age in items
     ]
 
 

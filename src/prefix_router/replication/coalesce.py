@@ -12,6 +12,12 @@ as one insert per span, each holding only the blocks not touched again in a late
 the LRU order is the same and no time is off by more than the span (what ``forget_older`` cut-offs and
 expiry compare).
 
+Chains: the router's inserts are whole chains (``IndexChange.chained``). Their union, in the order above, is
+whole chains too, each block after its parent (a block's parent comes before it in its own chain, or
+earlier from a later insert), so the newest span's merged insert stays ``chained`` when it goes out in
+one piece; an older span's (blocks touched later left out) or a piece of a split one does not, and the
+receiver matches that worker block by block for a while (``PrefixIndex.match``).
+
 A trim or forget-older of a worker is a barrier for that worker: its inserts before the barrier are
 merged and emitted before it, those after it form a new run. Other workers' runs may pass a barrier
 (their LRUs are independent). With ``max_prefix_blocks`` each insert is cut to it first, as the index
@@ -64,18 +70,21 @@ def merged(
     cut = slice(max_prefix_blocks)
     spans = _spans(run, max_span_s)
     later: set[int] = set()  # blocks touched again in a later span
-    parts: list[tuple[tuple[int, ...], float]] = []
+    parts: list[tuple[tuple[int, ...], float, bool]] = []
     for span in reversed(spans):
         blocks = tuple(dict.fromkeys(chain.from_iterable(c.blocks[cut] for c in reversed(span))))
+        whole = not later and len(blocks) <= size and all(c.chained for c in span)
         if later:
             blocks = tuple(b for b in blocks if b not in later)
         if len(spans) > 1:
             later.update(blocks)
-        parts.append((blocks, max(c.at for c in span)))
+        parts.append((blocks, max(c.at for c in span), whole))
     worker = run[0].worker
-    for blocks, at in reversed(parts):  # oldest first
+    for blocks, at, whole in reversed(parts):  # oldest first
         for end in range(len(blocks), 0, -size):  # the oldest touches are the last blocks: they go first
-            yield IndexChange(ChangeKind.INSERT, worker, blocks[max(0, end - size) : end], at=at)
+            yield IndexChange(
+                ChangeKind.INSERT, worker, blocks[max(0, end - size) : end], at=at, chained=whole
+            )
 
 
 def _spans(run: Sequence[IndexChange], max_span_s: float) -> list[list[IndexChange]]:

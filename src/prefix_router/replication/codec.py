@@ -1,7 +1,9 @@
 """Compact binary encoding of index changes: one stream entry carries a batch of them.
 
 Layout (little endian): a header ``version u8, count u16``, then per change ``kind u8, name length u16,
-age f64, keep u32, block count u32``, the worker name (UTF-8) and the blocks (u64 each). ``age`` is how
+age f64, keep u32, block count u32``, the worker name (UTF-8) and the blocks (u64 each). Kind codes: 0
+insert, 1 trim, 2 forget-older, 3 capacity, 4 insert of whole chains (``IndexChange.chained``; code 0 is
+an insert that need not be). ``age`` is how
 long before publication the change happened, in seconds: replicas do not share a clock, so the receiver
 rebuilds the time in its own clock as ``now - age - transit`` (see ``sync``).
 """
@@ -20,8 +22,10 @@ _HEADER = struct.Struct("<BH")
 _CHANGE = struct.Struct("<BHdII")
 # wire codes 0, 1, 2, 3: never reorder, only append (a replica rejects a batch with a code it does not know,
 # so replicas run the same version; CAPACITY, code 3, came with engine feedback that learns capacity)
+# (CHAINED_INSERT, code 4, came with the index's bisected match: old replicas reject it and must be upgraded)
 KINDS = (ChangeKind.INSERT, ChangeKind.TRIM, ChangeKind.FORGET_OLDER, ChangeKind.CAPACITY)
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
+CHAINED_INSERT = len(KINDS)
 
 
 class CodecError(ValueError):
@@ -37,16 +41,19 @@ class WireChange:
     blocks: tuple[int, ...]
     keep: int
     age: float
+    chained: bool = False
 
     def at(self, now: float) -> IndexChange:
         """The change in the receiver's clock, ``now`` being the receiver's time of publication."""
-        return IndexChange(self.kind, self.worker, self.blocks, self.keep, now - self.age)
+        return IndexChange(self.kind, self.worker, self.blocks, self.keep, now - self.age, self.chained)
 
 
 def encode_change(change: IndexChange, age: float) -> bytes:
     """One change (raises CodecError for an unknown kind, an over-long name or a block outside u64)."""
     name = change.worker.encode("utf-8")
     code = _KIND_CODES.get(change.kind)
+    if code == 0 and change.chained:
+        code = CHAINED_INSERT
     if code is None:
         raise CodecError(f"unknown change kind {change.kind!r}")
     try:
@@ -90,4 +97,6 @@ def _decode_one(payload: bytes, offset: int) -> tuple[WireChange, int]:
     offset += 8 * count
     if len(name.encode("utf-8")) != name_len:
         raise CodecError("malformed payload: truncated name")
+    if code == CHAINED_INSERT:
+        return WireChange(ChangeKind.INSERT, name, blocks, keep, age, chained=True), offset
     return WireChange(KINDS[code], name, blocks, keep, age), offset

@@ -82,13 +82,17 @@ class ChangeKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class IndexChange:
-    """One update of the index, for replicas that share their view (see ``apply``)."""
+    """One update of the index, for replicas that share their view (see ``apply``). ``chained``: an insert's
+    blocks are whole chains, each block's parent before it (what this router's own inserts are); False for
+    block lists that need not be (some merged changes of other replicas): the index then matches the worker
+    block by block for a while (``PrefixIndex.match``)."""
 
     kind: ChangeKind
     worker: str
     blocks: tuple[int, ...] = ()
     keep: int = 0
     at: float = 0.0
+    chained: bool = True
 
 
 @dataclass(slots=True)
@@ -347,7 +351,7 @@ class Router:
         if change.worker not in self.index:
             return
         if change.kind == ChangeKind.INSERT:
-            self.index.insert(change.worker, change.blocks, change.at, chained=False)  # merged: any blocks
+            self.index.insert(change.worker, change.blocks, change.at, chained=change.chained)
         elif change.kind == ChangeKind.TRIM:
             self.index.trim(change.worker, change.blocks, change.keep)
         elif change.kind == ChangeKind.FORGET_OLDER:
