@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,8 @@ import aiohttp
 import orjson
 import pytest
 
-from prefix_router.proxy.logs import Fields, JsonFormatter, text_value
+from prefix_router.proxy.access import AccessLine
+from prefix_router.proxy.logs import ACCESS_LOGGER, Fields, JsonFormatter, LineHandler, text_value
 
 
 @pytest.mark.parametrize(
@@ -39,8 +43,11 @@ def test_long_values_are_cut() -> None:
     assert len(text_value("x" * 10_000)) < 300
 
 
-def record(msg: Any, *args: Any) -> logging.LogRecord:
-    return logging.LogRecord("prefix_router.access", logging.INFO, __file__, 1, msg, args, None)
+def record(msg: Any, *args: Any, created: float | None = None) -> logging.LogRecord:
+    made = logging.LogRecord("prefix_router.access", logging.INFO, __file__, 1, msg, args, None)
+    if created is not None:
+        made.created, made.msecs = created, int((created - int(created)) * 1000) + 0.0
+    return made
 
 
 def test_json_lines_merge_fields_or_carry_the_message() -> None:
@@ -108,3 +115,89 @@ async def test_json_logs_are_one_object_per_line(fake_engine: Any, free_port: An
     access = [o for o in objects if o["logger"] == "prefix_router.access"]
     assert len(access) == 1 and access[0]["request_id"] == "rid-7" and access[0]["status"] == 200
     assert access[0]["worker"] == "a" and access[0]["duration_ms"] > 0
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[LineHandler]:
+    """A ``LineHandler`` on a string as the root logger's only handler (pytest's own, added when a test
+    runs, put back after)."""
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = LineHandler(io.StringIO())
+    root.handlers[:] = [handler]
+    try:
+        yield handler
+    finally:
+        root.handlers[:] = saved
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_direct_line_is_the_line_the_formatter_writes(log_format: Any) -> None:
+    with alone() as handler:
+        check_direct_lines(handler, log_format)
+
+
+def check_direct_lines(only_handler: Any, log_format: Any) -> None:
+    only_handler.set_format(log_format)
+    fields = AccessLine({"method": "POST", "path": "/v1/x y", "status": 200, "model": "m", "worker": "a",
+                         "policy": "prefix", "branch": None, "predicted_tokens": 3, "ttft_ms": None,
+                         "duration_ms": 1.25, "attempts": 1, "request_id": "r-1"})  # fmt: skip
+    access = logging.getLogger(ACCESS_LOGGER)
+    assert only_handler.direct(access) is only_handler
+    for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5):
+        formatted = only_handler.format(record(fields, created=created))
+        only_handler.write_info(ACCESS_LOGGER, fields, created)  # no running loop: written at once
+        assert only_handler.stream.getvalue() == formatted + "\n"
+        only_handler.stream.seek(0)
+        only_handler.stream.truncate()
+
+
+async def test_direct_lines_wait_for_the_loop_iteration_and_keep_their_order() -> None:
+    with alone() as handler:
+        await check_order(handler)
+
+
+async def check_order(only_handler: Any) -> None:
+    access, other = logging.getLogger(ACCESS_LOGGER), logging.getLogger("prefix_router.test")
+    levels = access.level, other.level
+    access.setLevel(logging.INFO)
+    other.setLevel(logging.INFO)
+    try:
+        await log_three(only_handler, other)
+    finally:
+        access.setLevel(levels[0])
+        other.setLevel(levels[1])
+
+
+async def log_three(only_handler: Any, other: logging.Logger) -> None:
+    only_handler.write_info(ACCESS_LOGGER, Fields({"n": 1}))
+    only_handler.write_info(ACCESS_LOGGER, Fields({"n": 2}))
+    assert only_handler.stream.getvalue() == ""  # pending until the loop's iteration ends
+    other.info("between")  # a record logged the usual way writes what is pending first
+    only_handler.write_info(ACCESS_LOGGER, Fields({"n": 3}))
+    await asyncio.sleep(0)
+    lines = only_handler.stream.getvalue().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == ["n=1", "n=2", "between", "n=3"]
+
+
+def test_lines_go_through_logging_when_anything_else_listens() -> None:
+    with alone() as handler:
+        check_fallback(handler)
+
+
+def check_fallback(only_handler: Any) -> None:
+    access = logging.getLogger(ACCESS_LOGGER)
+    assert only_handler.direct(access) is only_handler
+    extra = logging.NullHandler()
+    for where in (logging.getLogger("prefix_router"), access, logging.getLogger()):
+        where.addHandler(extra)
+        try:
+            assert only_handler.direct(access) is None
+        finally:
+            where.removeHandler(extra)
+    access.addFilter(lambda r: True)
+    try:
+        assert only_handler.direct(access) is None
+    finally:
+        access.filters.clear()
+    assert only_handler.direct(access) is only_handler

@@ -239,7 +239,7 @@ class Exchange:
 
     # ------------------------------------------------------------------ relaying
 
-    def response_headers(self, opened: Opened) -> Any:
+    def response_headers(self, opened: Opened) -> list[tuple[str, str]]:
         predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
@@ -272,7 +272,7 @@ class Exchange:
         return out
 
     async def send_stream(self, opened: Opened) -> web.StreamResponse:
-        out = web.StreamResponse(status=opened.response.status, headers=self.response_headers(opened))
+        out = RelayResponse(status=opened.response.status, headers=self.response_headers(opened))
         reply = self.reply()
         try:
             await out.prepare(self.request)
@@ -331,6 +331,14 @@ class Exchange:
         message, code = cut
         log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
         await out.write(sse_error(message, code))
+
+
+class RelayResponse(web.StreamResponse):
+    """A relayed stream: its head goes out with its first chunk, in one write (``send_stream`` writes the
+    chunk it already holds right after ``prepare``), instead of a write of its own. aiohttp's
+    ``web.Response`` does the same (this class attribute, ``False`` there)."""
+
+    _send_headers_immediately = False
 
 
 class UpstreamReply(Exception):
