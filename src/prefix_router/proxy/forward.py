@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -48,6 +49,9 @@ _NOT_DOWNSTREAM = HOP_BY_HOP | {
 }
 
 
+_UNSAFE_IN_PATH = re.compile(r"[\x00-\x1f\\]").search  # a control character or a backslash
+
+
 def upstream_url(worker: Worker, path_qs: str) -> str:
     """The worker's base URL joined with a path and query that passed ``safe_path``."""
     return worker.url + path_qs
@@ -62,9 +66,9 @@ def safe_path(path_qs: str) -> bool:
     if not path.startswith("/v1/"):
         return False
     decoded = unquote(path)
-    if "\\" in decoded or any(c < " " for c in decoded):
+    if _UNSAFE_IN_PATH(decoded):
         return False
-    return not any(segment in (".", "..") for segment in decoded.split("/"))
+    return "." not in decoded or not any(segment in (".", "..") for segment in decoded.split("/"))
 
 
 def upstream_headers(
