@@ -132,8 +132,10 @@ class Connection(asyncio.Protocol):
             return
         self.status = status
         self.headers = CIMultiDict(
-            (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-            for n, v in self._raw_headers
+            [
+                (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                for n, v in self._raw_headers
+            ]
         )
         self.reusable = self._parser.should_keep_alive() and status != 101
         if self.head_only:  # a HEAD response's headers describe a body that is not sent
