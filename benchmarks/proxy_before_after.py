@@ -4,7 +4,9 @@ One instant worker (``bench.instant_worker``), two routers in front of it (``ser
 ``bench-overhead`` starts them, access log on), loadgen rounds alternating between them (their order
 swapped every round), for non-streamed and streamed chat requests at each prompt size and concurrency.
 Printed: the best round's CPU us per request (the routers' own CPU time, the least noisy figure on a
-shared machine) and req/s for each, and after/before ratios.
+shared machine) and req/s for each, after/before ratios, and the median over rounds of the after/before
+CPU ratio of the two measurements made next to each other (the steadiest figure when the machine's load
+changes during the run).
 
 ``--before`` and ``--after`` name a build: the path of a Python whose environment has prefix-router
 installed (a venv's ``bin/python``), or a git commit of this repository (checked out into a temporary
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +37,7 @@ from prefix_router.proxy.server import loop_factory
 
 REPO = Path(__file__).resolve().parent.parent
 Build = tuple[list[str], dict[str, str]]  # python argv prefix, extra environment
-Results = dict[Case, dict[str, Figures]]
+Results = dict[Case, dict[str, list[Figures]]]  # one Figures per round
 
 
 @contextlib.contextmanager
@@ -66,7 +69,7 @@ async def bench(args: argparse.Namespace, builds: dict[str, Build]) -> Results:
         for name, (python, env) in builds.items():
             port = free_port()
             argv = overhead.router_argv(worker_port, port, "uvloop", 1, args.policy)
-            pid = spawn([*python, *argv[1:], "--set", "access_log=true"], env)
+            pid = spawn([*python, *argv[1:], "--set", "access_log=true"], env)  # as shipped
             plan.targets.append(Target(name, port, pid, True))
         await overhead.wait_listening(worker_port)
         for target in plan.targets:
@@ -74,12 +77,12 @@ async def bench(args: argparse.Namespace, builds: dict[str, Build]) -> Results:
         warm_up = Plan(max(1, args.requests // 4), plan.stream_chunks)
         for target in plan.targets:  # unmeasured
             await overhead.measure(target, cases[0], warm_up, _nop)
-        results = {case: {t.name: Figures() for t in plan.targets} for case in cases}
+        results: Results = {case: {t.name: [] for t in plan.targets} for case in cases}
         for round_ in range(args.rounds):
             for case in cases:
                 order = plan.targets if round_ % 2 == 0 else plan.targets[::-1]
                 for target in order:
-                    results[case][target.name].merge(await overhead.measure(target, case, plan, _nop))
+                    results[case][target.name].append(await overhead.measure(target, case, plan, _nop))
             print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
     return results
 
@@ -88,23 +91,36 @@ def _nop() -> None:
     pass
 
 
+def best(runs: list[Figures]) -> Figures:
+    out = Figures()
+    for figures in runs:
+        out.merge(figures)
+    return out
+
+
 def report(results: Results, console: Console, rounds: int) -> None:
-    table = Table(title=f"prefix-router before/after: instant worker, 1 process, best of {rounds} rounds")
+    table = Table(title=f"prefix-router before/after: instant worker, 1 process, {rounds} rounds")
     for column in ("prompt chars", "conc", "kind", "before us/req", "after us/req", "after/before CPU",
-                   "before req/s", "after req/s", "after/before req/s", "errors"):  # fmt: skip
+                   "median round CPU ratio", "before req/s", "after req/s", "after/before req/s",
+                   "errors"):  # fmt: skip
         table.add_column(column, justify="right")
     for case, figures in results.items():
-        before, after = figures["before"], figures["after"]
+        before, after = best(figures["before"]), best(figures["after"])
         for kind, cpu, rate in (("plain", "cpu_plain_s", "rps"), ("stream", "cpu_stream_s", "sps")):
             b_cpu, a_cpu = getattr(before, cpu) * 1e6, getattr(after, cpu) * 1e6
             b_rate, a_rate = getattr(before, rate), getattr(after, rate)
+            paired = [getattr(a, cpu) / getattr(b, cpu) for b, a in zip(*figures.values(), strict=True)]
             table.add_row(
                 str(case.prompt_chars), str(case.concurrency), kind, f"{b_cpu:.0f}", f"{a_cpu:.0f}",
-                f"{a_cpu / b_cpu:.2f}", f"{b_rate:,.0f}", f"{a_rate:,.0f}", f"{a_rate / b_rate:.2f}",
-                str(before.errors + after.errors),
+                f"{a_cpu / b_cpu:.2f}", f"{statistics.median(paired):.2f}", f"{b_rate:,.0f}",
+                f"{a_rate:,.0f}", f"{a_rate / b_rate:.2f}", str(before.errors + after.errors),
             )  # fmt: skip
     console.print(table)
-    console.print("CPU: the router process's user+system time per request (streams: per stream).")
+    console.print(
+        "us/req and req/s: the best round of each (least disturbed by the rest of the machine); median "
+        "round CPU ratio: after/before of the two measurements made next to each other in each round. CPU: "
+        "the router process's user+system time per request (streams: per stream)."
+    )
 
 
 def main() -> int:
@@ -125,7 +141,8 @@ def main() -> int:
         finally:
             loop.close()
     report(results, Console(width=160), args.rounds)
-    return 0 if all(f.errors == 0 for figures in results.values() for f in figures.values()) else 1
+    errors = sum(f.errors for figures in results.values() for runs in figures.values() for f in runs)
+    return 0 if errors == 0 else 1
 
 
 if __name__ == "__main__":
