@@ -47,8 +47,17 @@ class ReplyAccumulator:
         lines = chunk.split(b"\n")
         rest = lines.pop()
         for line in lines:
-            if line.startswith(b"data:"):  # blank lines, comments and other fields carry nothing here
-                self._line(line)
+            if not line.startswith(b"data:"):  # blank lines, comments and other fields carry nothing here
+                continue
+            payload = line[5:].strip()
+            if not payload or payload == b"[DONE]":
+                continue
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            if type(event) is dict:
+                self.take(event, delta=True)
         if rest:
             self._pending += rest
             self._check_line_bound()
@@ -57,17 +66,6 @@ class ReplyAccumulator:
         if len(self._pending) > self._max_line:
             self._pending.clear()
             self.overflow = True
-
-    def _line(self, line: bytes) -> None:
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            return
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(event, dict):
-            self.take(event, delta=True)
 
     # ------------------------------------------------------------------ bodies and events
 
@@ -110,8 +108,11 @@ class ReplyAccumulator:
 
     def _text(self, text: Any) -> None:
         if text and type(text) is str:
-            self._add_chars(len(text))
-            if not self.overflow:
+            self.chars += len(text)
+            if self.chars > self._max_chars:
+                self.overflow = True
+                self._parts.clear()
+            elif not self.overflow:
                 self._parts.append(text)
 
     def _tool_call(self, position: int, delta: dict[str, Any]) -> None:
