@@ -19,7 +19,14 @@ import orjson
 import pytest
 
 from prefix_router.proxy.access import AccessLine
-from prefix_router.proxy.logs import ACCESS_LOGGER, Fields, JsonFormatter, LineHandler, text_value
+from prefix_router.proxy.logs import (
+    ACCESS_LOGGER,
+    BATCH_BYTES,
+    Fields,
+    JsonFormatter,
+    LineHandler,
+    text_value,
+)
 
 
 @pytest.mark.parametrize(
@@ -201,3 +208,29 @@ def check_fallback(only_handler: Any) -> None:
     finally:
         access.filters.clear()
     assert only_handler.direct(access) is only_handler
+
+
+class Writes(io.StringIO):
+    """A stream that remembers each write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+async def test_direct_lines_go_out_in_writes_no_longer_than_a_pipe_keeps_whole() -> None:
+    with alone() as handler:
+        handler.stream = Writes()
+        lines = [f"n={i} {'x' * 300}" for i in range(40)] + ["word=" + "é" * 200]
+        for line in lines:
+            handler.write_info(ACCESS_LOGGER, Fields({"line": line}))
+        await asyncio.sleep(0)
+        writes = handler.stream.writes
+    assert len(writes) > 1 and all(len(w.encode()) <= BATCH_BYTES for w in writes)
+    assert all(w.endswith("\n") for w in writes)  # whole lines only
+    written = "".join(writes).splitlines()
+    assert [w.split(": ", 1)[1] for w in written] == [str(Fields({"line": line})) for line in lines]

@@ -13,8 +13,9 @@ A serving process logs through one :class:`LineHandler` on the root logger (``co
 structured line would reach only that handler (nothing else listens: no test capture, no other handler,
 no filter), ``LineHandler.direct`` gives the caller a way around the ``logging`` machinery: the line is
 formatted here, exactly as the handler's formatter would (same text, same JSON), and written with the
-other lines of the event loop's iteration in one write (a record logged the usual way first writes what
-is pending, so lines keep their order; ``flush`` and interpreter exit write it too). That is the access
+other lines of the event loop's iteration in one write of at most ``BATCH_BYTES`` (a record logged the
+usual way first writes what is pending, so lines keep their order; ``flush`` and interpreter exit write it
+too). That is the access
 log's path: a ``LogRecord``, its formatter and a locked write per request cost the router about a tenth
 of its CPU per request (``bench-overhead``).
 """
@@ -38,6 +39,9 @@ _plain = re.compile(r"[A-Za-z0-9_.:/@+,()<>\-\[\]*]*").fullmatch
 MAX_VALUE_CHARS = 256
 
 LogFormat = Literal["text", "json"]
+# direct lines are written in batches of at most this many bytes: POSIX's PIPE_BUF, the most one write to a
+# pipe is guaranteed not to be interleaved with another process's (``serve --processes``: one stderr)
+BATCH_BYTES = 4096
 
 
 class Fields:
@@ -95,6 +99,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, stream: TextIO, log_format: LogFormat = "text") -> None:
         super().__init__(stream)
         self._pending: list[str] = []
+        self._pending_bytes = 0
         self._second = -1  # the second ``_stamp`` is for
         self._stamp = ""
         self.set_format(log_format)
@@ -131,6 +136,10 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             line = orjson.dumps({**head, **message.fields}, default=str).decode()
         else:
             line = f"{self._asctime(created)} INFO {name}: {message}"
+        size = len(line) + 1 if line.isascii() else 4 * (len(line) + 1)  # UTF-8 bytes, at most
+        if self._pending and self._pending_bytes + size > BATCH_BYTES:
+            self.flush()
+        self._pending_bytes += size
         pending = self._pending
         pending.append(line)
         if len(pending) == 1:
@@ -149,7 +158,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def _write_pending(self) -> None:
         if self._pending:
-            lines, self._pending = self._pending, []
+            lines, self._pending, self._pending_bytes = self._pending, [], 0
             self.stream.write("\n".join(lines) + "\n")
 
     def emit(self, record: logging.LogRecord) -> None:
