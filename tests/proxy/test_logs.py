@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from prefix_router.proxy import logs
 from prefix_router.proxy.access import AccessLine
 from prefix_router.proxy.logs import (
     ACCESS_LOGGER,
@@ -234,3 +235,11 @@ async def test_direct_lines_go_out_in_writes_no_longer_than_a_pipe_keeps_whole()
     assert all(w.endswith("\n") for w in writes)  # whole lines only
     written = "".join(writes).splitlines()
     assert [w.split(": ", 1)[1] for w in written] == [str(Fields({"line": line})) for line in lines]
+
+
+async def test_flush_writes_held_lines_at_once() -> None:
+    with alone() as handler:
+        handler.write_info(ACCESS_LOGGER, Fields({"n": 1}))
+        assert handler.stream.getvalue() == ""  # held until the loop's iteration ends
+        logs.flush()  # what a serving process does before it exits (a forked one skips logging.shutdown)
+        assert handler.stream.getvalue().endswith(": n=1\n")

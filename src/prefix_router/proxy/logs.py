@@ -201,3 +201,10 @@ def configure(level: str, log_format: LogFormat = "text", access_log: bool = Tru
 def line_handler() -> LineHandler | None:
     """The process's ``LineHandler`` (``configure``), if it has one."""
     return next((h for h in logging.root.handlers if isinstance(h, LineHandler)), None)
+
+
+def flush() -> None:
+    """Write the lines the process's ``LineHandler`` holds back (if any) now."""
+    handler = line_handler()
+    if handler is not None:
+        handler.flush()
