@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefix_router.routing.hashing import chain_blocks
@@ -239,3 +239,73 @@ def test_the_global_cap_always_evicts_a_fullest_worker(
         sizes = [index.blocks_of(w) for w in index.workers()]
         assert len(index) == sum(sizes) <= 25
         assert all(index.blocks_of(w) <= index.capacity_blocks(w) for w in index.workers())
+
+
+def walked_match(index: PrefixIndex, blocks: tuple[int, ...]) -> dict[str, int]:
+    """The definition of a match, block by block over each worker's own entries (no masks, no bisection)."""
+    return reference_match({w: {b for b in blocks if index.holds(w, b)} for w in index.workers()}, blocks)
+
+
+shared_ops = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["insert", "insert", "insert", "trim", "trim", "merged", "capacity", "expire", "remove"]
+        ),
+        st.sampled_from("abc"),
+        st.lists(st.integers(0, 2), max_size=14),  # few ids: chains share prefixes and extend each other
+        st.integers(0, 14),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@example([("insert", "a", [0, 1, 2, 0, 1], 0), ("trim", "a", [5, 5, 5], 4)], [[0]])
+@given(shared_ops, st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=16), min_size=1, max_size=6))
+def test_bisected_matches_equal_the_block_by_block_walk(
+    operations: list[tuple[str, str, list[int], int]], probes: list[list[int]]
+) -> None:
+    """Long chains sharing prefixes, trims that cut others' chains in the middle (holes), replicas' merged
+    block lists (any subset, ``chained=False``), evictions by capacity, expiry and global cap: the
+    bisected match always equals the walk over each worker's own entries (and ``fills`` the entries)."""
+    index = make_index(cap_tokens=120, total=40, ttl=30)
+    inserted: list[tuple[str, list[int]]] = []  # recent inserts: probed after every later operation
+    for step, (op, worker, ids, keep) in enumerate(operations):
+        if worker not in index:
+            index.add_worker(worker)
+        blocks = chain(*ids)
+        if op == "insert":
+            index.insert(worker, blocks, now=float(step))
+            inserted = [(worker, ids), *inserted[:15]]
+        elif op == "merged":
+            index.insert(worker, blocks[keep // 2 :: 1 + keep % 3], now=float(step), chained=False)
+        elif op == "trim" and inserted and keep % 3:  # a recent insert's prefix, cut in its middle
+            owner, long = inserted[keep % len(inserted)]
+            if owner in index:
+                index.trim(owner, chain(*long[: len(ids)]), keep // 3)
+        elif op == "trim":
+            index.trim(worker, blocks, keep)
+        elif op == "capacity":
+            index.learn_capacity(worker, keep + 1)
+        elif op == "expire":
+            index.expire(float(step) + keep)
+        else:
+            index.remove_worker(worker)
+        for w in index.workers():  # the live fill map, kept by every change, says what the entries say
+            assert index.fill(w) == index.fills[w] == index.blocks_of(w) / index.capacity_blocks(w)
+        for ids_probe in [ids, *(long for _, long in inserted), *probes]:
+            probe = chain(*ids_probe)
+            assert index.match(probe) == walked_match(index, probe)
+
+
+def test_a_trim_that_cuts_another_chain_is_matched_block_by_block() -> None:
+    """b's trim of the shared middle leaves a's longer chain without a parent: a's match stops there."""
+    index = make_index()
+    index.add_worker("a")
+    index.insert("a", chain(1, 2, 3, 4), now=1)
+    assert index.match(chain(1, 2, 3, 4)) == {"a": 4}
+    index.trim("a", chain(1, 2, 3), keep=1)  # a request sharing the prefix failed: its blocks 2.. go
+    assert index.match(chain(1, 2, 3, 4)) == {"a": 1}  # block 4 is still held, but not its parents
+    assert index.holds("a", chain(1, 2, 3, 4)[-1])
+    index.insert("a", chain(1, 2, 3), now=2)  # the parents again: the whole chain matches
+    assert index.match(chain(1, 2, 3, 4)) == {"a": 4}

@@ -8,6 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
@@ -182,3 +183,50 @@ def check(
         assert snap.in_flight == expected
         prefill = sum(r.prompt_tokens for r, prefilling in mine if prefilling) if name in present else 0
         assert snap.pending_prefill_tokens == prefill
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["start", "start", "first", "finish", "remove", "add"]),
+            st.integers(0, len(WORKERS) - 1),
+            st.floats(0.0, 0.5),
+            st.integers(1, 5_000),
+        ),
+        max_size=80,
+    ),
+    st.floats(0.0, 5.0),
+)
+def test_the_snapshots_backlogs_are_what_the_drain_says(
+    ops: list[tuple[str, int, float, int]], later: float
+) -> None:
+    """The live snapshots' backlogs, kept for busy workers only (``PrefillDrain.refresh``), always equal
+    ``remaining`` (the drain's definition), for every worker, whatever was dispatched, started, finished,
+    removed or re-added, whenever read; the snapshots of the same candidates, reused, stay the live ones."""
+    load = LoadTracker(max_tracked=40, engine_stale_s=10.0)
+    for name in WORKERS:
+        load.add_worker(name)
+    now, serial, live = 0.0, 0, []
+    for op, w, step, tokens in ops:
+        now += step
+        name = WORKERS[w]
+        if op == "start":
+            serial += 1
+            load.start(f"r{serial}", name, tokens, now, work=tokens * 1.5)
+            live.append(f"r{serial}")
+        elif op in ("first", "finish") and live:
+            rid = live[tokens % len(live)]
+            if op == "first":
+                load.first_token(rid, now)
+            else:
+                load.finish(rid, now)
+                live.remove(rid)
+        elif op == "remove":
+            load.remove_worker(name)
+        elif op == "add":
+            load.add_worker(name)
+        for at in (now, now + later):
+            snaps = load.snapshots([*WORKERS, "unknown"], at)
+            assert [s.prefill_backlog for s in snaps] == [load.drain.remaining(s.name, at) for s in snaps]
+            assert [s.in_flight for s in snaps] == [load.in_flight(s.name) for s in snaps]

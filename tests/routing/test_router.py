@@ -6,7 +6,7 @@ import pytest
 
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Outcome, RouteRequest
+from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
 
 
 def make_router(**kw: object) -> Router:
@@ -177,3 +177,27 @@ def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block
     again = router.keys.build("chat", body, request_id="2")
     predicted = router.route(again, ["a"], 1).predicted_tokens
     assert again.prompt_tokens - block_chars / 4 <= predicted <= again.prompt_tokens
+
+
+def test_the_prompt_estimate_is_made_once_at_route_and_counted_at_dispatch() -> None:
+    """A decision carries the prompt's estimated engine tokens; dispatch counts its uncached part as pending
+    prefill without estimating again (a learned value that moves in between does not change the count),
+    and a decision made elsewhere (no estimate) is estimated at dispatch."""
+    router = Router(RoutingSettings.model_validate({"units": {"warmup": 1}}), random.Random(0))
+    router.add_worker("a")
+    body = {"model": "m", "messages": [{"role": "user", "content": "word " * 1_000}]}
+    req = router.keys.build("chat", body, request_id="1")
+    assert router.route(req, ["a"], 0).prompt_tokens == router.prompt_tokens(req) == req.prompt_tokens
+    decision = router.route(req, ["a"], 0)
+    assert decision.prompt_tokens is not None
+    learn = router.keys.build("chat", body, request_id="learn")  # teaches: 2 engine tokens per key token
+    router.dispatched(learn, router.route(learn, ["a"], 0), 0)
+    router.finished(learn, "a", Outcome(True, None, (), 2 * learn.prompt_tokens), 0)
+    assert router.prompt_tokens(req) > decision.prompt_tokens
+    router.dispatched(req, decision, 1)
+    assert router.load.snapshot("a", 1).pending_prefill_tokens == decision.prompt_tokens
+    other = router.keys.build("chat", {**body, "model": "n"}, request_id="2")
+    router.dispatched(other, Decision("a", Branch.LEAST_LOAD), 1)
+    assert router.load.snapshot("a", 1).pending_prefill_tokens == (
+        decision.prompt_tokens + router.prompt_tokens(other)
+    )

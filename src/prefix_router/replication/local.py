@@ -142,11 +142,8 @@ class LocalReplication:
             self._path.unlink()
 
     def stats(self) -> dict[str, float]:
-        out = self.counters.as_dict()
+        out = self.counters.as_dict(len(self.outbox), self.outbox.dropped)
         out.update(
-            failures=float(self.counters.failures),
-            outbox_size=float(len(self.outbox)),
-            outbox_dropped=float(self.outbox.dropped),
             ready=float(self.ready),
             remote_replicas=float(sum(1 for p in self.peers.values() if self._fresh(p))),
         )

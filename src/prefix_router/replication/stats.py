@@ -30,5 +30,10 @@ class ReplicationStats:
     def failures(self) -> int:
         return self.publish_failures + self.read_failures + self.load_failures
 
-    def as_dict(self) -> dict[str, float]:
-        return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def as_dict(self, outbox_size: int = 0, outbox_dropped: int = 0) -> dict[str, float]:
+        """Every counter, ``failures`` and the outbox's size and drops (what every replication reports)."""
+        out = {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["failures"] = float(self.failures)
+        out["outbox_size"] = float(outbox_size)
+        out["outbox_dropped"] = float(outbox_dropped)
+        return out

@@ -104,11 +104,8 @@ class RedisReplication:
                 await client.aclose()
 
     def stats(self) -> dict[str, float]:
-        out = self.counters.as_dict()
+        out = self.counters.as_dict(len(self.outbox), self.outbox.dropped)
         out.update(
-            failures=float(self.counters.failures),
-            outbox_size=float(len(self.outbox)),
-            outbox_dropped=float(self.outbox.dropped),
             connected=float(self.connected),
             warmed=float(self.warmed),
             ready=float(self._ready),

@@ -58,12 +58,20 @@ class PrefillDrain:
         self._workers: dict[str, _Worker] = {}
         self._rate_sum = 0.0
         self._rated = 0
+        self._snaps: dict[str, WorkerSnapshot] = {}  # live snapshots whose backlog ``refresh`` keeps
+        self._busy: dict[str, tuple[_Worker, WorkerSnapshot]] = {}  # those of the workers with pending work
         self.mean_work = 0.0
 
-    def add_worker(self, worker: str) -> None:
-        self._workers.setdefault(worker, _Worker())
+    def add_worker(self, worker: str, snap: WorkerSnapshot | None = None) -> None:
+        """``snap``: the worker's live snapshot, whose ``prefill_backlog`` ``refresh`` keeps current."""
+        state = self._workers.setdefault(worker, _Worker())
+        if snap is not None:
+            self._snaps[worker] = snap
+            self._track(worker, state)
 
     def remove_worker(self, worker: str) -> None:
+        self._busy.pop(worker, None)
+        self._snaps.pop(worker, None)
         state = self._workers.pop(worker, None)
         if state is not None and state.rate > 0:
             self._rated -= 1
@@ -106,6 +114,30 @@ class PrefillDrain:
             left = state.estimate - rate * max(0.0, now - state.estimate_at)
             snap.prefill_backlog = min(state.pending, max(0.0, left))
 
+    def refresh(self, now: float) -> None:
+        """Each worker's live snapshot's ``prefill_backlog = remaining(worker, now)``: computed for the
+        workers with pending work only (an idle worker's is set to 0 when it becomes idle), so a decision
+        pays for the busy workers, not for every candidate (``fill_backlogs`` for other snapshots)."""
+        fleet = self._rate_sum / self._rated if self._rated else 0.0
+        for state, snap in self._busy.values():  # ``remaining``'s min and max, inlined (the same floats)
+            rate, elapsed, left = state.rate, now - state.estimate_at, state.estimate
+            if elapsed > 0.0:
+                left -= (rate if rate > 0 else fleet) * elapsed
+            pending = state.pending
+            snap.prefill_backlog = (left if left < pending else pending) if left > 0.0 else 0.0
+
+    def _track(self, worker: str, state: _Worker) -> None:
+        """After ``state.pending`` changed: a worker with pending work is busy (``refresh`` computes its
+        backlog), an idle one's snapshot says 0 (what ``remaining`` says of it until its next request)."""
+        snap = self._snaps.get(worker)
+        if snap is None:
+            return
+        if state.pending > 0:
+            self._busy[worker] = (state, snap)
+        else:
+            self._busy.pop(worker, None)
+            snap.prefill_backlog = 0.0
+
     # ------------------------------------------------------------ events
 
     def dispatched(self, worker: str, work: float, now: float) -> None:
@@ -121,6 +153,7 @@ class PrefillDrain:
             state.synced, state.synced_at, state.added = 0.0, now, 0.0
         state.pending += work
         state.added += work
+        self._track(worker, state)
 
     def first_token(self, worker: str, work: float, now: float) -> None:
         """A request on ``worker`` got its first token: everything dispatched before it is computed."""
@@ -132,6 +165,7 @@ class PrefillDrain:
         if drained > 0 and elapsed > 0:
             self._learn(state, drained / elapsed)
         self._sync(state, now)
+        self._track(worker, state)
 
     def abandoned(self, worker: str, work: float, now: float) -> None:
         """A request left without a first token (failed, cancelled): its work is dropped, not drained."""
@@ -142,6 +176,7 @@ class PrefillDrain:
         state.pending = max(0.0, state.pending - work)
         self._sync(state, now)
         state.estimate = min(state.pending, left)
+        self._track(worker, state)
 
     def _sync(self, state: _Worker, now: float) -> None:
         state.synced, state.synced_at, state.added = state.pending, now, 0.0

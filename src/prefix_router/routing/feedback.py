@@ -163,7 +163,7 @@ class PrefillTracker:
     def racing(self, worker: str, blocks: Sequence[int]) -> bool:
         """Whether any of ``blocks`` (a matched prefix) is still in another request's first prefill."""
         pending = self._pending.get(worker)
-        return pending is not None and any(block in pending for block in blocks)
+        return pending is not None and not pending.keys().isdisjoint(blocks)
 
     def forget_worker(self, worker: str) -> None:
         """Drop ``worker``'s pending prefixes (its requests' entries are dropped as they end)."""

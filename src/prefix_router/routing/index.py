@@ -3,8 +3,17 @@
 Data: a global map ``block hash -> bitmask of workers holding it`` for matching, and per worker an
 LRU (``OrderedDict`` in access order, value = last access time) for eviction and expiry.
 
-- Match: walk the request's chained hashes from the first; a worker's match is its longest run of
-  leading blocks present (the mask of still-matching workers narrows block by block).
+- Match: a worker's match is its longest run of the request's leading blocks present. Blocks are chained
+  hashes (a block names its whole prefix), and a worker's entries are *chain-closed*: each block's parent
+  is held too (an insert touches a whole chain, parents after children, so LRU evictions, expiry and the
+  caps, which remove the least recent entries first, take children before parents). Holding the request's
+  block ``d`` then means holding all its first ``d + 1`` blocks, so the depth where a set of workers stops
+  matching is found by bisection (a few lookups instead of one per block; full hits: two). Only ``trim``
+  (a chain cut in the middle: others' longer chains lose a parent) and inserts of block lists that need
+  not be whole chains (``chained=False``: other replicas' merged changes) can leave a block without its
+  parent; such a worker is *loose* and matched by the walk, block by block, until as many of its entries
+  as it held then have left from the least recent end (by then every entry untouched since is gone, and a
+  touched one was re-inserted with its parents).
 - Insert: a dispatched request's blocks are touched deepest first, so that among blocks of one request
   the deepest is the least recent and is evicted first, as an engine's LRU evictor does.
 - Bounds: each worker holds at most ``capacity_tokens / block value`` blocks (its KV-cache size; a block is
@@ -57,8 +66,11 @@ class PrefixIndex:
         self._ceiling: dict[str, int] = {}  # known capacity (configured or scraped), blocks
         self._known: dict[str, int] = {}  # known capacity, tokens
         self._value: dict[str, float] = {}  # tokens one block of the worker is worth (default block_tokens)
+        self.fills: dict[str, float] = {}  # worker -> ``fill(worker)``, kept current (read per candidate)
         self._by_size: dict[int, dict[str, None]] = {}  # blocks held -> workers holding that many (> 0)
         self._fullest = 0  # an upper bound of the largest size in _by_size
+        self._loose = 0  # bits of the workers that may hold a block without its parent (see ``match``)
+        self._loose_left: dict[str, int] = {}  # loose worker -> entries to leave before it is closed again
         self._total = 0
         self._next_expiry = 0.0
         self.evictions = 0
@@ -104,6 +116,7 @@ class PrefixIndex:
         it. Returns the capacity set."""
         blocks = min(max(blocks, 1), self._ceiling[name])
         self._cap_blocks[name] = blocks
+        self.fills[name] = len(self._lru[name]) / blocks
         self._shrink(name)
         return blocks
 
@@ -113,7 +126,10 @@ class PrefixIndex:
             return
         bit = self._bit.pop(name)
         del self._name[bit], self._cap_blocks[name], self._ceiling[name], self._known[name]
+        self._loose &= ~(1 << bit)
+        self._loose_left.pop(name, None)
         self._value.pop(name, None)
+        self.fills.pop(name, None)
         for block in lru:
             self._unhold(block, bit)
         self._total -= len(lru)
@@ -128,22 +144,54 @@ class PrefixIndex:
     # ------------------------------------------------------------ queries
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
-        """Matched leading blocks per worker (workers with no match are absent)."""
+        """Matched leading blocks per worker (workers with no match are absent); ``blocks`` a chain."""
         if self.max_prefix_blocks is not None:
             blocks = blocks[: self.max_prefix_blocks]
+        alive = self._holders.get(blocks[0], 0) if blocks else 0
+        if not alive:
+            return {}
+        loose = alive & self._loose
+        result = self._bisect(blocks, alive & ~loose) if alive & ~loose else {}
+        if loose:
+            result.update(self._walk(blocks, loose))
+        return result
+
+    def _bisect(self, blocks: Sequence[int], alive: int) -> dict[str, int]:
+        """The matches of chain-closed workers ``alive`` (each holds ``blocks[0]``): the depth where some of
+        them stop matching, by bisection, as often as they drop out in groups."""
+        get, name, result, end = self._holders.get, self._name, {}, len(blocks)
+        last, low = blocks[-1], 1  # every worker of ``alive`` holds ``blocks[:low]``
+        while alive:
+            if get(last, 0) & alive == alive:
+                depth = end
+            else:
+                high = end - 1  # not every worker of ``alive`` holds ``blocks[high]``
+                while low < high:
+                    mid = (low + high) // 2
+                    if get(blocks[mid], 0) & alive == alive:
+                        low = mid + 1
+                    else:
+                        high = mid
+                depth = low
+            held = get(blocks[depth], 0) & alive if depth < end else 0
+            for bit in _bits(alive & ~held):
+                result[name[bit]] = depth
+            alive, low = held, depth + 1
+        return result
+
+    def _walk(self, blocks: Sequence[int], alive: int) -> dict[str, int]:
+        """The matches of workers ``alive`` (each holds ``blocks[0]``), block by block."""
         holders, result = self._holders, {}
-        alive = -1
-        for depth, block in enumerate(blocks):
-            held = holders.get(block, 0) & alive
+        for depth in range(1, len(blocks)):
+            held = holders.get(blocks[depth], 0) & alive
             if held == alive:
                 continue
-            if depth:
-                for bit in _bits(alive & ~held):
-                    result[self._name[bit]] = depth
+            for bit in _bits(alive & ~held):
+                result[self._name[bit]] = depth
             alive = held
             if not alive:
                 return result
-        for bit in _bits(alive if blocks else 0):
+        for bit in _bits(alive):
             result[self._name[bit]] = len(blocks)
         return result
 
@@ -164,8 +212,7 @@ class PrefixIndex:
 
     def fill(self, worker: str) -> float:
         """The fraction of ``worker``'s capacity its entries use (1.0: full, an insert evicts)."""
-        lru = self._lru.get(worker)
-        return 0.0 if lru is None else len(lru) / self._cap_blocks[worker]
+        return self.fills.get(worker, 0.0)
 
     def turnover(self, worker: str, now: float) -> float | None:
         """How long an untouched block stays in ``worker``'s entries: the age of its least recent one (the
@@ -194,8 +241,9 @@ class PrefixIndex:
 
     # ------------------------------------------------------------ updates
 
-    def insert(self, worker: str, blocks: Sequence[int], now: float) -> None:
-        """Record that ``worker`` now caches ``blocks`` (a chained prefix), deepest touched first."""
+    def insert(self, worker: str, blocks: Sequence[int], now: float, chained: bool = True) -> None:
+        """Record that ``worker`` now caches ``blocks`` (a chained prefix), deepest touched first.
+        ``chained=False``: blocks that need not be whole chains (the worker turns loose, see ``match``)."""
         self.expire(now)
         lru = self._lru.get(worker)
         if lru is None or not blocks:
@@ -214,6 +262,8 @@ class PrefixIndex:
             lru[block] = now
         self._total += added
         self._resized(worker, before, before + added)
+        if not chained:
+            self._loosen(worker, lru)
         self._shrink(worker)
         self._enforce_total()
 
@@ -229,6 +279,8 @@ class PrefixIndex:
                 removed += 1
         self._total -= removed
         self._resized(worker, len(lru) + removed, len(lru))
+        if removed:
+            self._loosen(worker, lru)
         return removed
 
     def forget_older(self, worker: str, cutoff: float) -> int:
@@ -261,6 +313,8 @@ class PrefixIndex:
             removed += 1
         self._total -= removed
         self._resized(worker, len(lru) + removed, len(lru))
+        if removed and worker in self._loose_left:
+            self._left_front(worker, removed, lru)
         return removed
 
     def _evict_one(self, worker: str) -> None:
@@ -270,6 +324,25 @@ class PrefixIndex:
         self._total -= 1
         self.evictions += 1
         self._resized(worker, len(lru) + 1, len(lru))
+        if worker in self._loose_left:
+            self._left_front(worker, 1, lru)
+
+    def _loosen(self, worker: str, lru: OrderedDict[int, float]) -> None:
+        """``worker`` may now hold a block without its parent: walked, not bisected, until its present
+        entries have left from the least recent end (``match``)."""
+        if not lru:
+            return
+        self._loose |= 1 << self._bit[worker]
+        self._loose_left[worker] = max(self._loose_left.get(worker, 0), len(lru))
+
+    def _left_front(self, worker: str, removed: int, lru: OrderedDict[int, float]) -> None:
+        """``removed`` of a loose worker's least recent entries left; closed again once enough did."""
+        left = self._loose_left[worker] - removed
+        if left > 0 and lru:
+            self._loose_left[worker] = left
+        else:
+            del self._loose_left[worker]
+            self._loose &= ~(1 << self._bit[worker])
 
     def _shrink(self, worker: str) -> None:
         cap = self._cap_blocks[worker]
@@ -284,6 +357,9 @@ class PrefixIndex:
         """Move ``worker`` from the bucket of ``old`` blocks to that of ``new`` (O(1))."""
         if old == new:
             return
+        cap = self._cap_blocks.get(worker)
+        if cap is not None:
+            self.fills[worker] = new / cap
         if old:
             bucket = self._by_size[old]
             del bucket[worker]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from prefix_router.routing.drain import PrefillDrain
 from prefix_router.routing.types import WorkerSnapshot
@@ -57,18 +58,25 @@ class LoadTracker:
         self._counts: dict[str, _Counts] = {}
         self._next_stale_check = 0.0
         self.drain = PrefillDrain()
+        # the last decision's candidates and their snapshots: the same candidates again (the usual case)
+        # reuse the list instead of building one per decision; any worker added or removed drops it
+        self._names: list[str] = []
+        self._snaps: list[WorkerSnapshot] = []
 
     # ------------------------------------------------------------ workers
 
     def add_worker(self, worker: str, weight: float = 1.0) -> None:
-        self._live.setdefault(worker, WorkerSnapshot(worker)).weight = weight
+        snap = self._live.setdefault(worker, WorkerSnapshot(worker))
+        snap.weight = weight
+        self._names, self._snaps = [], []
         self._counts.setdefault(worker, _Counts())
-        self.drain.add_worker(worker)
+        self.drain.add_worker(worker, snap)
 
     def remove_worker(self, worker: str) -> None:
         """Forget ``worker``'s counts; its requests stay tracked until they finish (see the module doc)."""
         self._live.pop(worker, None)
         self._counts.pop(worker, None)
+        self._names, self._snaps = [], []
         self.drain.remove_worker(worker)
 
     def _counted(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
@@ -165,12 +173,22 @@ class LoadTracker:
                 snap.queue_depth, snap.kv_usage, counts.engine_at = 0, None, None
 
     def snapshots(self, workers: Sequence[str], now: float) -> list[WorkerSnapshot]:
-        """The live load of ``workers`` (read-only views; unknown names read as idle)."""
+        """The live load of ``workers`` (read-only views, to be read before the next call; unknown names
+        read as idle)."""
         self._drop_stale(now)
-        live = self._live
-        out = [live.get(w) or WorkerSnapshot(w) for w in workers]
-        self.drain.fill_backlogs(out, now)
+        self.drain.refresh(now)  # the live snapshots' backlogs (the busy workers' only: O(busy))
+        if workers == self._names:  # the same candidates as last time: compared in C, nothing built
+            return self._snaps
+        found = list(map(self._live.get, workers))  # in C: no per-candidate Python step
+        if all(found):
+            out = cast(list[WorkerSnapshot], found)
+        else:  # unknown names (rare): idle snapshots of their own
+            out = [snap or WorkerSnapshot(name) for snap, name in zip(found, workers, strict=True)]
+        self._names, self._snaps = list(workers), out
         return out
 
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
-        return self.snapshots([worker], now)[0]
+        """One worker's live load (the last decision's candidate list stays as it is)."""
+        self._drop_stale(now)
+        self.drain.refresh(now)
+        return self._live.get(worker) or WorkerSnapshot(worker)

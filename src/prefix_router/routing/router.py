@@ -197,7 +197,8 @@ class Router:
         scale = prompt / req.prompt_tokens if req.text_model is not None and req.prompt_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         matched = matches.get(decision.worker, 0)
-        return Decision(decision.worker, decision.branch, matched, self._match_value(req, matched, prompt))
+        predicted = self._match_value(req, matched, prompt)
+        return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
 
     def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
         """The engine tokens of ``req``'s first ``matched`` blocks: a text key's by the content of those
@@ -206,14 +207,19 @@ class Router:
         if not matched or req.text_model is None:
             return nominal
         counts = req.counts[-1] if req.counts else None
-        size = matched * self.cfg.keys.block_chars
-        if counts is not None and size < len(req.text) and self.units.by_content(req.text_model):
+        if counts is not None and self.units.by_content(req.text_model):
+            size = matched * self.cfg.keys.block_chars
+            if size >= len(req.text):  # the whole key: valued by the same counts as the prompt
+                return int(prompt)
             counts = count_prefix(req.text, size, req.counts)
         return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
 
     def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
         attention = self.cfg.trackers.attention_tokens
-        return Context(now, self.rng, matches, self.index, self.load.drain.mean_work, attention, scale)
+        index = self.index
+        return Context(
+            now, self.rng, matches, index, self.load.drain.mean_work, attention, scale, index.fills
+        )
 
     def prompt_tokens(self, req: RouteRequest) -> int:
         """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
@@ -245,7 +251,8 @@ class Router:
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.request_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
-        uncached = self.prompt_tokens(req) - decision.predicted_tokens
+        prompt = self.prompt_tokens(req) if decision.prompt_tokens is None else decision.prompt_tokens
+        uncached = prompt - decision.predicted_tokens
         work = prefill_work(uncached, decision.predicted_tokens, self.cfg.trackers.attention_tokens)
         self.load.start(req.request_id, worker, uncached, now, work)
         if req.session:
@@ -340,7 +347,7 @@ class Router:
         if change.worker not in self.index:
             return
         if change.kind == ChangeKind.INSERT:
-            self.index.insert(change.worker, change.blocks, change.at)
+            self.index.insert(change.worker, change.blocks, change.at, chained=False)  # merged: any blocks
         elif change.kind == ChangeKind.TRIM:
             self.index.trim(change.worker, change.blocks, change.keep)
         elif change.kind == ChangeKind.FORGET_OLDER:

@@ -7,7 +7,7 @@ origin) and randomness (``random.Random``) are always passed in by the caller.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -86,12 +86,15 @@ class Branch(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's choice. ``branch`` names the routing branch taken, for metrics."""
+    """A policy's choice. ``branch`` names the routing branch taken, for metrics. ``Router.route`` adds
+    the prediction and the prompt's estimated engine tokens (``prompt_tokens``; None: not estimated yet,
+    ``Router.dispatched`` then estimates it)."""
 
     worker: str
     branch: Branch
     matched_blocks: int = 0
     predicted_tokens: int = 0
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,9 @@ class Context:
     (token-equivalents, a moving average over dispatched requests; 0 before any), the context length
     at which a prompt token's attention costs as much as its linear layers (``drain.prefill_work``) and
     the engine tokens per token of the request's key (``routing/units.py``: 1 for token ids; a policy
-    that counts tokens multiplies ``prompt_tokens`` and ``block_tokens`` by it)."""
+    that counts tokens multiplies ``prompt_tokens`` and ``block_tokens`` by it). ``fills``: what
+    ``cache.fill`` says of every worker it knows, as one live mapping that a policy reads per candidate
+    without a call (None: call ``cache.fill``; a worker absent from it is empty)."""
 
     now: float
     rng: random.Random
@@ -136,6 +141,7 @@ class Context:
     request_work: float = 0.0
     attention_tokens: float = 32_768.0
     token_scale: float = 1.0
+    fills: Mapping[str, float] | None = None
 
 
 class Policy(Protocol):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TypeVar
 
 from prefix_router.routing.types import WorkerSnapshot
 
 T = TypeVar("T")
+_WEIGHT: Callable[[WorkerSnapshot], float] = attrgetter("weight")
+_IN_FLIGHT: Callable[[WorkerSnapshot], int] = attrgetter("in_flight")
 
 
 def pick_min(items: Sequence[T], key: Callable[[T], float], rng: random.Random) -> T:
@@ -22,8 +25,8 @@ def pick_min(items: Sequence[T], key: Callable[[T], float], rng: random.Random) 
 def load_cap(workers: Sequence[WorkerSnapshot], load_factor: float, slack: int) -> float:
     """Bounded load (CHWBL): no worker may take more than ``load_factor`` x the mean load after this
     request, plus ``slack`` requests so that tiny loads do not force a strict round robin."""
-    total_weight = sum(w.weight for w in workers) or 1.0
-    total = sum(w.in_flight for w in workers) + 1
+    total_weight = sum(map(_WEIGHT, workers)) or 1.0
+    total = sum(map(_IN_FLIGHT, workers)) + 1
     return math.ceil(load_factor * total / total_weight) + slack
 
 

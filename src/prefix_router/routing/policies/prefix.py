@@ -47,7 +47,8 @@ Knobs (``routing.policies.prefix``, ``PrefixKnobs``; defaults): ``load_factor`` 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from pydantic import Field
 
@@ -87,7 +88,7 @@ class PrefixPolicy(NoHooks):
         0 while no typical request size is known yet."""
         if request_work <= 0 or not workers:
             return 0.0
-        waiting = sum(w.prefill_backlog for w in workers) / len(workers) / request_work
+        waiting = sum(map(_BACKLOG, workers)) / len(workers) / request_work
         return self.saturation_weight * delayed_requests(waiting)
 
     def cheapest(
@@ -100,37 +101,38 @@ class PrefixPolicy(NoHooks):
         ctx: Context,
     ) -> tuple[list[WorkerSnapshot], int]:
         """The workers under ``cap`` with the lowest cost, and the longest match among all the workers,
-        in one inlined pass (this runs for every candidate of every request: nothing else walks them)."""
+        in one inlined pass (this runs for every candidate of every request: nothing else walks them;
+        a worker that matches nothing costs a few reads, its prefill work being the same everywhere)."""
         scale = ctx.token_scale  # engine tokens per key token (routing/units.py)
-        prompt, block, best, tied, longest = (
-            req.prompt_tokens * scale,
-            req.block_tokens * scale,
-            math.inf,
-            [],
-            0,
-        )
+        prompt, block = req.prompt_tokens * scale, req.block_tokens * scale
+        best, tied, longest = math.inf, [], 0
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
+        fill = _fill_reader(ctx)
         cold = prefill_work(prompt, 0, attention)  # the work on every worker that matches nothing
+        cold_fill = cache is not None and bool(cold)  # whether a cold worker's cost reads its fill
         hard, cheap = cap * self.hit_cap_factor, ctx.request_work
         held = self.hit_cap_share * prompt
         for w in workers:
-            matched = matches.get(w.name, 0)
-            if matched > longest:
-                longest = matched
-            over = w.in_flight + 1 > cap * w.weight
-            if over and (not matched or w.in_flight + 1 > hard * w.weight):
-                continue
-            if matched:
+            name, flight = w.name, w.in_flight
+            if name in matches and (matched := matches[name]):
+                if matched > longest:
+                    longest = matched
+                over = flight + 1 > cap * w.weight
+                if over and flight + 1 > hard * w.weight:
+                    continue
                 cached = min(prompt, matched * block)
                 work = prefill_work(prompt - cached, cached, attention)
                 if over and (cached < held or work > cheap):
                     continue  # above the cap only for a cheap hit: the prompt held, little work left
+                factor = base + evicting * fill(name, 0.0) if cache is not None and work else base
+            elif flight + 1 > cap * w.weight:
+                continue
             else:
                 work = cold
-            wait = w.prefill_backlog + w.queue_depth * queue_penalty + w.in_flight * flight_penalty
-            factor = base + (evicting * cache.fill(w.name) if cache is not None and work else 0.0)
+                factor = base + evicting * fill(name, 0.0) if cold_fill else base
+            wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
             cost = (wait + factor * work) / w.weight
             if cost < best:
                 best, tied = cost, [w]
@@ -146,6 +148,17 @@ class PrefixPolicy(NoHooks):
             tied, _ = self.cheapest(req, workers, ctx.matches, math.inf, base, ctx)
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
         return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), longest))
+
+
+_BACKLOG: Callable[[WorkerSnapshot], float] = attrgetter("prefill_backlog")
+
+
+def _fill_reader(ctx: Context) -> Callable[[str, float], float]:
+    """``(worker, default) -> fill``: the live mapping's ``get``, or a call of ``ctx.cache.fill``."""
+    if ctx.fills is not None:
+        return ctx.fills.get
+    cache = ctx.cache
+    return lambda worker, _default: cache.fill(worker) if cache is not None else 0.0
 
 
 def delayed_requests(waiting: float) -> float:
