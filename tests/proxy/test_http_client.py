@@ -338,3 +338,22 @@ async def test_reading_pauses_while_the_consumer_lags(raw_server: Any) -> None:
         total += len(chunk)
     assert total == size
     resp.release()
+
+
+async def test_remembered_urls_are_bounded(raw_server: Any) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(OK)
+
+    port, _ = await raw_server(serve)
+    upstream = HttpUpstream(1.0, max_urls=3)
+    for i in range(10):
+        request = UpstreamRequest("GET", f"http://127.0.0.1:{port}/v1/p{i}", {}, b"")
+        response = await upstream.send(request)
+        assert response.status == 200
+        while await response.next_chunk():
+            pass
+        response.release()
+        assert 1 <= upstream.url_count() <= 3
+    await upstream.close()

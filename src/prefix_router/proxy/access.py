@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 
 from prefix_router.protocol import REQUEST_ID_HEADER
-from prefix_router.proxy.logs import ACCESS_LOGGER, Fields, text_value
+from prefix_router.proxy.logs import ACCESS_LOGGER, Fields, LineHandler, text_value
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -82,11 +82,17 @@ def request_id(headers: Mapping[str, str]) -> str | None:
     return value if value is not None and _VALID_ID.fullmatch(value) else None
 
 
-def log_access(note: RequestNote, status: int, now: float) -> None:
-    """One access line; the record is made directly (``Logger.info`` would also look up the caller's
-    frame, a good part of the cost)."""
-    if access_log.isEnabledFor(logging.INFO):
-        line = AccessLine(note.fields(status, now))
+def log_access(note: RequestNote, status: int, now: float, handler: LineHandler | None = None) -> None:
+    """One access line: written by the serving process's ``handler`` directly when nothing else would see
+    the record (``LineHandler.direct``), else as a record made directly (``Logger.info`` would also look
+    up the caller's frame, a good part of the cost)."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    line = AccessLine(note.fields(status, now))
+    direct = handler.direct(access_log) if handler is not None else None
+    if direct is not None:
+        direct.write_info(ACCESS_LOGGER, line)
+    else:
         access_log.handle(access_log.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, line, (), None))
 
 

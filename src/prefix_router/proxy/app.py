@@ -15,7 +15,7 @@ from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import HealthConfig, ScrapeConfig
 from prefix_router.pool.worker import Worker
-from prefix_router.proxy import admin, handlers, http_errors
+from prefix_router.proxy import admin, handlers, http_errors, logs
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
@@ -80,6 +80,7 @@ def build_state(
         clock=clock,
         policies=frozenset(router.policy_names()),
         recorder=build_recorder(config, clock, metrics),
+        log_handler=logs.line_handler(),
     )
 
 

@@ -199,6 +199,8 @@ def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: G
     except ListenError as exc:
         print(f"prefix-router serve: {exc}", file=sys.stderr)
         return 1
+    finally:
+        logs.flush()  # a forked serving process ends with os._exit: no logging.shutdown to write what waits
     return 0
 
 

@@ -17,6 +17,7 @@ from prefix_router.pool.settings import WorkerConfig
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.deadlines import Deadlines
+from prefix_router.proxy.logs import LineHandler
 from prefix_router.proxy.metrics import ProxyMetrics
 from prefix_router.proxy.record import TraceRecorder
 from prefix_router.proxy.upstream import Upstream
@@ -45,6 +46,7 @@ class AppContext:
     clock: Callable[[], float]
     policies: frozenset[str]
     recorder: TraceRecorder | None = None
+    log_handler: LineHandler | None = None  # the process's (``logs.configure``): access lines go there
     deadlines: Deadlines = field(default_factory=Deadlines)
     active: int = 0  # /v1/* requests being handled (the drain waits for them)
     # told of every admin change once it is made here (``serve --processes``: the other processes follow)

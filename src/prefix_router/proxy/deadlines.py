@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
 from types import TracebackType
 
 
@@ -31,16 +30,9 @@ class Cause(enum.Enum):
     EJECTED = "ejected"
 
 
-@dataclass(slots=True)
-class _Wait:
-    worker: str
-    idle_s: float | None  # a stream's idle limit; None: a first-byte wait
-    cause: Cause = Cause.DEADLINE
-
-
 class Deadlines:
     def __init__(self) -> None:
-        self._live: dict[asyncio.Timeout, _Wait] = {}
+        self._live: dict[Watch, None] = {}  # the watches running now, in order
         self.stop_at: float | None = None
 
     @property
@@ -53,7 +45,7 @@ class Deadlines:
     def watch(self, worker: str, when: float, idle_s: float | None = None) -> Watch:
         """``async with deadlines.watch(...)``: like ``asyncio.timeout_at(when)``, but movable. ``idle_s``:
         a stream's wait, whose owner pushes the deadline on by (at most) that much per chunk."""
-        return Watch(self, _Wait(worker, idle_s), when)
+        return Watch(self, worker, idle_s, when)
 
     def cap(self, when: float) -> float:
         return when if self.stop_at is None else min(when, self.stop_at)
@@ -61,87 +53,85 @@ class Deadlines:
     def stop(self, at: float) -> None:
         """Graceful shutdown: nothing waits past ``at`` (loop time)."""
         self.stop_at = at
-        for timeout, wait in self._live.items():
-            if _bring_forward(timeout, at):
-                wait.cause = Cause.SHUTDOWN
+        for watch in self._live:
+            if watch.bring_forward(at):
+                watch.cause = Cause.SHUTDOWN
 
     def eject(self, worker: str, now: float, grace_s: float) -> int:
         """The worker was ejected: its first-byte waits end now, its streams must show a chunk within every
         ``grace_s`` from now on. Returns how many waits were on it."""
-        waits = [(t, w) for t, w in self._live.items() if w.worker == worker]
-        for timeout, wait in waits:
-            if wait.cause is Cause.SHUTDOWN:
+        watches = [w for w in self._live if w.worker == worker]
+        for watch in watches:
+            if watch.cause is Cause.SHUTDOWN:
                 continue
-            wait.cause = Cause.EJECTED
-            if wait.idle_s is None:
-                _bring_forward(timeout, now)
+            watch.cause = Cause.EJECTED
+            if watch.idle_s is None:
+                watch.bring_forward(now)
             else:
-                wait.idle_s = min(wait.idle_s, grace_s)
-                _bring_forward(timeout, now + grace_s)
-        return len(waits)
+                watch.idle_s = min(watch.idle_s, grace_s)
+                watch.bring_forward(now + grace_s)
+        return len(watches)
 
-    def add(self, timeout: asyncio.Timeout, wait: _Wait) -> None:
-        self._live[timeout] = wait
+    def add(self, watch: Watch) -> None:
+        self._live[watch] = None
 
-    def discard(self, timeout: asyncio.Timeout) -> None:
-        self._live.pop(timeout, None)
+    def discard(self, watch: Watch) -> None:
+        self._live.pop(watch, None)
 
 
 class Watch:
-    __slots__ = ("_owner", "_timeout", "_wait", "_when")
+    """One wait on ``worker``: an ``asyncio.Timeout`` while it runs, registered with its ``Deadlines``.
+    ``idle_s``: a stream's idle limit now (an ejection shortens it); ``cause``: why it ended early."""
 
-    def __init__(self, owner: Deadlines, wait: _Wait, when: float) -> None:
+    __slots__ = ("_owner", "_timeout", "_when", "cause", "idle_s", "worker")
+
+    def __init__(self, owner: Deadlines, worker: str, idle_s: float | None, when: float) -> None:
         self._owner = owner
-        self._wait = wait
+        self.worker = worker
+        self.idle_s = idle_s  # None: a first-byte wait
+        self.cause = Cause.DEADLINE
         self._when = when
         self._timeout: asyncio.Timeout | None = None
-
-    @property
-    def cause(self) -> Cause:
-        return self._wait.cause
 
     @property
     def when(self) -> float | None:
         """The deadline now scheduled (None before the watch is entered)."""
         return self._timeout.when() if self._timeout is not None else None
 
-    @property
-    def idle_s(self) -> float | None:
-        """The stream's idle limit now (an ejection shortens it)."""
-        return self._wait.idle_s
-
     def push(self, when: float) -> None:
         """Move this wait's own deadline to ``when`` (later or earlier); never past the shutdown deadline,
         not at all once the shutdown or the deadline ended the wait."""
         timeout = self._timeout
-        if timeout is None or timeout.expired() or self._wait.cause is Cause.SHUTDOWN:
+        if timeout is None or timeout.expired() or self.cause is Cause.SHUTDOWN:
             return
         capped = self._owner.cap(when)
         if capped < when:
-            self._wait.cause = Cause.SHUTDOWN
+            self.cause = Cause.SHUTDOWN
         timeout.reschedule(capped)
+
+    def bring_forward(self, at: float) -> bool:
+        """Reschedule to ``at`` if that is earlier; returns whether it was."""
+        timeout = self._timeout
+        if timeout is None:
+            return False
+        when = timeout.when()
+        if not timeout.expired() and (when is None or at < when):
+            timeout.reschedule(at)
+            return True
+        return False
 
     async def __aenter__(self) -> Watch:
         when = self._owner.cap(self._when)
         if when < self._when:
-            self._wait.cause = Cause.SHUTDOWN
-        self._timeout = asyncio.timeout_at(when)
-        await self._timeout.__aenter__()
-        self._owner.add(self._timeout, self._wait)
+            self.cause = Cause.SHUTDOWN
+        timeout = self._timeout = asyncio.timeout_at(when)
+        await timeout.__aenter__()
+        self._owner.add(self)
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._timeout is not None
-        self._owner.discard(self._timeout)
+        self._owner.discard(self)
         await self._timeout.__aexit__(kind, exc, tb)
-
-
-def _bring_forward(timeout: asyncio.Timeout, at: float) -> bool:
-    """Reschedule ``timeout`` to ``at`` if that is earlier; returns whether it was."""
-    when = timeout.when()
-    if not timeout.expired() and (when is None or at < when):
-        timeout.reschedule(at)
-        return True
-    return False

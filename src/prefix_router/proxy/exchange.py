@@ -85,10 +85,10 @@ class Exchange:
         self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
-        loop = asyncio.get_running_loop()
+        now = asyncio.get_running_loop().time()
         timeouts = state.config.timeouts
-        self.deadline = loop.time() + timeouts.total_s
-        self.first_byte_deadline = min(loop.time() + timeouts.first_byte_s, self.deadline)
+        self.deadline = now + timeouts.total_s
+        self.first_byte_deadline = min(now + timeouts.first_byte_s, self.deadline)
         self.bodies: dict[bool, bytes] | None = None  # tenants.cache_salt: the bodies sent upstream
 
     async def run(self) -> web.StreamResponse:
@@ -117,7 +117,9 @@ class Exchange:
         pool, limits = self.state.pool, self.state.config.limits
         if pool.total_in_flight() >= limits.max_in_flight:  # admit() checked before the body was read
             raise overloaded("the router is at its in-flight cap", limits.retry_after_s)
-        names = [n for n in pool.candidates(self.model, limits.max_in_flight_per_worker) if n not in excluded]
+        names = pool.candidates(self.model, limits.max_in_flight_per_worker)
+        if excluded:
+            names = [n for n in names if n not in excluded]
         if not names:
             return None
         decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
@@ -239,7 +241,7 @@ class Exchange:
 
     # ------------------------------------------------------------------ relaying
 
-    def response_headers(self, opened: Opened) -> Any:
+    def response_headers(self, opened: Opened) -> list[tuple[str, str]]:
         predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
@@ -272,7 +274,7 @@ class Exchange:
         return out
 
     async def send_stream(self, opened: Opened) -> web.StreamResponse:
-        out = web.StreamResponse(status=opened.response.status, headers=self.response_headers(opened))
+        out = RelayResponse(status=opened.response.status, headers=self.response_headers(opened))
         reply = self.reply()
         try:
             await out.prepare(self.request)
@@ -331,6 +333,14 @@ class Exchange:
         message, code = cut
         log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
         await out.write(sse_error(message, code))
+
+
+class RelayResponse(web.StreamResponse):
+    """A relayed stream: its head goes out with its first chunk, in one write (``send_stream`` writes the
+    chunk it already holds right after ``prepare``), instead of a write of its own. aiohttp's
+    ``web.Response`` does the same (this class attribute, ``False`` there)."""
+
+    _send_headers_immediately = False
 
 
 class UpstreamReply(Exception):

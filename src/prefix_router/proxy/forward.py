@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
-from multidict import CIMultiDict
 
 from prefix_router.pool.worker import Worker
 from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER
@@ -49,6 +49,9 @@ _NOT_DOWNSTREAM = HOP_BY_HOP | {
 }
 
 
+_UNSAFE_IN_PATH = re.compile(r"[\x00-\x1f\\]").search  # a control character or a backslash
+
+
 def upstream_url(worker: Worker, path_qs: str) -> str:
     """The worker's base URL joined with a path and query that passed ``safe_path``."""
     return worker.url + path_qs
@@ -63,9 +66,9 @@ def safe_path(path_qs: str) -> bool:
     if not path.startswith("/v1/"):
         return False
     decoded = unquote(path)
-    if "\\" in decoded or any(c < " " for c in decoded):
+    if _UNSAFE_IN_PATH(decoded):
         return False
-    return not any(segment in (".", "..") for segment in decoded.split("/"))
+    return "." not in decoded or not any(segment in (".", "..") for segment in decoded.split("/"))
 
 
 def upstream_headers(
@@ -73,9 +76,13 @@ def upstream_headers(
 ) -> dict[str, str]:
     """Client headers minus hop-by-hop ones; the worker's own credentials replace the client's; the
     request's id (``proxy.access``) replaces the client's ``x-request-id``."""
-    dropped = _NOT_UPSTREAM | connection_tokens(incoming)
-    if incoming.get("Content-Encoding", "").lower() in DECODED_ENCODINGS:
-        dropped |= {"content-encoding"}
+    dropped = _NOT_UPSTREAM
+    named = connection_tokens(incoming)
+    if named:
+        dropped = dropped | named
+    encoding = incoming.get("Content-Encoding")
+    if encoding is not None and encoding.lower() in DECODED_ENCODINGS:
+        dropped = dropped | {"content-encoding"}
     out = {k: v for k, v in incoming.items() if k.lower() not in dropped}
     out["Accept-Encoding"] = "identity"  # bodies cross unchanged and stay readable for accounting
     out["X-Request-Id"] = request_id
@@ -100,22 +107,28 @@ def downstream_headers(
     predicted_tokens: int | None,
     secret: str | None = None,
     request_id: str | None = None,
-) -> CIMultiDict[str]:
+) -> list[tuple[str, str]]:
     """The upstream's headers that matter, plus the request's id and the router's decision headers (none
-    without ``worker``: ``tenants.decision_headers: false``). A header echoing the worker's credential
+    without ``worker``: ``tenants.decision_headers: false``), as (name, value) pairs for an aiohttp
+    response (which makes its own headers object from them). A header echoing the worker's credential
     (``secret``) is dropped."""
-    dropped = _NOT_DOWNSTREAM | connection_tokens(upstream)
-    out: CIMultiDict[str] = CIMultiDict(
-        (k, v) for k, v in upstream.items() if k.lower() not in dropped and not (secret and secret in v)
-    )
+    dropped = _NOT_DOWNSTREAM
+    named = connection_tokens(upstream)
+    if named:
+        dropped = dropped | named
+    if secret:
+        kept = [(k, v) for k, v in upstream.items() if k.lower() not in dropped and secret not in v]
+    else:
+        kept = [(k, v) for k, v in upstream.items() if k.lower() not in dropped]
+    # the router's own headers are never taken from upstream (``_NOT_DOWNSTREAM``): appended, not replaced
     if request_id is not None:
-        out[REQUEST_ID_HEADER] = request_id
+        kept.append((REQUEST_ID_HEADER, request_id))
     if worker is None:
-        return out
-    out[WORKER_HEADER] = worker
+        return kept
+    kept.append((WORKER_HEADER, worker))
     if predicted_tokens is not None:
-        out[MATCH_HEADER] = str(predicted_tokens)
-    return out
+        kept.append((MATCH_HEADER, str(predicted_tokens)))
+    return kept
 
 
 def worker_secret(worker: Worker | None) -> str | None:

@@ -67,7 +67,7 @@ def closed(state: AppContext, note: RequestNote, status: int) -> None:
     """The request is over: count it once (``prefix_router_requests_total``) and log it (``access_log``)."""
     state.metrics.request_done(note.worker, note.model, note.policy, status)
     if state.config.access_log:
-        log_access(note, status, state.clock())
+        log_access(note, status, state.clock(), state.log_handler)
 
 
 def admit(state: AppContext, request: web.Request) -> None:

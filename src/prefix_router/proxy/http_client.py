@@ -132,8 +132,10 @@ class Connection(asyncio.Protocol):
             return
         self.status = status
         self.headers = CIMultiDict(
-            (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-            for n, v in self._raw_headers
+            [
+                (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                for n, v in self._raw_headers
+            ]
         )
         self.reusable = self._parser.should_keep_alive() and status != 101
         if self.head_only:  # a HEAD response's headers describe a body that is not sent
@@ -265,6 +267,7 @@ class HttpUpstream:
         max_idle_per_host: int = 256,
         idle_timeout_s: float = 4.0,
         max_hosts: int = 1024,
+        max_urls: int = 4096,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
         self._max_idle = max_idle_per_host
@@ -272,10 +275,13 @@ class HttpUpstream:
         self._max_hosts = max_hosts
         self._idle: OrderedDict[Key, deque[Connection]] = OrderedDict()
         self._ssl: ssl.SSLContext | None = None
+        # URLs already split (a worker's few paths, every request): emptied when full, so bounded
+        self._max_urls = max_urls
+        self._urls: dict[str, tuple[Key, str, str]] = {}
 
     async def send(self, request: UpstreamRequest) -> HttpResponse:
-        key, target = split_url(request.url)
-        head = encode_head(request, key, target)
+        key, target, authority = self._split(request.url)
+        head = encode_head(request, key, target, authority)
         head_only = request.method == "HEAD"
         conn = self._take_idle(key)
         if conn is not None:
@@ -287,6 +293,19 @@ class HttpUpstream:
             return await self._exchange(await self._connect(key), head, request.body, head_only)
         except _Stale:
             raise UpstreamError(FailureKind.IO, "connection closed before any response") from None
+
+    def _split(self, url: str) -> tuple[Key, str, str]:
+        """``split_url`` and the ``Host`` header's value, remembered per URL."""
+        found = self._urls.get(url)
+        if found is None:
+            key, target = split_url(url)
+            if len(self._urls) >= self._max_urls:
+                self._urls.clear()
+            found = self._urls[url] = (key, target, host_header(key))
+        return found
+
+    def url_count(self) -> int:
+        return len(self._urls)
 
     async def _exchange(self, conn: Connection, head: bytes, body: bytes, head_only: bool) -> HttpResponse:
         try:
@@ -381,22 +400,27 @@ def split_netloc(netloc: str, default_port: int) -> tuple[str, int]:
     return netloc, default_port
 
 
-def encode_head(request: UpstreamRequest, key: Key, target: str) -> bytes:
-    """The request line and headers. A header with CR, LF or NUL is refused (no header injection): the
-    request fails before anything is sent (a failure of this worker, retried elsewhere)."""
+def host_header(key: Key) -> str:
+    """The ``Host`` header's value for (scheme, host, port): the port only when not the scheme's default."""
     scheme, host, port = key
     default = 443 if scheme == "https" else 80
-    authority = host if port == default else f"{host}:{port}"
     if ":" in host:
-        authority = f"[{host}]" if port == default else f"[{host}]:{port}"
+        return f"[{host}]" if port == default else f"[{host}]:{port}"
+    return host if port == default else f"{host}:{port}"
+
+
+def encode_head(request: UpstreamRequest, key: Key, target: str, authority: str | None = None) -> bytes:
+    """The request line and headers (``authority``: ``host_header(key)``, if already known). A header with
+    CR, LF or NUL is refused (no header injection): the request fails before anything is sent (a failure of
+    this worker, retried elsewhere)."""
+    if authority is None:
+        authority = host_header(key)
     lines = [f"{request.method} {target} HTTP/1.1", f"Host: {authority}"]
     lines += [f"{k}: {v}" for k, v in request.headers.items()]
-    if any(not _safe(line) for line in lines):
+    head = "\r\n".join(lines)
+    breaks = len(lines) - 1  # a CR or LF anywhere else is inside a line
+    if head.count("\n") != breaks or head.count("\r") != breaks or "\0" in head:
         raise UpstreamError(FailureKind.CONNECT, UNENCODABLE)
     if request.body or request.method in ("POST", "PUT", "PATCH"):
-        lines.append(f"Content-Length: {len(request.body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-
-
-def _safe(text: str) -> bool:
-    return "\r" not in text and "\n" not in text and "\0" not in text
+        head += f"\r\nContent-Length: {len(request.body)}"
+    return (head + "\r\n\r\n").encode("utf-8", "surrogateescape")

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 MAX_SESSION_CHARS = 128
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Parsed:
     """A routable request: the raw bytes to forward and what the router made of them."""
 
@@ -38,8 +38,12 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
     try:
-        async with asyncio.timeout(timeout_s):
-            raw = await request.read()
+        content = request.content
+        if content.is_eof():  # all of it came with the head: nothing to wait for, one join
+            raw = content.read_nowait()
+        else:
+            async with asyncio.timeout(timeout_s):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(limit) from None
     except TimeoutError:

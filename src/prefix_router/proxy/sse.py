@@ -36,33 +36,36 @@ class ReplyAccumulator:
 
     def feed(self, chunk: bytes) -> None:
         """Consume one relayed SSE chunk (any split of the byte stream)."""
-        self._pending += chunk
         if b"\n" not in chunk:
+            self._pending += chunk
             self._check_line_bound()
             return
-        *lines, rest = self._pending.split(b"\n")
-        self._pending = bytearray(rest)
+        if self._pending:
+            self._pending += chunk
+            chunk = bytes(self._pending)
+            self._pending.clear()
+        lines = chunk.split(b"\n")
+        rest = lines.pop()
         for line in lines:
-            self._line(bytes(line))
-        self._check_line_bound()
+            if not line.startswith(b"data:"):  # blank lines, comments and other fields carry nothing here
+                continue
+            payload = line[5:].strip()
+            if not payload or payload == b"[DONE]":
+                continue
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            if type(event) is dict:
+                self.take(event, delta=True)
+        if rest:
+            self._pending += rest
+            self._check_line_bound()
 
     def _check_line_bound(self) -> None:
         if len(self._pending) > self._max_line:
             self._pending.clear()
             self.overflow = True
-
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            return
-        try:
-            event = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(event, dict):
-            self.take(event, delta=True)
 
     # ------------------------------------------------------------------ bodies and events
 
@@ -77,34 +80,39 @@ class ReplyAccumulator:
 
     def take(self, event: Mapping[str, Any], delta: bool) -> None:
         if isinstance(event.get("usage"), dict):
-            self.usage_body = dict(event)
+            self.usage_body = event if type(event) is dict else dict(event)
         choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        if not choices or type(choices) is not list:
             return
-        choice: dict[str, Any] = choices[0]
-        if choice.get("index", 0) != 0:
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("index", 0) != 0:
             return
-        if self._endpoint == "completions":
+        if self._endpoint == "chat":
+            message = choice.get("delta" if delta else "message")
+            if type(message) is dict:
+                self._message(message)
+        elif self._endpoint == "completions":
             self._text(choice.get("text"))
-        elif self._endpoint == "chat":
-            self._message(choice.get("delta" if delta else "message"))
 
-    def _message(self, message: Any) -> None:
-        if not isinstance(message, dict):
-            return
-        if any(isinstance(message.get(k), str) and message[k] for k in ("reasoning_content", "reasoning")):
-            self.reasoned = True
+    def _message(self, message: dict[str, Any]) -> None:
+        if message.get("reasoning_content") or message.get("reasoning"):
+            reasoning = (message.get("reasoning_content"), message.get("reasoning"))
+            if any(isinstance(r, str) and r for r in reasoning):
+                self.reasoned = True
         self._text(message.get("content"))
         calls = message.get("tool_calls")
-        if isinstance(calls, list):
+        if calls and isinstance(calls, list):
             for position, call in enumerate(calls):
                 if isinstance(call, dict):
                     self._tool_call(position, call)
 
     def _text(self, text: Any) -> None:
-        if isinstance(text, str) and text:
-            self._add_chars(len(text))
-            if not self.overflow:
+        if text and type(text) is str:
+            self.chars += len(text)
+            if self.chars > self._max_chars:
+                self.overflow = True
+                self._parts.clear()
+            elif not self.overflow:
                 self._parts.append(text)
 
     def _tool_call(self, position: int, delta: dict[str, Any]) -> None:

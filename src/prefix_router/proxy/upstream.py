@@ -33,7 +33,7 @@ class UpstreamError(Exception):
         self.kind: FailureKind = kind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamRequest:
     method: str
     url: str
