@@ -184,3 +184,25 @@ async def test_a_full_receive_queue_keeps_datagrams_for_later_within_a_bound(
     assert len(a.peers[1].backlog) == 5 and a.counters.publish_failures > 0
     await a.stop()
     await b.stop()
+
+
+async def test_whole_chains_arrive_as_such_and_keep_the_match_bisected(kit: Any, short_dir: Path) -> None:
+    """A run of one span goes out as one merged insert marked whole chains: the other process keeps the
+    worker chain-closed (bisected match); an older span without what was touched later does not."""
+    clock = Clock()
+    a, b = await pair(kit, short_dir, clock)
+    worker = kit.dispatch(a.router, "r1", kit.prefix(1, 6), clock.now, finish=False)
+    for i in range(2, 5):
+        clock.now += 0.001
+        kit.dispatch(a.router, f"r{i}", kit.prefix(1, 3) + kit.prefix(i, 2), clock.now, candidates=[worker])
+    assert a.flush_once() >= 4 and b.read_once() == 1
+    assert b.router.index.match(kit.prefix(1, 6)) == {worker: 6}
+    assert not b.router.index.is_loose(worker)
+    kit.dispatch(a.router, "r5", kit.prefix(1, 6) + kit.prefix(9, 2), clock.now, candidates=[worker])
+    clock.now += 1.0  # the next insert is another span: the older one goes out without what it re-touches
+    kit.dispatch(a.router, "r6", kit.prefix(1, 6), clock.now, candidates=[worker])
+    a.flush()
+    b.read_once()
+    assert b.router.index.is_loose(worker)
+    await a.stop()
+    await b.stop()

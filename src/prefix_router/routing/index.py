@@ -210,6 +210,10 @@ class PrefixIndex:
     def tokens_of(self, worker: str) -> int:
         return round(self.blocks_of(worker) * self.block_value(worker))
 
+    def is_loose(self, worker: str) -> bool:
+        """Whether ``worker`` may hold a block without its parent (matched block by block, ``match``)."""
+        return worker in self._loose_left
+
     def fill(self, worker: str) -> float:
         """The fraction of ``worker``'s capacity its entries use (1.0: full, an insert evicts)."""
         return self.fills.get(worker, 0.0)
