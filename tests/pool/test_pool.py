@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import WorkerConfig
 from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 
@@ -102,3 +105,39 @@ def test_ejection_keeps_the_in_flight_count_and_the_cap(pool: WorkerPool, router
     for req in reqs:
         router.finished(req, "w1", Outcome(), now=1.0)
     assert pool.in_flight("w1") == 0 and pool.total_in_flight() == 0
+
+
+worker_states = st.lists(
+    st.tuples(
+        st.booleans(),  # healthy
+        st.booleans(),  # draining
+        st.integers(0, 3),  # in flight
+        st.sets(st.sampled_from("xy"), max_size=2),  # configured models
+        st.one_of(st.none(), st.sets(st.sampled_from("xyz"), max_size=3)),  # listed models
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(worker_states, st.one_of(st.none(), st.sampled_from("xyz")), st.integers(0, 4))
+def test_candidates_are_the_available_serving_workers_below_the_cap(
+    states: list[tuple[bool, bool, int, set[str], set[str] | None]], model: str | None, cap: int
+) -> None:
+    """``candidates`` inlines ``Worker.available`` and ``Worker.serves`` (per request and worker): it must
+    keep saying exactly what they say."""
+    router = Router(RoutingSettings())
+    pool = WorkerPool(router, max_workers=8)
+    for i, (healthy, draining, in_flight, configured, listed) in enumerate(states):
+        worker = pool.add(WorkerConfig(url=f"http://w{i}:8000", name=f"w{i}", models=sorted(configured)))
+        worker.health.healthy, worker.draining = healthy, draining
+        worker.listed_models = None if listed is None else {m: {"id": m} for m in listed}
+        for j in range(in_flight):
+            req = RouteRequest(f"r{i}-{j}", (), 16, 0, hash_key=0)
+            router.dispatched(req, Decision(worker.name, "t"), 0.0)
+    expected = [
+        w.name
+        for w in pool
+        if w.available and pool.in_flight(w.name) < cap and (model is None or w.serves(model))
+    ]
+    assert pool.candidates(model, cap) == expected
