@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefix_router.replication.coalesce import MAX_SPAN_S, coalesce
-from prefix_router.routing.hashing import chain_blocks
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.router import ChangeKind, IndexChange
+from support.index import chain, walked_match
 
 WORKERS = ("a", "b", "c")
 
@@ -121,23 +121,6 @@ def test_a_long_run_keeps_its_times_span_by_span() -> None:
     assert [(c.blocks, c.at) for c in out] == [((1, 2), 2.0), ((3, 4, 5), 10.0)]
 
 
-def chain(*ids: int) -> tuple[int, ...]:
-    """Chained block hashes of the ids (a block names its whole prefix), as the router inserts them."""
-    return chain_blocks(b"".join(i.to_bytes(8, "little") for i in ids), 8, seed=7)
-
-
-def walked(idx: PrefixIndex, probe: tuple[int, ...]) -> dict[str, int]:
-    """The definition of a match: each worker's leading run of held blocks, block by block."""
-    out = {}
-    for worker in WORKERS:
-        depth = 0
-        while depth < len(probe) and idx.holds(worker, probe[depth]):
-            depth += 1
-        if depth:
-            out[worker] = depth
-    return out
-
-
 chains = st.lists(st.integers(0, 2), min_size=1, max_size=10)  # few ids: chains share and extend prefixes
 
 
@@ -163,7 +146,7 @@ def test_chained_merged_inserts_keep_the_bisected_match_exact(
     for change in coalesce(changes, max_blocks=max_blocks):
         idx.insert(change.worker, change.blocks, change.at, chained=change.chained)
         for probe in probes:
-            assert idx.match(probe) == walked(idx, probe)
+            assert idx.match(probe) == walked_match(idx, probe)
 
 
 def test_only_whole_chains_go_out_chained() -> None:

@@ -3,17 +3,12 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.hashing import chain_blocks
 from prefix_router.routing.index import PrefixIndex
+from support.index import chain, walked_match
 
 
 def make_index(cap_tokens: int = 1_000, total: int = 10_000, ttl: float = 1e9) -> PrefixIndex:
     return PrefixIndex(block_tokens=10, default_capacity_tokens=cap_tokens, max_total_blocks=total, ttl_s=ttl)
-
-
-def chain(*ids: int) -> tuple[int, ...]:
-    """Chained block hashes of the ids, one 8-byte block each."""
-    return chain_blocks(b"".join(i.to_bytes(8, "little") for i in ids), 8, seed=7)
 
 
 def reference_match(held: dict[str, set[int]], blocks: tuple[int, ...]) -> dict[str, int]:
@@ -239,11 +234,6 @@ def test_the_global_cap_always_evicts_a_fullest_worker(
         sizes = [index.blocks_of(w) for w in index.workers()]
         assert len(index) == sum(sizes) <= 25
         assert all(index.blocks_of(w) <= index.capacity_blocks(w) for w in index.workers())
-
-
-def walked_match(index: PrefixIndex, blocks: tuple[int, ...]) -> dict[str, int]:
-    """The definition of a match, block by block over each worker's own entries (no masks, no bisection)."""
-    return reference_match({w: {b for b in blocks if index.holds(w, b)} for w in index.workers()}, blocks)
 
 
 shared_ops = st.lists(
