@@ -52,7 +52,7 @@ def encode_change(change: IndexChange, age: float) -> bytes:
     """One change (raises CodecError for an unknown kind, an over-long name or a block outside u64)."""
     name = change.worker.encode("utf-8")
     code = _KIND_CODES.get(change.kind)
-    if code == 0 and change.chained:
+    if change.kind == ChangeKind.INSERT and change.chained:
         code = CHAINED_INSERT
     if code is None:
         raise CodecError(f"unknown change kind {change.kind!r}")
