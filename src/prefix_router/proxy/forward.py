@@ -76,10 +76,7 @@ def upstream_headers(
 ) -> dict[str, str]:
     """Client headers minus hop-by-hop ones; the worker's own credentials replace the client's; the
     request's id (``proxy.access``) replaces the client's ``x-request-id``."""
-    dropped = _NOT_UPSTREAM
-    named = connection_tokens(incoming)
-    if named:
-        dropped = dropped | named
+    dropped = hop_by_hop(incoming, _NOT_UPSTREAM)
     encoding = incoming.get("Content-Encoding")
     if encoding is not None and encoding.lower() in DECODED_ENCODINGS:
         dropped = dropped | {"content-encoding"}
@@ -93,12 +90,13 @@ def upstream_headers(
     return out
 
 
-def connection_tokens(headers: Mapping[str, str]) -> frozenset[str]:
-    """Headers named in ``Connection`` are hop-by-hop too."""
+def hop_by_hop(headers: Mapping[str, str], always: frozenset[str]) -> frozenset[str]:
+    """The (lower-case) header names not to forward: ``always``, and those that ``Connection`` names (it
+    is the same set, not a copy, when there is no ``Connection`` header: the usual case, per request)."""
     value = headers.get("Connection")
     if not value:
-        return frozenset()
-    return frozenset(token.strip().lower() for token in value.split(","))
+        return always
+    return always | {token.strip().lower() for token in value.split(",")}
 
 
 def downstream_headers(
@@ -112,10 +110,7 @@ def downstream_headers(
     without ``worker``: ``tenants.decision_headers: false``), as (name, value) pairs for an aiohttp
     response (which makes its own headers object from them). A header echoing the worker's credential
     (``secret``) is dropped."""
-    dropped = _NOT_DOWNSTREAM
-    named = connection_tokens(upstream)
-    if named:
-        dropped = dropped | named
+    dropped = hop_by_hop(upstream, _NOT_DOWNSTREAM)
     if secret:
         kept = [(k, v) for k, v in upstream.items() if k.lower() not in dropped and secret not in v]
     else:
