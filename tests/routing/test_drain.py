@@ -92,14 +92,15 @@ def test_the_table_holds_one_entry_per_known_worker() -> None:
     st.floats(0, 10),
 )
 def test_the_one_pass_backlogs_equal_remaining(events: list[tuple[str, str, float]], later: float) -> None:
-    """``fill_backlogs`` (the per-request pass over the candidates) says what ``remaining`` says."""
+    """``refresh`` (the per-request pass over the busy workers' live snapshots) says what ``remaining``
+    says, of every worker (an unknown one's snapshot stays idle)."""
     drain = PrefillDrain()
-    for worker in ("w0", "w1", "w2"):
-        drain.add_worker(worker)
+    snaps = [WorkerSnapshot(w) for w in ("w0", "w1", "w2", "unknown")]
+    for snap in snaps[:3]:
+        drain.add_worker(snap.name, snap)
     now = 0.0
     for kind, worker, work in events:
         now += 0.01
         {"d": drain.dispatched, "f": drain.first_token, "a": drain.abandoned}[kind](worker, work, now)
-    snaps = [WorkerSnapshot(w) for w in ("w0", "w1", "w2", "unknown")]
-    drain.fill_backlogs(snaps, now + later)
+    drain.refresh(now + later)
     assert [s.prefill_backlog for s in snaps] == [drain.remaining(s.name, now + later) for s in snaps]

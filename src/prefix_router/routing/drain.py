@@ -23,7 +23,6 @@ these units one drain rate fits short and long prompts alike. Bounded: one entry
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prefix_router.routing.types import WorkerSnapshot
@@ -100,24 +99,10 @@ class PrefillDrain:
         left = state.estimate - self.rate(worker) * max(0.0, now - state.estimate_at)
         return min(state.pending, max(0.0, left))
 
-    def fill_backlogs(self, snaps: Sequence[WorkerSnapshot], now: float) -> None:
-        """``snap.prefill_backlog = remaining(snap.name, now)`` for each snapshot, in one pass (this runs
-        for every candidate of every request; an idle worker costs one lookup)."""
-        workers = self._workers
-        fleet = self._rate_sum / self._rated if self._rated else 0.0
-        for snap in snaps:
-            state = workers.get(snap.name)
-            if state is None or state.pending <= 0:
-                snap.prefill_backlog = 0.0
-                continue
-            rate = state.rate if state.rate > 0 else fleet
-            left = state.estimate - rate * max(0.0, now - state.estimate_at)
-            snap.prefill_backlog = min(state.pending, max(0.0, left))
-
     def refresh(self, now: float) -> None:
         """Each worker's live snapshot's ``prefill_backlog = remaining(worker, now)``: computed for the
         workers with pending work only (an idle worker's is set to 0 when it becomes idle), so a decision
-        pays for the busy workers, not for every candidate (``fill_backlogs`` for other snapshots)."""
+        pays for the busy workers, not for every candidate."""
         fleet = self._rate_sum / self._rated if self._rated else 0.0
         for state, snap in self._busy.values():  # ``remaining``'s min and max, inlined (the same floats)
             rate, elapsed, left = state.rate, now - state.estimate_at, state.estimate
