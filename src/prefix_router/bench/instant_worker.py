@@ -3,7 +3,9 @@
 ``python -m prefix_router.bench.instant_worker --port P`` serves ``/v1/chat/completions`` and
 ``/v1/completions`` (a fixed short reply; streams of ``--chunks`` SSE events), ``/v1/models`` and
 ``/health`` (and the ``/server_info``, ``/model_info`` that sglang-router asks), with no work at all,
-so that any latency seen through the router is the router's.
+so that any latency seen through the router is the router's. Its listen backlog is the router's (2048):
+with aiohttp's default (128), a proxy opening a few hundred upstream connections at once overflowed it,
+and the dropped SYNs came back a second later (TCP's retransmission), a 1 s tail that was the worker's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 from prefix_router.proxy.server import loop_factory
 
 MODEL = "instant"
+BACKLOG = 2048  # as the router's server (proxy/server.py)
 _USAGE = {"prompt_tokens": 100, "completion_tokens": 8, "total_tokens": 108}
 
 
@@ -86,11 +89,18 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--event-loop", default="uvloop", choices=["uvloop", "asyncio"])
+    parser.add_argument("--backlog", type=int, default=BACKLOG, help="listen backlog (connections)")
     args = parser.parse_args()
     loop = loop_factory(args.event_loop)()
     asyncio.set_event_loop(loop)
     web.run_app(
-        build_app(args.chunks), host="127.0.0.1", port=args.port, loop=loop, access_log=None, print=None
+        build_app(args.chunks),
+        host="127.0.0.1",
+        port=args.port,
+        loop=loop,
+        access_log=None,
+        print=None,
+        backlog=args.backlog,
     )
 
 

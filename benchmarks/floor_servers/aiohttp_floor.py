@@ -1,0 +1,77 @@
+"""Floor server for ``benchmarks/floor.py``: aiohttp's web server (the one prefix-router ships on) around
+a handler that reads the body, forwards it to one worker through the project's upstream client
+(``proxy.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a ``Content-Length``
+answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging (aiohttp's access
+log off), no metrics, on uvloop: a measuring instrument, not product code.
+
+    python benchmarks/floor_servers/aiohttp_floor.py --port 8001 --upstream http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import uvloop
+from aiohttp import web
+
+from prefix_router.proxy.http_client import HttpUpstream
+from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
+
+BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'
+
+
+def build_app(base: str) -> web.Application:
+    upstream = HttpUpstream(connect_timeout_s=5.0)
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        content_type = request.headers.get("Content-Type", "application/json")
+        sent = UpstreamRequest(request.method, base + request.path_qs, {"Content-Type": content_type}, body)
+        try:
+            response = await upstream.send(sent)
+        except UpstreamError:
+            return web.Response(status=502, body=BAD_GATEWAY, headers={"Content-Type": "application/json"})
+        try:
+            answer = await relay(request, response)
+        except BaseException:
+            response.abort()
+            raise
+        response.release()
+        return answer
+
+    async def close(app: web.Application) -> None:
+        await upstream.close()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    app.on_cleanup.append(close)
+    return app
+
+
+async def relay(request: web.Request, response: UpstreamResponse) -> web.StreamResponse:
+    headers = {"Content-Type": response.headers.get("Content-Type", "application/octet-stream")}
+    if "Content-Length" in response.headers:
+        pieces = []
+        while chunk := await response.next_chunk():
+            pieces.append(chunk)
+        return web.Response(status=response.status, body=b"".join(pieces), headers=headers)
+    out = web.StreamResponse(status=response.status, headers=headers)
+    await out.prepare(request)
+    while chunk := await response.next_chunk():
+        await out.write(chunk)
+    await out.write_eof()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
+    args = parser.parse_args()
+    loop = uvloop.new_event_loop()
+    app = build_app(args.upstream.rstrip("/"))
+    web.run_app(app, host="127.0.0.1", port=args.port, loop=loop, access_log=None, print=None, backlog=2048)
+
+
+if __name__ == "__main__":
+    main()
