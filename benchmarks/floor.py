@@ -10,9 +10,8 @@ the worker, each as its own process:
 - ``floor-protocol``: ``asyncio.Protocol`` + llhttp (``httptools``) + the same client, uvloop
   (``floor_servers/protocol_floor.py``);
 - ``floor-granian``: granian (Rust server, RSGI) + the same client (``floor_servers/granian_floor.py``),
-  only with ``--granian-python`` (granian in its own venv under /tmp, never the project's):
-  ``python3.11 -m venv /tmp/granian && /tmp/granian/bin/pip install granian==2.8.7 uvloop==0.23.0
-  httptools==0.9.0 multidict==7.2.1 orjson==3.13.0``;
+  granian from the dev dependencies (``--granian-python`` picks another interpreter; ``--granian-python ""``
+  leaves the row out);
 - ``prefix-router``: ``serve --processes 1 --policy prefix`` as shipped (access log on), and with
   ``--set access_log=false``;
 - ``sglang-router``: ``cache_aware``, from its own venv (``--peer-python``), as ``bench-overhead`` starts it;
@@ -33,7 +32,7 @@ core against sglang-router's CPU. The machine's listen-backlog overflows during 
 too (a dropped SYN is a one-second stall that is nobody's CPU).
 
     python benchmarks/floor.py --requests 3000 --rounds 3 --peer-python /tmp/i15-peers/bin/python \
-        --granian-python /tmp/i17-granian/bin/python --shim /tmp/i17-nodelay-shim.so
+        --shim /tmp/i17-nodelay-shim.so
 
 ``--targets``, ``--prompt-chars``, ``--concurrency`` and ``--kinds`` pick a subset (``direct`` is always
 measured: it is the yardstick of added latency); ``--no-core`` skips the in-process part.
@@ -343,7 +342,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stream-chunks", type=int, default=8)
     p.add_argument("--targets", default=",".join(TARGETS), help=f"a subset of {','.join(TARGETS)}")
     p.add_argument("--peer-python", default=PEER_PYTHON, help="the Python of sglang-router's own venv")
-    p.add_argument("--granian-python", default="", help="the Python of granian's own venv (else no row)")
+    p.add_argument(
+        "--granian-python", default=sys.executable, help="a Python with granian (dev extra); '' = no row"
+    )
     p.add_argument("--shim", default="", help="built benchmarks/nodelay_shim.c: adds sglang-router+nodelay")
     p.add_argument("--core-workers", default="1,16", help="routing-core cost at these worker counts")
     p.add_argument("--core-cycles", type=int, default=3000, help="cycles timed per core setting, all rounds")
