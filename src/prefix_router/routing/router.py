@@ -332,7 +332,7 @@ class Router:
     def _insert(self, worker: str, blocks: tuple[int, ...], now: float) -> None:
         if not blocks or worker not in self.index:
             return
-        self.index.insert(worker, blocks, now)
+        self.index.insert_chain(worker, blocks, now)  # a request's key or its extension: one chain
         self._emit(IndexChange(ChangeKind.INSERT, worker, blocks, at=now))
 
     def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> int:
