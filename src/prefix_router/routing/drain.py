@@ -23,6 +23,7 @@ these units one drain rate fits short and long prompts alike. Bounded: one entry
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from prefix_router.routing.types import WorkerSnapshot
@@ -59,6 +60,10 @@ class PrefillDrain:
         self._rated = 0
         self._snaps: dict[str, WorkerSnapshot] = {}  # live snapshots whose backlog ``refresh`` keeps
         self._busy: dict[str, tuple[_Worker, WorkerSnapshot]] = {}  # those of the workers with pending work
+        # busy workers whose backlog ``refresh`` found at 0 with a rate of their own: it stays 0 as time
+        # goes on until their next event (``_track``), so ``refresh`` skips them (all again if time goes back)
+        self._drained: dict[str, tuple[_Worker, WorkerSnapshot]] = {}
+        self._drained_at = -math.inf  # the latest time one of them was found drained
         self.mean_work = 0.0
 
     def add_worker(self, worker: str, snap: WorkerSnapshot | None = None) -> None:
@@ -70,6 +75,7 @@ class PrefillDrain:
 
     def remove_worker(self, worker: str) -> None:
         self._busy.pop(worker, None)
+        self._drained.pop(worker, None)
         self._snaps.pop(worker, None)
         state = self._workers.pop(worker, None)
         if state is not None and state.rate > 0:
@@ -102,14 +108,29 @@ class PrefillDrain:
     def refresh(self, now: float) -> None:
         """Each worker's live snapshot's ``prefill_backlog = remaining(worker, now)``: computed for the
         workers with pending work only (an idle worker's is set to 0 when it becomes idle), so a decision
-        pays for the busy workers, not for every candidate."""
+        pays for the busy workers, not for every candidate; and among those, not for the drained ones: at a
+        rate of its own (the fleet's may fall), a backlog found at 0 stays 0 for any later time (``left``
+        only falls as ``now`` grows) until the worker's next event."""
+        if now < self._drained_at:  # time went back: the drained ones may not be drained then
+            self._busy.update(self._drained)
+            self._drained.clear()
         fleet = self._rate_sum / self._rated if self._rated else 0.0
-        for state, snap in self._busy.values():  # ``remaining``'s min and max, inlined (the same floats)
+        drained: list[str] = []
+        for worker, (state, snap) in self._busy.items():  # ``remaining``'s min and max, inlined (same floats)
             rate, elapsed, left = state.rate, now - state.estimate_at, state.estimate
             if elapsed > 0.0:
                 left -= (rate if rate > 0 else fleet) * elapsed
             pending = state.pending
-            snap.prefill_backlog = (left if left < pending else pending) if left > 0.0 else 0.0
+            if left > 0.0:
+                snap.prefill_backlog = left if left < pending else pending
+            else:
+                snap.prefill_backlog = 0.0
+                if rate > 0:
+                    drained.append(worker)
+        if drained:
+            self._drained_at = now
+            for worker in drained:
+                self._drained[worker] = self._busy.pop(worker)
 
     def _track(self, worker: str, state: _Worker) -> None:
         """After ``state.pending`` changed: a worker with pending work is busy (``refresh`` computes its
@@ -117,6 +138,7 @@ class PrefillDrain:
         snap = self._snaps.get(worker)
         if snap is None:
             return
+        self._drained.pop(worker, None)
         if state.pending > 0:
             self._busy[worker] = (state, snap)
         else:
