@@ -11,11 +11,13 @@ Then, per ``--prompt-chars``, a chat prompt fully indexed on 3 workers is timed,
 - ``route``: the decision (``Router.route`` over every worker as candidate);
 - ``cycle``: what a routed request costs the core in all: route, dispatched, first_token and finished
   with an outcome reporting cached and prompt tokens and the prompt extended by a two-block reply (as the
-  proxy's ``keys.extend`` gives it).
+  proxy's ``keys.extend`` gives it);
+- ``key``: the routing key the proxy builds per request: ``keys.build`` of the chat body (a system and a
+  user message) and ``keys.extend`` by a reply.
 
 Printed: the p50 wall time per call of each core (microseconds, over all rounds) and the ratio; and the
-number of decisions on which the two cores disagreed (worker, branch, matched blocks, predicted tokens),
-which must be 0 for a change that keeps decisions.
+number of decisions on which the two cores disagreed (worker, branch, matched blocks, predicted tokens)
+or whose keys (blocks, extension) differ, which must be 0 for a change that keeps decisions.
 
     python benchmarks/route_core.py --before 853e261
 """
@@ -115,6 +117,11 @@ class Core:
         body = {"model": "m", "messages": [{"role": "user", "content": text}]}
         return self.router.keys.build("chat", body, request_id=request_id)
 
+    def key(self, body: dict[str, Any], reply: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        keys = self.router.keys
+        req = keys.build("chat", body, request_id="k")
+        return req.blocks, keys.extend(req, "chat", body, reply)
+
     def hit(self, chars: int) -> Any:
         req = self.build(chars, 2, "hit")
         for worker in self.names[:HIT_WORKERS]:
@@ -154,21 +161,28 @@ def compare(cores: dict[str, Core], chars: int, rounds: int, repeats: int) -> di
     reqs = {name: core.hit(chars) for name, core in cores.items()}
     first = next(iter(reqs.values()))
     extra = tuple(random.Random(chars).getrandbits(64) for _ in range(2))
-    times: dict[str, dict[str, list[float]]] = {n: {"route": [], "cycle": []} for n in cores}
+    times: dict[str, dict[str, list[float]]] = {n: {"route": [], "cycle": [], "key": []} for n in cores}
     decided: dict[str, list[Any]] = {n: [] for n in cores}
+    keyed: dict[str, list[Any]] = {n: [] for n in cores}
+    text = random_text(rng_for("route-core", 3, chars), chars // 4 + 1)[:chars]
+    body = {"model": "m", "messages": [{"role": "system", "content": "Answer briefly."},
+                                       {"role": "user", "content": text}], "max_tokens": 64}  # fmt: skip
+    reply = {"role": "assistant", "content": random_text(rng_for("route-core", 4, 300), 80)[:300]}
     for _ in range(rounds):
         for name, core in cores.items():
             req = reqs[name]
             _timed(lambda c=core, r=req: c.route(r), repeats, times[name]["route"], decided[name])  # type: ignore[misc]
             ext = req.blocks + extra
             _timed(lambda c=core, r=req, e=ext: c.cycle(r, e), repeats, times[name]["cycle"], decided[name])  # type: ignore[misc]
+            _timed(lambda c=core: c.key(body, reply), repeats, times[name]["key"], keyed[name])  # type: ignore[misc]
     names = list(cores)
     differ = sum(_key(a) != _key(b) for a, b in zip(decided[names[0]], decided[names[1]], strict=True))
+    differ += sum(a != b for a, b in zip(keyed[names[0]], keyed[names[1]], strict=True))
     return {
         "blocks": len(first.blocks),
         "p50": {n: {k: statistics.median(v) for k, v in t.items()} for n, t in times.items()},
         "differ": differ,
-        "decisions": len(decided[names[0]]),
+        "decisions": len(decided[names[0]]) + len(keyed[names[0]]),
     }
 
 
@@ -186,7 +200,8 @@ def main() -> int:
         before = core_at(args.before, Path(tmp))
         print(f"routing core: {args.before} (before) vs this tree (now); p50 us per call, before/now")
         print(f"{'workers':>7} {'chars':>6} {'blocks':>6} {'route before':>12} {'now':>6} {'ratio':>6}"
-              f" {'cycle before':>12} {'now':>6} {'ratio':>6}  decisions differing")  # fmt: skip
+              f" {'cycle before':>12} {'now':>6} {'ratio':>6} {'key before':>10} {'now':>6} {'ratio':>6}"
+              "  decisions and keys differing")  # fmt: skip
         for workers in args.workers:
             cores = {
                 "before": Core(before, workers, args.blocks, args.busy),
@@ -197,7 +212,8 @@ def main() -> int:
                 b, n = r["p50"]["before"], r["p50"]["now"]
                 print(f"{workers:>7} {chars:>6} {r['blocks']:>6} {b['route']:>12.1f} {n['route']:>6.1f}"
                       f" {b['route'] / n['route']:>5.2f}x {b['cycle']:>12.1f} {n['cycle']:>6.1f}"
-                      f" {b['cycle'] / n['cycle']:>5.2f}x  {r['differ']} of {r['decisions']}")  # fmt: skip
+                      f" {b['cycle'] / n['cycle']:>5.2f}x {b['key']:>10.1f} {n['key']:>6.1f}"
+                      f" {b['key'] / n['key']:>5.2f}x  {r['differ']} of {r['decisions']}")  # fmt: skip
     return 0
 
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefix_router.routing.drain import PrefillDrain, prefill_work
@@ -104,3 +104,48 @@ def test_the_one_pass_backlogs_equal_remaining(events: list[tuple[str, str, floa
         {"d": drain.dispatched, "f": drain.first_token, "a": drain.abandoned}[kind](worker, work, now)
     drain.refresh(now + later)
     assert [s.prefill_backlog for s in snaps] == [drain.remaining(s.name, now + later) for s in snaps]
+
+
+DRAINED_THEN_EARLIER = [("d", "w0", 1000, 0.0), ("f", "w0", 1000, 0.5), ("d", "w0", 1000, 0.0)]
+DRAINED_THEN_EARLIER += [("r", "w0", 1, 0.5), ("r", "w0", 1, -0.2)]  # 0 at t=1.0, 400 at t=0.8
+FLEET_RATE_FALLS = [("d", "w0", 1000, 0.0), ("d", "w2", 1, 0.0), ("f", "w0", 1000, 0.5)]
+FLEET_RATE_FALLS += [("d", "w1", 1000, 0.0), ("r", "w0", 1, 0.5)]  # w1 (no rate) at 0 by the fleet's
+FLEET_RATE_FALLS += [("f", "w2", 1, 0.0), ("r", "w0", 1, 0.001)]  # w2 learns 1/s: w1 has work left again
+FLEET_FALLS_BETWEEN = [("d", "w0", 1000, 0.0), ("f", "w0", 1000, 0.5), ("d", "w1", 1000, 0.0)]
+FLEET_FALLS_BETWEEN += [("r", "w0", 1, 0.5), ("d", "w2", 3000, 0.0), ("f", "w2", 3000, 0.5)]  # w1 at 2000/s
+FLEET_FALLS_BETWEEN += [("d", "w3", 2000, 0.0), ("d", "w4", 1500, 0.0), ("r", "w0", 1, 0.5)]  # w3 at 4000/s
+FLEET_FALLS_BETWEEN += [("f", "w4", 1500, 0.0), ("r", "w0", 1, 0.001)]  # fleet 3667/s: w3 has work again
+
+
+@settings(max_examples=300, deadline=None)
+@example(DRAINED_THEN_EARLIER)
+@example(FLEET_RATE_FALLS)
+@example(FLEET_FALLS_BETWEEN)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["d", "d", "f", "a", "r", "r", "r"]),
+            st.sampled_from(["w0", "w1", "w2"]),
+            st.floats(1, 5000),
+            st.sampled_from([0.0, 0.001, 0.01, 0.5, 3.0, -0.2]),  # time steps (a few back)
+        ),
+        max_size=60,
+    )
+)
+def test_backlogs_refreshed_between_events_always_equal_remaining(
+    events: list[tuple[str, str, float, float]],
+) -> None:
+    """Refreshes between the events, as time goes on (and sometimes back): the drained workers that
+    ``refresh`` skips still say what ``remaining`` says, until and after their next event."""
+    drain = PrefillDrain(alpha=0.5)
+    snaps = [WorkerSnapshot(w) for w in ("w0", "w1", "w2", "w3", "w4")]
+    for snap in snaps:
+        drain.add_worker(snap.name, snap)
+    now = 0.0
+    for kind, worker, work, step in events:
+        now += step
+        if kind == "r":
+            drain.refresh(now)
+            assert [s.prefill_backlog for s in snaps] == [drain.remaining(s.name, now) for s in snaps]
+        else:
+            {"d": drain.dispatched, "f": drain.first_token, "a": drain.abandoned}[kind](worker, work, now)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -299,3 +301,61 @@ def test_a_trim_that_cuts_another_chain_is_matched_block_by_block() -> None:
     assert index.holds("a", chain(1, 2, 3, 4)[-1])
     index.insert("a", chain(1, 2, 3), now=2)  # the parents again: the whole chain matches
     assert index.match(chain(1, 2, 3, 4)) == {"a": 4}
+
+
+def index_state(index: PrefixIndex) -> tuple[object, ...]:
+    """Everything an insert may change, orders included (LRU order, size buckets' order)."""
+    lrus = {w: list(lru.items()) for w, lru in index._lru.items()}
+    buckets = {size: list(workers) for size, workers in index._by_size.items()}
+    return (index._holders, lrus, len(index), index.fills, buckets, index.evictions, index._loose,
+            index._loose_left)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@example([("insert", "a", [0, 1, 2, 0, 1], 0), ("trim", "a", [5, 5, 5], 4)], [[0, 1, 2, 0, 1, 2]], None)
+@example([("insert", "a", [0, 1, 2], 0)], [[0, 1, 2, 1], [0, 1], [2, 2]], 2)
+@given(
+    shared_ops,
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=16), min_size=1, max_size=6),
+    st.sampled_from([None, None, 3]),
+)
+def test_inserting_one_chain_changes_the_index_as_insert_does(
+    operations: list[tuple[str, str, list[int], int]], probes: list[list[int]], max_prefix: int | None
+) -> None:
+    """``insert_chain`` (the held prefix found by bisection, no membership test per block) leaves exactly
+    the index ``insert`` leaves, on chain-closed and loose workers, whatever the history (holes by trims,
+    merged block lists, evictions by capacity and the global cap, expiry), and for lists that are not one
+    chain (a chain's tail, reversed, behind another block) too."""
+    index = PrefixIndex(block_tokens=10, default_capacity_tokens=120, max_total_blocks=40, ttl_s=30,
+                        max_prefix_blocks=max_prefix)  # fmt: skip
+    inserted: list[list[int]] = []
+    for step, (op, worker, ids, keep) in enumerate(operations):
+        if worker not in index:
+            index.add_worker(worker)
+        blocks = chain(*ids)
+        if op == "insert":
+            index.insert_chain(worker, blocks, now=float(step))
+            inserted = [ids, *inserted[:7]]
+        elif op == "merged":
+            index.insert(worker, blocks[keep // 2 :: 1 + keep % 3], now=float(step), chained=False)
+        elif op == "trim" and inserted and keep % 3:
+            index.trim(worker, chain(*inserted[keep % len(inserted)][: len(ids)]), keep // 3)
+        elif op == "trim":
+            index.trim(worker, blocks, keep)
+        elif op == "capacity":
+            index.learn_capacity(worker, keep + 1)
+        elif op == "expire":
+            index.expire(float(step) + keep)
+        else:
+            index.remove_worker(worker)
+    now = float(len(operations))
+    chains = [chain(*ids) for ids in [*probes, *(old + new for old in inserted[:3] for new in probes[:2])]]
+    chains += [chain(*ids) for ids in inserted]
+    not_chains = [blocks[1:] for blocks in chains] + [blocks[::-1] for blocks in chains]  # exact too
+    not_chains += [(*chain(9), *blocks) for blocks in chains]  # an unheld block before a held chain
+    for blocks in chains + not_chains:
+        for worker in index.workers():
+            one, other = copy.deepcopy(index), copy.deepcopy(index)
+            one.insert(worker, blocks, now)
+            other.insert_chain(worker, blocks, now)
+            assert index_state(other) == index_state(one)

@@ -5,15 +5,17 @@ clearly exceeds the recomputation."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap
-from prefix_router.routing.policies.prefix import PrefixKnobs, delayed_requests
+from prefix_router.routing.policies.prefix import PrefixKnobs, PrefixPolicy, delayed_requests
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, Outcome, RouteRequest, WorkerSnapshot
@@ -160,3 +162,90 @@ def test_no_worker_ever_exceeds_the_cap_under_one_hot_long_prefix(
         assert chosen.in_flight + 1 <= limit, (decision, [s.in_flight for s in before], cap)
         router.dispatched(req, decision, float(step))
         live.append((req, decision.worker))
+
+
+class Fills:
+    """A cache view with a fill per worker."""
+
+    def __init__(self, fills: dict[str, float]) -> None:
+        self.fills = fills
+
+    def fill(self, worker: str) -> float:
+        return self.fills.get(worker, 0.0)
+
+
+def reference_cheapest(
+    policy: PrefixPolicy,
+    req: RouteRequest,
+    workers: list[WorkerSnapshot],
+    ctx: Context,
+    cap: float,
+    base: float,
+) -> tuple[list[str], int]:
+    """The header's cost, worker by worker, nothing skipped: what ``cheapest`` must find."""
+    prompt, block = req.prompt_tokens * ctx.token_scale, req.block_tokens * ctx.token_scale
+    costs: list[tuple[float, str]] = []
+    for w in workers:
+        matched = ctx.matches.get(w.name, 0)
+        cached = min(prompt, matched * block)
+        work = prefill_work(prompt - cached, cached, ctx.attention_tokens)
+        over = w.in_flight + 1 > cap * w.weight
+        cheap_hit = (
+            matched > 0
+            and w.in_flight + 1 <= cap * policy.hit_cap_factor * w.weight
+            and cached >= policy.hit_cap_share * prompt
+            and work <= ctx.request_work
+        )
+        if over and not cheap_hit:
+            continue
+        fill = ctx.cache.fill(w.name) if ctx.cache is not None and work else 0.0
+        factor = base + policy.recompute_weight * fill if ctx.cache is not None and work else base
+        wait = w.prefill_backlog + w.queue_depth * policy.queue_penalty_tokens
+        wait += w.in_flight * policy.in_flight_penalty_tokens
+        costs.append(((wait + factor * work) / w.weight, w.name))
+    best = min((cost for cost, _ in costs), default=math.inf)
+    longest = max((ctx.matches.get(w.name, 0) for w in workers), default=0)
+    return [name for cost, name in costs if cost == best], longest
+
+
+WORKER = st.tuples(
+    st.integers(min_value=0, max_value=6),  # in flight
+    st.sampled_from([0.0, 0.0, 100.0, 1_000.0, 5_000.5, 20_000.0]),  # prefill backlog
+    st.integers(min_value=0, max_value=2),  # engine queue
+    st.sampled_from([1.0, 1.0, 1.0, 0.5, 2.0]),  # weight
+    st.sampled_from([0.0, 0.0, 0.3, 1.0]),  # fill
+    st.sampled_from([0, 0, 0, 0, 3, 20, 40]),  # matched blocks
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(WORKER, min_size=1, max_size=12),
+    prompt=st.integers(min_value=0, max_value=700),
+    base=st.sampled_from([1.0, 1.5, 3.0]),
+    request_work=st.sampled_from([0.0, 50.0, 400.0]),
+    with_fills=st.booleans(),
+)
+def test_cheapest_finds_the_reference_costs_minimum(
+    rows: list[tuple[int, float, int, float, float, int]],
+    prompt: int,
+    base: float,
+    request_work: float,
+    with_fills: bool,
+) -> None:
+    """``cheapest`` (one inlined pass that skips a cold worker whose cost with an empty cache already loses)
+    ties exactly the workers of the lowest reference cost, in candidate order, and finds the longest match."""
+    workers = [
+        WorkerSnapshot(f"w{i}", weight=weight, in_flight=flight, prefill_backlog=backlog, queue_depth=queue)
+        for i, (flight, backlog, queue, weight, _, _) in enumerate(rows)
+    ]
+    fills = {f"w{i}": row[4] for i, row in enumerate(rows)}
+    matches = {f"w{i}": row[5] for i, row in enumerate(rows) if row[5]}
+    req = RouteRequest("r", tuple(range(40)), 16, prompt, 0)
+    context = Context(0.0, random.Random(0), matches, Fills(fills), request_work, 2_000.0, 1.0)
+    if with_fills:
+        context.fills = fills
+    policy = PrefixPolicy(CFG)
+    cap = load_cap(workers, CFG.load_factor, CFG.load_slack)
+    tied, longest = policy.cheapest(req, workers, matches, cap, base, context)
+    assert ([w.name for w in tied], longest) == reference_cheapest(policy, req, workers, context, cap, base)

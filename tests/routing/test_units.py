@@ -18,7 +18,17 @@ from prefix_router.routing.canonical import MEDIA
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings, UnitSettings
 from prefix_router.routing.types import Outcome, RouteRequest
-from prefix_router.routing.units import CHUNK, CLAMP, TokenUnits, count_classes, count_marks, count_prefix
+from prefix_router.routing.units import (
+    CHUNK,
+    CLAMP,
+    ContentFit,
+    ContentValue,
+    TokenUnits,
+    _inverse3,
+    count_classes,
+    count_marks,
+    count_prefix,
+)
 
 BLOCKS = 100  # blocks of 16 nominal tokens (64 characters at 4 per token)
 
@@ -366,3 +376,68 @@ def test_the_router_values_a_match_by_the_content_of_its_own_blocks() -> None:
     assert got[True]["shared"][1] < got[True]["agent"][1] / 2  # the system prompt only
     predicted, truth = got[False]["agent"]  # one value, a lower bound over prose and JSON alike ...
     assert predicted < 0.8 * truth  # ... leaves most of the tool list's tokens out
+
+
+class LoopFit:
+    """The content fit's moving moments and solution written as loops over the classes (the definition
+    ``ContentFit``'s unrolled code must follow float for float)."""
+
+    def __init__(self) -> None:
+        self.samples, self.size, self.yy, self.y = 0, 0.0, 0.0, 0.0
+        self.xx, self.xy = [0.0] * 9, [0.0] * 3
+        self.value: ContentValue | None = None
+
+    def add(self, x: tuple[float, float, float], y: float, size: int, alpha: float, spread: float) -> None:
+        self.samples += 1
+        a = max(alpha, 1.0 / self.samples)
+        self.size += a * (size - self.size)
+        for i in range(3):
+            self.xy[i] += a * (x[i] * y - self.xy[i])
+            for j in range(3):
+                self.xx[3 * i + j] += a * (x[i] * x[j] - self.xx[3 * i + j])
+        self.yy += a * (y * y - self.yy)
+        self.y += a * (y - self.y)
+        effective = min(float(self.samples), (2.0 - alpha) / alpha)
+        ridge = spread * spread
+        inv = _inverse3([self.xx[k] + (ridge if k % 4 == 0 else 0.0) for k in range(9)])
+        if inv is None or self.y <= 0:
+            return
+        b = [self.xy[i] + ridge * self.y for i in range(3)]
+        coef = (
+            inv[0] * b[0] + inv[1] * b[1] + inv[2] * b[2],
+            inv[3] * b[0] + inv[4] * b[1] + inv[5] * b[2],
+            inv[6] * b[0] + inv[7] * b[1] + inv[8] * b[2],
+        )
+        fitted = sum(coef[i] * self.xy[i] for i in range(3))
+        second = sum(coef[i] * coef[j] * self.xx[3 * i + j] for i in range(3) for j in range(3))
+        deviation = math.sqrt(max(0.0, self.yy - 2.0 * fitted + second)) / self.y
+        self.value = ContentValue(coef, deviation, tuple(v / effective for v in inv), self.size)
+
+
+SHARE = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@given(
+    st.lists(
+        st.tuples(SHARE, SHARE, SHARE, st.floats(0.01, 2.0), st.integers(1, 100_000)), min_size=1, max_size=60
+    ),
+    st.sampled_from([1 / 32, 0.5, 1.0]),
+    st.sampled_from([0.0, 0.01, 0.3]),
+)
+def test_the_unrolled_content_fit_is_the_loops_float_for_float(
+    samples: list[tuple[float, float, float, float, int]], alpha: float, spread: float
+) -> None:
+    fit, loops = ContentFit(), LoopFit()
+    for word, punct, space, y, size in samples:
+        total = word + punct + space or 1.0
+        x = (word / total, punct / total, space / total)
+        fit.add(x, y, size, alpha, spread)
+        loops.add(x, y, size, alpha, spread)
+        assert (fit.xx, fit.xy, fit.yy, fit.y, fit.size) == (
+            loops.xx,
+            loops.xy,
+            loops.yy,
+            loops.y,
+            loops.size,
+        )
+        assert repr(fit.value) == repr(loops.value)

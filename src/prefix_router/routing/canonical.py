@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -58,6 +58,11 @@ PROMPT_OPTIONS = (
     "truncate_prompt_tokens",
     "suffix",
 )
+
+
+def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, a JSON object (a dict) first: the ABC check costs 10x the type's."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def digest(value: object) -> str:
@@ -179,7 +184,7 @@ def message_text(msg: object, i: int, keep_reasoning: bool) -> str:
     """Role, then each non-empty field behind its tag, then ``RS`` (few separators: a key in token blocks
     then counts about as many tokens per message as templates write)."""
     param = f"messages[{i}]"
-    if not isinstance(msg, Mapping):
+    if not is_mapping(msg):
         raise InvalidRequest("each message must be an object", param)
     role = msg.get("role")
     if not isinstance(role, str):
@@ -206,7 +211,7 @@ def messages_of(body: Mapping[str, Any]) -> list[Any]:
 def last_user_index(messages: Sequence[Any]) -> int:
     for i in range(len(messages) - 1, -1, -1):
         msg = messages[i]
-        if isinstance(msg, Mapping) and msg.get("role") == "user":
+        if is_mapping(msg) and msg.get("role") == "user":
             return i
     return -1
 
@@ -258,7 +263,7 @@ def chat_text(
     in token blocks (see ``_tojson``)."""
     messages = [*messages_of(body), *extra]
     first = messages[0]
-    start = 1 if isinstance(first, Mapping) and first.get("role") in SYSTEM_ROLES else 0
+    start = 1 if is_mapping(first) and first.get("role") in SYSTEM_ROLES else 0
     last_user = last_user_index(messages)
     head = message_text(first, 0, last_user < 0) if start else ""
     rest = [message_text(m, i, i > last_user) for i, m in enumerate(messages[start:], start)]

@@ -23,6 +23,7 @@ these units one drain rate fits short and long prompts alike. Bounded: one entry
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from prefix_router.routing.types import WorkerSnapshot
@@ -49,6 +50,9 @@ class _Worker:
     rate: float = 0.0  # learned work per second (0: unknown)
 
 
+_Entry = tuple[_Worker, WorkerSnapshot]  # a busy worker's state and live snapshot
+
+
 class PrefillDrain:
     def __init__(self, alpha: float = 0.1) -> None:
         if not 0.0 < alpha <= 1.0:
@@ -58,7 +62,14 @@ class PrefillDrain:
         self._rate_sum = 0.0
         self._rated = 0
         self._snaps: dict[str, WorkerSnapshot] = {}  # live snapshots whose backlog ``refresh`` keeps
-        self._busy: dict[str, tuple[_Worker, WorkerSnapshot]] = {}  # those of the workers with pending work
+        self._busy: dict[str, _Entry] = {}  # those of the workers with pending work
+        # busy workers whose backlog ``refresh`` found at 0, at a rate of their own or at the fleet's: it
+        # stays 0 as time goes on until their next event (``_track``) or, for the latter, until the fleet's
+        # rate falls below the highest it was drained at; ``refresh`` skips them (all if time goes back)
+        self._drained: dict[str, _Entry] = {}
+        self._fleet_drained: dict[str, _Entry] = {}
+        self._drained_at = -math.inf  # the latest time one of them was found drained
+        self._drained_fleet = -math.inf  # the highest fleet rate one of the latter was found drained at
         self.mean_work = 0.0
 
     def add_worker(self, worker: str, snap: WorkerSnapshot | None = None) -> None:
@@ -70,6 +81,8 @@ class PrefillDrain:
 
     def remove_worker(self, worker: str) -> None:
         self._busy.pop(worker, None)
+        self._drained.pop(worker, None)
+        self._fleet_drained.pop(worker, None)
         self._snaps.pop(worker, None)
         state = self._workers.pop(worker, None)
         if state is not None and state.rate > 0:
@@ -102,14 +115,44 @@ class PrefillDrain:
     def refresh(self, now: float) -> None:
         """Each worker's live snapshot's ``prefill_backlog = remaining(worker, now)``: computed for the
         workers with pending work only (an idle worker's is set to 0 when it becomes idle), so a decision
-        pays for the busy workers, not for every candidate."""
+        pays for the busy workers, not for every candidate; and among those, not for the drained ones: a
+        backlog found at 0 stays 0 at any later time (``left`` only falls as ``now`` grows) until the
+        worker's next event, or, at the fleet's rate, until that rate falls."""
         fleet = self._rate_sum / self._rated if self._rated else 0.0
-        for state, snap in self._busy.values():  # ``remaining``'s min and max, inlined (the same floats)
+        if now < self._drained_at:  # time went back: the drained ones may not be drained then
+            self._wake(self._drained)
+        if now < self._drained_at or fleet < self._drained_fleet:
+            self._wake(self._fleet_drained)
+            self._drained_fleet = -math.inf
+        own: list[str] = []
+        by_fleet: list[str] = []
+        for worker, (state, snap) in self._busy.items():  # ``remaining``'s min and max, inlined (same floats)
             rate, elapsed, left = state.rate, now - state.estimate_at, state.estimate
             if elapsed > 0.0:
                 left -= (rate if rate > 0 else fleet) * elapsed
             pending = state.pending
-            snap.prefill_backlog = (left if left < pending else pending) if left > 0.0 else 0.0
+            if left > 0.0:
+                snap.prefill_backlog = left if left < pending else pending
+            else:
+                snap.prefill_backlog = 0.0
+                (own if rate > 0 else by_fleet).append(worker)
+        if own or by_fleet:
+            self._rest(own, self._drained, now)
+            self._rest(by_fleet, self._fleet_drained, now)
+            if by_fleet:
+                self._drained_fleet = max(self._drained_fleet, fleet)
+
+    def _rest(self, workers: list[str], drained: dict[str, _Entry], now: float) -> None:
+        """``workers`` (busy) were found drained at ``now``: skipped by ``refresh`` from now on."""
+        busy = self._busy
+        for worker in workers:
+            drained[worker] = busy.pop(worker)
+        self._drained_at = now
+
+    def _wake(self, drained: dict[str, _Entry]) -> None:
+        """The ``drained`` workers are computed by ``refresh`` again."""
+        self._busy.update(drained)
+        drained.clear()
 
     def _track(self, worker: str, state: _Worker) -> None:
         """After ``state.pending`` changed: a worker with pending work is busy (``refresh`` computes its
@@ -117,6 +160,8 @@ class PrefillDrain:
         snap = self._snaps.get(worker)
         if snap is None:
             return
+        self._drained.pop(worker, None)
+        self._fleet_drained.pop(worker, None)
         if state.pending > 0:
             self._busy[worker] = (state, snap)
         else:

@@ -262,7 +262,7 @@ class KeyBuilder:
         session: str | None = None,
     ) -> RouteRequest:
         """Validate ``body`` and reduce it to a ``RouteRequest`` (raises ``InvalidRequest``)."""
-        if not isinstance(body, Mapping):
+        if not canonical.is_mapping(body):
             raise InvalidRequest("the request body must be a JSON object")
         template = self.template_for(endpoint, body)
         if template is not None:

@@ -332,8 +332,9 @@ class Router:
     def _insert(self, worker: str, blocks: tuple[int, ...], now: float) -> None:
         if not blocks or worker not in self.index:
             return
-        self.index.insert(worker, blocks, now)
-        self._emit(IndexChange(ChangeKind.INSERT, worker, blocks, at=now))
+        self.index.insert_chain(worker, blocks, now)  # a request's key or its extension: one chain
+        if self.on_change is not None:  # built for a listener only (twice per request, ~1 us each)
+            self._emit(IndexChange(ChangeKind.INSERT, worker, blocks, at=now))
 
     def _trim(self, worker: str, blocks: tuple[int, ...], keep: int, now: float) -> int:
         if len(blocks) <= keep:

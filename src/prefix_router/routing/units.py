@@ -141,10 +141,10 @@ class ContentFit:
         self.samples += 1
         a = max(alpha, 1.0 / self.samples)
         self.size += a * (size - self.size)
-        for i in range(3):
-            self.xy[i] += a * (x[i] * y - self.xy[i])
-            for j in range(3):
-                self.xx[3 * i + j] += a * (x[i] * x[j] - self.xx[3 * i + j])
+        x0, x1, x2 = x  # the moments unrolled (each one's update as a loop over i, j would write it)
+        self.xy = [m + a * (p - m) for m, p in zip(self.xy, (x0 * y, x1 * y, x2 * y), strict=True)]
+        products = (x0 * x0, x0 * x1, x0 * x2, x1 * x0, x1 * x1, x1 * x2, x2 * x0, x2 * x1, x2 * x2)
+        self.xx = [m + a * (p - m) for m, p in zip(self.xx, products, strict=True)]
         self.yy += a * (y * y - self.yy)
         self.y += a * (y - self.y)
         effective = min(float(self.samples), (2.0 - alpha) / alpha)  # of a moving average of weight alpha
@@ -155,19 +155,20 @@ class ContentFit:
         not vary keep the common value); the residual deviation from the moments, relative to the average
         tokens per byte. A coefficient may be negative: a class can stand for text the template drops (a
         template that ignores tools drops their JSON); the value of a span is clamped, never negative."""
-        inv = _inverse3([self.xx[k] + (ridge if k % 4 == 0 else 0.0) for k in range(9)])
+        xx, xy = self.xx, self.xy  # unrolled: the sums over i (and j) in the order of i, j
+        inv = _inverse3([v + (ridge if k % 4 == 0 else 0.0) for k, v in enumerate(xx)])
         if inv is None or self.y <= 0:
             return
-        b = [self.xy[i] + ridge * self.y for i in range(3)]
-        coef = (
-            inv[0] * b[0] + inv[1] * b[1] + inv[2] * b[2],
-            inv[3] * b[0] + inv[4] * b[1] + inv[5] * b[2],
-            inv[6] * b[0] + inv[7] * b[1] + inv[8] * b[2],
-        )
-        fitted = sum(coef[i] * self.xy[i] for i in range(3))
-        second = sum(coef[i] * coef[j] * self.xx[3 * i + j] for i in range(3) for j in range(3))
+        pull = ridge * self.y
+        b0, b1, b2 = xy[0] + pull, xy[1] + pull, xy[2] + pull
+        c0 = inv[0] * b0 + inv[1] * b1 + inv[2] * b2
+        c1 = inv[3] * b0 + inv[4] * b1 + inv[5] * b2
+        c2 = inv[6] * b0 + inv[7] * b1 + inv[8] * b2
+        fitted = sum((c0 * xy[0], c1 * xy[1], c2 * xy[2]))
+        second = sum((c0 * c0 * xx[0], c0 * c1 * xx[1], c0 * c2 * xx[2], c1 * c0 * xx[3], c1 * c1 * xx[4],
+                      c1 * c2 * xx[5], c2 * c0 * xx[6], c2 * c1 * xx[7], c2 * c2 * xx[8]))  # fmt: skip
         deviation = math.sqrt(max(0.0, self.yy - 2.0 * fitted + second)) / self.y
-        self.value = ContentValue(coef, deviation, tuple(v / effective for v in inv), self.size)
+        self.value = ContentValue((c0, c1, c2), deviation, tuple([v / effective for v in inv]), self.size)
 
 
 def _inverse3(m: list[float]) -> list[float] | None:

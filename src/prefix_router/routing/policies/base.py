@@ -25,9 +25,25 @@ def pick_min(items: Sequence[T], key: Callable[[T], float], rng: random.Random) 
 def load_cap(workers: Sequence[WorkerSnapshot], load_factor: float, slack: int) -> float:
     """Bounded load (CHWBL): no worker may take more than ``load_factor`` x the mean load after this
     request, plus ``slack`` requests so that tiny loads do not force a strict round robin."""
-    total_weight = sum(map(_WEIGHT, workers)) or 1.0
-    total = sum(map(_IN_FLIGHT, workers)) + 1
-    return math.ceil(load_factor * total / total_weight) + slack
+    return cap_of(sum(map(_WEIGHT, workers)), sum(map(_IN_FLIGHT, workers)), load_factor, slack)
+
+
+def cap_of(total_weight: float, in_flight: int, load_factor: float, slack: int) -> float:
+    """``load_cap`` of workers whose weights sum to ``total_weight``, in-flight requests to ``in_flight``."""
+    return math.ceil(load_factor * (in_flight + 1) / (total_weight or 1.0)) + slack
+
+
+def load_totals(workers: Sequence[WorkerSnapshot]) -> tuple[float, int, float]:
+    """The workers' total weight, in-flight requests and prefill backlog, in one pass: an inline copy of the
+    sums of ``load_cap`` and of the ``prefix`` policy's saturation (``sum(map(...))`` each), for a policy that
+    needs all three (one loop reads the three fields; three ``sum(map(attrgetter))`` cost twice as much).
+    The same additions in the same order, so the same floats (``tests/routing/test_policy_base.py``)."""
+    weight, flight, backlog = 0.0, 0, 0.0
+    for w in workers:
+        weight += w.weight
+        flight += w.in_flight
+        backlog += w.prefill_backlog
+    return weight, flight, backlog
 
 
 def under_cap(worker: WorkerSnapshot, cap: float) -> bool:

@@ -53,7 +53,7 @@ from operator import attrgetter
 from pydantic import Field
 
 from prefix_router.routing.drain import prefill_work
-from prefix_router.routing.policies.base import NoHooks, load_cap
+from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
 from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
@@ -86,10 +86,13 @@ class PrefixPolicy(NoHooks):
     def saturation(self, workers: Sequence[WorkerSnapshot], request_work: float) -> float:
         """``saturation_weight x`` the requests delayed by a token of prefill placed now (see the header);
         0 while no typical request size is known yet."""
+        return self.saturation_of(sum(map(_BACKLOG, workers)), len(workers), request_work)
+
+    def saturation_of(self, backlog: float, workers: int, request_work: float) -> float:
+        """``saturation`` of ``workers`` candidates whose prefill backlogs sum to ``backlog``."""
         if request_work <= 0 or not workers:
             return 0.0
-        waiting = sum(map(_BACKLOG, workers)) / len(workers) / request_work
-        return self.saturation_weight * delayed_requests(waiting)
+        return self.saturation_weight * delayed_requests(backlog / workers / request_work)
 
     def cheapest(
         self,
@@ -114,6 +117,7 @@ class PrefixPolicy(NoHooks):
         cold_fill = cache is not None and bool(cold)  # whether a cold worker's cost reads its fill
         hard, cheap = cap * self.hit_cap_factor, ctx.request_work
         held = self.hit_cap_share * prompt
+        base_cold = base * cold  # a cold worker's ``factor x work`` with an empty cache
         for w in workers:
             name, flight = w.name, w.in_flight
             if name in matches and (matched := matches[name]):
@@ -127,12 +131,15 @@ class PrefixPolicy(NoHooks):
                 if over and (cached < held or work > cheap):
                     continue  # above the cap only for a cheap hit: the prompt held, little work left
                 factor = base + evicting * fill(name, 0.0) if cache is not None and work else base
+                wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
             elif flight + 1 > cap * w.weight:
                 continue
             else:
+                wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
+                if cold_fill and (wait + base_cold) / w.weight > best:
+                    continue  # its cost with an empty cache already loses: no need to read its fill
                 work = cold
                 factor = base + evicting * fill(name, 0.0) if cold_fill else base
-            wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
             cost = (wait + factor * work) / w.weight
             if cost < best:
                 best, tied = cost, [w]
@@ -141,8 +148,9 @@ class PrefixPolicy(NoHooks):
         return tied, longest
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        base = 1.0 + self.saturation(workers, ctx.request_work)
-        cap = load_cap(workers, self.load_factor, self.load_slack)
+        weight, flight, backlog = load_totals(workers)  # the sums of ``saturation`` and ``load_cap``
+        base = 1.0 + self.saturation_of(backlog, len(workers), ctx.request_work)
+        cap = cap_of(weight, flight, self.load_factor, self.load_slack)
         tied, longest = self.cheapest(req, workers, ctx.matches, cap, base, ctx)
         if not tied:
             tied, _ = self.cheapest(req, workers, ctx.matches, math.inf, base, ctx)
