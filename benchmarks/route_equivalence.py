@@ -144,8 +144,11 @@ class Trial:
         i, cut = self.rng.randrange(min(len(c) for c in self.changes)), self.rng.randrange(64)
         for (r, _), changes in zip(self.cores, self.changes, strict=True):
             change = changes[i]
-            blocks = change.blocks[cut % (len(change.blocks) + 1) :]
-            r.apply(dataclasses.replace(change, blocks=blocks, at=self.now))
+            start = cut % (len(change.blocks) + 1)
+            fields: dict[str, object] = {"blocks": change.blocks[start:], "at": self.now}
+            if start and getattr(change, "chained", False):
+                fields["chained"] = False  # a chain's tail is not a whole chain (IndexChange's contract)
+            r.apply(dataclasses.replace(change, **fields))
 
 
 def main() -> int:

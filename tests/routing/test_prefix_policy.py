@@ -128,6 +128,16 @@ def test_the_delayed_requests_grow_without_bound_with_the_queue() -> None:
     assert values[-1] > 10 * 10
 
 
+@given(st.floats(min_value=1e-6, max_value=1e150, allow_nan=False))
+def test_the_delayed_requests_stay_finite_and_match_the_queue_model(waiting: float) -> None:
+    """W / (1 - rho) with rho the root of rho^2 = W (1 - rho): finite and exact to float precision for
+    any queue a scrape or an accounting slip could report (the direct form divided by zero past ~3e8)."""
+    delayed = delayed_requests(waiting)
+    assert math.isfinite(delayed) and delayed >= waiting
+    idle = waiting / delayed  # 1 - rho: the utilisation rho the value implies
+    assert (1.0 - idle) ** 2 == pytest.approx(waiting * idle, rel=1e-9)
+
+
 @pytest.mark.parametrize("hit_cap_factor", [1.0, 2.0])
 @settings(max_examples=40, deadline=None)
 @given(

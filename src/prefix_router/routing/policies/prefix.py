@@ -172,11 +172,15 @@ def _fill_reader(ctx: Context) -> Callable[[str, float], float]:
 def delayed_requests(waiting: float) -> float:
     """Requests delayed by work added to a queue holding ``waiting`` requests: those that will arrive
     before it drains, W / (1 - rho), with the utilisation rho of an M/M/1 queue of that length
-    (W = rho^2 / (1 - rho)). 0 for an empty queue; grows without bound as the queue does."""
+    (W = rho^2 / (1 - rho)). 0 for an empty queue; grows without bound as the queue does.
+
+    With s = sqrt(W^2 + 4W), rho = (s - W) / 2 and 1 - rho = 4W / (s + W)^2, so W / (1 - rho) =
+    (s + W)^2 / 4: written that way, without the subtraction that cancels to 0 for a long queue (the
+    direct form lost all precision near W = 1e7 and divided by zero from about 3e8)."""
     if waiting <= 0:
         return 0.0
-    rho = (math.sqrt(waiting * waiting + 4.0 * waiting) - waiting) / 2.0
-    return waiting / (1.0 - rho)
+    root = math.sqrt(waiting * waiting + 4.0 * waiting)
+    return (root + waiting) * (root + waiting) / 4.0
 
 
 def _branch(matched: int, best: int) -> Branch:
