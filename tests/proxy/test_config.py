@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
 
-from prefix_router.proxy.config import load_config
+from prefix_router.proxy.config import Config, load_config, set_dotted
 from prefix_router.settings import ConfigError
 
 YAML = """
@@ -210,6 +212,13 @@ def test_tenant_isolation_defaults_to_on_with_several_tenants(
     settings: dict[str, object], isolated: bool
 ) -> None:
     assert load_config(env={}, overrides=settings).routing.keys.isolate_tenants is isolated
+    data: dict[str, Any] = {}
+    for key, value in settings.items():
+        set_dotted(data, key, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pydantic warns when a validator's result would be dropped
+        built = Config(**data)  # built directly (tests, embedders), not through model_validate
+    assert built.routing.keys.isolate_tenants is isolated
 
 
 # ---------------------------------------------------------------------------------------- service links

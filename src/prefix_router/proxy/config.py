@@ -93,7 +93,10 @@ class Config(ServerSettings):
             return self
         isolate = len(self.auth.api_keys) > 1 or self.auth.forward_client_auth
         keys = keys.model_copy(update={"isolate_tenants": isolate})
-        return self.model_copy(update={"routing": self.routing.model_copy(update={"keys": keys})})
+        # set on this instance (frozen, so past pydantic's guard): an "after" validator's returned copy is
+        # dropped when the model is built by ``Config(...)`` rather than ``model_validate``
+        object.__setattr__(self, "routing", self.routing.model_copy(update={"keys": keys}))
+        return self
 
 
 # ---------------------------------------------------------------------------------------------- loading
