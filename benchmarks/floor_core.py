@@ -20,7 +20,6 @@ import itertools
 import random
 import statistics
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -48,9 +47,7 @@ class CoreCost:
 
 
 def router_for(workers: int) -> Router:
-    with warnings.catch_warnings():  # pydantic's warning about Config's validator (not this benchmark's)
-        warnings.simplefilter("ignore", UserWarning)
-        routing = Config().routing.model_copy(update={"policy": "prefix"})
+    routing = Config().routing.model_copy(update={"policy": "prefix"})
     router = Router(routing, rng=random.Random(0))
     for i in range(workers):
         router.add_worker(f"w{i}")
