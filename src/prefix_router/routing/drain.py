@@ -193,7 +193,9 @@ class PrefillDrain:
         state.pending = max(0.0, state.pending - work)
         drained, elapsed = state.synced + state.added - state.pending, now - state.synced_at
         if drained > 0 and elapsed > 0:
-            self._learn(state, drained / elapsed)
+            sample = drained / elapsed
+            if sample < math.inf:  # a vanishing interval (a subnormal step) would make the rate inf, then NaN
+                self._learn(state, sample)
         self._sync(state, now)
         self._track(worker, state)
 
