@@ -70,11 +70,10 @@ from prefix_router.launch.net import free_port
 from prefix_router.proxy.server import loop_factory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "floor_servers"))
 import floor_core  # benchmarks/floor_core.py, beside this file
+from floor_common import floor_argv  # benchmarks/floor_servers/floor_common.py: the floors' commands
 
-HERE = Path(__file__).resolve().parent
-SERVERS = HERE / "floor_servers"
-SRC = HERE.parent / "src"
 DIRECT, SGLANG = "direct", "sglang-router"
 TARGETS = (
     DIRECT, "floor-aiohttp", "floor-protocol", "floor-granian", "prefix-router", "prefix-router-nolog",
@@ -160,18 +159,8 @@ def spawn_targets(spawn: Callable[[list[str], dict[str, str] | None], int], args
 def target_argv(
     name: str, args: argparse.Namespace, worker_port: int, port: int, upstream: str
 ) -> tuple[list[str], dict[str, str] | None]:
-    floor_args = ["--port", str(port), "--upstream", upstream]
-    if name == "floor-aiohttp":
-        return [sys.executable, str(SERVERS / "aiohttp_floor.py"), *floor_args], None
-    if name == "floor-protocol":
-        return [sys.executable, str(SERVERS / "protocol_floor.py"), *floor_args], None
-    if name == "floor-granian":
-        argv = [
-            args.granian_python, "-m", "granian", "--interface", "rsgi", "--loop", "uvloop", "--http", "1",
-            "--no-ws", "--workers", "1", "--backlog", "2048", "--log-level", "warning",
-            "--working-dir", str(SERVERS), "--host", "127.0.0.1", "--port", str(port), "granian_floor:app",
-        ]  # fmt: skip
-        return argv, {"FLOOR_UPSTREAM": upstream, "PYTHONPATH": str(SRC)}
+    if name in FLOORS:  # floor-aiohttp, floor-protocol, floor-granian
+        return floor_argv(name.removeprefix("floor-"), port, upstream, args.granian_python)
     if name in ("prefix-router", "prefix-router-nolog"):
         argv = router_argv(worker_port, port, "uvloop", 1, "prefix")
         return [*argv, "--set", f"access_log={name == 'prefix-router'}"], None

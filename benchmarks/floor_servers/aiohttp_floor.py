@@ -13,37 +13,27 @@ import argparse
 
 import uvloop
 from aiohttp import web
+from floor_common import BAD_GATEWAY, MAX_BODY, forward
 
+from prefix_router.proxy.exchange import read_up_to
 from prefix_router.proxy.http_client import HttpUpstream
-from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
-
-BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'
+from prefix_router.proxy.upstream import UpstreamRequest, UpstreamResponse
 
 
 def build_app(base: str) -> web.Application:
     upstream = HttpUpstream(connect_timeout_s=5.0)
 
-    async def forward(request: web.Request) -> web.StreamResponse:
+    async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         content_type = request.headers.get("Content-Type", "application/json")
         sent = UpstreamRequest(request.method, base + request.path_qs, {"Content-Type": content_type}, body)
-        try:
-            response = await upstream.send(sent)
-        except UpstreamError:
-            return web.Response(status=502, body=BAD_GATEWAY, headers={"Content-Type": "application/json"})
-        try:
-            answer = await relay(request, response)
-        except BaseException:
-            response.abort()
-            raise
-        response.release()
-        return answer
+        return await forward(upstream, sent, lambda response: relay(request, response), bad_gateway)
 
     async def close(app: web.Application) -> None:
         await upstream.close()
 
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", forward)
+    app.router.add_route("*", "/{tail:.*}", handle)
     app.on_cleanup.append(close)
     return app
 
@@ -51,16 +41,18 @@ def build_app(base: str) -> web.Application:
 async def relay(request: web.Request, response: UpstreamResponse) -> web.StreamResponse:
     headers = {"Content-Type": response.headers.get("Content-Type", "application/octet-stream")}
     if "Content-Length" in response.headers:
-        pieces = []
-        while chunk := await response.next_chunk():
-            pieces.append(chunk)
-        return web.Response(status=response.status, body=b"".join(pieces), headers=headers)
+        body, _ = await read_up_to(response, MAX_BODY)
+        return web.Response(status=response.status, body=body, headers=headers)
     out = web.StreamResponse(status=response.status, headers=headers)
     await out.prepare(request)
     while chunk := await response.next_chunk():
         await out.write(chunk)
     await out.write_eof()
     return out
+
+
+def bad_gateway() -> web.Response:
+    return web.Response(status=502, body=BAD_GATEWAY, headers={"Content-Type": "application/json"})
 
 
 def main() -> None:

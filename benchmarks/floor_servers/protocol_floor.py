@@ -24,13 +24,14 @@ from typing import cast
 
 import httptools
 import uvloop
+from floor_common import BAD_GATEWAY, MAX_BODY, forward
 
+from prefix_router.proxy.exchange import read_up_to
 from prefix_router.proxy.http_client import HttpUpstream
-from prefix_router.proxy.upstream import UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.upstream import UpstreamRequest, UpstreamResponse
 
 MAX_PENDING = 8  # complete requests queued on one connection before reading pauses
 Request = tuple[bytes, bytes, bytes, bytes, bool]  # method, target, content type, body, keep-alive
-BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'
 
 
 def status_line(status: int) -> bytes:
@@ -129,25 +130,16 @@ class FloorProtocol(asyncio.Protocol):
         request = UpstreamRequest(
             method.decode(), self._base + target.decode(), {"Content-Type": content_type.decode()}, body
         )
-        try:
-            response = await self._upstream.send(request)
-        except UpstreamError:
-            self._write_whole(502, b"application/json", BAD_GATEWAY)
-            return
-        try:
-            await self._relay(response)
-        except BaseException:
-            response.abort()
-            raise
-        response.release()
+        await forward(self._upstream, request, self._relay, self._bad_gateway)
+
+    def _bad_gateway(self) -> None:
+        self._write_whole(502, b"application/json", BAD_GATEWAY)
 
     async def _relay(self, response: UpstreamResponse) -> None:
         content_type = response.headers.get("Content-Type", "application/octet-stream").encode()
         if "Content-Length" in response.headers:
-            pieces = []
-            while chunk := await response.next_chunk():
-                pieces.append(chunk)
-            self._write_whole(response.status, content_type, b"".join(pieces))
+            body, _ = await read_up_to(response, MAX_BODY)
+            self._write_whole(response.status, content_type, body)
             return
         head = status_line(response.status) + b"Content-Type: " + content_type
         head += b"\r\nTransfer-Encoding: chunked\r\n\r\n"

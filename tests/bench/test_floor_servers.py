@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -22,11 +21,11 @@ import orjson
 import pytest
 from aiohttp import web
 
+from prefix_router.bench.overhead import processes
 from prefix_router.launch.net import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-SERVERS = REPO / "benchmarks" / "floor_servers"
-FLOORS = ["aiohttp", "protocol", "granian"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "floor_servers"))
+from floor_common import FLOORS, floor_argv
 
 
 def echo_of(body: dict[str, Any]) -> str:
@@ -68,22 +67,10 @@ async def engine() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def floor_argv(name: str, port: int, upstream: str) -> tuple[list[str], dict[str, str]]:
-    if name == "granian":
-        argv = [
-            sys.executable, "-m", "granian", "--interface", "rsgi", "--loop", "uvloop", "--http", "1",
-            "--no-ws", "--log-level", "warning", "--working-dir", str(SERVERS), "--port", str(port),
-            "granian_floor:app",
-        ]  # fmt: skip
-        return argv, {"FLOOR_UPSTREAM": upstream, "PYTHONPATH": str(REPO / "src")}
-    script = SERVERS / f"{name}_floor.py"
-    return [sys.executable, str(script), "--port", str(port), "--upstream", upstream], {}
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+def wait_port(port: int, pid: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "the floor server exited"
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the floor server exited"
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
@@ -94,24 +81,15 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0)
 
 @pytest.fixture
 def start_floor() -> Iterator[Any]:
-    procs: list[subprocess.Popen[bytes]] = []
+    with processes() as spawn:  # the benchmark's own spawner: every server stopped at the end
 
-    def start(name: str, upstream: str) -> str:
-        port = free_port()
-        argv, env = floor_argv(name, port, upstream)
-        procs.append(subprocess.Popen(argv, env={**os.environ, **env}, stderr=subprocess.DEVNULL))
-        wait_port(port, procs[-1])
-        return f"http://127.0.0.1:{port}/v1"
+        def start(name: str, upstream: str) -> str:
+            port = free_port()
+            pid = spawn(*floor_argv(name, port, upstream))  # the command lines floor.py runs
+            wait_port(port, pid)
+            return f"http://127.0.0.1:{port}/v1"
 
-    yield start
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        yield start
 
 
 def client(base_url: str) -> openai.AsyncOpenAI:
