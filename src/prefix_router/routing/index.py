@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 
 EvictHook = Callable[[str, int], None]
+# touches blocks in an LRU: (the LRU, the holder bit, the blocks, now)
+_Touch = Callable[["OrderedDict[int, float]", int, Sequence[int], float], None]
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -251,15 +253,7 @@ class PrefixIndex:
     def insert(self, worker: str, blocks: Sequence[int], now: float, chained: bool = True) -> None:
         """Record that ``worker`` now caches ``blocks`` (a chained prefix), deepest touched first.
         ``chained=False``: blocks that need not be whole chains (the worker turns loose, see ``match``)."""
-        self.expire(now)
-        lru = self._lru.get(worker)
-        if lru is None or not blocks:
-            return
-        if self.max_prefix_blocks is not None:
-            blocks = blocks[: self.max_prefix_blocks]
-        before = len(lru)
-        self._touch(lru, 1 << self._bit[worker], blocks, now)
-        self._grown(worker, lru, before, chained)
+        self._insert(worker, blocks, now, chained, self._touch)
 
     def insert_chain(self, worker: str, blocks: Sequence[int], now: float) -> None:
         """``insert`` of one chain (``blocks[i]`` the parent of ``blocks[i + 1]``: a request's key, or its
@@ -268,6 +262,10 @@ class PrefixIndex:
         without ``insert``'s membership test per block (``_touch_chain``: an inline copy of ``_touch`` for
         speed, held equal to ``insert`` by ``tests/routing/test_index.py``). A loose worker is touched as
         ``insert`` does it."""
+        self._insert(worker, blocks, now, True, self._touch_chain)
+
+    def _insert(self, worker: str, blocks: Sequence[int], now: float, chained: bool, touch: _Touch) -> None:
+        """``insert``'s steps, the blocks touched by ``touch`` (``_touch`` for a loose worker)."""
         self.expire(now)
         lru = self._lru.get(worker)
         if lru is None or not blocks:
@@ -275,11 +273,8 @@ class PrefixIndex:
         if self.max_prefix_blocks is not None:
             blocks = blocks[: self.max_prefix_blocks]
         before, value = len(lru), 1 << self._bit[worker]
-        if self._loose & value:
-            self._touch(lru, value, blocks, now)
-        else:
-            self._touch_chain(lru, value, blocks, now)
-        self._grown(worker, lru, before, True)
+        (self._touch if self._loose & value else touch)(lru, value, blocks, now)
+        self._grown(worker, lru, before, chained)
 
     def _touch_chain(
         self, lru: OrderedDict[int, float], value: int, blocks: Sequence[int], now: float
