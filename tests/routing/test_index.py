@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefix_router.routing.index import PrefixIndex
-from support.index import chain, walked_match
+from support.index import Operation, Recent, apply_operation, chain, walked_match
 
 
 def make_index(cap_tokens: int = 1_000, total: int = 10_000, ttl: float = 1e9) -> PrefixIndex:
@@ -255,34 +255,16 @@ shared_ops = st.lists(
 @example([("insert", "a", [0, 1, 2, 0, 1], 0), ("trim", "a", [5, 5, 5], 4)], [[0]])
 @given(shared_ops, st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=16), min_size=1, max_size=6))
 def test_bisected_matches_equal_the_block_by_block_walk(
-    operations: list[tuple[str, str, list[int], int]], probes: list[list[int]]
+    operations: list[Operation], probes: list[list[int]]
 ) -> None:
     """Long chains sharing prefixes, trims that cut others' chains in the middle (holes), replicas' merged
     block lists (any subset, ``chained=False``), evictions by capacity, expiry and global cap: the
     bisected match always equals the walk over each worker's own entries (and ``fills`` the entries)."""
     index = make_index(cap_tokens=120, total=40, ttl=30)
-    inserted: list[tuple[str, list[int]]] = []  # recent inserts: probed after every later operation
-    for step, (op, worker, ids, keep) in enumerate(operations):
-        if worker not in index:
-            index.add_worker(worker)
-        blocks = chain(*ids)
-        if op == "insert":
-            index.insert(worker, blocks, now=float(step))
-            inserted = [(worker, ids), *inserted[:15]]
-        elif op == "merged":
-            index.insert(worker, blocks[keep // 2 :: 1 + keep % 3], now=float(step), chained=False)
-        elif op == "trim" and inserted and keep % 3:  # a recent insert's prefix, cut in its middle
-            owner, long = inserted[keep % len(inserted)]
-            if owner in index:
-                index.trim(owner, chain(*long[: len(ids)]), keep // 3)
-        elif op == "trim":
-            index.trim(worker, blocks, keep)
-        elif op == "capacity":
-            index.learn_capacity(worker, keep + 1)
-        elif op == "expire":
-            index.expire(float(step) + keep)
-        else:
-            index.remove_worker(worker)
+    inserted: Recent = []  # recent inserts: probed after every later operation
+    for step, operation in enumerate(operations):
+        inserted = apply_operation(index, step, operation, inserted, index.insert)
+        ids = operation[2]
         for w in index.workers():  # the live fill map, kept by every change, says what the entries say
             assert index.fill(w) == index.fills[w] == index.blocks_of(w) / index.capacity_blocks(w)
         for ids_probe in [ids, *(long for _, long in inserted), *probes]:
@@ -320,7 +302,7 @@ def index_state(index: PrefixIndex) -> tuple[object, ...]:
     st.sampled_from([None, None, 3]),
 )
 def test_inserting_one_chain_changes_the_index_as_insert_does(
-    operations: list[tuple[str, str, list[int], int]], probes: list[list[int]], max_prefix: int | None
+    operations: list[Operation], probes: list[list[int]], max_prefix: int | None
 ) -> None:
     """``insert_chain`` (the held prefix found by bisection, no membership test per block) leaves exactly
     the index ``insert`` leaves, on chain-closed and loose workers, whatever the history (holes by trims,
@@ -328,26 +310,10 @@ def test_inserting_one_chain_changes_the_index_as_insert_does(
     chain (a chain's tail, reversed, behind another block) too."""
     index = PrefixIndex(block_tokens=10, default_capacity_tokens=120, max_total_blocks=40, ttl_s=30,
                         max_prefix_blocks=max_prefix)  # fmt: skip
-    inserted: list[list[int]] = []
-    for step, (op, worker, ids, keep) in enumerate(operations):
-        if worker not in index:
-            index.add_worker(worker)
-        blocks = chain(*ids)
-        if op == "insert":
-            index.insert_chain(worker, blocks, now=float(step))
-            inserted = [ids, *inserted[:7]]
-        elif op == "merged":
-            index.insert(worker, blocks[keep // 2 :: 1 + keep % 3], now=float(step), chained=False)
-        elif op == "trim" and inserted and keep % 3:
-            index.trim(worker, chain(*inserted[keep % len(inserted)][: len(ids)]), keep // 3)
-        elif op == "trim":
-            index.trim(worker, blocks, keep)
-        elif op == "capacity":
-            index.learn_capacity(worker, keep + 1)
-        elif op == "expire":
-            index.expire(float(step) + keep)
-        else:
-            index.remove_worker(worker)
+    recent: Recent = []
+    for step, operation in enumerate(operations):
+        recent = apply_operation(index, step, operation, recent, index.insert_chain)
+    inserted = [ids for _, ids in recent[:8]]
     now = float(len(operations))
     chains = [chain(*ids) for ids in [*probes, *(old + new for old in inserted[:3] for new in probes[:2])]]
     chains += [chain(*ids) for ids in inserted]
