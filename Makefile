@@ -9,7 +9,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev,k8s]'
+	$(BIN)/pip install --quiet -e '.[lab,dev,k8s,exact]'
 	touch $(STAMP)
 
 demo: $(STAMP)

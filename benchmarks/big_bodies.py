@@ -4,7 +4,7 @@
 
     python benchmarks/big_bodies.py
 
-The worker answers at once (``prefix_router.bench.instant_worker``; it refuses bodies over 1 MiB with 413,
+The worker answers at once (``prefix_router.lab.bench.instant_worker``; it refuses bodies over 1 MiB with 413,
 which does not matter here: the router has parsed and hashed them by then).
 """
 
@@ -23,7 +23,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.launch.net import free_port
+from prefix_router.lab.launch.net import free_port
 
 SMALL = {"model": "instant", "messages": [{"role": "user", "content": "hi"}]}
 VARIANTS = {"thread (default)": [], "event loop": ["--set", f"limits.parse_in_thread_bytes={10**12}"]}
@@ -92,7 +92,7 @@ def main() -> int:
     body = orjson.dumps({"model": "instant", "prompt": list(range(args.tokens))})
     worker = free_port()
     ports = {name: free_port() for name in VARIANTS}
-    argvs = [["-m", "prefix_router.bench.instant_worker", "--port", str(worker)]]
+    argvs = [["-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker)]]
     for name, extra in VARIANTS.items():
         base = ["-m", "prefix_router.proxy", "serve", "--worker", f"http://127.0.0.1:{worker}"]
         quiet = ["--set", "log_level=warning", "--set", "access_log=false"]

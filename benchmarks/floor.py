@@ -53,8 +53,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from prefix_router.bench import loadgen
-from prefix_router.bench.overhead import (
+from prefix_router.lab.bench import loadgen
+from prefix_router.lab.bench.overhead import (
     PEER_ENV,
     PEER_PYTHON,
     bodies,
@@ -66,7 +66,7 @@ from prefix_router.bench.overhead import (
     router_argv,
     wait_listening,
 )
-from prefix_router.launch.net import free_port
+from prefix_router.lab.launch.net import free_port
 from prefix_router.proxy.server import loop_factory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -140,7 +140,7 @@ def spawn_targets(spawn: Callable[[list[str], dict[str, str] | None], int], args
                   console: Console) -> list[Target]:  # fmt: skip
     worker_port = free_port()
     upstream = f"http://127.0.0.1:{worker_port}"
-    worker = [sys.executable, "-m", "prefix_router.bench.instant_worker", "--port", str(worker_port)]
+    worker = [sys.executable, "-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker_port)]
     targets = [Target(DIRECT, worker_port, spawn([*worker, "--chunks", str(args.stream_chunks)], None))]
     for name in args.targets:
         if name == DIRECT:

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from prefix_router.bench.overhead import bodies
+from prefix_router.lab.bench.overhead import bodies
 from prefix_router.proxy.config import Config
 from prefix_router.routing.router import Router
 from prefix_router.routing.types import Decision, Outcome, RouteRequest

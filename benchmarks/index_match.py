@@ -25,7 +25,7 @@ from operator import and_
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.bench import index_bench
+from prefix_router.lab.bench import index_bench
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 

@@ -25,7 +25,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.bench.overhead import bodies
+from prefix_router.lab.bench.overhead import bodies
 from prefix_router.replication.local import LocalConfig, LocalReplication
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings

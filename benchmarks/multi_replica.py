@@ -1,7 +1,7 @@
 """Several router replicas in front of the same simulated engines (SIMULATED figures).
 
 Requests are spread across the replicas at random (what an L4 load balancer or a Kubernetes Service
-does). Modes, all over the same requests and engines (``prefix_router.sim``'s cluster simulator):
+does). Modes, all over the same requests and engines (``prefix_router.lab.sim``'s cluster simulator):
 
 - ``single``: one router sees everything (the target);
 - ``independent``: N replicas, each with only its own view (no shared state);
@@ -50,12 +50,12 @@ from prefix_router.replication.local import LocalReplication
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import RouteRequest
-from prefix_router.sim.engine import EngineEvent
-from prefix_router.sim.profiles import DEFAULT_PROFILE, get_profile
-from prefix_router.sim.requests import RequestSource, SimRequest
-from prefix_router.sim.run import Scenario, trace_scenario, workload_scenario
-from prefix_router.sim.simulator import ClusterSimulation, ClusterSpec
-from prefix_router.sim.stats import details, summarize
+from prefix_router.lab.sim.engine import EngineEvent
+from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, get_profile
+from prefix_router.lab.sim.requests import RequestSource, SimRequest
+from prefix_router.lab.sim.run import Scenario, trace_scenario, workload_scenario
+from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
+from prefix_router.lab.sim.stats import details, summarize
 
 MODES = ("single", "independent", "shared-index", "shared", "local")
 
@@ -257,7 +257,7 @@ class ReplicatedSimulation(ClusterSimulation):
             for name, engine in zip(self.names, self.engines, strict=True):
                 router.set_engine_load(name, engine.num_waiting, engine.kv_usage, now)
         if self._live or self._upcoming is not None:
-            from prefix_router.sim.events import MetricsScrape
+            from prefix_router.lab.sim.events import MetricsScrape
 
             self.queue.push(now + self.spec.scrape_interval_s, MetricsScrape())
 
@@ -388,7 +388,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="Mooncake-format trace")
-    source.add_argument("--workload", help="a benchmark workload name (prefix_router.workloads)")
+    source.add_argument("--workload", help="a benchmark workload name (prefix_router.lab.workloads)")
     p.add_argument("--workload-opt", action="append", default=[], metavar="K=V")
     p.add_argument("--instances", type=int, default=16)
     p.add_argument("--replicas", type=int, default=4)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefix_router.bench import merge, peer_matrix, plots
+from prefix_router.lab.bench import merge, peer_matrix, plots
 
 
 def load_cells(outs: Sequence[Path]) -> list[dict[str, Any]]:

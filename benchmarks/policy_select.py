@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefix_router.bench import index_bench
+from prefix_router.lab.bench import index_bench
 from prefix_router.routing.policies import prefix
 
 PATH = "src/prefix_router/routing/policies/prefix.py"

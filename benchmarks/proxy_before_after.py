@@ -30,9 +30,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.bench import overhead
-from prefix_router.bench.overhead import Case, Figures, Plan, Target
-from prefix_router.launch.net import free_port
+from prefix_router.lab.bench import overhead
+from prefix_router.lab.bench.overhead import Case, Figures, Plan, Target
+from prefix_router.lab.launch.net import free_port
 from prefix_router.proxy.server import loop_factory
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ async def bench(args: argparse.Namespace, builds: dict[str, Build]) -> Results:
     plan = Plan(args.requests, args.stream_chunks)
     worker_port = free_port()
     with overhead.processes() as spawn:
-        worker = [sys.executable, "-m", "prefix_router.bench.instant_worker", "--port", str(worker_port)]
+        worker = [sys.executable, "-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker_port)]
         spawn([*worker, "--chunks", str(args.stream_chunks)], None)
         for name, (python, env) in builds.items():
             port = free_port()

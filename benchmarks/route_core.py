@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from prefix_router.workloads.text import random_text, rng_for
+from prefix_router.lab.workloads.text import random_text, rng_for
 
 CHAIN_BLOCKS = 64
 HIT_WORKERS = 3

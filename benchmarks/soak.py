@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from prefix_router.launch.net import free_port
+from prefix_router.lab.launch.net import free_port
 from prefix_router.protocol import SESSION_HEADER
 
 READY_PREFIX = "ENGINE-SIM READY "
@@ -96,7 +96,7 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "prefix_router.sim.server", "--port", str(self.port), "--model", "m"]
+        argv = [sys.executable, "-m", "prefix_router.lab.sim.server", "--port", str(self.port), "--model", "m"]
         self.proc = subprocess.Popen([*argv, "--time-scale", str(self.time_scale)], stdout=subprocess.PIPE)
         wait_ready_line(self.proc)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from prefix_router.bench.instant_worker import _event
+from prefix_router.lab.bench.instant_worker import _event
 from prefix_router.proxy import sse
 
 REPO = Path(__file__).resolve().parent.parent

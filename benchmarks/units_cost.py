@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from prefix_router.bench.index_bench import IndexBenchConfig, body_of, fill
+from prefix_router.lab.bench.index_bench import IndexBenchConfig, body_of, fill
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import IndexSettings, RoutingSettings, UnitSettings

@@ -32,8 +32,8 @@ from typing import Any
 
 import aiohttp
 
-from prefix_router.bench.fidelity.corpus import prose
-from prefix_router.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
+from prefix_router.lab.bench.fidelity.corpus import prose
+from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
 from prefix_router.pool.engines import get_adapter
 from prefix_router.protocol import MATCH_HEADER
 from prefix_router.proxy.app import create_app

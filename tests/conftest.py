@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from prefix_router.launch import net as launch_net
+from prefix_router.lab.launch import net as launch_net
 from prefix_router.proxy.server import Running, start
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers
@@ -112,7 +112,7 @@ def fixture_json() -> Any:
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``name -> ModelDir``: SmolLM2's own chat template and the bundled layouts, derived once per session
     from the GGUF that ``make llama`` installs (missing: a failure, never a skip)."""
-    from prefix_router.bench.fidelity.models import all_model_dirs, smollm2_gguf
+    from prefix_router.lab.bench.fidelity.models import all_model_dirs, smollm2_gguf
 
     gguf = smollm2_gguf()
     if gguf is None:

@@ -1,6 +1,6 @@
 """What the floor servers share (``benchmarks/floor.py``): the exchange with the one worker, its command
 lines. Beside the servers, so each imports it as a sibling (run as a script, or from granian's
-``--working-dir``); ``floor.py`` and ``tests/bench/test_floor_servers.py`` start the servers with
+``--working-dir``); ``floor.py`` and ``tests/lab/bench/test_floor_servers.py`` start the servers with
 ``floor_argv``, so the test runs exactly what the benchmark measures."""
 
 from __future__ import annotations

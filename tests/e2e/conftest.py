@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from prefix_router.launch.llama_cpp import LlamaCppFleet, unavailable_reason
+from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, unavailable_reason
 
 
 def load_harness() -> ModuleType:

@@ -30,7 +30,7 @@ import aiohttp
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from prefix_router.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
+from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
 from prefix_router.pool.engines import get_adapter
 from prefix_router.proxy.app import create_app
 from prefix_router.proxy.config import load_config

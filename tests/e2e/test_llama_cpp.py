@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from prefix_router.launch.llama_cpp import LlamaCppFleet
+from prefix_router.lab.launch.llama_cpp import LlamaCppFleet
 
 
 @pytest.mark.timeout(600)

@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
+from prefix_router.lab.sim.server import CONTEXT, EngineSimConfig, build_app
 from prefix_router.proxy.server import Running, start
-from prefix_router.sim.server import CONTEXT, EngineSimConfig, build_app
 
 STREAMS = 40
 BOUND_S = 1.0  # the engine's streams would run for 10 s and more

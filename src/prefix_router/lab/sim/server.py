@@ -1,0 +1,269 @@
+"""``prefix-router engine-sim``: an OpenAI-compatible HTTP engine backed by the engine model (simulated).
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE streaming or not),
+``GET /v1/models``, ``GET /health``, ``POST /reset_prefix_cache``, ``GET /metrics`` (vLLM names), vLLM's
+``POST /v1/chat/completions/render``, ``POST /v1/completions/render`` and ``POST /tokenize`` (prompt token
+ids, for routers that route on them; see ``render_api``), plus ``/server_info`` and ``/model_info`` for
+routers that probe them. Client disconnect aborts generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from prefix_router.lab.sim.driver import EngineDriver, Ticket
+from prefix_router.lab.sim.engine import EngineModel, RequestRejected
+from prefix_router.lab.sim.metrics import metrics_registry, render
+from prefix_router.lab.sim.openai_api import ApiError, ApiRequest, EngineLimits, parse
+from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
+from prefix_router.lab.sim.render_api import render_chat, render_completions, tokenize
+from prefix_router.lab.sim.streaming import complete, stream
+from prefix_router.protocol import Endpoint
+
+READY_PREFIX = "ENGINE-SIM READY "
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSimConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    model: str | None = None
+    profile: str = DEFAULT_PROFILE
+    kv_capacity_tokens: int | None = None
+    time_scale: float = 1.0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    tick_s: float = 0.01
+
+    def engine_profile(self) -> EngineProfile:
+        base = get_profile(self.profile)
+        return base.with_overrides(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens
+        )
+
+
+@dataclass(slots=True)
+class SimContext:
+    """Everything the handlers share, owned by one app."""
+
+    model: str
+    profile: EngineProfile
+    engine: EngineModel
+    driver: EngineDriver
+    limits: EngineLimits
+    finished: Counter[str] = field(default_factory=Counter)  # requests by vLLM finished_reason
+
+
+CONTEXT = web.AppKey("engine_sim_context", SimContext)
+
+
+def build_context(cfg: EngineSimConfig) -> SimContext:
+    profile = cfg.engine_profile()
+    model = cfg.model or profile.model
+    engine = EngineModel(
+        profile, capacity_tokens=cfg.kv_capacity_tokens, max_span_s=cfg.tick_s / cfg.time_scale
+    )
+    limits = EngineLimits(model, engine.block_tokens, profile.max_model_len)
+    return SimContext(model, profile, engine, EngineDriver(engine, cfg.time_scale), limits)
+
+
+def build_app(cfg: EngineSimConfig) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    ctx = build_context(cfg)
+    app[CONTEXT] = ctx
+    app.cleanup_ctx.append(_driver_lifecycle)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions/render", _render_chat)
+    app.router.add_post("/v1/completions/render", _render_completions)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_post("/reset_prefix_cache", _reset)
+    app.router.add_get("/metrics", _metrics_handler(ctx))
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, _server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, _model_info)
+    return app
+
+
+async def _driver_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    driver = app[CONTEXT].driver
+    await driver.start()
+    yield
+    await driver.stop()
+
+
+# ---------------------------------------------------------------------- generation
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completions")
+
+
+async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    request_id = uuid.uuid4().hex
+    try:
+        api = parse(endpoint, await _json_body(request), ctx.limits, request_id)
+        tickets = _submit(ctx, api)
+    except ApiError as err:
+        return web.json_response(err.body(), status=err.status)
+    try:
+        if api.stream:
+            return await stream(request, api, request_id, tickets)
+        return await complete(api, request_id, tickets)
+    finally:
+        for generation, ticket in zip(api.generations, tickets, strict=True):
+            ctx.finished[generation.finish_reason if ticket.done else "abort"] += 1
+            ctx.driver.cancel(ticket)
+
+
+async def _render_chat(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return await _answer(request, lambda body: render_chat(body, ctx.limits, uuid.uuid4().hex))
+
+
+async def _render_completions(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return await _answer(request, lambda body: render_completions(body, ctx.limits, uuid.uuid4().hex))
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return await _answer(request, lambda body: tokenize(body, ctx.limits))
+
+
+async def _answer(request: web.Request, build: Callable[[Any], Any]) -> web.Response:
+    """A JSON answer built from the request body, or the OpenAI error ``build`` raised."""
+    try:
+        payload = build(await _json_body(request))
+    except ApiError as err:
+        return web.json_response(err.body(), status=err.status)
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}") from exc
+
+
+def _submit(ctx: SimContext, api: ApiRequest) -> list[Ticket]:
+    changed = asyncio.Event()
+    tickets: list[Ticket] = []
+    try:
+        for generation in api.generations:
+            tickets.append(ctx.driver.submit(generation.request, changed))
+    except RequestRejected as exc:
+        for ticket in tickets:
+            ctx.driver.cancel(ticket)
+        raise ApiError(str(exc), "messages" if api.endpoint == "chat" else "prompt") from exc
+    return tickets
+
+
+# ---------------------------------------------------------------------- other endpoints
+
+
+async def _models(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    card = {
+        "id": ctx.model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "prefix-router-sim",
+        "root": ctx.model,
+        "max_model_len": ctx.profile.max_model_len,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _reset(request: web.Request) -> web.Response:
+    request.app[CONTEXT].engine.reset_prefix_cache()
+    return web.Response(status=200)
+
+
+def _metrics_handler(ctx: SimContext) -> Callable[[web.Request], Any]:
+    registry = metrics_registry(ctx.engine, ctx.model, ctx.driver.time_scale, ctx.finished)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=render(registry), content_type="text/plain", charset="utf-8")
+
+    return handler
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    info = {
+        "served_model_name": ctx.model,
+        "simulated": True,
+        "profile": ctx.profile.name,
+        "page_size": ctx.engine.block_tokens,
+        "max_total_num_tokens": ctx.engine.capacity_tokens,
+    }
+    return web.json_response(info)
+
+
+async def _model_info(request: web.Request) -> web.Response:
+    return web.json_response({"served_model_name": request.app[CONTEXT].model, "is_generation": True})
+
+
+# ---------------------------------------------------------------------- running
+
+
+@contextlib.asynccontextmanager
+async def running_server(cfg: EngineSimConfig) -> AsyncIterator[str]:
+    """Serve one engine on the current loop; yields its base URL (``http://host:port``)."""
+    runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def serve_forever(cfg: EngineSimConfig) -> None:
+    """Serve until SIGINT/SIGTERM; prints one ready line with the URL on stdout."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_server(cfg) as url:
+        print(f"{READY_PREFIX}{url} (simulated engine, profile {cfg.profile})", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m prefix_router.lab.sim.server`` (same options as ``prefix-router engine-sim``)."""
+    from prefix_router.lab.sim.cli import engine_sim_parser, run_engine_sim
+
+    return run_engine_sim(engine_sim_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The cluster simulator: N simulated engines behind the routing core, in virtual time (simulated).
+
+The router is driven exactly as the proxy drives it: ``route`` (candidates = every instance) ->
+``dispatched`` -> ``first_token`` -> ``finished`` with the engine-reported cached tokens and the
+extension blocks of the reply. Engines are ``EngineModel`` instances (the same model as ``engine-sim``);
+the router also receives each engine's queue depth and KV usage every ``scrape_interval_s``, as the
+proxy's pool scrapes ``/metrics``. No sockets, no sleeps: a run is a loop over a time-ordered event queue,
+deterministic for a fixed seed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prefix_router.lab.sim.engine import EngineEvent, EngineModel, RequestRejected
+from prefix_router.lab.sim.events import EngineStepEnd, EventQueue, MetricsScrape, RequestArrival
+from prefix_router.lab.sim.profiles import EngineProfile
+from prefix_router.lab.sim.requests import RequestSource, SimRequest
+from prefix_router.lab.sim.stats import SimStats
+from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing.types import Outcome
+
+ProgressHook = Callable[[int], None]
+PROGRESS_EVERY = 256  # requests between progress callbacks
+SAMPLE_EVERY = 256  # finished requests between samples of the cache replication
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """The simulated cluster: identical instances of one profile."""
+
+    instances: int
+    profile: EngineProfile
+    capacity_tokens: int
+    seed: int = 0
+    scrape_interval_s: float = 2.0  # the proxy scrapes /metrics every 2 s by default
+    max_live_requests: int = 10_000_000
+
+    def names(self) -> list[str]:
+        return [f"engine-{i:03d}" for i in range(self.instances)]
+
+
+@dataclass(slots=True)
+class _Live:
+    request: SimRequest
+    instance: int
+    predicted: int
+    first_token: float | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    stats: SimStats
+    wall_s: float
+    arrivals: list[SimRequest] = field(default_factory=list)
+    router_summary: dict[str, object] = field(default_factory=dict)
+
+
+class ClusterSimulation:
+    """One run of one policy over one request source."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        policy: str,
+        source: RequestSource,
+        routing: RoutingSettings,
+        progress: ProgressHook | None = None,
+        keep_arrivals: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.source = source
+        self.names = spec.names()
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.engines = [self._engine() for _ in self.names]
+        self.router = self._router(routing)
+        self.queue = EventQueue()
+        self.stats = SimStats(spec.instances)
+        self._scheduled: list[float | None] = [None] * spec.instances
+        self._versions = [0] * spec.instances
+        self._live: dict[str, _Live] = {}
+        self._initial: Iterator[SimRequest] = iter(())
+        self._upcoming: SimRequest | None = None
+        self._progress = progress
+        self._unreported = 0
+        self._unsampled = 0
+        self._arrivals: list[SimRequest] | None = [] if keep_arrivals else None
+
+    def _engine(self) -> EngineModel:
+        return EngineModel(
+            self.spec.profile,
+            capacity_tokens=self.spec.capacity_tokens,
+            block_tokens=self.source.engine_block_tokens,
+        )
+
+    def _router(self, routing: RoutingSettings) -> Router:
+        router = Router(routing, rng=random.Random(f"router:{self.spec.seed}"))
+        for name in self.names:
+            router.add_worker(name, capacity_tokens=self.spec.capacity_tokens)
+        return router
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> RunResult:
+        started = time.perf_counter()
+        self._initial = self.source.initial()
+        self._push_next_initial()
+        if self.spec.scrape_interval_s > 0:
+            self.queue.push(0.0, MetricsScrape())
+        queue = self.queue
+        while queue:
+            now, event = queue.pop()
+            event.handle(self, now)
+        self._report_progress()
+        self._sample_replication()
+        self.stats.busy_s = [e.stats.busy_s for e in self.engines]
+        self.stats.prefill_s = [e.stats.prefill_s for e in self.engines]
+        result = RunResult(self.stats, time.perf_counter() - started, self._arrivals or [])
+        result.router_summary = self.router.summary()
+        return result
+
+    def _push_next_initial(self) -> None:
+        self._upcoming = next(self._initial, None)
+        if self._upcoming is not None:
+            self.queue.push(self._upcoming.arrival, RequestArrival(self._upcoming))
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_arrival(self, request: SimRequest, now: float) -> None:
+        if request is self._upcoming:
+            self._push_next_initial()
+        if self._arrivals is not None:
+            self._arrivals.append(request)
+        self.stats.arrived(now)
+        decision = self.router.route(request.route, self.names, now, self.policy)
+        self.router.dispatched(request.route, decision, now)
+        instance = self.index[decision.worker]
+        try:
+            self.engines[instance].submit(request.engine, now)
+        except RequestRejected:
+            self._failed(request, decision.worker, now)
+            return
+        if len(self._live) >= self.spec.max_live_requests:
+            raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
+        self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens)
+        self.stats.dispatched(instance, str(decision.branch))
+        self._reschedule(instance)
+
+    def _failed(self, request: SimRequest, worker: str, now: float) -> None:
+        self.router.finished(request.route, worker, Outcome(ok=False), now)
+        self.stats.errors += 1
+        self._follow(request, now, ok=False)
+        self._tick()
+
+    def on_engine_step(self, instance: int, version: int, now: float) -> None:
+        if version != self._versions[instance]:
+            return
+        self._scheduled[instance] = None
+        for event in self.engines[instance].advance():
+            if event.kind == "first_token":
+                self._on_first_token(event)
+            else:
+                self._on_finished(event)
+        self._reschedule(instance)
+
+    def on_scrape(self, now: float) -> None:
+        for name, engine in zip(self.names, self.engines, strict=True):
+            self.router.set_engine_load(name, engine.num_waiting, engine.kv_usage, now)
+        if self._live or self._upcoming is not None:
+            self.queue.push(now + self.spec.scrape_interval_s, MetricsScrape())
+
+    # ------------------------------------------------------------------ engine events
+
+    def _on_first_token(self, event: EngineEvent) -> None:
+        self._live[event.request_id].first_token = event.time
+        self.router.first_token(event.request_id, event.time)
+
+    def _on_finished(self, event: EngineEvent) -> None:
+        live = self._live.pop(event.request_id)
+        request = live.request
+        outcome = Outcome(True, event.cached_tokens, request.extension_blocks, request.engine.prompt_tokens)
+        self.router.finished(request.route, self.names[live.instance], outcome, event.time)
+        first = live.first_token if live.first_token is not None else event.time
+        self.stats.finished(
+            request.arrival,
+            first,
+            event.time,
+            request.engine.prompt_tokens,
+            event.cached_tokens,
+            live.predicted,
+            event.generated,
+            event.queued_s,
+        )
+        self._follow(request, event.time, ok=True)
+        self._tick()
+
+    def _follow(self, request: SimRequest, now: float, ok: bool) -> None:
+        for follow in self.source.followups(request, now, ok):
+            self.queue.push(follow.arrival, RequestArrival(follow))
+
+    def _tick(self) -> None:
+        self._unreported += 1
+        self._unsampled += 1
+        if self._unreported >= PROGRESS_EVERY:
+            self._report_progress()
+        if self._unsampled >= SAMPLE_EVERY:
+            self._sample_replication()
+
+    def _sample_replication(self) -> None:
+        """Cached block copies across the engines per distinct cached block (1.0: no duplicates)."""
+        self._unsampled = 0
+        views = [engine.cache.resident() for engine in self.engines]
+        copies = sum(len(v) for v in views)
+        if copies:
+            self.stats.replication.append(copies / len(set().union(*views)))
+
+    def _report_progress(self) -> None:
+        if self._progress is not None and self._unreported:
+            self._progress(self._unreported)
+        self._unreported = 0
+
+    def _reschedule(self, instance: int) -> None:
+        end = self.engines[instance].next_time()
+        if end == self._scheduled[instance]:
+            return
+        self._scheduled[instance] = end
+        if end is not None:
+            self._versions[instance] += 1
+            self.queue.push(end, EngineStepEnd(instance, self._versions[instance]))

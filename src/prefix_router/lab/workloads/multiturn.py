@@ -1,0 +1,112 @@
+"""Multi-turn conversations replayed from the ShareGPT subset (``../shared/traces``, never copied).
+
+Each conversation is one session; user turn k is sent with the whole history (system preamble, earlier
+user turns and the engine's *generated* replies) once the answer to turn k-1 has returned, so successive
+turns share a growing prefix. The recorded reply only sizes ``max_tokens``. With ``synthetic_fallback``
+(used by ``mixed``), a missing trace is replaced by synthetic conversations of random text
+(session ids ``synthetic-N``) instead of an error.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from prefix_router.lab.workloads.text import CHARS_PER_TOKEN, estimate_tokens, random_text, tagged_text
+from prefix_router.lab.workloads.traces import SHAREGPT_FILE, find_trace
+from prefix_router.lab.workloads.types import Session, Turn
+
+
+@dataclass(frozen=True, slots=True)
+class MultiTurnOptions:
+    trace: str | None = None  # path of the ShareGPT-format JSONL; default: ../shared/traces
+    max_turns: int = 8  # user turns kept per conversation
+    max_user_tokens: int = 256  # longer user messages are truncated (about 4 chars per token)
+    min_output_tokens: int = 8
+    max_output_tokens: int = 64  # max_tokens = recorded reply length, clamped to [min, max]
+    think_time_s: float = 0.0
+    system_prompt: str = "You are a helpful assistant."
+    shuffle: bool = True  # pick conversations in a seeded random order (else file order)
+    synthetic_fallback: bool = False  # without the trace, use synthetic conversations instead of failing
+
+
+def build(opts: MultiTurnOptions, requests: int, seed: int) -> list[Session]:
+    try:
+        lines = find_trace(SHAREGPT_FILE, opts.trace).read_bytes().splitlines()
+    except FileNotFoundError:
+        if not opts.synthetic_fallback:
+            raise
+        lines = synthetic_lines(requests // 2 + 1, seed)
+    order = list(range(len(lines)))
+    if opts.shuffle:
+        random.Random(f"multiturn:{seed}").shuffle(order)
+    return _take(_sessions(lines, order, opts), requests)
+
+
+def synthetic_lines(count: int, seed: int) -> list[bytes]:
+    """``count`` ShareGPT-shaped conversations of random text (2 to 6 user turns), ids ``synthetic-N``."""
+    rng = random.Random(f"synthetic-conversations:{seed}")
+    return [orjson.dumps({"id": f"synthetic-{i}", "conversations": _synthetic(i, rng)}) for i in range(count)]
+
+
+def _synthetic(index: int, rng: random.Random) -> list[dict[str, str]]:
+    messages = []
+    for turn in range(rng.randint(2, 6)):
+        user = tagged_text(f"conversation {index} turn {turn}", rng, rng.randint(10, 120))
+        messages += [
+            {"from": "human", "value": user},
+            {"from": "gpt", "value": random_text(rng, rng.randint(20, 200))},
+        ]
+    return messages
+
+
+def _sessions(lines: list[bytes], order: list[int], opts: MultiTurnOptions) -> Iterator[Session]:
+    for index in order:
+        record = orjson.loads(lines[index])
+        turns = conversation_turns(record.get("conversations", []), opts)
+        if turns:
+            yield Session(
+                session_id=_session_id(str(record.get("id", index))),
+                arrival_s=0.0,
+                turns=turns,
+                preamble=({"role": "system", "content": opts.system_prompt},),
+            )
+
+
+def _session_id(record_id: str) -> str:
+    return record_id if record_id.startswith("synthetic-") else f"sharegpt-{record_id}"
+
+
+def _take(sessions: Iterator[Session], requests: int) -> list[Session]:
+    """Whole sessions until ``requests`` turns are reached (the last one trimmed)."""
+    taken: list[Session] = []
+    left = requests
+    for session in sessions:
+        if left <= 0:
+            break
+        kept = session.turns[:left]
+        taken.append(Session(session.session_id, 0.0, kept, preamble=session.preamble))
+        left -= len(kept)
+    return taken
+
+
+def conversation_turns(conversation: list[dict[str, Any]], opts: MultiTurnOptions) -> tuple[Turn, ...]:
+    """One turn per user message, sized by the reply that follows it."""
+    turns: list[Turn] = []
+    for i, message in enumerate(conversation):
+        if message.get("from") != "human" or len(turns) >= opts.max_turns:
+            continue
+        reply = conversation[i + 1] if i + 1 < len(conversation) else {}
+        turns.append(_turn(str(message.get("value", "")), str(reply.get("value", "")), opts, bool(turns)))
+    return tuple(turns)
+
+
+def _turn(user: str, reply: str, opts: MultiTurnOptions, follow_up: bool) -> Turn:
+    content = user[: opts.max_user_tokens * CHARS_PER_TOKEN] or "Hello."
+    out = min(opts.max_output_tokens, max(opts.min_output_tokens, estimate_tokens(reply)))
+    think = opts.think_time_s if follow_up else 0.0
+    return Turn(max_tokens=out, messages=({"role": "user", "content": content},), think_time_s=think)

@@ -1,0 +1,44 @@
+"""``prefix-router bench-overhead`` end to end at a tiny size: direct, one and two router processes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from prefix_router.lab.bench import overhead
+
+
+def args(**changes: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    overhead.register(parser.add_subparsers())
+    ns = parser.parse_args(["bench-overhead"])
+    for key, value in changes.items():
+        setattr(ns, key, value)
+    return ns
+
+
+@pytest.mark.timeout(180)
+def test_a_small_run_measures_every_target(capsys: pytest.CaptureFixture[str]) -> None:
+    code = overhead.run_bench(
+        args(requests=60, rounds=1, processes="1,2", concurrency="4", prompt_chars="500")
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "prefix-router (1 proc, uvloop)" in out and "prefix-router (2 proc, uvloop)" in out
+    assert "direct" in out and "500-char chat prompts, concurrency 4" in out
+
+
+def test_a_missing_peer_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = overhead.run_bench(args(peer="sglang-router", peer_python=str(tmp_path / "python")))
+    assert code == 2 and "benchmarks/peers.sh" in capsys.readouterr().out
+
+
+def test_cpu_seconds_counts_a_process_tree() -> None:
+    import os
+
+    assert overhead.cpu_seconds(os.getpid()) > 0
+    user, system = overhead.cpu_split(os.getpid())
+    assert user > 0 and system >= 0 and overhead.cpu_seconds(os.getpid()) >= user + system
+    assert overhead.cpu_seconds(2**22 + 12345) != overhead.cpu_seconds(2**22 + 12345)  # NaN: no such process
