@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 # module path -> the subcommands it registers
 _PRODUCT_COMMANDS: dict[str, tuple[str, ...]] = {
-    "prefix_router.proxy.cli": ("serve",),
+    "prefix_router.proxy.run.cli": ("serve",),
 }
 _LAB_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.lab.sim.cli": ("engine-sim", "simulate"),
