@@ -136,11 +136,15 @@ class Router:
     def retune(self, cfg: RoutingSettings) -> None:
         """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
         changed is rebuilt, its own state, such as a round-robin position, starting over), session
-        affinity and feedback tolerance. What sizes live state (``keys``, ``index``, ``trackers``,
-        ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
-        same = ("keys", "index", "trackers", "units")
-        if any(getattr(cfg, k) != getattr(self.cfg, k) for k in same) or (
-            cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
+        affinity, feedback tolerance and tenant isolation (``keys.isolate_tenants``: new requests are keyed
+        in their tenant's namespace, or not). What sizes live state (the rest of ``keys``, ``index``,
+        ``trackers``, ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
+        same = ("index", "trackers", "units")
+        isolation = {"isolate_tenants": self.cfg.keys.isolate_tenants}
+        if (
+            any(getattr(cfg, k) != getattr(self.cfg, k) for k in same)
+            or cfg.keys.model_copy(update=isolation) != self.cfg.keys
+            or cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
         ):
             raise ValueError(
                 "retune: keys, index, trackers, units and sessions.max_sessions need a new Router"
@@ -150,6 +154,7 @@ class Router:
         for spec in POLICIES:
             if cfg.knobs(spec.name) != self.cfg.knobs(spec.name):
                 self.policies[spec.name] = spec.build(cfg.knobs(spec.name))
+        self.keys.cfg = cfg.keys
         self.cfg = cfg
 
     # ------------------------------------------------------------ workers

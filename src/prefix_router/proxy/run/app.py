@@ -22,7 +22,7 @@ from prefix_router.pool import (
 )
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge import handlers, http_errors
+from prefix_router.proxy.edge import handlers
 from prefix_router.proxy.edge.auth import KeySet
 from prefix_router.proxy.ops import admin, logs
 from prefix_router.proxy.ops.metrics import ProxyMetrics
@@ -53,7 +53,7 @@ def create_app(
     app[CONTEXT] = state
     handlers.add_routes(app)
     admin.add_routes(app)
-    http_errors.add_catch_all(app)  # last: what no route above takes
+    handlers.add_catch_all(app)  # last: what no route above takes
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
