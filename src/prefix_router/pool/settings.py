@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
+import socket
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -13,6 +15,9 @@ from prefix_router.pool.engines.registry import ENGINE_NAMES, normalize
 from prefix_router.settings import Section, header_secret, split_list
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
+# what inet_aton reads as an IPv4 address: one to four parts, decimal, octal or hex (127.1, 0x7f.1)
+_IPV4_SHORTHAND = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
+_DOT = re.compile("%2e", re.IGNORECASE)
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]{0,252})$|^[0-9a-fA-F:.]+$")
 
 
@@ -127,13 +132,34 @@ def _authority_problem(url: str) -> str | None:
 
 
 def url_identity(url: str) -> str:
-    """What two worker URLs have in common when they reach the same engine: scheme, host (lower case),
-    port (the scheme's default made explicit) and base path."""
+    """What two worker URLs have in common when they reach the same engine: scheme, host (lower case; an
+    IP address in its canonical form, so ``127.1``, ``[0:0:0:0:0:0:0:1]`` and ``[::ffff:127.0.0.1]`` are
+    ``127.0.0.1`` and ``[::1]``), port (the scheme's default made explicit) and base path (dot segments,
+    even percent-encoded, resolved; without ``/v1``). Names are not resolved: ``localhost`` is not
+    ``127.0.0.1``."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = (parts.hostname or "").lower()
+    host = canonical_host((parts.hostname or "").lower())
     host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
+    path = posixpath.normpath(_DOT.sub(".", parts.path) or "/").rstrip("/").removesuffix("/v1")
+    return f"{parts.scheme}://{host}:{port}{path}"
+
+
+def canonical_host(host: str) -> str:
+    """An IP address's one spelling (IPv4 shorthands such as ``127.1`` as inet_aton reads them, IPv6
+    compressed, IPv4-mapped IPv6 as IPv4); a name as it is."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if not _IPV4_SHORTHAND.fullmatch(host):
+            return host
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host))
+        except OSError:
+            return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return address.compressed
 
 
 class HealthSettings(Section):
