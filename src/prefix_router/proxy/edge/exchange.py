@@ -242,6 +242,8 @@ class Exchange:
         self, flight: Flight, response: UpstreamResponse | None, kind: FailureKind, message: str
     ) -> Failed:
         _abort(response)
+        if kind in (FailureKind.CONNECT, FailureKind.IO):  # the engine may have been restarted
+            flight.worker.identity_stale = True
         flight.fail(kind, 504 if kind == FailureKind.TIMEOUT else 502, message)
         return Failed(kind, message, flight.worker.name)
 
