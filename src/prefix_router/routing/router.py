@@ -67,7 +67,7 @@ from prefix_router.routing.types import (
     RouteRequest,
     WorkerSnapshot,
 )
-from prefix_router.routing.units import TokenUnits, count_prefix
+from prefix_router.routing.units import Counts, TokenUnits, count_prefix
 
 
 class ChangeKind(StrEnum):
@@ -107,6 +107,8 @@ class _Prediction:
 
 
 ChangeHook = Callable[[IndexChange], None]
+# (model, worker, nominal tokens, reported tokens, the key's byte counts): one sample the units learned
+SampleHook = Callable[[str, str, int, int, Counts | None], None]
 
 
 class Router:
@@ -132,6 +134,8 @@ class Router:
         self._prefills = PrefillTracker(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
         self.on_change: ChangeHook | None = None
+        # told of every report the token units learned from (``serve --processes``: the others learn it too)
+        self.on_units_sample: SampleHook | None = None
 
     def retune(self, cfg: RoutingSettings) -> None:
         """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
@@ -291,15 +295,27 @@ class Router:
                 self._trim(worker, req.blocks, keep, now)
             return
         self._learn(req, worker, prediction, outcome, now)
-        if req.text_model is not None and self.units.observe(
-            req.text_model,
-            req.key_tokens,
-            outcome.reported_prompt_tokens,
-            req.counts[-1] if req.counts else None,
+        reported, counts = outcome.reported_prompt_tokens, req.counts[-1] if req.counts else None
+        if (
+            req.text_model is not None
+            and reported is not None
+            and self.learn_units(req.text_model, worker, req.key_tokens, reported, counts)
+            and self.on_units_sample is not None
         ):
-            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(req.text_model))
+            self.on_units_sample(req.text_model, worker, req.key_tokens, reported, counts)
         if outcome.extension_blocks:
             self._insert(worker, outcome.extension_blocks, now)
+
+    def learn_units(
+        self, model: str, worker: str, nominal: int, reported: int, counts: Counts | None
+    ) -> bool:
+        """Learn what ``model``'s key bytes are worth from one report (here, or another process's); returns
+        whether it was a sample. The worker's blocks take the model's new value."""
+        if not self.units.observe(model, nominal, reported, counts):
+            return False
+        if worker in self.index:
+            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(model))
+        return True
 
     def _learn(
         self, req: RouteRequest, worker: str, prediction: _Prediction | None, outcome: Outcome, now: float
