@@ -251,6 +251,12 @@ def test_real_keys_next_to_service_links_still_apply() -> None:
     assert cfg.port == 9000 and cfg.routing.policy == "random"
 
 
+def test_the_lab_trace_folder_is_not_config() -> None:
+    assert load_config(env={**LINKS, "PREFIX_ROUTER_TRACES": "/data/traces"}) == load_config(env={})
+    with pytest.raises(ConfigError, match="traces"):  # nested, it is an unknown key again
+        load_config(env={"PREFIX_ROUTER_ROUTING__TRACES": "/data/traces"})
+
+
 @pytest.mark.parametrize(
     "name,value",
     [
