@@ -27,10 +27,18 @@ from typing import Any
 
 from rich.console import Console
 
-from prefix_router.lab.bench.commands import emit, exit_code, parse_key_values, plan_from, workload_from
+from prefix_router.lab.bench.commands import (
+    emit,
+    exit_code,
+    option_error,
+    parse_key_values,
+    plan_from,
+    workload_from,
+)
 from prefix_router.lab.bench.harness import run_bench
 from prefix_router.lab.bench.table import output_console
 from prefix_router.lab.workloads.arrivals import Arrivals
+from prefix_router.lab.workloads.settings import WorkloadOptionError
 from prefix_router.proxy.config import parse_scalar
 
 SIM_ENGINE_OPTIONS: Mapping[str, Any] = {
@@ -143,7 +151,10 @@ def run_demo(args: argparse.Namespace) -> int:
     args = demo_args(args, setting)
     console = output_console()
     defaults = setting.workloads.get(args.workload, {})
-    workload = workload_from(args, defaults, setting.arrivals)
+    try:
+        workload = workload_from(args, defaults, setting.arrivals)
+    except WorkloadOptionError as exc:
+        return option_error("demo", exc)
     if any(s.session_id.startswith("synthetic-") for s in workload.sessions):
         console.print("[yellow]note:[/] ShareGPT trace not found (../shared/traces, $PREFIX_ROUTER_TRACES):"
                       " the conversations are synthetic")  # fmt: skip
