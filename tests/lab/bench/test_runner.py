@@ -5,8 +5,7 @@ from typing import Any
 from prefix_router.lab.bench.runner import RunnerSettings, openai_base, request_body, run_workload
 from prefix_router.lab.workloads.types import Session, Turn, Workload
 from prefix_router.protocol import SESSION_HEADER
-
-FakeEngine = Any  # the fake_openai fixture (tests/lab/bench/conftest.py)
+from support.engines import FakeEngine
 
 
 def _cfg(engine: FakeEngine, **kw: Any) -> RunnerSettings:
@@ -91,7 +90,7 @@ async def test_connection_errors_are_recorded() -> None:
 
 
 async def test_closed_loop_bounds_concurrency(fake_openai: FakeEngine) -> None:
-    fake_openai.delay_s = 0.02
+    fake_openai.b.delay_s = 0.02
     sessions = tuple(_chat_session(f"s{i}", "q") for i in range(12))
     result = await run_workload(Workload("t", sessions, concurrency=3), _cfg(fake_openai))
     assert len(result.records) == 12 and fake_openai.max_in_flight == 3
