@@ -72,5 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.func is not _lab_missing:  # a missing lab command takes any flags (--help too)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     sys.exit(int(args.func(args) or 0))
