@@ -3,7 +3,7 @@
 Every block inserted beyond the cap evicts one block of the fullest worker. Two indexes run side by side
 over the same operations: ``PrefixIndex`` (workers kept in buckets by size: amortised O(1) per evicted
 block) and ``ScanEvictionIndex``, the same index with the fullest worker found by a ``max()`` over every
-worker per evicted block (how the index did it before issue 12). Each is filled to its cap over
+worker per evicted block (the plain reference). Each is filled to its cap over
 ``workers`` workers, then each measured round inserts one request's worth of new blocks on every worker
 in turn (so every insert evicts as many blocks), alternating the two indexes to share the machine's noise.
 """
