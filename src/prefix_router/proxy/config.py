@@ -78,13 +78,6 @@ class Config(ServerSettings):
     _workers_from_urls = field_validator("workers", mode="before")(workers_from_urls)
     _unique_names = field_validator("workers")(unique_worker_names)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_sections(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "state" in data:
-            raise ValueError("state: renamed to replication (serve --replication URL)")
-        return data
-
     @model_validator(mode="after")
     def _isolation_default(self) -> Config:
         """``routing.keys.isolate_tenants`` unset: on when clients are told apart by more than one key, or
