@@ -6,9 +6,11 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from prefix_router.lab.bench import cli, demo
@@ -145,3 +147,40 @@ def test_a_bad_workload_option_exits_2_with_one_line(command: str) -> None:
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
     assert "workload multi-turn: option shuffle: Input should be a valid boolean" in lines[0]
+
+
+def test_a_terminated_demo_stops_its_engines() -> None:
+    """SIGTERM while the demo runs: it exits (143) after stopping its engine processes."""
+    argv = ["demo", "--engines", "2", "--engine-opt", "time_scale=0.02", "--requests", "400", "--no-progress"]
+    demo_proc = subprocess.Popen(
+        [sys.executable, "-c", "from prefix_router.cli import main; main()", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(started) < 2:
+            assert demo_proc.poll() is None and time.monotonic() < deadline, (
+                "the demo's engines did not start"
+            )
+            time.sleep(0.1)
+            started = engine_children(psutil.Process(demo_proc.pid))
+        time.sleep(1.0)  # into the run
+        demo_proc.terminate()
+        assert demo_proc.wait(30) == 143
+        gone, alive = psutil.wait_procs(started, timeout=10)
+        assert alive == [] and len(gone) == 2
+    finally:
+        demo_proc.kill()
+        for engine in started:
+            if engine.is_running():
+                engine.kill()
+
+
+def engine_children(parent: psutil.Process) -> list[psutil.Process]:
+    try:
+        children = parent.children()
+    except psutil.NoSuchProcess:
+        return []
+    return [c for c in children if "prefix_router.lab.sim.server" in " ".join(c.cmdline())]

@@ -21,8 +21,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -95,6 +97,22 @@ class DemoError(RuntimeError):
 
 
 @contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit`` (exit code 143) for the ``with`` body, so the blocks around the
+    engines stop them on the way out instead of leaving them running; the previous handler comes back
+    after."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def engines(args: argparse.Namespace) -> Iterator[tuple[list[str], bool | None]]:
     """The workers' URLs and whether they are simulated (None: detect), running for the ``with`` body."""
     if args.workers:
@@ -159,7 +177,7 @@ def run_demo(args: argparse.Namespace) -> int:
         console.print("[yellow]note:[/] ShareGPT trace not found (../shared/traces, $PREFIX_ROUTER_TRACES):"
                       " the conversations are synthetic")  # fmt: skip
     try:
-        with engines(args) as (urls, simulated):
+        with sigterm_exits(), engines(args) as (urls, simulated):
             args.workers = urls
             plan = plan_from(args, workload)
             if simulated is not None:
