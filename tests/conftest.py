@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from prefix_router.proxy.server import Running, start
+from prefix_router.proxy.run.server import Running, start
 from support import net
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers

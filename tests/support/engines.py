@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from prefix_router.protocol import WORKER_HEADER
-from prefix_router.proxy.server import Running
+from prefix_router.proxy.run.server import Running
 
 
 @dataclass

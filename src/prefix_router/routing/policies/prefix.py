@@ -20,7 +20,7 @@ what the peers do instead: docs/routing.md, "The prefix cost model".
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
-Knobs (``routing.policies.prefix``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
+Knobs (``routing.policies.prefix``, ``PrefixSettings``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
 ``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
 ``saturation_weight`` 1.0, ``hit_cap_factor`` 2.0 (1: the cap binds every request), ``hit_cap_share``
 0.9; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
@@ -34,13 +34,13 @@ from operator import attrgetter
 
 from pydantic import Field
 
-from prefix_router.routing.drain import prefill_work
+from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
 from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
 
-class PrefixKnobs(Section):
+class PrefixSettings(Section):
     """``routing.policies.prefix``: the bounded-load cap, the load penalties and the weights of the future."""
 
     load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
@@ -55,7 +55,7 @@ class PrefixKnobs(Section):
 
 
 class PrefixPolicy(NoHooks):
-    def __init__(self, knobs: PrefixKnobs) -> None:
+    def __init__(self, knobs: PrefixSettings) -> None:
         self.load_factor = knobs.load_factor
         self.load_slack = knobs.load_slack
         self.queue_penalty_tokens = knobs.queue_penalty_tokens
@@ -89,7 +89,7 @@ class PrefixPolicy(NoHooks):
         in one inlined pass (this runs for every candidate of every request: nothing else walks them;
         a worker that matches nothing costs a few reads, its prefill work being the same everywhere)."""
         scale = ctx.token_scale  # engine tokens per key token (routing/units.py)
-        prompt, block = req.prompt_tokens * scale, req.block_tokens * scale
+        prompt, block = req.key_tokens * scale, req.block_tokens * scale
         best, tied, longest = math.inf, [], 0
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache
