@@ -2,9 +2,10 @@
 alone (none of the lab's libraries), serves a chat request in front of an engine, and a lab command in it
 says how to install the lab in one line (exit 2).
 
-pip installs from a wheelhouse in pytest's cache (the build backend and the product's dependencies as
-wheels), so a run needs no index; the first run, or one after a dependency changed (the install then
-fails without the index), fills it from the index once and installs again.
+pip installs from a wheelhouse beside pip's own cache (``$XDG_CACHE_HOME`` or ``~/.cache``,
+``prefix-router/lean-install-wheels``: the build backend and the product's dependencies as wheels), so a
+run needs no index; the first run, or one after a dependency changed (the install then fails without the
+index), fills it from the index once and installs again.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from support.serving import ServeProcess, wait_serving
 ROOT = Path(__file__).resolve().parents[1]
 LAB_LIBRARIES = ("numpy", "matplotlib", "rich", "openai", "psutil")  # the lab extra's, never served
 PIP_TIMEOUT_S = 240
+# a first run fills the wheelhouse from the index (minutes on a busy machine), within the module fixture
+pytestmark = pytest.mark.timeout(900)
+WHEELHOUSE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prefix-router" / "lean-install-wheels"
+)
 
 
 def pip(*args: str) -> None:
@@ -66,13 +72,14 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def lean_venv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def lean_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh venv with ``pip install <repo>`` (no extras) done."""
     base = tmp_path_factory.mktemp("lean")
     project = copy_project(base / "project")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    house = request.config.cache.mkdir("lean-install-wheels")
+    house = WHEELHOUSE
+    house.mkdir(parents=True, exist_ok=True)
     try:
         install(venv, house, project)
     except subprocess.CalledProcessError:  # first run, or the dependencies changed: fill it, once
