@@ -54,6 +54,8 @@ def test_every_knob_is_documented_with_its_default(
     cell = row[len(start) :].split("|")[0].strip().replace(",", "")
     if isinstance(default, dict):  # a mapping knob (exact_models): empty by default
         assert cell == "`{}`" and not default
+    elif isinstance(default, list):  # a list knob (tools_before_system): its items as JSON strings
+        assert cell == "`[" + " ".join(f'"{item}"' for item in default) + "]`"
     elif default is None or isinstance(default, bool | str):
         assert cell == str(default).lower() if not isinstance(default, str) else cell == default
     else:
