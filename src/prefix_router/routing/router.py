@@ -22,6 +22,11 @@ reports of requests that raced their prefix's first prefill, reports explained b
 engine's queue (the prefix was evicted while the request waited: ``queued``), and reports clamped to the
 prompt are safe.
 
+Engine blocks: once a worker's engine states its KV block size (``set_engine_block``, from vLLM's
+``cache_config_info``; 128 tokens on its CPU backend, 16 on GPUs), the prediction for that worker is rounded
+down to whole engine blocks of the prompt less its last token (the engine caches nothing finer and always
+computes the last token), so that a partial block is never predicted as cached.
+
 Token units: a text key counts nominal tokens (characters / ``keys.chars_per_token``); ``routing/units.py``
 learns per model what they are worth from the engines' ``usage.prompt_tokens`` (by the classes of the
 key's bytes, or one scale), and the router values the key's tokens by it wherever they are used: the
@@ -131,6 +136,7 @@ class Router:
         self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.trackers.max_tracked_requests)
         self._prefills = PrefillTracker(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
+        self._engine_blocks: dict[str, int] = {}  # per worker (removed with it): the engine's KV block
         self.on_change: ChangeHook | None = None
 
     def retune(self, cfg: RoutingSettings) -> None:
@@ -165,6 +171,7 @@ class Router:
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
         self.feedback.pop(name, None)
+        self._engine_blocks.pop(name, None)
         for policy in self.policies.values():
             policy.on_worker_removed(name)
 
@@ -173,6 +180,14 @@ class Router:
         self.index.forget_older(name, math.inf)
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
+
+    def set_engine_block(self, name: str, tokens: int) -> None:
+        """The worker's engine caches whole blocks of ``tokens`` (vLLM's ``cache_config_info``)."""
+        if name in self.index and tokens > 0:
+            self._engine_blocks[name] = tokens
+
+    def engine_block_tokens(self, name: str) -> int | None:
+        return self._engine_blocks.get(name)
 
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         if name in self.index:
@@ -201,7 +216,7 @@ class Router:
         scale = prompt / req.prompt_tokens if req.text_model is not None and req.prompt_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         matched = matches.get(decision.worker, 0)
-        predicted = self._match_value(req, matched, prompt)
+        predicted = self._engine_whole(decision.worker, self._match_value(req, matched, prompt), prompt)
         return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
 
     def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
@@ -217,6 +232,16 @@ class Router:
                 return int(prompt)
             counts = count_prefix(req.text, size, req.counts)
         return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
+
+    def _engine_whole(self, worker: str, predicted: int, prompt: float) -> int:
+        """A prediction in the engine's terms once its block size is known: an engine that caches whole
+        blocks and computes the prompt's last token always serves at most the whole blocks of the first
+        prompt - 1 tokens, so the prediction is rounded down to them (unknown block size: unchanged)."""
+        size = self._engine_blocks.get(worker)
+        if not size or predicted <= 0:
+            return predicted
+        limit = min(predicted, math.ceil(prompt) - 1)
+        return max(0, limit - limit % size)
 
     def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
         attention = self.cfg.trackers.attention_tokens

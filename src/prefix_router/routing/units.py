@@ -28,8 +28,12 @@ learns, per model, what a key's bytes are worth from the engines' ``usage.prompt
    key builder's cumulative counts, ``count_marks``: at most ``CHUNK / 2`` bytes more counted), and the
    prompt, the load and the policy's cost by the whole key's counts.
 
-Fallback: before ``warmup`` samples, for models never reported, with ``learn`` off, and for token-id keys
-(a tokenizer, exact mode, completions given as ids: counted exactly), the scale is 1 (the configured
+Warm-up: before ``warmup`` samples the scale is the lowest sample so far, and never above 1 (so a
+model whose text is denser than the configured ``chars_per_token`` is not over-predicted until its
+eighth report: SmolLM2's prose is about 5 bytes per token, and at 4 a 4 KB system prompt was predicted
+at 896 cached tokens where vLLM held 640, for the first 8 requests); the content value waits for the
+warm-up. Fallback: for models never reported, with ``learn`` off, and for token-id keys (a tokenizer,
+exact mode, completions given as ids: counted exactly), the scale is 1 (the configured
 ``chars_per_token``); keys without counts (replayed traces) use the scale. Engines of one model share its
 tokenizer and chat template, so the table is per model, not per worker: every worker's reports teach it,
 and it applies before a worker is chosen.
@@ -254,6 +258,8 @@ class TokenUnits:
             units.variance = (1.0 - alpha) * (units.variance + alpha * delta * delta)
         if units.samples >= cfg.warmup:
             self.scales[model] = max(1.0 / CLAMP, units.mean - cfg.margin * units.deviation())
+        elif bounded < self.scales.get(model, 1.0):  # warming up: the lowest sample, never above nominal
+            self.scales[model] = bounded
         if cfg.by_content and counts is not None:
             self._fit(model, units.content, reported, counts)
         return True
