@@ -56,10 +56,9 @@ async def get_text(url: str) -> str:
         return await response.text()
 
 
-def aborted(metrics: str) -> float:
-    """Requests the engine finished as aborted (``vllm:request_success_total{finished_reason="abort"}``)."""
-    samples = promtext.parse(metrics, frozenset({"vllm:request_success_total"}))
-    return sum(s.value for s in samples if s.labels.get("finished_reason") == "abort")
+def generated(metrics: str) -> float:
+    """Tokens the engine has generated (``vllm:generation_tokens_total``)."""
+    return sum(s.value for s in promtext.parse(metrics, frozenset({"vllm:generation_tokens_total"})))
 
 
 async def engine_load(url: str) -> Any:
@@ -124,7 +123,7 @@ async def test_scraping_sees_the_queue_and_kv_usage_under_load(
     worker = router.state.pool.require("vllm-0")
     url = vllm_fleet.urls[0]
     shared = prose(3, 150)
-    bodies = [chat(shared, prose(300 + i, 30), max_tokens=40, ignore_eos=True) for i in range(12)]
+    bodies = [chat(shared, prose(300 + i, 30), max_tokens=20, ignore_eos=True) for i in range(10)]
     sends = [asyncio.create_task(post_json(f"{url}/v1/chat/completions", b)) for b in bodies]
     seen: list[Any] = []
     while not all(s.done() for s in sends):
@@ -133,7 +132,7 @@ async def test_scraping_sees_the_queue_and_kv_usage_under_load(
             seen.append(load)
         await asyncio.sleep(0.05)
     await asyncio.gather(*sends)
-    assert max(load.queue_depth for load in seen) >= 1  # 12 requests, max_num_seqs 8
+    assert max(load.queue_depth for load in seen) >= 1  # 10 requests, max_num_seqs 8
     assert max(load.running for load in seen) >= 2
     assert max(load.kv_usage for load in seen) > 0.0
     now = router.state.clock()
@@ -154,8 +153,8 @@ async def test_cached_token_feedback_agrees_with_the_engine(
     workers = {worker for worker, _ in answers}
     assert len(workers) == 1  # the prefix policy keeps a shared system prompt on one engine
     cached = [a.usage.prompt_tokens_details.cached_tokens for _, a in answers]  # type: ignore[union-attr]
-    assert cached[0] == 0 and min(cached[1:]) >= 1024 and all(c % BLOCK == 0 for c in cached)
-    stats = router.state.router.describe(workers.pop())["feedback"]
+    assert cached[0] == 0 and min(cached[1:]) >= 6 * BLOCK and all(c % BLOCK == 0 for c in cached)
+    stats = router.state.router.feedback[workers.pop()].as_dict()
     assert stats["reports"] == 3 and stats["agree"] == 3
     assert stats["reported_tokens"] == sum(cached)
     assert 0 <= stats["predicted_tokens"] - stats["reported_tokens"] < 2 * BLOCK  # whole engine blocks
@@ -193,13 +192,13 @@ async def test_a_client_disconnect_aborts_the_engine_request(
         for _ in range(5):
             await response.content.readline()
         assert (await engine_load(url)).running == 1
-        aborted_before = aborted(await get_text(f"{url}/metrics"))
+        generated_before = generated(await get_text(f"{url}/metrics"))
         response.close()  # the client goes away mid-stream
     started = time.monotonic()
     while (await engine_load(url)).running:
         assert time.monotonic() - started < 15, "the engine kept generating for a client that left"
         await asyncio.sleep(0.2)
-    assert aborted(await get_text(f"{url}/metrics")) == aborted_before + 1
+    assert generated(await get_text(f"{url}/metrics")) - generated_before < 1000  # of the 3,000 asked for
 
 
 async def test_tokenize_and_render_pass_through(vllm_fleet: VllmFleet, start_router: RouterFactory) -> None:
@@ -211,7 +210,10 @@ async def test_tokenize_and_render_pass_through(vllm_fleet: VllmFleet, start_rou
     assert via_router["count"] == len(via_router["tokens"]) > 25
     render = chat(prose(8, 25), "Render me.")
     rendered = await post_json(f"{router.url}/v1/chat/completions/render", render)
-    assert rendered == await post_json(f"{direct}/v1/chat/completions/render", render)
+    assert (
+        rendered["token_ids"]
+        == (await post_json(f"{direct}/v1/chat/completions/render", render))["token_ids"]
+    )
     tokens = await post_json(f"{direct}/tokenize", {"model": MODEL, "messages": render["messages"]})
     assert rendered["token_ids"] == tokens["tokens"]  # the chat template, rendered by the engine
 

@@ -415,6 +415,7 @@ class Router:
             "capacity_tokens": self.index.capacity_tokens(name),  # learned from engine feedback
             "known_capacity_tokens": self.index.ceiling_tokens(name),  # configured or scraped
             "block_tokens": self.index.block_value(name),  # what one of its blocks is worth (units)
+            "engine_block_tokens": self._engine_blocks.get(name),  # the engine's KV block, once scraped
             "in_flight": snap.in_flight,
             "pending_prefill_tokens": snap.pending_prefill_tokens,
             # predicted vs reported cached tokens, summed over the requests whose engine reported only
