@@ -27,9 +27,8 @@ from typing import Any
 import orjson
 
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.proxy.config import Config
-from prefix_router.routing.router import Router
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.proxy import Config
+from prefix_router.routing import Decision, Outcome, Router, RouteRequest
 
 STAGES = ("key", "route", "dispatched", "first_token", "extension", "finished")
 GENERATED = {"role": "assistant", "content": "ok"}  # what the instant worker answers
@@ -81,7 +80,7 @@ class Setting:
             t0 = clock()
             body = orjson.loads(raw)
             t1 = clock()
-            req = router.keys.build("chat", body, request_id=f"r{self.count}")
+            req = router.keys.build("chat", body, route_id=f"r{self.count}")
             t2 = clock()
             decision = router.route(req, names, now)
             t3 = clock()
@@ -91,7 +90,7 @@ class Setting:
             t5 = t6 = t7 = t4
             if len(self.flying) > self.in_flight:
                 old, old_body, old_decision = self.flying.popleft()
-                router.first_token(old.request_id, now)
+                router.first_token(old.route_id, now)
                 t5 = clock()
                 extension = router.keys.extend(old, "chat", old_body, GENERATED)
                 t6 = clock()

@@ -26,8 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prefix_router.lab.bench import index_bench
-from prefix_router.routing.index import PrefixIndex
-from prefix_router.routing.keys import KeyBuilder
+from prefix_router.routing import KeyBuilder, PrefixIndex
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -77,8 +76,8 @@ def main() -> None:
     for column in ("prompt chars", "case", "index.match (loop)", "accumulate variant", "x loop", "route"):
         table.add_column(column, justify="right")
     for chars in args.prompt_chars:
-        miss = keys.build("chat", index_bench.body_of(chars, 1), request_id="miss")
-        hit = keys.build("chat", index_bench.body_of(chars, 2), request_id="hit")
+        miss = keys.build("chat", index_bench.body_of(chars, 1), route_id="miss")
+        hit = keys.build("chat", index_bench.body_of(chars, 2), route_id="hit")
         for worker in router.workers()[: index_bench.HIT_WORKERS]:
             index.insert(worker, hit.blocks, now=1e6)
         for case, req in (("miss", miss), ("hit", hit)):

@@ -26,10 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.replication.local import LocalConfig, LocalReplication
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Outcome
+from prefix_router.replication import LocalConfig, LocalReplication
+from prefix_router.routing import Outcome, Router, RoutingSettings
 
 REPLY = {"role": "assistant", "content": "ok ok ok ok ok ok ok ok"}
 
@@ -63,7 +61,7 @@ def drive(
 ) -> list[str]:
     router, n = sender.router, args.requests
     raw = [orjson.loads(b.split(b"\r\n\r\n", 1)[1]) for b in bodies(n, args.prompt_chars, False)]
-    reqs = [router.keys.build("chat", body, request_id=f"r{i}") for i, body in enumerate(raw)]
+    reqs = [router.keys.build("chat", body, route_id=f"r{i}") for i, body in enumerate(raw)]
     exts = [router.keys.extend(r, "chat", body, REPLY) for r, body in zip(reqs, raw, strict=True)]
     events = [(i / args.rate, 0, i) for i in range(n)] + [
         (i / args.rate + args.latency_s, 1, i) for i in range(n)

@@ -34,13 +34,10 @@ import aiohttp
 
 from prefix_router.lab.bench.fidelity.corpus import prose
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
-from prefix_router.pool.engines import get_adapter
+from prefix_router.pool import get_adapter
 from prefix_router.protocol import MATCH_HEADER
-from prefix_router.proxy.app import create_app
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.server import start
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.settings import KeySettings
+from prefix_router.proxy import create_app, load_config, start
+from prefix_router.routing import KeyBuilder, KeySettings
 
 MODEL = "smollm2-135m"
 ADMIN = "units-benchmark"
@@ -111,7 +108,7 @@ async def drive(engine: str, learn: bool, warmup: int, pairs: int) -> Run:
 
             async def measure(kind: str, body: dict[str, Any]) -> str:
                 predicted, prompt, cached, reply = await send(http, running.url, engine, body)
-                nominal = keys.build("chat", body, request_id="x").prompt_tokens
+                nominal = keys.build("chat", body, route_id="x").prompt_tokens
                 run.rows.append(Measured(kind, nominal, prompt, predicted, cached))
                 print(f"{'learn' if learn else 'fixed'} {kind:6s} nominal {nominal:5d} engine {prompt:5d} "
                       f"predicted {predicted:5d} cached {cached:5d}", flush=True)  # fmt: skip

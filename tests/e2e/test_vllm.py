@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet
-from prefix_router.pool.engines import get_adapter, promtext
+from prefix_router.pool import get_adapter, promtext
 from support.routers import RouterFactory, RouterHandle
 from support.vllm import CACHE_TOKENS, MODEL, workers_config
 from support.waiting import wait_until

@@ -13,7 +13,7 @@ import pytest
 
 from prefix_router.lab.sim.server import EngineSimConfig, build_app
 from prefix_router.protocol import MATCH_HEADER, SESSION_HEADER, WORKER_HEADER
-from prefix_router.proxy.auth import tenant_of
+from prefix_router.proxy.edge.auth import tenant_of
 
 SYSTEM = "Confidential system prompt of tenant A: the merger closes on Friday. " * 20
 A, B = {"Authorization": "Bearer key-tenant-a"}, {"Authorization": "Bearer key-tenant-b"}
@@ -33,7 +33,7 @@ async def three_workers(echo_engine: Any, start_router: Any, isolate: bool, **se
 
 def blocks_of(router: Any, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, ...]:
     tenant = tenant_of(headers) if router.state.config.routing.keys.isolate_tenants else None
-    route = router.state.router.keys.build("chat", body, request_id="probe", tenant=tenant)
+    route = router.state.router.keys.build("chat", body, route_id="probe", tenant=tenant)
     blocks: tuple[int, ...] = route.blocks
     return blocks
 

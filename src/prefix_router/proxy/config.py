@@ -26,29 +26,28 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-import yaml
 from pydantic import Field, field_validator, model_validator
 
-from prefix_router.pool.settings import (
+from prefix_router.pool import (
     DiscoverySettings,
-    HealthConfig,
-    ScrapeConfig,
-    WorkerConfig,
+    HealthSettings,
+    ScrapeSettings,
+    WorkerSettings,
     unique_worker_names,
     workers_from_urls,
 )
 from prefix_router.proxy.settings import (
-    AuthConfig,
-    LimitsConfig,
-    RecordConfig,
-    RetryConfig,
+    AuthSettings,
+    LimitsSettings,
+    RecordSettings,
+    RetrySettings,
     ServerSettings,
-    TenantsConfig,
-    TimeoutConfig,
+    TenantsSettings,
+    TimeoutSettings,
 )
-from prefix_router.replication.settings import ReplicationSettings
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.settings import ConfigError
+from prefix_router.replication import ReplicationSettings
+from prefix_router.routing import RoutingSettings
+from prefix_router.settings import ConfigError, describe, parse_scalar, read_yaml, set_dotted
 
 ENV_PREFIX = "PREFIX_ROUTER_"
 _LINK_NAME = re.compile(
@@ -61,16 +60,16 @@ _LINK_URL = re.compile(r"(?:tcp|udp|sctp)://[^\s/]+:\d+")
 class Config(ServerSettings):
     """Everything ``prefix-router serve`` needs: the proxy's top-level fields and one section per package."""
 
-    workers: list[WorkerConfig] = Field(default_factory=list)
+    workers: list[WorkerSettings] = Field(default_factory=list)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
-    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
-    retries: RetryConfig = Field(default_factory=RetryConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
-    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
-    record: RecordConfig = Field(default_factory=RecordConfig)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    retries: RetrySettings = Field(default_factory=RetrySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    tenants: TenantsSettings = Field(default_factory=TenantsSettings)
+    record: RecordSettings = Field(default_factory=RecordSettings)
     replication: ReplicationSettings = Field(default_factory=ReplicationSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 
@@ -119,20 +118,6 @@ def load_config(
     return validate(data)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: the top level must be a mapping")
-    return data
-
-
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """``PREFIX_ROUTER_A__B=v`` -> ``{"a.b": yaml_scalar(v)}``; Kubernetes service links are skipped."""
     out: dict[str, Any] = {}
@@ -154,39 +139,8 @@ def service_link(name: str, value: str) -> bool:
     return _LINK_PORT.fullmatch(name) is not None and _LINK_URL.fullmatch(value.strip()) is not None
 
 
-def parse_scalar(raw: str) -> Any:
-    """A YAML scalar (``8000`` -> int, ``true`` -> bool); anything else stays the string."""
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-    return value if isinstance(value, str | int | float | bool | list) else raw
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
 def validate(data: Mapping[str, Any]) -> Config:
     try:
         return Config.model_validate(data)
     except pydantic.ValidationError as exc:
         raise ConfigError(describe(exc)) from None
-
-
-def describe(exc: pydantic.ValidationError) -> str:
-    """One line naming the first bad key, e.g. ``routing.keys.block_chars: Input should be greater than 0``
-    (the message is pydantic's)."""
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "<top level>"
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid config: {key}: {msg}{more}"

@@ -15,7 +15,7 @@ import yaml
 
 from prefix_router.lab.launch import cli, gguf_model, vllm_cli
 from prefix_router.lab.launch.vllm import Instance, VllmFleet, VllmSettings, command, environment, find_gguf
-from prefix_router.proxy.config import load_config
+from prefix_router.proxy import load_config
 
 
 def parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from prefix_router.lab.launch.llama_cpp import (
 )
 from prefix_router.lab.launch.net import get_text
 from prefix_router.lab.launch.vllm_cli import register_vllm
-from prefix_router.pool.engines.registry import detect
+from prefix_router.pool import detect
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -28,8 +28,8 @@ from prefix_router.lab.launch.vllm import (
     VllmSettings,
     default_venv,
 )
-from prefix_router.pool.settings import WorkerConfig
-from prefix_router.proxy.config import validate
+from prefix_router.pool import WorkerSettings
+from prefix_router.proxy import validate
 from prefix_router.settings import ConfigError
 
 
@@ -112,7 +112,7 @@ def serve_config(fleet: VllmFleet) -> dict[str, Any]:
 def checked_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` validated by the router's config model; ``kv_events`` is checked only where the model
     knows the field (the precise-mode subscriber adds it)."""
-    knows_events = "kv_events" in WorkerConfig.model_fields
+    knows_events = "kv_events" in WorkerSettings.model_fields
     probe = config if knows_events else {"workers": [_without_events(w) for w in config["workers"]]}
     validate(probe)
     return config

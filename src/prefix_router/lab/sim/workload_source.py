@@ -27,8 +27,7 @@ from prefix_router.lab.sim.requests import SimRequest
 from prefix_router.lab.sim.text import ids_text
 from prefix_router.lab.workloads.bodies import request_body
 from prefix_router.lab.workloads.types import Session, Workload
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing import KeyBuilder, RoutingSettings
 
 
 def scale_arrivals(workload: Workload, rate_scale: float) -> Workload:
@@ -104,7 +103,7 @@ class WorkloadSource:
         body = request_body(session, turn, state.history, self.limits.model)
         endpoint = session.endpoint
         multi = session.session_id if self.sessions and len(session.turns) > 1 else None
-        route = self.keys.build(endpoint, body, request_id=rid, tenant=session.tenant, session=multi)
+        route = self.keys.build(endpoint, body, route_id=rid, tenant=session.tenant, session=multi)
         generation = parse(endpoint, body, self.limits, rid).generations[0]
         text = ids_text(generation.output)
         state.reply = {"role": "assistant", "content": text}

@@ -19,8 +19,7 @@ from typing import Any
 
 from prefix_router.lab.bench.fidelity.corpus import _assistant, _system, _user
 from prefix_router.lab.workloads.text import rng_for
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.settings import KeySettings
+from prefix_router.routing import KeyBuilder, KeySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +54,6 @@ def measure_cost(model_dir: Path, chars: int, repeat: int = 20, rounds: int = 5)
     samples: dict[str, list[float]] = {name: [] for name in builders}
     for _ in range(rounds):
         for name, builder in builders.items():
-            samples[name].append(_mean_us(partial(builder.build, "chat", body, request_id="c"), repeat))
+            samples[name].append(_mean_us(partial(builder.build, "chat", body, route_id="c"), repeat))
     med = {name: statistics.median(values) for name, values in samples.items()}
     return Cost(chars, med["default"], med["tokens"], med["exact"])
