@@ -1,13 +1,14 @@
 """Real vLLM benchmark: prefix-router's policies and the peers' cache_aware routers in front of the SAME
 real vLLM engines (the CPU build, SmolLM2-135M with its own weights), driven by the SAME client.
 
-    .venv/bin/python benchmarks/vllm_real.py                       # every cell (~15 min on 2 cores)
-    .venv/bin/python benchmarks/vllm_real.py --cells shared --routers prefix,random --requests 30
+    .venv/bin/python benchmarks/vllm_real.py                       # the default plan (~15-30 min on 2 cores)
+    .venv/bin/python benchmarks/vllm_real.py --plan shared:random,prefix --requests 20
 
 Engines: 2 instances (``prefix_router.lab.launch.vllm``), pinned to one core each
-(``VLLM_CPU_OMP_THREADS_BIND``), ``--kv-cache-tokens`` each (default 8,192: 64 blocks of 128, room for
-about 4 of the shared-prefix workload's 10 system prompts per engine: cache pressure). Started once;
-their prefix caches are flushed before every run (``POST /reset_prefix_cache``, by ``bench``).
+(``VLLM_CPU_OMP_THREADS_BIND``), ``--kv-cache-tokens`` each (default 4,096: 32 blocks of 128, room for
+3 of the shared-prefix workload's 6 system prompts per engine: cache pressure, where the two engines hold
+all six only if each keeps its own half). Started once; their prefix caches are flushed before every
+run (``POST /reset_prefix_cache``, by ``bench``).
 
 Routers, each its own process, started fresh per run: prefix-router ``serve --processes 1`` with
 ``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2 ``cache_aware`` and
@@ -15,9 +16,9 @@ vllm-router 0.1.17 ``cache_aware`` with their defaults (installed into ``--peers
 never into the project's venv). Client: ``prefix-router bench --router URL`` (the ``openai`` client,
 streaming), closed loop at ``--concurrency`` sessions, seeded.
 
-Cells (``CELLS``): ``shared`` (10 tenants' ~1.8k-token system prompts, uniform popularity, short
-questions), ``multiturn`` (synthetic conversations, each turn carrying its history), ``unique`` (the
-negative control: no shared prefix). Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
+Cells (``CELLS``; ``--plan`` says which routers run in which cell): ``shared`` (6 tenants' ~1.2k-token
+system prompts, uniform popularity, short questions), ``multiturn`` (synthetic conversations, each turn
+carrying its history), ``unique`` (the negative control: no shared prefix). Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
 (``vllm:prefix_cache_hits_total`` / ``queries_total`` between the run's scrapes), each engine's busy
 time (CPU seconds of its processes over the run) and the router's CPU seconds; the machine's load
 average at start and end. Results: ``OUT/runs.json`` and ``OUT/table.md`` (the docs quote them).
@@ -29,12 +30,14 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psutil
@@ -57,14 +60,14 @@ class Cell:
     requests: int
 
 
+CHAT = ("tenants=6", "system_tokens=1200", "zipf_s=0", "question_tokens=16", "output_tokens=8")
+TURNS = ("max_turns=5", "max_user_tokens=150", "min_output_tokens=16", "max_output_tokens=24",
+         "synthetic_fallback=true")  # fmt: skip
 CELLS: dict[str, Cell] = {
-    "shared": Cell("shared", "chatbots",
-                   ("tenants=10", "system_tokens=1800", "zipf_s=0", "question_tokens=16", "output_tokens=8"), 60),
-    "multiturn": Cell("multiturn", "multi-turn",
-                      ("max_turns=6", "max_user_tokens=200", "min_output_tokens=16", "max_output_tokens=32",
-                       "synthetic_fallback=true"), 48),
-    "unique": Cell("unique", "unique", ("prompt_tokens=1200", "output_tokens=8"), 24),
-}  # fmt: skip
+    "shared": Cell("shared", "chatbots", CHAT, 30),
+    "multiturn": Cell("multiturn", "multi-turn", TURNS, 30),
+    "unique": Cell("unique", "unique", ("prompt_tokens=600", "output_tokens=8"), 12),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,30 +212,43 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DEFAULT_PLAN = (
+    "shared:random,round_robin,least_load,prefix,sglang,vllm;multiturn:random,prefix,sglang,vllm;"
+    "unique:random,prefix"
+)
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("/tmp/prefix-router-vllm-real"))
-    p.add_argument("--cells", default=",".join(CELLS))
-    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--plan", default=DEFAULT_PLAN, help="CELL:ROUTER,ROUTER;CELL:... (default: %(default)s)")
     p.add_argument("--requests", type=int, help="requests per run (default: the cell's)")
     p.add_argument("--concurrency", type=int, default=2, help="sessions in flight (default 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-cache-tokens", type=int, default=8192)
+    p.add_argument("--kv-cache-tokens", type=int, default=4096, help="per engine (default 4,096: 32 blocks)")
+    p.add_argument("--optimization-level", type=int, default=0, help="vLLM's -O (0: eager, fast start-up)")
     p.add_argument("--port-base", type=int, default=18700, help="router port (engines on base+10, +11)")
     p.add_argument("--peers-venv", type=Path, default=Path("/tmp/peers"))
     args = p.parse_args(argv)
-    routers = [ROUTERS[r] for r in args.routers.split(",")]
-    if any(r.kind != "prefix-router" for r in routers):
+    plan = [(CELLS[cell], [ROUTERS[r] for r in names.split(",")])
+            for cell, _, names in (item.partition(":") for item in args.plan.split(";"))]  # fmt: skip
+    if any(r.kind != "prefix-router" for _, routers in plan for r in routers):
         ensure_peers(args.peers_venv)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = VllmSettings(instances=2, port_base=args.port_base + 10, kv_cache_tokens=args.kv_cache_tokens,
-                            cores=(0, 1), max_num_seqs=8, log_dir=args.out / "engines")  # fmt: skip
+                            cores=(0, 1), max_num_seqs=8, optimization_level=args.optimization_level,
+                            log_dir=args.out / "engines")  # fmt: skip
     rows: list[dict[str, Any]] = []
+    signal.signal(signal.SIGTERM, interrupt)  # the engines are stopped on the way out
     with VllmFleet(settings) as fleet:
-        for name in args.cells.split(","):
+        for cell, routers in plan:
             for router in routers:
-                print(f"{name}: {router.label}", flush=True)
-                rows.append(run_one(fleet, CELLS[name], router, args))
+                print(f"{cell.name}: {router.label}", flush=True)
+                rows.append(run_one(fleet, cell, router, args))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
                 (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out / "table.md").write_text(table(rows))
