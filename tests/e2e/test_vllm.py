@@ -3,7 +3,9 @@
 the router sends. The engines are started once per session (``vllm_fleet``, tests/support/vllm.py); each
 test uses prompts of its own (``prose(seed, ...)``) so that no test rides on another's cache.
 
-The restart test runs last in this module: it kills an engine and waits for it to come back.
+The restart test runs last in this module: it kills an engine and waits for it to come back. On 2
+shared cores the module took 7.5-11 minutes (load average 10-20): about 4 minutes to start the two
+engines, 2.5-3.5 to restart one, 2-3 for the rest.
 """
 
 from __future__ import annotations
