@@ -51,7 +51,7 @@ def test_command_has_what_the_router_needs(tmp_path: Path) -> None:
     assert "--load-format" not in argv
     small = VllmSettings(kv_cache_tokens=1000, weights="dummy", venv=tmp_path)
     argv = command(small, tmp_path, 18001, None)
-    assert argv[argv.index("--max-model-len") + 1] == "1024"  # no longer than the cache
+    assert argv[argv.index("--max-model-len") + 1] == "896"  # 8 blocks: the cache less one block
     assert argv[argv.index("--load-format") + 1] == "dummy" and "--kv-events-config" not in argv
 
 
@@ -67,7 +67,7 @@ def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="instances"):
         VllmFleet(VllmSettings(instances=0))
     with pytest.raises(ValueError, match="one block"):
-        VllmFleet(VllmSettings(kv_cache_tokens=100))
+        VllmFleet(VllmSettings(kv_cache_tokens=128))
 
 
 def test_missing_venv_fails_with_the_make_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -95,9 +95,10 @@ class VllmSettings:
         return max(1, math.ceil(self.kv_cache_tokens / self.block_size))
 
     def model_len(self) -> int:
-        """``max_model_len``, no longer than the cache (vLLM refuses a context the cache cannot hold)."""
+        """``max_model_len``, no longer than the cache less one block (vLLM keeps one block back, and
+        refuses a context the rest cannot hold: 32 blocks of 128 serve 3,968 tokens, not 4,096)."""
         blocks = self.blocks()
-        return self.max_model_len if blocks is None else min(self.max_model_len, blocks * self.block_size)
+        return self.max_model_len if blocks is None else min(self.max_model_len, (blocks - 1) * self.block_size)
 
 
 class LaunchError(RuntimeError):
@@ -213,8 +214,8 @@ class VllmFleet:
     def __init__(self, settings: VllmSettings) -> None:
         if not 1 <= settings.instances <= MAX_INSTANCES:
             raise ValueError(f"instances must be 1..{MAX_INSTANCES}, got {settings.instances}")
-        if settings.kv_cache_tokens is not None and settings.kv_cache_tokens < settings.block_size:
-            raise ValueError(f"kv_cache_tokens must be at least one block ({settings.block_size})")
+        if settings.kv_cache_tokens is not None and settings.kv_cache_tokens <= settings.block_size:
+            raise ValueError(f"kv_cache_tokens must be more than one block ({settings.block_size})")
         self.settings = settings
         self.instances: list[Instance] = []
         self._model: Path | None = None
