@@ -98,7 +98,9 @@ class VllmSettings:
         """``max_model_len``, no longer than the cache less one block (vLLM keeps one block back, and
         refuses a context the rest cannot hold: 32 blocks of 128 serve 3,968 tokens, not 4,096)."""
         blocks = self.blocks()
-        return self.max_model_len if blocks is None else min(self.max_model_len, (blocks - 1) * self.block_size)
+        return (
+            self.max_model_len if blocks is None else min(self.max_model_len, (blocks - 1) * self.block_size)
+        )
 
 
 class LaunchError(RuntimeError):
