@@ -19,6 +19,10 @@ over-report on a full index grows it back, up to the known capacity) and never f
 units (``routing/units.py``) value a text key's tokens wherever they are used: the prediction, the load
 tracker, the policy's cost (``Context.token_scale``) and the index's capacity in blocks. Index changes go
 to a listener (``IndexChange``) when one is set (replication). Why: docs/routing.md, "Engine feedback".
+
+Engine blocks: once a worker's engine states its KV block size (``set_engine_block``, from vLLM's
+``cache_config_info``; 128 tokens on its CPU backend), its predictions are rounded down to whole engine
+blocks of the prompt less its last token, never a partial block.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ class Router:
         self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.trackers.max_tracked_requests)
         self._prefills = PrefillTracker(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
+        self._engine_blocks: dict[str, int] = {}  # per worker (removed with it): the engine's KV block
         self.on_change: ChangeHook | None = None
         # told of every report the token units learned from (``serve --processes``: the others learn it too)
         self.on_units_sample: SampleHook | None = None
@@ -163,6 +168,7 @@ class Router:
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
         self.feedback.pop(name, None)
+        self._engine_blocks.pop(name, None)
         for policy in self.policies.values():
             policy.on_worker_removed(name)
 
@@ -171,6 +177,14 @@ class Router:
         self.index.forget_older(name, math.inf)
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
+
+    def set_engine_block(self, name: str, tokens: int) -> None:
+        """The worker's engine caches whole blocks of ``tokens`` (vLLM's ``cache_config_info``)."""
+        if name in self.index and tokens > 0:
+            self._engine_blocks[name] = tokens
+
+    def engine_block_tokens(self, name: str) -> int | None:
+        return self._engine_blocks.get(name)
 
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         if name in self.index:
@@ -199,7 +213,7 @@ class Router:
         scale = prompt / req.key_tokens if req.text_model is not None and req.key_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         matched = matches.get(decision.worker, 0)
-        predicted = self._match_value(req, matched, prompt)
+        predicted = self._engine_whole(decision.worker, self._match_value(req, matched, prompt), prompt)
         return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
 
     def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
@@ -215,6 +229,16 @@ class Router:
                 return int(prompt)
             counts = count_prefix(req.text, size, req.counts)
         return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
+
+    def _engine_whole(self, worker: str, predicted: int, prompt: float) -> int:
+        """A prediction in the engine's terms once its block size is known: an engine that caches whole
+        blocks and computes the prompt's last token always serves at most the whole blocks of the first
+        prompt - 1 tokens, so the prediction is rounded down to them (unknown block size: unchanged)."""
+        size = self._engine_blocks.get(worker)
+        if not size or predicted <= 0:
+            return predicted
+        limit = min(predicted, math.ceil(prompt) - 1)
+        return max(0, limit - limit % size)
 
     def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
         attention = self.cfg.trackers.attention_tokens
@@ -407,6 +431,7 @@ class Router:
             "capacity_tokens": self.index.capacity_tokens(name),  # learned from engine feedback
             "known_capacity_tokens": self.index.ceiling_tokens(name),  # configured or scraped
             "block_tokens": self.index.block_value(name),  # what one of its blocks is worth (units)
+            "engine_block_tokens": self._engine_blocks.get(name),  # the engine's KV block, once scraped
             "in_flight": snap.in_flight,
             "pending_prefill_tokens": snap.pending_prefill_tokens,
             # predicted vs reported cached tokens, summed over the requests whose engine reported only

@@ -20,6 +20,7 @@ from prefix_router.proxy.edge.accounting import CLIENT_GONE
 from prefix_router.proxy.edge.auth import check_client, tenant_of
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
+from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -130,8 +131,9 @@ async def completions(request: web.Request, note: RequestNote) -> web.StreamResp
 
 @guarded
 async def passthrough(request: web.Request, note: RequestNote) -> web.StreamResponse:
-    """Any other ``/v1/*`` call goes to the least loaded worker (serving the body's model, if named),
-    chosen and counted by the routing core like any request."""
+    """Any other ``/v1/*`` call, and the engines' token endpoints outside ``/v1`` (``ROOT_PASSTHROUGH``:
+    vLLM's and SGLang's ``/tokenize``, ``/detokenize``), goes to the least loaded worker (serving the
+    body's model, if named), chosen and counted by the routing core like any request."""
     state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
@@ -189,6 +191,8 @@ def add_routes(app: web.Application) -> None:
         app.router.add_route("*", path, post_only)
     app.router.add_get("/v1/models", list_models)
     app.router.add_route("*", "/v1/{tail:" + http_errors.ANY_PATH + "+}", passthrough)
+    for path in ROOT_PASSTHROUGH:
+        app.router.add_post(path, passthrough)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
