@@ -36,6 +36,7 @@ from prefix_router.protocol import Endpoint
 from prefix_router.routing import canonical
 from prefix_router.routing.canonical import MEDIA, chat_text, has_reasoning
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
+from prefix_router.routing.precise import precise_chain, precise_seed
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError, load_templates, media_ids
 from prefix_router.routing.types import InvalidRequest, RouteRequest
@@ -109,6 +110,8 @@ class KeyBuilder:
             templates = load_templates(cfg.exact_models, cfg.image_tokens, cfg.tool_choice_none_drops_tools)
         self.templates = dict(templates)
         self._media_chars = max(17, round(cfg.image_tokens * cfg.chars_per_token))
+        # precise mode's block size (set while some worker publishes KV events); None: no precise keys
+        self.precise_block_tokens: int | None = None
 
     def namespace(self, body: Mapping[str, Any], tenant: str | None, exact: bool = False) -> int:
         model = _require_model(body)
@@ -210,6 +213,7 @@ class KeyBuilder:
         seed = self.namespace(body, tenant, exact=True)
         data = _token_bytes(ids)
         full = len(ids) - len(ids) % self.cfg.block_tokens
+        precise = self.precise_blocks(ids, body, tenant)
         return RouteRequest(
             route_id=route_id,
             blocks=self._blocks(data, True, seed),
@@ -221,7 +225,25 @@ class KeyBuilder:
             output_tokens_hint=_max_tokens(body),
             tail=data[full * 4 :],
             exact=True,
+            precise_blocks=precise,
+            precise_tokens=len(ids) if precise else 0,
         )
+
+    def precise_blocks(
+        self, ids: Sequence[int], body: Mapping[str, Any], tenant: str | None
+    ) -> tuple[int, ...]:
+        """Precise mode's chain of ``ids`` (``routing/precise.py``): seeded by the model (a LoRA adapter's
+        name is the model its requests name) and the cache salt only, as the engine shares its cache. With
+        tenants isolated, only a salted request gets one (the engine shares unsalted blocks across tenants:
+        routing on them would tell one tenant what another sent)."""
+        size = self.precise_block_tokens
+        salt = _opt_str(body, "cache_salt")
+        if size is None or (self.cfg.isolate_tenants and tenant is not None and salt is None):
+            return ()
+        limit = self.cfg.max_prefix_chars
+        if limit is not None:
+            limit = int(limit / self.cfg.chars_per_token)
+        return precise_chain(ids, size, precise_seed(_require_model(body), None, salt), limit)
 
     def _exact_extension(
         self, req: RouteRequest, endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any]
