@@ -11,6 +11,7 @@ from typing import Literal
 
 from aiohttp import web
 
+from prefix_router.pool.kv_events import EventSubscriptions
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerSettings
@@ -46,6 +47,7 @@ class AppContext:
     clock: Callable[[], float]
     policies: frozenset[str]
     recorder: TraceRecorder | None = None
+    events: EventSubscriptions | None = None  # KV cache event subscriptions (workers with kv_events)
     log_handler: LineHandler | None = None  # the process's (``logs.configure``): access lines go there
     deadlines: Deadlines = field(default_factory=Deadlines)
     active: int = 0  # /v1/* requests being handled (the drain waits for them)
