@@ -167,10 +167,11 @@ def test_removed_worker_leaves_nothing_behind() -> None:
 # ---------------------------------------------------------------- held to a plain reference
 
 
+_worker, _media = st.sampled_from("ab"), st.sampled_from(["GPU", "CPU"])
 _ops = st.lists(
     st.one_of(
-        st.tuples(st.just("store"), st.sampled_from("ab"), st.integers(0, 5), st.integers(1, 3), st.sampled_from(["GPU", "CPU"])),
-        st.tuples(st.just("remove"), st.sampled_from("ab"), st.integers(0, 5), st.integers(0, 3), st.sampled_from(["GPU", "CPU"])),
+        st.tuples(st.just("store"), _worker, st.integers(0, 5), st.integers(1, 3), _media),
+        st.tuples(st.just("remove"), _worker, st.integers(0, 5), st.integers(0, 3), _media),
         st.tuples(st.just("clear"), st.sampled_from("ab"), st.just(0), st.just(0), st.just("GPU")),
     ),
     max_size=40,

@@ -35,8 +35,7 @@ from prefix_router.events import DecodeError, EventMessage, decode_message, deco
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import KvEventsSettings
 from prefix_router.pool.worker import Worker
-from prefix_router.routing.precise import SeqVerdict
-from prefix_router.routing.router import Router
+from prefix_router.routing import Router, SeqVerdict
 
 log = logging.getLogger(__name__)
 _REJECT_LOG_S = 60.0
