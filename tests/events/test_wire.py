@@ -239,10 +239,10 @@ _values = st.recursive(
     max_leaves=30,
 )
 _tags = st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "Other"])
-_names = st.sampled_from(
-    ["block_hashes", "parent_block_hash", "token_ids", "block_size", "medium", "lora_name", "extra_keys"]
-    + ["group_idx", "lora_id", "x"]
+_FIELDS = (
+    "block_hashes parent_block_hash token_ids block_size medium lora_name extra_keys group_idx lora_id x"
 )
+_names = st.sampled_from(_FIELDS.split())
 _arrays = st.tuples(_tags, st.lists(_values, max_size=10)).map(lambda t: [t[0], *t[1]])
 _maps = st.tuples(_tags, st.dictionaries(_names, _values, max_size=8)).map(lambda t: {"type": t[0], **t[1]})
 
