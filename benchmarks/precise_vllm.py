@@ -118,7 +118,7 @@ def run_mode(
     path = tmp / f"{mode}.yaml"
     path.write_text(yaml.safe_dump(config))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
-    router = subprocess.Popen([sys.executable, "-m", "prefix_router.proxy", "serve", "--config", str(path), "--port",
+    router = subprocess.Popen([sys.executable, "-m", "prefix_router.proxy", "serve", "--config", str(path), "--processes", "1", "--port",
                                str(args.router_port)], env=env, stdout=open(tmp / f"router-{mode}.log", "wb"),
                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     rows = []
