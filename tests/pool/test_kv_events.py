@@ -199,3 +199,10 @@ async def test_subscriptions_follow_the_pool() -> None:
     await subs.sync()
     assert subs.subscribers == {}
     await subs.close()
+
+
+async def test_a_worker_with_a_configured_model_is_event_fed_before_its_first_message() -> None:
+    router, subs, _ = setup(True, f"tcp://127.0.0.1:{free_port()}")
+    await subs.sync()
+    assert "w" in router.precise and router.precise.fresh("w", 100.0)  # an engine that has cached nothing
+    await subs.close()

@@ -71,6 +71,8 @@ class EventSubscriber:
         self._last_reject_log = -_REJECT_LOG_S
 
     def start(self) -> None:
+        """Open the socket and start reading; the worker joins the event-fed views now when its model is
+        known (configured), else at its first message (identified by then)."""
         sock = self._context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, self.settings.hwm)
         sock.setsockopt(zmq.LINGER, 0)
@@ -86,6 +88,7 @@ class EventSubscriber:
             )  # fmt: skip
             return
         self._sock = sock
+        self._resolve_model()
         self._task = asyncio.create_task(self._run(sock))
 
     async def stop(self) -> None:
