@@ -46,9 +46,14 @@ def cell(workload: str, instances: int, capacity: int, faults: str, args: argpar
     block = scenario.make_source().engine_block_tokens
     for label, policy, precise in MODES:
         sim = ClusterSimulation(
-            spec, policy, scenario.make_source(), scenario.routing(policy), keep_arrivals=arrivals is None,
-            precise=precise, faults=plan,
-        )  # fmt: skip
+            spec,
+            policy,
+            scenario.make_source(),
+            scenario.routing(policy),
+            keep_arrivals=arrivals is None,
+            precise=precise,
+            faults=plan,
+        )
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals
         summary = summarize(result.stats)
@@ -74,8 +79,11 @@ def main() -> None:
     p.add_argument("--profile", default="llama-3.1-8b-h100")
     p.add_argument("--rate-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cells", default="chatbots:16:20000:none,chatbots:16:20000:restart,agents:16:40000:none,agents:16:40000:reset,"
-                   "mixed:32:20000:none,mixed:64:20000:restart")  # fmt: skip
+    p.add_argument(
+        "--cells",
+        default="chatbots:16:20000:none,chatbots:16:20000:restart,agents:16:40000:none,agents:16:40000:reset,"
+        "mixed:32:20000:none,mixed:64:20000:restart",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     lines = [f"SIMULATED engines ({args.profile}), {args.requests} requests per run, seed {args.seed}"]

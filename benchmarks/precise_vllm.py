@@ -34,7 +34,20 @@ VENV = Path(os.environ.get("PREFIX_ROUTER_VLLM_VENV", Path.home() / ".cache/pref
 MODEL_DIR = Path.home() / ".cache/prefix-router/vllm-model/smollm2-135m-real"
 MODEL = "smollm2-135m"
 BLOCK = 128
-WORDS = "parcel route depot invoice customs pallet freight courier tracking manifest label refund".split()
+WORDS = [
+    "parcel",
+    "route",
+    "depot",
+    "invoice",
+    "customs",
+    "pallet",
+    "freight",
+    "courier",
+    "tracking",
+    "manifest",
+    "label",
+    "refund",
+]
 
 
 def start_engine(
@@ -55,11 +68,33 @@ def start_engine(
         VLLM_CPU_OMP_THREADS_BIND=str(i % (os.cpu_count() or 1)),
         VLLM_NO_USAGE_STATS="1",
     )
-    argv = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-            "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--dtype", "bfloat16",
-            "--max-model-len", "4096", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-            "--num-gpu-blocks-override", str(blocks), "-O0", "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", "--kv-events-config", json.dumps(cfg)]  # fmt: skip
+    argv = [
+        str(VENV / "bin/python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        MODEL,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--num-gpu-blocks-override",
+        str(blocks),
+        "-O0",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--kv-events-config",
+        json.dumps(cfg),
+    ]
     log = open(log_dir / f"vllm-{i}.log", "wb")  # noqa: SIM115
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -89,8 +124,20 @@ def workload(n: int, seed: int) -> list[dict[str, object]]:
     tenants = []
     for t in range(6):
         system = f"Tenant {t}. " + " ".join(rng.choice(WORDS) for _ in range(rng.randrange(400, 1400)))
-        tools = [{"type": "function", "function": {"name": f"lookup_{t}", "description": "Find a parcel",
-                  "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}] if t % 3 == 0 else None  # fmt: skip
+        tools = (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": f"lookup_{t}",
+                        "description": "Find a parcel",
+                        "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+                    },
+                }
+            ]
+            if t % 3 == 0
+            else None
+        )
         tenants.append({"system": system, "tools": tools, "salt": f"tenant-{t}" if t % 2 else None})
     convs: list[dict[str, object]] = []
     plan = []
@@ -110,17 +157,43 @@ def run_mode(
     for i, (port, events, replay) in enumerate(ports):
         worker: dict[str, object] = {"url": f"http://127.0.0.1:{port}", "name": f"vllm-{i}", "engine": "vllm"}
         if mode == "precise":
-            worker["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{events}", "bind": True, "topic": "kv",
-                                   "replay_endpoint": f"tcp://127.0.0.1:{replay}", "model": MODEL}  # fmt: skip
+            worker["kv_events"] = {
+                "endpoint": f"tcp://127.0.0.1:{events}",
+                "bind": True,
+                "topic": "kv",
+                "replay_endpoint": f"tcp://127.0.0.1:{replay}",
+                "model": MODEL,
+            }
         workers.append(worker)
-    config = {"workers": workers, "routing": {"policy": "prefix", "keys": {"exact_models": {MODEL: str(MODEL_DIR)}},
-              "precise": {"block_tokens": BLOCK}}}  # fmt: skip
+    config = {
+        "workers": workers,
+        "routing": {
+            "policy": "prefix",
+            "keys": {"exact_models": {MODEL: str(MODEL_DIR)}},
+            "precise": {"block_tokens": BLOCK},
+        },
+    }
     path = tmp / f"{mode}.yaml"
     path.write_text(yaml.safe_dump(config))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
-    router = subprocess.Popen([sys.executable, "-m", "prefix_router.proxy", "serve", "--config", str(path), "--processes", "1", "--port",
-                               str(args.router_port)], env=env, stdout=open(tmp / f"router-{mode}.log", "wb"),
-                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    router = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefix_router.proxy",
+            "serve",
+            "--config",
+            str(path),
+            "--processes",
+            "1",
+            "--port",
+            str(args.router_port),
+        ],
+        env=env,
+        stdout=open(tmp / f"router-{mode}.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     rows = []
     try:
         wait_ok(f"http://127.0.0.1:{args.router_port}/ready", 60)
@@ -158,13 +231,17 @@ def run_mode(
             reply = out.choices[0].message.content or ""
             history.append({"role": "assistant", "content": reply})
             details = out.usage.prompt_tokens_details
-            rows.append({
-                "predicted": float(raw.headers.get("x-prefix-router-prefix-match", "0")),
-                "cached": float(details.cached_tokens if details and details.cached_tokens is not None else -1),
-                "prompt": float(out.usage.prompt_tokens),
-                "worker": float(raw.headers.get("x-prefix-router-worker", "vllm-0").split("-")[-1]),
-                "seconds": elapsed,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "predicted": float(raw.headers.get("x-prefix-router-prefix-match", "0")),
+                    "cached": float(
+                        details.cached_tokens if details and details.cached_tokens is not None else -1
+                    ),
+                    "prompt": float(out.usage.prompt_tokens),
+                    "worker": float(raw.headers.get("x-prefix-router-worker", "vllm-0").split("-")[-1]),
+                    "seconds": elapsed,
+                }
+            )
         admin = None
         try:
             metrics = (
@@ -196,9 +273,11 @@ def summarize(mode: str, rows: list[dict[str, float]]) -> str:
     hit = sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows))
     spread = sum(r["worker"] for r in rows) / max(1, n)
     mean_s = sum(r["seconds"] for r in rows) / max(1, n)
-    return (f"{mode:12s} requests {n:3d}  within one block {within}/{n} ({within / max(1, n):.1%})  exact {exact}/{n}  "
-            f"above report {above}  above prompt {above_prompt}  hit rate {hit:.1%}  share on vllm-1 {spread:.2f}  "
-            f"mean latency {mean_s:.2f}s")  # fmt: skip
+    return (
+        f"{mode:12s} requests {n:3d}  within one block {within}/{n} ({within / max(1, n):.1%})  exact {exact}/{n}  "
+        f"above report {above}  above prompt {above_prompt}  hit rate {hit:.1%}  share on vllm-1 {spread:.2f}  "
+        f"mean latency {mean_s:.2f}s"
+    )
 
 
 def main() -> None:
@@ -218,8 +297,10 @@ def main() -> None:
         (args.port_base + i, args.port_base + 20 + i, args.port_base + 40 + i) for i in range(args.engines)
     ]
     engines = [start_engine(i, *ports[i], args.blocks, tmp) for i in range(args.engines)]
-    lines = [f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights), {args.engines} engines x {args.blocks} blocks of "
-             f"{BLOCK} tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"]  # fmt: skip
+    lines = [
+        f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights), {args.engines} engines x {args.blocks} blocks of "
+        f"{BLOCK} tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
+    ]
     try:
         for i, (port, _e, _r) in enumerate(ports):
             wait_ok(f"http://127.0.0.1:{port}/health", 600)
