@@ -98,3 +98,46 @@ async def test_routing_and_predictions_follow_the_engines_events(
         for pub in pubs.values():
             await pub.close()
         ctx.term()
+
+
+def fake_ids(body: dict[str, Any]) -> list[int]:
+    """The stand-in engine's tokenizer: one id per byte of the messages' contents."""
+    return list("".join(str(m["content"]) for m in body["messages"]).encode())
+
+
+async def test_without_a_local_template_the_engine_renders_the_request(
+    fake_engine: Any, start_router: Any
+) -> None:
+    a = await fake_engine("a", render_ids=fake_ids)
+    b = await fake_engine("b", render_ids=fake_ids)
+    port = free_port()
+    entries: list[dict[str, Any]] = [
+        {"url": a.url, "name": "a", "models": ["m"]},
+        {"url": b.url, "name": "b", "models": ["m"],
+         "kv_events": {"endpoint": f"tcp://127.0.0.1:{port}", "bind": True, "topic": "kv"}},
+    ]  # fmt: skip
+    router = await start_router(*entries, settings={"routing.precise.block_tokens": BS})
+    state = router.state
+    ctx = zmq.asyncio.Context()
+    pub = FakePublisher(ctx, f"tcp://127.0.0.1:{port}", bind=False)
+    try:
+        sub = state.events.subscribers["b"]  # type: ignore[union-attr]
+        while not sub.stats.decoded:
+            await pub.publish([])
+            await asyncio.sleep(0.02)
+        body = chat("Where is parcel 8?")
+        ids = fake_ids(body)
+        held = len(ids) // BS * BS
+        await pub.publish([BlockStored(tuple(range(1, held // BS + 1)), None, tuple(ids[:held]), BS)])
+        await wait_until(lambda: state.router.precise.held_blocks("b") == held // BS)
+        assert await send(router.url, body) == ("b", held)
+        assert await send(router.url, body) == ("b", held)
+        renders = state.renders
+        assert renders is not None and (renders.stats.requests, renders.stats.cached) == (1, 1)
+        assert len([s for s in b.seen if s.path.endswith("/render")]) == 1 and not a.generations
+        b.b.render_status = 500  # a failing render: the approximate view, nothing else changes
+        worker, _ = await send(router.url, chat("Something else entirely?"))
+        assert worker in ("a", "b") and renders.stats.failures == 1
+    finally:
+        await pub.close()
+        ctx.term()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,9 @@ class Behaviour:
     health_status: int = 200  # 404: no /health, so probes fall back to /v1/models
     models_status: int = 200
     metrics_text: str | None = None  # None: no /metrics (404)
+    # /v1/chat/completions/render: ``{"token_ids": render_ids(body)}`` with ``render_status`` (None: 404)
+    render_ids: Callable[[dict[str, Any]], list[int]] | None = None
+    render_status: int = 200
 
 
 @dataclass
@@ -70,6 +74,7 @@ class FakeEngine:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/chat/completions/render", self._render)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -94,6 +99,13 @@ class FakeEngine:
         if self.b.metrics_text is None:
             raise web.HTTPNotFound()
         return web.Response(text=self.b.metrics_text, content_type="text/plain")
+
+    async def _render(self, request: web.Request) -> web.StreamResponse:
+        seen = await self._remember(request)
+        if self.b.render_ids is None:
+            return web.json_response({"error": "no render"}, status=404)
+        ids = self.b.render_ids(orjson.loads(seen.body))
+        return web.json_response({"token_ids": ids}, status=self.b.render_status)
 
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         seen = await self._remember(request)

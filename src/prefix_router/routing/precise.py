@@ -56,6 +56,10 @@ class PreciseSettings(Section):
     max_speculative_per_worker: int = Field(default=65_536, gt=0)
     silence_s: float = Field(default=10.0, gt=0)  # new blocks expected and no event this long: stale
     stale_hold_s: float = Field(default=30.0, gt=0)  # after an unrepaired gap: approximate this long
+    # token parity without a local template: an event-fed engine renders the request (proxy/edge/render.py)
+    render: bool = True
+    render_timeout_s: float = Field(default=2.0, gt=0)
+    max_rendered: int = Field(default=10_000, gt=0)  # rendered token ids cached by the character key
 
 
 def precise_seed(model: str, lora: str | None, salt: str | None) -> int:

@@ -19,6 +19,7 @@ from prefix_router.proxy.edge.accounting import CLIENT_GONE
 from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
+from prefix_router.proxy.edge.render import render_worker
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -111,11 +112,30 @@ async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) ->
         parsed = await asyncio.to_thread(parsing.parse, *args)
     else:
         parsed = parsing.parse(*args)
+    parsed = await rendered(state, parsed, salt)
     policy = policy_override(state, request)
     model = parsed.body.get("model")
     return await Exchange(
         state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
     ).run()
+
+
+async def rendered(state: AppContext, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
+    """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
+    settings = state.config.routing.precise
+    if (
+        state.renders is None
+        or not settings.render
+        or parsed.route.precise_blocks
+        or not state.router.precise
+    ):
+        return parsed
+    model = parsed.body.get("model")
+    workers = [w for w in state.pool if w.available and isinstance(model, str) and w.serves(model)]
+    worker = render_worker(state.router, workers, state.clock())
+    return await state.renders.precise(
+        state.router, state.upstream, worker, parsed, settings.render_timeout_s, salt
+    )
 
 
 @guarded
