@@ -4,7 +4,8 @@ hit rates of precise vs approximate routing, side by side in one run (issue 23's
 Starts ``--engines`` vLLM instances (the venv of ``make vllm``, SmolLM2-135M's model directory, one core
 each, ``--blocks`` KV blocks of 128 tokens, KV events to a port the router binds, a replay endpoint) and,
 for each mode, a router (``prefix-router serve``) with exact mode on SmolLM2's template: ``precise``
-(workers with ``kv_events``) and ``approximate`` (the same without). Between modes the engines' prefix
+(workers with ``kv_events``), ``approximate`` (the same without) and ``render`` (precise without the
+local template: the engine renders each request, ``--enable-scale-out``). Between modes the engines' prefix
 caches are reset. The workload (seeded): tenants with long system prompts, some with tools, some salted
 (``cache_salt``), multi-turn conversations that carry the engine's own replies, sent one at a time with
 the openai client. Per request: the router's prediction (``x-prefix-router-prefix-match``) and the
@@ -90,6 +91,7 @@ def start_engine(
         str(blocks),
         "-O0",
         "--enable-auto-tool-choice",
+        "--enable-scale-out",
         "--tool-call-parser",
         "hermes",
         "--kv-events-config",
@@ -156,7 +158,7 @@ def run_mode(
     workers = []
     for i, (port, events, replay) in enumerate(ports):
         worker: dict[str, object] = {"url": f"http://127.0.0.1:{port}", "name": f"vllm-{i}", "engine": "vllm"}
-        if mode == "precise":
+        if mode in ("precise", "render"):
             worker["kv_events"] = {
                 "endpoint": f"tcp://127.0.0.1:{events}",
                 "bind": True,
@@ -169,7 +171,7 @@ def run_mode(
         "workers": workers,
         "routing": {
             "policy": "prefix",
-            "keys": {"exact_models": {MODEL: str(MODEL_DIR)}},
+            "keys": {"exact_models": {} if mode == "render" else {MODEL: str(MODEL_DIR)}},
             "precise": {"block_tokens": BLOCK},
         },
     }
