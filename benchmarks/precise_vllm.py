@@ -255,7 +255,12 @@ def run_mode(
                 line
                 for line in metrics.splitlines()
                 if line.startswith(
-                    ("prefix_router_kv_events", "prefix_router_precise", "prefix_router_worker_blocks")
+                    (
+                        "prefix_router_kv_events",
+                        "prefix_router_precise",
+                        "prefix_router_worker_blocks",
+                        "prefix_router_render",
+                    )
                 )
             ]
         except Exception as exc:
