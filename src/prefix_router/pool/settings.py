@@ -48,11 +48,39 @@ class WorkerTraits(Section):
         return normalize(value)
 
 
+class KvEventsSettings(Section):
+    """``workers[].kv_events``: where the worker's engine publishes its KV cache events (ZMQ PUB) and the
+    router subscribes (``pool/kv_events.py``; precise mode, ``routing/precise.py``).
+
+    ``bind``: the router binds ``endpoint`` and the engine connects (vLLM's publisher connects to a
+    non-wildcard tcp endpoint); false: the router connects to the engine's bound socket. ``replay_endpoint``:
+    the engine's ROUTER socket (vLLM's ``replay_endpoint``) asked for the batches a gap skipped; None: a
+    gap leaves the worker's view stale for a while (``routing.precise.stale_hold_s``). ``model``: the name
+    requests use for the engine's base model (default: the worker's first configured or listed model).
+    ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap)."""
+
+    endpoint: str
+    bind: bool = False
+    topic: str = Field(default="", max_length=256)
+    replay_endpoint: str | None = None
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    hwm: int = Field(default=10_000, gt=0, le=1_000_000)
+    replay_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(tcp://[^\s/]+:[0-9*]+|ipc://\S+)$", value):
+            raise ValueError("a ZMQ endpoint: tcp://HOST:PORT or ipc://PATH")
+        return value
+
+
 class WorkerSettings(WorkerTraits):
     """One engine instance behind the router."""
 
     url: str
     name: str | None = None
+    kv_events: KvEventsSettings | None = None
 
     @field_validator("url")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -33,6 +34,7 @@ from prefix_router.routing import Router
 from prefix_router.settings import ConfigError
 
 log = logging.getLogger("prefix_router.proxy")
+EVENTS_SYNC_S = 1.0
 
 
 def create_app(
@@ -59,6 +61,7 @@ def create_app(
     app.on_cleanup.append(_cleanup)
     _install_replication(app, state)
     _install_discovery(app, state)
+    _install_events(app, state)
     state.pool.on_health_change(_log_health)
     state.pool.on_health_change(_ejection_cutter(state))
     return app
@@ -167,6 +170,39 @@ async def _cleanup(app: web.Application) -> None:
     fetcher = state.monitor.fetcher
     if isinstance(fetcher, AiohttpFetcher):
         await fetcher.close()
+
+
+def _install_events(app: web.Application, state: AppContext) -> None:
+    """KV cache event subscriptions (precise mode) for the workers with ``kv_events``, kept in step with
+    the pool every ``EVENTS_SYNC_S`` (admin and discovery changes); started after the first
+    identification (a worker's model names its blocks), stopped on cleanup."""
+    from prefix_router.pool import EventSubscriptions, KvEventsCollector
+    from prefix_router.proxy.edge.render import RenderCollector, Renders
+
+    subs = EventSubscriptions(state.pool, state.router, state.clock)
+    state.events = subs
+    state.metrics.registry.register(KvEventsCollector(subs))
+    state.renders = Renders(state.config.routing.precise.max_rendered)
+    state.metrics.registry.register(RenderCollector(state.renders))
+
+    async def keep_in_step() -> None:
+        while True:
+            await asyncio.sleep(EVENTS_SYNC_S)
+            try:
+                await subs.sync()
+            except Exception:
+                log.exception("kv events: sync with the pool failed")
+
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
+        await subs.sync()
+        task = asyncio.create_task(keep_in_step())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await subs.close()
+
+    app.cleanup_ctx.append(lifetime)
 
 
 def _log_health(worker: Worker, healthy: bool) -> None:
