@@ -1,0 +1,114 @@
+"""The endpoint picker as a running thing: the router's state and life (``proxy.app.build_app``: probes,
+monitor, discovery, replication) with its control routes on the HTTP listener (``config.host``/``port``:
+``/health``, ``/ready``, ``/metrics``, the admin API), and the gRPC listener (``EppSettings``) serving
+ext_proc and health, both on one event loop (the routing core is single-threaded).
+
+Stopping (SIGTERM/SIGINT, or ``RunningEpp.stop``): readiness turns NOT_SERVING, new streams are refused
+(503 ``shutting_down`` for a request the gateway still sends), streams in flight get ``grace_s`` to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from prefix_router.epp.picker import Edge
+from prefix_router.epp.service import Health, Processor
+from prefix_router.epp.settings import EppSettings
+from prefix_router.pool.http import Fetcher
+from prefix_router.proxy import admin, handlers, http_errors
+from prefix_router.proxy.app import build_app
+from prefix_router.proxy.config import Config
+from prefix_router.proxy.context import CONTEXT
+from prefix_router.proxy.server import Running, start
+
+log = logging.getLogger("prefix_router.epp")
+
+
+def create_control_app(
+    config: Config,
+    *,
+    fetcher: Fetcher | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> web.Application:
+    """The router's state and life with the picker's HTTP routes (no ``/v1/*``: the data path is the
+    gateway's)."""
+    app = build_app(config, None, fetcher, clock, rng or random.Random())
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/ready", handlers.ready)
+    app.router.add_get("/metrics", handlers.metrics)
+    admin.add_routes(app)
+    http_errors.add_catch_all(app)
+    return app
+
+
+@dataclass
+class RunningEpp:
+    http: Running
+    grpc_server: grpc.aio.Server
+    grpc_port: int
+    edge: Edge
+    health: Health
+
+    async def stop(self) -> None:
+        state = self.edge.state
+        loop = asyncio.get_running_loop()
+        state.deadlines.stop(loop.time() + self.edge.settings.grace_s)
+        await self.health.update()
+        await self.health.stop()
+        await self.grpc_server.stop(self.edge.settings.grace_s)
+        await self.http.stop()
+
+
+async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
+    """Serve ``app`` (``create_control_app``) on its configured HTTP address and the picker on
+    ``settings``' gRPC address (port 0: any free one), in the running loop."""
+    config = app[CONTEXT].config
+    http = await start(app, config.host, config.port, keepalive_timeout=config.timeouts.client_header_s)
+    edge = Edge(app[CONTEXT], settings)
+    health = Health(edge)
+    server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_streams)
+    ext_grpc.add_ExternalProcessorServicer_to_server(Processor(edge), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    try:
+        port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        await server.start()
+        await health.start()
+    except BaseException:
+        await server.stop(None)
+        await http.stop()
+        raise
+    return RunningEpp(http, server, port, edge, health)
+
+
+async def serve_epp(config: Config, settings: EppSettings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    running = await start_epp(create_control_app(config), settings)
+    log.info(
+        "event=serving_epp grpc=%s:%d http=%s workers=%d policy=%s",
+        settings.grpc_host,
+        running.grpc_port,
+        running.http.url.replace("127.0.0.1", config.host),
+        len(running.edge.state.pool),
+        config.routing.policy,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("shutting down: %d ext_proc streams open (up to %.1fs)", running.edge.streams, settings.grace_s)
+    finally:
+        await running.stop()
