@@ -3,9 +3,9 @@
 Each subcommand module exposes ``register(subparsers)`` which adds its parser and sets ``func`` to a
 callable taking the parsed ``argparse.Namespace`` and returning an exit code.
 
-The product's commands (``serve``, ``epp``) are always there. The lab's (simulator, benchmarks, launchers) need the
-``lab`` extra; without it each lab command is still listed, and running one prints the install line and
-exits 2 instead of failing with a traceback.
+The product's commands (``serve``, ``epp``) are always there. The lab's (simulator, benchmarks,
+launchers) need the ``lab`` extra; without it each lab command is still listed, and running one prints the
+install line and exits 2 instead of failing with a traceback.
 """
 
 from __future__ import annotations

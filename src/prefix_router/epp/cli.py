@@ -51,7 +51,9 @@ def run_epp(args: argparse.Namespace) -> int:
             )
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ConfigError(f"invalid config: --{first['loc'][0]}: {first['msg']}".replace("_", "-")) from None
+            raise ConfigError(
+                f"invalid config: --{first['loc'][0]}: {first['msg']}".replace("_", "-")
+            ) from None
     except ConfigError as exc:
         print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@ Protocol (gateway-api-inference-extension, endpoint picker protocol v1):
   value in the dynamic metadata ``envoy.lb`` / ``x-gateway-destination-endpoint``: ``ip:port`` or an ordered,
   comma-separated fallback list;
 - the proxy reports the endpoint it used in ``envoy.lb`` / ``x-gateway-destination-endpoint-served``
-  (plain Envoy does not: the ``upstream.address`` response attribute says the same).
+  (plain Envoy does not: the ``upstream.address`` response attribute says the same); the
+  ``response.flags`` attribute says whether the connection to it failed (passive health).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # the key Envoy files requested attributes under
 UPSTREAM_ADDRESS = "upstream.address"
+RESPONSE_FLAGS = "response.flags"
+UPSTREAM_CONNECTION_FAILURE = 0x20  # Envoy's response flag UF
 # the most the picker sends back in one body message: under gRPC's 64 KiB default frame budget
 CHUNK_BYTES = 62_000
 
@@ -83,16 +86,26 @@ def subset_hint(request: ext.ProcessingRequest) -> list[str] | None:
     return endpoints_of(_metadata(request, SUBSET_NAMESPACE, SUBSET_KEY))
 
 
+def _attribute(request: ext.ProcessingRequest, name: str) -> Any:
+    attributes = request.attributes.get(EXT_PROC_ATTRIBUTES)
+    if attributes is None or name not in attributes.fields:
+        return None
+    return _struct_value(attributes.fields[name])
+
+
+def connect_failed(request: ext.ProcessingRequest) -> bool:
+    """Whether the gateway could not connect to the endpoint (the ``response.flags`` attribute's UF)."""
+    flags = _attribute(request, RESPONSE_FLAGS)
+    return isinstance(flags, float | int) and bool(int(flags) & UPSTREAM_CONNECTION_FAILURE)
+
+
 def served_endpoint(request: ext.ProcessingRequest) -> str | None:
     """The endpoint the proxy used: its ``envoy.lb`` report, else the ``upstream.address`` attribute."""
     reported = endpoints_of(_metadata(request, LB_NAMESPACE, SERVED_KEY))
     if reported:
         return reported[0]
-    attributes = request.attributes.get(EXT_PROC_ATTRIBUTES)
-    if attributes is not None and UPSTREAM_ADDRESS in attributes.fields:
-        value = _struct_value(attributes.fields[UPSTREAM_ADDRESS])
-        return value if isinstance(value, str) and value else None
-    return None
+    value = _attribute(request, UPSTREAM_ADDRESS)
+    return value if isinstance(value, str) and value else None
 
 
 def _header_option(name: str, value: str) -> base_pb2.HeaderValueOption:
@@ -126,7 +139,9 @@ def body_chunks(body: bytes, response: bool = False, end: bool = True) -> Iterat
     starts = range(0, size, CHUNK_BYTES) if size else range(1)
     for start in starts:
         last = start + CHUNK_BYTES >= size
-        streamed = ext.StreamedBodyResponse(body=body[start : start + CHUNK_BYTES], end_of_stream=end and last)
+        streamed = ext.StreamedBodyResponse(
+            body=body[start : start + CHUNK_BYTES], end_of_stream=end and last
+        )
         common = ext.CommonResponse(body_mutation=ext.BodyMutation(streamed_response=streamed))
         if response:
             yield ext.ProcessingResponse(response_body=ext.BodyResponse(response=common))
@@ -151,7 +166,7 @@ def continue_trailers(response: bool) -> ext.ProcessingResponse:
 def immediate(status: int, body: bytes, headers: Mapping[str, str], details: str) -> ext.ProcessingResponse:
     """Answer the client at once (the request goes nowhere): an OpenAI error body."""
     answer = ext.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=status),  # type: ignore[arg-type]
+        status=http_status_pb2.HttpStatus(code=status),
         headers=mutation({"content-type": "application/json", **headers}),
         body=body,
         details=details,

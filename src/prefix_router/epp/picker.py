@@ -78,6 +78,7 @@ class Pick:
     body: list[bytes] = field(default_factory=list)  # a whole (not SSE) response, up to the buffer cap
     size: int = 0
     first: bool = False
+    connect_failed: bool = False  # the gateway could not connect to the worker
 
 
 class PickerStream:
@@ -201,7 +202,9 @@ class PickerStream:
         args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
         limits = state.config.limits
         threshold = (
-            limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
+            limits.exact_parse_in_thread_bytes
+            if state.router.keys.templates
+            else limits.parse_in_thread_bytes
         )
         if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
             return await asyncio.to_thread(parsing.parse, *args)
@@ -219,7 +222,9 @@ class PickerStream:
     def check_model(self, model: str | None) -> None:
         assert self.note is not None
         if model is not None and not self.state.pool.knows_model(model):
-            raise ProxyError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
+            raise ProxyError(
+                404, f"the model {model!r} does not exist", param="model", code="model_not_found"
+            )
         if model is not None:
             self.note.model = model
 
@@ -265,7 +270,9 @@ class PickerStream:
             mutation.set_headers.append(extproc.mutation({"authorization": key}).set_headers[0])
         elif not self.state.config.auth.forward_client_auth and "authorization" in self.headers:
             mutation.remove_headers.append("authorization")
-        mutation.set_headers.append(extproc.mutation({REQUEST_ID_HEADER: self.note.request_id}).set_headers[0])
+        mutation.set_headers.append(
+            extproc.mutation({REQUEST_ID_HEADER: self.note.request_id}).set_headers[0]
+        )
 
     def refuse(self, err: ProxyError) -> ext.ProcessingResponse:
         """An immediate OpenAI error answer; counted as ``serve`` counts its refusals."""
@@ -282,10 +289,11 @@ class PickerStream:
         pick = self.pick
         if pick is None:
             return extproc.continue_headers(True)
-        headers = extproc.header_map(message.response_headers)
+        headers = CIMultiDict(extproc.header_map(message.response_headers))
         status = headers.get(":status", "0")
         pick.status = int(status) if status.isdigit() else 0
         self.served(extproc.served_endpoint(message))
+        pick.connect_failed = extproc.connect_failed(message)
         pick.stream = forward.is_event_stream(headers)
         if message.response_headers.end_of_stream:
             self.settle()
@@ -340,8 +348,8 @@ class PickerStream:
         self.done = True
         status, flight = pick.status, pick.flight
         self.final_status = status
-        if status >= 500 and not pick.first:
-            kind = FailureKind.CONNECT if status == 503 and pick.size == 0 else FailureKind.STATUS
+        if status >= 500:
+            kind = FailureKind.CONNECT if pick.connect_failed else FailureKind.STATUS
             flight.fail(kind, status, f"HTTP {status}")
             return
         ok = 200 <= status < 300
@@ -362,5 +370,3 @@ class PickerStream:
         if self.note is not None:
             closed(self.state, self.note, self.final_status)
             self.note = None
-
-

@@ -109,6 +109,8 @@ async def serve_epp(config: Config, settings: EppSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
-        log.info("shutting down: %d ext_proc streams open (up to %.1fs)", running.edge.streams, settings.grace_s)
+        log.info(
+            "shutting down: %d ext_proc streams open (up to %.1fs)", running.edge.streams, settings.grace_s
+        )
     finally:
         await running.stop()

@@ -28,7 +28,7 @@ class Processor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, edge: Edge) -> None:
         self.edge = edge
 
-    async def Process(  # noqa: N802 (the gRPC method's name)
+    async def Process(
         self, requests: AsyncIterator[ext.ProcessingRequest], context: Any
     ) -> AsyncIterator[ext.ProcessingResponse]:
         stream = PickerStream(self.edge)
@@ -64,7 +64,11 @@ class Health:
         return not state.deadlines.stopping and any(w.available for w in state.pool)
 
     async def update(self) -> None:
-        serving = health_pb2.HealthCheckResponse.SERVING if self.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
+        serving = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in READINESS:
             await self.servicer.set(name, serving)
 

@@ -72,7 +72,7 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
                 "response_trailer_mode": "SEND",
             },
             "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
-            "response_attributes": ["upstream.address"],
+            "response_attributes": ["upstream.address", "response.flags"],
         },
     }
 
@@ -82,7 +82,10 @@ def subset_filter(subset: Sequence[str]) -> dict[str, Any]:
         "metadata_namespace": "envoy.lb.subset_hint",
         "value": {f"{DESTINATION_HEADER}-subset": list(subset)},
     }
-    return {"name": "envoy.filters.http.set_metadata", "typed_config": {"@type": SET_METADATA, "metadata": [entry]}}
+    return {
+        "name": "envoy.filters.http.set_metadata",
+        "typed_config": {"@type": SET_METADATA, "metadata": [entry]},
+    }
 
 
 def route(options: EnvoyOptions) -> dict[str, Any]:
@@ -97,7 +100,10 @@ def route(options: EnvoyOptions) -> dict[str, Any]:
 
 def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> dict[str, Any]:
     filters = [subset_filter(options.subset)] if options.subset is not None else []
-    filters += [ext_proc_filter(options), {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]
+    filters += [
+        ext_proc_filter(options),
+        {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
+    ]
     manager = {
         "stat_prefix": "gateway",
         "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route(options)]}]},
@@ -106,7 +112,16 @@ def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOpt
     listener = {
         "name": "gateway",
         "address": _address(ports.listen),
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {"@type": HCM, **manager}}]}],
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {"@type": HCM, **manager},
+                    }
+                ]
+            }
+        ],
     }
     endpoints = {
         "name": "endpoints",
