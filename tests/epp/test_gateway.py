@@ -86,8 +86,9 @@ async def test_subset_hint_is_honoured(fake_engine: Any, gateways: Gateways) -> 
     subset = [address_of_engine(b)]
     gateway = await gateways.start(a, b, envoy=EnvoyOptions(subset=subset))
     client = gateway.openai()
-    for i in range(6):
-        raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat(f"s{i}"))
+    for i in range(12):  # nothing shared: without the hint, about half would go to a
+        messages = chat("x", system=f"{i} unrelated topic {i} " * 30)
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
         assert raw.headers[WORKER_HEADER] == "b"
     assert not a.generations
 
