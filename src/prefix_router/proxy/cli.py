@@ -57,6 +57,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="workers: the ready endpoints of this Kubernetes Service (watched)",
     )
     parser.add_argument(
+        "--discover-inference-pool",
+        metavar="[NAMESPACE/]NAME",
+        help="workers: the ready pods this InferencePool (inference.networking.k8s.io/v1) selects (watched)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -93,8 +98,15 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def discovery_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``--discover-dns NAME:PORT`` / ``--discover-k8s-service [NAMESPACE/]NAME`` as ``discovery.*`` keys."""
-    if args.discover_dns and args.discover_k8s_service:
-        raise ConfigError("invalid config: --discover-dns and --discover-k8s-service: choose one")
+    given = [args.discover_dns, args.discover_k8s_service, args.discover_inference_pool]
+    if sum(1 for g in given if g) > 1:
+        raise ConfigError(
+            "invalid config: --discover-dns, --discover-k8s-service and --discover-inference-pool: choose one"
+        )
+    if args.discover_inference_pool:
+        namespace, _, pool = args.discover_inference_pool.rpartition("/")
+        found = {"discovery.kind": "inferencepool", "discovery.service": pool}
+        return found | ({"discovery.namespace": namespace} if namespace else {})
     if args.discover_dns:
         name, sep, port = args.discover_dns.rpartition(":")
         if not sep or not name or not port.isdigit():
