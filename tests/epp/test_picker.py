@@ -12,8 +12,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from prefix_router.epp import EXT_PROC_SERVICE, Edge, EppSettings, PickerStream, create_control_app, start_epp
-from prefix_router.epp import extproc
+from prefix_router.epp import (
+    EXT_PROC_SERVICE,
+    Edge,
+    EppSettings,
+    PickerStream,
+    create_control_app,
+    extproc,
+    start_epp,
+)
 from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import CONTEXT
 from support.routers import QUIET
