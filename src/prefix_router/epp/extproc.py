@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
@@ -130,6 +131,22 @@ def destination(endpoints: list[str], remove: Iterable[str] = ()) -> ext.Process
     return ext.ProcessingResponse(
         request_headers=ext.HeadersResponse(response=common), dynamic_metadata=metadata
     )
+
+
+def buffer_response(answer: ext.ProcessingResponse) -> None:
+    """Ask the gateway (``allow_mode_override``) for the response body in one message (``BUFFERED``): a
+    whole answer needs no streaming back; the picker reads it and lets it through unchanged."""
+    mode = processing_mode_pb2.ProcessingMode
+    answer.mode_override.CopyFrom(
+        mode(
+            response_header_mode=mode.SEND, response_body_mode=mode.BUFFERED, response_trailer_mode=mode.SKIP
+        )
+    )
+
+
+def body_continue() -> ext.ProcessingResponse:
+    """A buffered response body let through unchanged."""
+    return ext.ProcessingResponse(response_body=ext.BodyResponse(response=ext.CommonResponse()))
 
 
 def body_chunks(body: bytes, response: bool = False, end: bool = True) -> Iterator[ext.ProcessingResponse]:

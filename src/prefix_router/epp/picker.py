@@ -79,6 +79,7 @@ class Pick:
     size: int = 0
     first: bool = False
     connect_failed: bool = False  # the gateway could not connect to the worker
+    buffered: bool = False  # the response body comes whole, in one message (``EppSettings.buffer_whole``)
 
 
 class PickerStream:
@@ -191,6 +192,9 @@ class PickerStream:
         )
         answer = extproc.destination([address_of(worker), *others], remove=(POLICY_HEADER,))
         self.upstream_headers(answer, worker)
+        if self.edge.settings.buffer_whole and parsed is not None and not parsed.stream:
+            extproc.buffer_response(answer)
+            self.pick.buffered = True
         if not self.body_streamed:  # the headers ended the request: nothing to stream back
             return [answer]
         return [answer, *extproc.body_chunks(raw, end=not trailers)]
@@ -335,8 +339,8 @@ class PickerStream:
             elif pick.size <= self.state.config.limits.max_response_buffer_bytes:
                 pick.body.append(data)
                 pick.size += len(data)
-        answers = list(extproc.body_chunks(data, response=True, end=body.end_of_stream))
-        if body.end_of_stream:
+        answers = [extproc.body_continue()]  # STREAMED or BUFFERED: read, passed on unchanged
+        if body.end_of_stream or (pick is not None and pick.buffered):
             self.settle()
         return answers
 

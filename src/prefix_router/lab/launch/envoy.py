@@ -61,13 +61,14 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "@type": EXT_PROC,
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{options.timeout_s:g}s"},
             "failure_mode_allow": options.fail_open,
+            "allow_mode_override": True,  # a whole (not streamed) answer comes back in one message
             "status_on_error": {"code": 503},
             "message_timeout": f"{options.timeout_s:g}s",
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SEND",
                 "request_body_mode": "FULL_DUPLEX_STREAMED",
-                "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "response_body_mode": "STREAMED",
                 "request_trailer_mode": "SEND",
                 "response_trailer_mode": "SEND",
             },
@@ -187,15 +188,29 @@ class EnvoyProcess:
                 await self.process.wait()
 
 
+def envoy_argv(directory: Path, ports: EnvoyPorts, options: EnvoyOptions, concurrency: int = 1) -> list[str]:
+    """Writes the bootstrap into ``directory``; the command that runs Envoy on it (``concurrency`` worker
+    threads; the listen port is its ``--base-id``, so several can run at once)."""
+    config = directory / f"envoy-{ports.listen}.yaml"
+    config.write_text(render(ports, options))
+    argv = [
+        envoy_binary(),
+        "-c",
+        str(config),
+        "--base-id",
+        str(ports.listen),
+        "--concurrency",
+        str(concurrency),
+    ]
+    return [*argv, "--log-level", os.environ.get("ENVOY_LOG_LEVEL", "warning")]
+
+
 async def start_envoy(
     directory: Path, ports: EnvoyPorts, options: EnvoyOptions = EnvoyOptions(), timeout_s: float = 30.0
 ) -> EnvoyProcess:
     """Envoy with ``bootstrap(ports, options)``, returned once its admin says it is live."""
-    config = directory / f"envoy-{ports.listen}.yaml"
-    config.write_text(render(ports, options))
+    argv = envoy_argv(directory, ports, options)
     log = directory / f"envoy-{ports.listen}.log"
-    argv = [envoy_binary(), "-c", str(config), "--base-id", str(ports.listen), "--concurrency", "1"]
-    argv += ["--log-level", os.environ.get("ENVOY_LOG_LEVEL", "warning")]
     with log.open("wb") as sink:
         process = await asyncio.create_subprocess_exec(*argv, stdout=sink, stderr=sink)
     envoy = EnvoyProcess(process, ports, log)
