@@ -226,3 +226,19 @@ async def test_epp_down_fails_open_to_the_fallback(fake_engine: Any, gateways: G
     await gateway.stop_epp()
     raw = await gateway.openai().chat.completions.with_raw_response.create(model="m", messages=chat("y"))
     assert raw.headers["x-engine"] == "b" and WORKER_HEADER not in raw.headers
+
+
+async def test_streams_beyond_max_streams_are_refused(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a", hang=True)
+    gateway = await gateways.start(engine, epp={"max_streams": 1})
+    client = gateway.openai()
+    hanging = asyncio.create_task(client.chat.completions.create(model="m", messages=chat("1")))
+    while gateway.state.pool.total_in_flight() < 1:
+        await asyncio.sleep(0.01)
+    assert gateway.epp is not None and gateway.epp.edge.streams == 1
+    with pytest.raises(APIStatusError) as caught:  # gRPC's RESOURCE_EXHAUSTED: the gateway fails closed
+        await client.chat.completions.create(model="m", messages=chat("2"))
+    assert caught.value.status_code == 503 and len(engine.generations) == 1
+    metrics = gateway.state.metrics.render().decode()
+    assert "prefix_router_epp_streams 1.0" in metrics
+    hanging.cancel()

@@ -115,6 +115,13 @@ class PickerStream:
                 return [*await self.decide(trailers=True), extproc.continue_trailers(False)]
         except ProxyError as err:
             return [self.refuse(err)]
+        except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
+            log.exception("unexpected error on request %s", self.note.request_id if self.note else "-")
+            return [
+                self.refuse(
+                    ProxyError(500, "internal router error", type="server_error", code="internal_error")
+                )
+            ]
         if kind == "response_headers":
             return [self.response_headers(message)]
         if kind == "response_body":

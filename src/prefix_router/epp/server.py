@@ -14,13 +14,15 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2_grpc
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from prefix_router.epp.picker import Edge
 from prefix_router.epp.service import Health, Processor
@@ -53,6 +55,16 @@ def create_control_app(
     return app
 
 
+class StreamsCollector(Collector):
+    """``prefix_router_epp_streams``: ext_proc streams open now (at most ``EppSettings.max_streams``)."""
+
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("prefix_router_epp_streams", "ext_proc streams open", value=self.edge.streams)
+
+
 @dataclass
 class RunningEpp:
     http: Running
@@ -77,6 +89,7 @@ async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
     config = app[CONTEXT].config
     http = await start(app, config.host, config.port, keepalive_timeout=config.timeouts.client_header_s)
     edge = Edge(app[CONTEXT], settings)
+    edge.state.metrics.registry.register(StreamsCollector(edge))
     health = Health(edge)
     server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_streams)
     ext_grpc.add_ExternalProcessorServicer_to_server(Processor(edge), server)
