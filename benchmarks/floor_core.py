@@ -81,7 +81,7 @@ class Setting:
             t0 = clock()
             body = orjson.loads(raw)
             t1 = clock()
-            req = router.keys.build("chat", body, request_id=f"r{self.count}")
+            req = router.keys.build("chat", body, route_id=f"r{self.count}")
             t2 = clock()
             decision = router.route(req, names, now)
             t3 = clock()
@@ -91,7 +91,7 @@ class Setting:
             t5 = t6 = t7 = t4
             if len(self.flying) > self.in_flight:
                 old, old_body, old_decision = self.flying.popleft()
-                router.first_token(old.request_id, now)
+                router.first_token(old.route_id, now)
                 t5 = clock()
                 extension = router.keys.extend(old, "chat", old_body, GENERATED)
                 t6 = clock()

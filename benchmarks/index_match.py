@@ -77,8 +77,8 @@ def main() -> None:
     for column in ("prompt chars", "case", "index.match (loop)", "accumulate variant", "x loop", "route"):
         table.add_column(column, justify="right")
     for chars in args.prompt_chars:
-        miss = keys.build("chat", index_bench.body_of(chars, 1), request_id="miss")
-        hit = keys.build("chat", index_bench.body_of(chars, 2), request_id="hit")
+        miss = keys.build("chat", index_bench.body_of(chars, 1), route_id="miss")
+        hit = keys.build("chat", index_bench.body_of(chars, 2), route_id="hit")
         for worker in router.workers()[: index_bench.HIT_WORKERS]:
             index.insert(worker, hit.blocks, now=1e6)
         for case, req in (("miss", miss), ("hit", hit)):

@@ -63,7 +63,7 @@ def drive(
 ) -> list[str]:
     router, n = sender.router, args.requests
     raw = [orjson.loads(b.split(b"\r\n\r\n", 1)[1]) for b in bodies(n, args.prompt_chars, False)]
-    reqs = [router.keys.build("chat", body, request_id=f"r{i}") for i, body in enumerate(raw)]
+    reqs = [router.keys.build("chat", body, route_id=f"r{i}") for i, body in enumerate(raw)]
     exts = [router.keys.extend(r, "chat", body, REPLY) for r, body in zip(reqs, raw, strict=True)]
     events = [(i / args.rate, 0, i) for i in range(n)] + [
         (i / args.rate + args.latency_s, 1, i) for i in range(n)

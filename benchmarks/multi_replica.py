@@ -44,18 +44,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.replication import RedisReplication, ReplicationSettings
-from prefix_router.replication.connect import make_client
-from prefix_router.replication.local import LocalReplication
-from prefix_router.routing.router import IndexChange, Router
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import RouteRequest
 from prefix_router.lab.sim.engine import EngineEvent
 from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, get_profile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.run import Scenario, trace_scenario, workload_scenario
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.lab.sim.stats import details, summarize
+from prefix_router.replication import RedisReplication, ReplicationSettings
+from prefix_router.replication.connect import make_client
+from prefix_router.replication.local import LocalReplication
+from prefix_router.routing.router import IndexChange, Router
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing.types import RouteRequest
 
 MODES = ("single", "independent", "shared-index", "shared", "local")
 

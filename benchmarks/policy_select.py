@@ -50,7 +50,7 @@ def main() -> int:
     cfg = index_bench.IndexBenchConfig(workers=args.workers, blocks=args.blocks)
     router = index_bench.make_router(cfg)
     index_bench.fill(router, cfg.blocks, cfg.seed)
-    req = router.keys.build("chat", index_bench.body_of(args.prompt_chars, 2), request_id="hit")
+    req = router.keys.build("chat", index_bench.body_of(args.prompt_chars, 2), route_id="hit")
     for worker in router.workers()[: index_bench.HIT_WORKERS]:
         router.index.insert(worker, req.blocks, now=1e6)
     knobs = router.cfg.knobs("prefix")

@@ -78,6 +78,9 @@ class Core:
         router_mod = importlib.import_module(f"{package}.routing.router")
         settings = importlib.import_module(f"{package}.routing.settings")
         self.types: ModuleType = importlib.import_module(f"{package}.routing.types")
+        fields = {f.name for f in dataclasses.fields(self.types.RouteRequest)}  # names before/after issue 21
+        self.id_field = "route_id" if "route_id" in fields else "request_id"
+        self.len_field = "key_tokens" if "key_tokens" in fields else "prompt_tokens"
         index = settings.IndexSettings(
             max_total_blocks=max(2_000_000, blocks * 2), ttl_s=1e9, worker_capacity_tokens=1 << 40
         )
@@ -100,7 +103,7 @@ class Core:
             req = self.build(4_000, 100 + i, f"u{i}")
             decision = self.router.route(req, self.names, NOW - 10)
             self.router.dispatched(req, decision, NOW - 10)
-            outcome = self.types.Outcome(True, None, (), round(req.prompt_tokens * 1.2))
+            outcome = self.types.Outcome(True, None, (), round(getattr(req, self.len_field) * 1.2))
             self.router.finished(req, decision.worker, outcome, NOW - 10)
 
     def _background(self, busy: int) -> None:
@@ -110,16 +113,16 @@ class Core:
             decision = self.router.route(req, self.names, NOW - 5 + i * 1e-4)
             self.router.dispatched(req, decision, NOW - 5 + i * 1e-4)
             if i % 2:
-                self.router.first_token(req.request_id, NOW - 4 + i * 1e-4)
+                self.router.first_token(getattr(req, self.id_field), NOW - 4 + i * 1e-4)
 
     def build(self, chars: int, seed: int, request_id: str) -> Any:
         text = random_text(rng_for("route-core", seed, chars), chars // 4 + 1)[:chars]
         body = {"model": "m", "messages": [{"role": "user", "content": text}]}
-        return self.router.keys.build("chat", body, request_id=request_id)
+        return self.router.keys.build("chat", body, **{self.id_field: request_id})
 
     def key(self, body: dict[str, Any], reply: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         keys = self.router.keys
-        req = keys.build("chat", body, request_id="k")
+        req = keys.build("chat", body, **{self.id_field: "k"})
         return req.blocks, keys.extend(req, "chat", body, reply)
 
     def hit(self, chars: int) -> Any:
@@ -133,13 +136,13 @@ class Core:
 
     def cycle(self, req: Any, extension: tuple[int, ...]) -> Any:
         self.count += 1
-        one = dataclasses.replace(req, request_id=f"c{self.count}")
+        one = dataclasses.replace(req, **{self.id_field: f"c{self.count}"})
         router = self.router
         decision = router.route(one, self.names, NOW)
         router.dispatched(one, decision, NOW)
-        router.first_token(one.request_id, NOW)
+        router.first_token(getattr(one, self.id_field), NOW)
         outcome = self.types.Outcome(
-            True, decision.predicted_tokens, extension, round(one.prompt_tokens * 1.2)
+            True, decision.predicted_tokens, extension, round(getattr(one, self.len_field) * 1.2)
         )
         router.finished(one, decision.worker, outcome, NOW)
         return decision

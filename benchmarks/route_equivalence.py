@@ -26,6 +26,18 @@ from typing import Any
 from route_core import core_at
 
 
+def _key_tokens(req: Any) -> int:
+    """The key's length under either name (``prompt_tokens`` before issue 21)."""
+    return int(getattr(req, "key_tokens", None) or req.prompt_tokens)
+
+
+def _id_arg(keys: Any, rid: str) -> dict[str, str]:
+    """``route_id`` (``request_id`` before issue 21) for ``keys.build``."""
+    import inspect
+
+    return {("route_id" if "route_id" in inspect.signature(keys.build).parameters else "request_id"): rid}
+
+
 def make_router(package: str, seed: int, cap_tokens: int) -> tuple[Any, Any]:
     router_mod = importlib.import_module(f"{package}.routing.router")
     settings = importlib.import_module(f"{package}.routing.settings")
@@ -84,7 +96,9 @@ class Trial:
         if not self.workers:
             return
         candidates = rng.sample(self.workers, rng.randrange(1, len(self.workers) + 1))
-        reqs = [r.keys.build("chat", body, request_id=f"r{step}", session=session) for r, _ in self.cores]
+        reqs = [
+            r.keys.build("chat", body, **_id_arg(r.keys, f"r{step}"), session=session) for r, _ in self.cores
+        ]
         decided = [r.route(q, candidates, self.now) for (r, _), q in zip(self.cores, reqs, strict=True)]
         keys = [(d.worker, str(d.branch), d.matched_blocks, d.predicted_tokens) for d in decided]
         self.decisions += 1
@@ -113,7 +127,7 @@ class Trial:
         ok, cached, extra = rng.random() < 0.75, rng.choice([None, 0, 16, 64, 1000]), rng.getrandbits(64)
         for (r, types), q in zip(self.cores, reqs, strict=True):
             extension = (*q.blocks, extra) if ok else ()
-            r.finished(q, worker, types.Outcome(ok, cached, extension, q.prompt_tokens + 3), self.now)
+            r.finished(q, worker, types.Outcome(ok, cached, extension, _key_tokens(q) + 3), self.now)
         if ok:
             self.convs[conv].append(rng.randrange(3))
 

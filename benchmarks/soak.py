@@ -96,7 +96,15 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "prefix_router.lab.sim.server", "--port", str(self.port), "--model", "m"]
+        argv = [
+            sys.executable,
+            "-m",
+            "prefix_router.lab.sim.server",
+            "--port",
+            str(self.port),
+            "--model",
+            "m",
+        ]
         self.proc = subprocess.Popen([*argv, "--time-scale", str(self.time_scale)], stdout=subprocess.PIPE)
         wait_ready_line(self.proc)
 

@@ -51,10 +51,10 @@ def make_router(by_content: bool) -> Router:
 def teach(router: Router, keys: KeyBuilder) -> None:
     """Ten answered requests of other prompts: the model's value is learned (warm-up 8)."""
     for n in range(10):
-        req = keys.build("chat", body_of(8_000, 100 + n), request_id=f"teach{n}")
+        req = keys.build("chat", body_of(8_000, 100 + n), route_id=f"teach{n}")
         decision = router.route(req, ["w0"], 0.0)
         router.dispatched(req, decision, 0.0)
-        router.finished(req, "w0", Outcome(True, None, (), req.prompt_tokens * 4 // 5), 0.0)
+        router.finished(req, "w0", Outcome(True, None, (), req.key_tokens * 4 // 5), 0.0)
 
 
 def mean_us(fn: Callable[[], object], repeat: int) -> float:
@@ -67,7 +67,7 @@ def mean_us(fn: Callable[[], object], repeat: int) -> float:
 def measure(chars: int, routers: dict[bool, Router], rounds: int, repeat: int) -> dict[str, float]:
     keys = KeyBuilder(routers[True].cfg.keys)
     body = body_of(chars, 0)
-    req: RouteRequest = keys.build("chat", body, request_id="probe")
+    req: RouteRequest = keys.build("chat", body, route_id="probe")
     workers = routers[True].workers()
     for router in routers.values():
         for worker in workers[:3]:
@@ -78,7 +78,7 @@ def measure(chars: int, routers: dict[bool, Router], rounds: int, repeat: int) -
         for worker in workers[3:6]:
             router.index.insert(worker, half.blocks[: len(req.blocks) // 2], now=1e6)
     columns: dict[str, Callable[[], object]] = {
-        "key": lambda: keys.build("chat", body, request_id="k"),
+        "key": lambda: keys.build("chat", body, route_id="k"),
         "count": lambda: count_marks(req.text),
         "route_content": lambda: routers[True].route(req, workers, 1e6, policy="prefix"),
         "route_scale": lambda: routers[False].route(req, workers, 1e6, policy="prefix"),

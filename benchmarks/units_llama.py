@@ -111,7 +111,7 @@ async def drive(engine: str, learn: bool, warmup: int, pairs: int) -> Run:
 
             async def measure(kind: str, body: dict[str, Any]) -> str:
                 predicted, prompt, cached, reply = await send(http, running.url, engine, body)
-                nominal = keys.build("chat", body, request_id="x").prompt_tokens
+                nominal = keys.build("chat", body, route_id="x").prompt_tokens
                 run.rows.append(Measured(kind, nominal, prompt, predicted, cached))
                 print(f"{'learn' if learn else 'fixed'} {kind:6s} nominal {nominal:5d} engine {prompt:5d} "
                       f"predicted {predicted:5d} cached {cached:5d}", flush=True)  # fmt: skip

@@ -161,12 +161,12 @@ def test_service_links_are_off(documents: list[dict[str, Any]]) -> None:
 
 def test_the_grace_period_covers_pre_stop_and_drain(documents: list[dict[str, Any]]) -> None:
     from prefix_router.proxy.lifecycle import AFTER_DEADLINE_S
-    from prefix_router.proxy.server import AFTER_DRAIN_S
+    from prefix_router.proxy.server import AFTER_SHUTDOWN_S
 
     spec = pod(find(documents, "Deployment", "prefix-router"))
     pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    drain_s = config_of(documents).timeouts.shutdown_s + AFTER_DEADLINE_S + AFTER_DRAIN_S
+    drain_s = config_of(documents).timeouts.shutdown_s + AFTER_DEADLINE_S + AFTER_SHUTDOWN_S
     assert spec["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + drain_s + 5  # and a margin
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from prefix_router.pool.http import Fetched, FetchError
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 
@@ -46,5 +46,5 @@ def pool(router: Router) -> WorkerPool:
     """Two workers, each admitted as if its first probe had passed."""
     pool = WorkerPool(router, max_workers=8, thresholds=(3, 2))
     for name in ("w1", "w2"):
-        pool.report(pool.add(WorkerConfig(url=f"http://{name}:8000", name=name)), True)
+        pool.report(pool.add(WorkerSettings(url=f"http://{name}:8000", name=name)), True)
     return pool

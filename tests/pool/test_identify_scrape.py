@@ -11,7 +11,7 @@ from prefix_router.pool.http import AiohttpFetcher, Fetched, FetchError
 from prefix_router.pool.identify import Identifier, parse_models
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
-from prefix_router.pool.settings import ScrapeConfig, WorkerConfig
+from prefix_router.pool.settings import ScrapeSettings, WorkerSettings
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 
@@ -56,7 +56,7 @@ async def test_identification_failure_keeps_the_previous_list(pool: WorkerPool, 
 
 async def test_configured_engine_needs_no_detection(router: Router, fetcher: Any) -> None:
     pool = WorkerPool(router, 4)
-    worker = pool.add(WorkerConfig(url="http://s:1", engine="sglang"))
+    worker = pool.add(WorkerSettings(url="http://s:1", engine="sglang"))
     await Identifier(fetcher, 1.0, 10, 10_000).identify(worker)
     assert worker.adapter is not None and worker.adapter.name == "sglang"
     assert "http://s:1/metrics" not in fetcher.calls
@@ -68,7 +68,7 @@ async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: Worke
     fetcher.table["http://w1:8000/metrics"] = Fetched(200, VLLM_METRICS.encode())
     fetcher.table["http://w1:8000/v1/models"] = Fetched(200, models_body("m"))
     await Identifier(fetcher, 1.0, 10, 100_000).identify(worker)
-    scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: clock[0])
+    scraper = MetricsScraper(pool, router, fetcher, ScrapeSettings(), lambda: clock[0])
     await scraper.scrape_all()
     snap = router.load.snapshot("w1", 100.0)
     assert snap.queue_depth == 7 and snap.kv_usage == 0.25
@@ -88,7 +88,7 @@ async def test_garbage_metrics_do_not_break_the_scrape(
 
     worker.adapter = get_adapter("vllm")
     fetcher.table["http://w1:8000/metrics"] = Fetched(200, b"\x00\xffvllm:num_requests_waiting{ oops\n{{{")
-    scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: 1.0)
+    scraper = MetricsScraper(pool, router, fetcher, ScrapeSettings(), lambda: 1.0)
     await scraper.scrape_all()  # must not raise
     assert router.load.snapshot("w1", 1.0).queue_depth == 0
 
@@ -109,11 +109,11 @@ async def test_a_hung_metrics_endpoint_is_bounded_by_its_timeout(fake_engine: An
     try:
         router = Router(RoutingSettings())
         pool = WorkerPool(router, 4)
-        worker = pool.add(WorkerConfig(url=running.url, engine="vllm"))
+        worker = pool.add(WorkerSettings(url=running.url, engine="vllm"))
         from prefix_router.pool.engines import get_adapter
 
         worker.adapter = get_adapter("vllm")
-        scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(timeout_s=0.2), lambda: 1.0)
+        scraper = MetricsScraper(pool, router, fetcher, ScrapeSettings(timeout_s=0.2), lambda: 1.0)
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert await scraper.scrape(worker) is None
@@ -131,12 +131,12 @@ async def test_a_scrape_of_a_removed_worker_re_creates_nothing(
 
     old = pool.require("w1")
     old.adapter = get_adapter("vllm")
-    scraper = MetricsScraper(pool, router, fetcher, ScrapeConfig(), lambda: 5.0)
+    scraper = MetricsScraper(pool, router, fetcher, ScrapeSettings(), lambda: 5.0)
     load = EngineLoad(queue_depth=9, kv_usage=0.9, capacity_tokens=320)
     pool.remove("w1")
     scraper.apply(old, load)  # a scrape that was in flight when the worker left
     assert "w1" not in router.workers() and "w1" not in router.summary()["workers"]  # type: ignore[operator]
-    pool.add(WorkerConfig(url="http://w1:8000", name="w1"))  # a new worker of the same name
+    pool.add(WorkerSettings(url="http://w1:8000", name="w1"))  # a new worker of the same name
     scraper.apply(old, load)  # the old worker's scrape never lands on its successor either
     snap = router.load.snapshot("w1", 5.0)
     assert (snap.queue_depth, snap.kv_usage) == (0, None)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefix_router.pool.pool import PoolError, WorkerPool
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
@@ -15,7 +15,7 @@ from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
 def test_membership_is_mirrored_into_the_router(pool: WorkerPool, router: Router) -> None:
     assert sorted(router.workers()) == ["w1", "w2"]
-    pool.add(WorkerConfig(url="http://w3:1", name="w3"))
+    pool.add(WorkerSettings(url="http://w3:1", name="w3"))
     pool.remove("w1")
     assert sorted(router.workers()) == ["w2", "w3"]
     assert [w.name for w in pool] == ["w2", "w3"]
@@ -23,12 +23,12 @@ def test_membership_is_mirrored_into_the_router(pool: WorkerPool, router: Router
 
 def test_duplicates_unknowns_and_the_size_bound(router: Router) -> None:
     pool = WorkerPool(router, max_workers=2)
-    pool.add(WorkerConfig(url="http://a:1"))
+    pool.add(WorkerSettings(url="http://a:1"))
     with pytest.raises(PoolError, match="already"):
-        pool.add(WorkerConfig(url="http://a:1"))
-    pool.add(WorkerConfig(url="http://b:1"))
+        pool.add(WorkerSettings(url="http://a:1"))
+    pool.add(WorkerSettings(url="http://b:1"))
     with pytest.raises(PoolError, match="full"):
-        pool.add(WorkerConfig(url="http://c:1"))
+        pool.add(WorkerSettings(url="http://c:1"))
     assert len(pool) == 2
     with pytest.raises(PoolError, match="unknown"):
         pool.remove("nope")
@@ -54,7 +54,7 @@ def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool, router
 
 def test_configured_models_win_over_listed(router: Router) -> None:
     pool = WorkerPool(router, max_workers=4)
-    worker = pool.add(WorkerConfig(url="http://a:1", models=["x"]))
+    worker = pool.add(WorkerSettings(url="http://a:1", models=["x"]))
     worker.listed_models = {"y": {"id": "y"}}
     assert worker.serves("x") and not worker.serves("y")
     assert [m["id"] for m in pool.models()] == ["x"]
@@ -80,7 +80,7 @@ def test_ejection_after_failures_and_readmission_after_successes(pool: WorkerPoo
 def test_ejection_purges_the_workers_index(pool: WorkerPool, router: Router) -> None:
     from prefix_router.routing.types import Decision, RouteRequest
 
-    req = RouteRequest("r1", blocks=(1, 2, 3), block_tokens=16, prompt_tokens=48, hash_key=1)
+    req = RouteRequest("r1", blocks=(1, 2, 3), block_tokens=16, key_tokens=48, hash_key=1)
     router.dispatched(req, Decision("w1", "test"), now=0.0)
     assert router.index.match(req.blocks).get("w1") == 3
     for _ in range(3):
@@ -90,9 +90,7 @@ def test_ejection_purges_the_workers_index(pool: WorkerPool, router: Router) -> 
 
 
 def test_ejection_keeps_the_in_flight_count_and_the_cap(pool: WorkerPool, router: Router) -> None:
-    reqs = [
-        RouteRequest(f"r{i}", blocks=(i,), block_tokens=16, prompt_tokens=16, hash_key=i) for i in range(2)
-    ]
+    reqs = [RouteRequest(f"r{i}", blocks=(i,), block_tokens=16, key_tokens=16, hash_key=i) for i in range(2)]
     for req in reqs:
         router.dispatched(req, Decision("w1", "test"), now=0.0)
     for _ in range(3):
@@ -129,7 +127,7 @@ def test_candidates_are_the_available_serving_workers_below_the_cap(
     router = Router(RoutingSettings())
     pool = WorkerPool(router, max_workers=8)
     for i, (healthy, draining, in_flight, configured, listed) in enumerate(states):
-        worker = pool.add(WorkerConfig(url=f"http://w{i}:8000", name=f"w{i}", models=sorted(configured)))
+        worker = pool.add(WorkerSettings(url=f"http://w{i}:8000", name=f"w{i}", models=sorted(configured)))
         worker.health.healthy, worker.draining = healthy, draining
         worker.listed_models = None if listed is None else {m: {"id": m} for m in listed}
         for j in range(in_flight):

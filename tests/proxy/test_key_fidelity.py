@@ -128,13 +128,13 @@ async def test_sampling_fields_give_identical_keys(router: RouterHandle) -> None
     """Bodies that differ only in sampling fields have the very same key: the second one matches all of
     the first one's blocks, field by field and all together."""
     keys = router.state.router.keys
-    plain = keys.build("chat", body(tools=TOOLS), request_id="p")
+    plain = keys.build("chat", body(tools=TOOLS), route_id="p")
     for name, value in [*SAMPLING.items(), ("all", None)]:
         extra = SAMPLING if name == "all" else {name: value}
-        other = keys.build("chat", body(tools=TOOLS, **extra), request_id=name)
-        assert (other.blocks, other.prompt_tokens, other.hash_key) == (
+        other = keys.build("chat", body(tools=TOOLS, **extra), route_id=name)
+        assert (other.blocks, other.key_tokens, other.hash_key) == (
             plain.blocks,
-            plain.prompt_tokens,
+            plain.key_tokens,
             plain.hash_key,
         ), name
     await predicted(router, body(tools=TOOLS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.proxy.metrics import CounterSet, FastHistogram, ProxyMetrics
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
@@ -16,7 +16,7 @@ def metrics_with(*workers: str, router: Router | None = None) -> tuple[ProxyMetr
     pool_router = router or Router(RoutingSettings())
     pool = WorkerPool(pool_router, 8)
     for name in workers:
-        pool.add(WorkerConfig(url=f"http://{name}:1", name=name))
+        pool.add(WorkerSettings(url=f"http://{name}:1", name=name))
     return ProxyMetrics(pool, pool_router), pool
 
 
@@ -109,7 +109,7 @@ def test_predicted_vs_reported_counts_only_the_requests_whose_engine_reported() 
         req = RouteRequest(f"r{i}", blocks, 16, 70, hash_key=1)
         decision = router.route(req, ["a"], float(i))
         router.dispatched(req, decision, float(i))
-        router.first_token(req.request_id, float(i))
+        router.first_token(req.route_id, float(i))
         router.finished(req, "a", Outcome(cached_tokens=cached), float(i))
     got = samples(metrics)
     # predicted 64 twice (two reports), 0 + 64 + 64 for the three unreported ones: not counted

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from prefix_router.proxy.record import TraceRecorder
-from prefix_router.proxy.settings import RecordConfig
+from prefix_router.proxy.settings import RecordSettings
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.types import RouteRequest
@@ -19,7 +19,7 @@ def route(blocks: int, tokens: int, salt: int = 0) -> RouteRequest:
 
 
 def make(tmp_path: Path, drops: list[int], **kw: object) -> TraceRecorder:
-    cfg = RecordConfig(file=str(tmp_path / "t.jsonl"), salt=1, **kw)  # type: ignore[arg-type]
+    cfg = RecordSettings(file=str(tmp_path / "t.jsonl"), salt=1, **kw)  # type: ignore[arg-type]
     return TraceRecorder(cfg, clock=lambda: 0.0, on_drop=lambda: drops.append(1))
 
 
@@ -36,7 +36,7 @@ def test_hash_ids_follow_mooncake_blocks(tmp_path: Path) -> None:
 
 def test_salt_changes_ids(tmp_path: Path) -> None:
     a = make(tmp_path, [])
-    b = TraceRecorder(RecordConfig(file=str(tmp_path / "u"), salt=2), lambda: 0.0, lambda: None)
+    b = TraceRecorder(RecordSettings(file=str(tmp_path / "u"), salt=2), lambda: 0.0, lambda: None)
     assert a.hash_ids(route(10, 160)) != b.hash_ids(route(10, 160))
 
 
@@ -59,16 +59,16 @@ async def test_buffer_and_file_are_bounded(tmp_path: Path) -> None:
 
 async def test_a_line_holds_lengths_time_and_ids_but_no_text(tmp_path: Path) -> None:
     now = [0.0]
-    cfg = RecordConfig(file=str(tmp_path / "t.jsonl"), salt=1)
+    cfg = RecordSettings(file=str(tmp_path / "t.jsonl"), salt=1)
     rec = TraceRecorder(cfg, clock=lambda: now[0], on_drop=lambda: None)
     req = KeyBuilder(KeySettings(block_chars=64, block_tokens=16)).build(
-        "completions", {"model": "m", "prompt": "secret " * 400}, request_id="1"
+        "completions", {"model": "m", "prompt": "secret " * 400}, route_id="1"
     )
     now[0] = 1.0
     assert rec.record(req, 7)
     await rec.flush()
     raw = (tmp_path / "t.jsonl").read_bytes()
     line = orjson.loads(raw)
-    assert line["input_length"] == req.prompt_tokens and line["output_length"] == 7
+    assert line["input_length"] == req.key_tokens and line["output_length"] == 7
     assert line["timestamp"] == 1000 and line["hash_ids"] == rec.hash_ids(req)
     assert b"secret" not in raw and all(isinstance(i, int) for i in line["hash_ids"])

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from prefix_router.pool.http import Fetched, FetchError
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.proxy import shared_pool
 from prefix_router.proxy.app import build_state
 from prefix_router.proxy.config import load_config
@@ -114,7 +114,7 @@ async def group() -> AsyncIterator[Group]:
 
 
 def admin_add(proc: Process, name: str, url: str) -> None:
-    cfg = WorkerConfig(url=url, name=name, api_key="sk-secret-key")  # type: ignore[arg-type]
+    cfg = WorkerSettings(url=url, name=name, api_key="sk-secret-key")  # type: ignore[arg-type]
     proc.context.pool.add(cfg)
     proc.context.on_admin(AdminChange("add", name, cfg))  # type: ignore[misc]
 

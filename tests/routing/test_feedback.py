@@ -44,7 +44,7 @@ def serve(router: Router, request: RouteRequest, now: float, first: bool = True,
     decision = router.route(request, ["a"], now)
     router.dispatched(request, decision, now)
     if first:
-        router.first_token(request.request_id, now)
+        router.first_token(request.route_id, now)
     router.finished(request, "a", Outcome(**outcome), now)  # type: ignore[arg-type]
     return decision.predicted_tokens
 
@@ -111,7 +111,7 @@ def test_reports_are_clamped_to_the_prompt(
 ) -> None:
     router = make_router()
     serve(router, req("p", prefix(1)), 1.0)
-    serve(router, req("q", prefix(1)), 2.0, cached_tokens=cached, prompt_tokens=engine_prompt)
+    serve(router, req("q", prefix(1)), 2.0, cached_tokens=cached, reported_prompt_tokens=engine_prompt)
     stats = router.feedback["a"]
     assert (stats.reports, stats.reported_tokens, stats.clamped) == (1, reported, clamped)
     assert router.summary()["workers"]["a"]["feedback"]["reported_tokens"] == reported  # type: ignore[index]

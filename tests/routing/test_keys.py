@@ -18,7 +18,7 @@ def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 def blocks(body: dict[str, Any], tenant: str | None = None, cfg: KeySettings = CFG) -> tuple[int, ...]:
-    return KeyBuilder(cfg).build("chat", body, request_id="r", tenant=tenant).blocks
+    return KeyBuilder(cfg).build("chat", body, route_id="r", tenant=tenant).blocks
 
 
 def is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -86,12 +86,12 @@ def test_images_hash_by_url_and_tool_calls_count() -> None:
 
 
 def test_completions_prompt_forms() -> None:
-    text = KEYS.build("completions", {"model": "m", "prompt": "p" * 40}, request_id="r")
-    batch = KEYS.build("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, request_id="r")
-    assert text.blocks == batch.blocks and len(text.blocks) == 2 and text.prompt_tokens == 10
-    ids = KEYS.build("completions", {"model": "m", "prompt": list(range(10))}, request_id="r")
-    assert ids.prompt_tokens == 10 and len(ids.blocks) == 2
-    more = KEYS.build("completions", {"model": "m", "prompt": [list(range(12))]}, request_id="r")
+    text = KEYS.build("completions", {"model": "m", "prompt": "p" * 40}, route_id="r")
+    batch = KEYS.build("completions", {"model": "m", "prompt": ["p" * 40, "z"]}, route_id="r")
+    assert text.blocks == batch.blocks and len(text.blocks) == 2 and text.key_tokens == 10
+    ids = KEYS.build("completions", {"model": "m", "prompt": list(range(10))}, route_id="r")
+    assert ids.key_tokens == 10 and len(ids.blocks) == 2
+    more = KEYS.build("completions", {"model": "m", "prompt": [list(range(12))]}, route_id="r")
     assert is_prefix(ids.blocks, more.blocks)
 
 
@@ -114,7 +114,7 @@ def test_completions_prompt_forms() -> None:
 )
 def test_bad_bodies_are_rejected_with_the_param(endpoint: Any, body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as err:
-        KEYS.build(endpoint, body, request_id="r")
+        KEYS.build(endpoint, body, route_id="r")
     assert err.value.param == param
 
 
@@ -130,10 +130,10 @@ json_st = st.recursive(
 def test_arbitrary_json_is_routed_or_rejected_never_crashes(body: dict[str, Any]) -> None:
     for endpoint in ("chat", "completions"):
         try:
-            req = KEYS.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
+            req = KEYS.build(endpoint, body, route_id="r")  # type: ignore[arg-type]
         except InvalidRequest:
             continue
-        assert req.prompt_tokens >= 0
+        assert req.key_tokens >= 0
 
 
 def test_max_prefix_chars_caps_the_examined_prefix() -> None:
@@ -144,9 +144,9 @@ def test_max_prefix_chars_caps_the_examined_prefix() -> None:
 
 def test_tokenizer_mode_blocks_are_token_ids() -> None:
     builder = KeyBuilder(CFG, tokenize=lambda text: [ord(c) for c in text])
-    req = builder.build("chat", chat([{"role": "user", "content": "y" * 30}]), request_id="r")
-    assert req.prompt_tokens == len("user\x03" + "y" * 30 + "\x1e")  # role, content behind its tag, end
-    assert len(req.blocks) == req.prompt_tokens // 4
+    req = builder.build("chat", chat([{"role": "user", "content": "y" * 30}]), route_id="r")
+    assert req.key_tokens == len("user\x03" + "y" * 30 + "\x1e")  # role, content behind its tag, end
+    assert len(req.blocks) == req.key_tokens // 4
 
 
 @settings(max_examples=150, deadline=None)
@@ -157,7 +157,7 @@ def test_incremental_extension_equals_full_rehash(
     builder = KeyBuilder(CFG)
     body: dict[str, Any] = chat(turn) if endpoint == "chat" else {"model": "m", "prompt": reply[::-1] + "p"}
     generated = {"role": "assistant", "content": reply} if endpoint == "chat" else {"text": reply}
-    req = builder.build(endpoint, body, request_id="r")  # type: ignore[arg-type]
+    req = builder.build(endpoint, body, route_id="r")  # type: ignore[arg-type]
     fast = builder.extend(req, endpoint, body, generated)  # type: ignore[arg-type]
     assert fast == builder.extension(endpoint, body, generated)  # type: ignore[arg-type]
 
@@ -169,7 +169,7 @@ def test_incremental_extension_respects_the_prefix_cap(
 ) -> None:
     builder = KeyBuilder(KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=cap))
     body, generated = chat(turn), {"role": "assistant", "content": reply}
-    req = builder.build("chat", body, request_id="r")
+    req = builder.build("chat", body, route_id="r")
     fast = builder.extend(req, "chat", body, generated)
     assert fast == builder.extension("chat", body, generated)
     assert len(fast) <= cap // 16
@@ -231,10 +231,10 @@ def test_an_image_is_valued_at_image_tokens() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     text = {"type": "text", "text": "t" * 64}
     with_image = KeyBuilder(cfg).build(
-        "chat", chat([{"role": "user", "content": [image, text]}]), request_id="r"
+        "chat", chat([{"role": "user", "content": [image, text]}]), route_id="r"
     )
-    without = KeyBuilder(cfg).build("chat", chat([{"role": "user", "content": [text]}]), request_id="r")
-    assert with_image.prompt_tokens - without.prompt_tokens in range(300, 302)
+    without = KeyBuilder(cfg).build("chat", chat([{"role": "user", "content": [text]}]), route_id="r")
+    assert with_image.key_tokens - without.key_tokens in range(300, 302)
 
 
 @pytest.mark.parametrize(
@@ -294,10 +294,10 @@ SAMPLING_ST = st.fixed_dictionaries(
 def test_sampling_fields_never_change_the_key(
     messages: list[dict[str, Any]], sampling: dict[str, Any]
 ) -> None:
-    plain = KEYS.build("chat", chat(messages, tools=[TOOL_F]), request_id="r")
-    other = KEYS.build("chat", chat(messages, tools=[TOOL_F], **sampling), request_id="r")
-    assert (plain.blocks, plain.prompt_tokens, plain.hash_key, plain.tail) == (
-        other.blocks, other.prompt_tokens, other.hash_key, other.tail,
+    plain = KEYS.build("chat", chat(messages, tools=[TOOL_F]), route_id="r")
+    other = KEYS.build("chat", chat(messages, tools=[TOOL_F], **sampling), route_id="r")
+    assert (plain.blocks, plain.key_tokens, plain.hash_key, plain.tail) == (
+        other.blocks, other.key_tokens, other.hash_key, other.tail,
     )  # fmt: skip
 
 
@@ -329,6 +329,6 @@ def test_a_reply_with_reasoning_or_a_tool_call_extends_only_what_the_next_turn_s
     only_call = {"role": "assistant", "content": None, "tool_calls": [call]}
     assert KEYS.extension("chat", body, only_call) == prompt
     builder = KeyBuilder(CFG)
-    req = builder.build("chat", body, request_id="r")
+    req = builder.build("chat", body, route_id="r")
     for reply in (reasoned, inline, with_text, only_call):
         assert builder.extend(req, "chat", body, reply) == builder.extension("chat", body, reply)

@@ -107,7 +107,7 @@ def test_a_worker_added_again_starts_at_zero_and_old_finishes_do_not_touch_it() 
 
     router.finished(old, "a", Outcome(ok=False), 2.0)
     snap = router.load.snapshot("a", 2.0)
-    assert (snap.in_flight, snap.pending_prefill_tokens) == (1, new.prompt_tokens)
+    assert (snap.in_flight, snap.pending_prefill_tokens) == (1, new.key_tokens)
     router.finished(new, "a", Outcome(), 3.0)
     snap = router.load.snapshot("a", 3.0)
     assert (snap.in_flight, snap.pending_prefill_tokens, router.load.tracked()) == (0, 0, 0)
@@ -142,7 +142,7 @@ def test_counts_match_a_model_whatever_happens_and_return_to_zero(ops: list[Op])
             serial += 1
             req = passthrough(f"p{serial}") if op == "start_passthrough" else request(f"r{serial}", (pick,))
             router.dispatched(req, Decision(name, "test"), float(serial))
-            live[req.request_id] = (req, name, incarnation[name], True)
+            live[req.route_id] = (req, name, incarnation[name], True)
         elif op == "first" and rid is not None:
             router.first_token(rid, float(serial))
             req, worker, inc, _ = live[rid]
@@ -181,7 +181,7 @@ def check(
         assert router.load.in_flight(name) == expected
         snap = router.load.snapshot(name, 0.0)
         assert snap.in_flight == expected
-        prefill = sum(r.prompt_tokens for r, prefilling in mine if prefilling) if name in present else 0
+        prefill = sum(r.key_tokens for r, prefilling in mine if prefilling) if name in present else 0
         assert snap.pending_prefill_tokens == prefill
 
 
@@ -203,7 +203,7 @@ def check(
 def test_the_snapshots_backlogs_are_what_the_drain_says(
     ops: list[tuple[str, int, float, int]], later: float
 ) -> None:
-    """The live snapshots' backlogs, kept for busy workers only (``PrefillDrain.refresh``), always equal
+    """The live snapshots' backlogs, kept for busy workers only (``PrefillBacklog.refresh``), always equal
     ``remaining`` (the drain's definition), for every worker, whatever was dispatched, started, finished,
     removed or re-added, whenever read; the snapshots of the same candidates, reused, stay the live ones."""
     load = LoadTracker(max_tracked=40, engine_stale_s=10.0)
@@ -230,5 +230,5 @@ def test_the_snapshots_backlogs_are_what_the_drain_says(
             load.add_worker(name)
         for at in (now, now + later):
             snaps = load.snapshots([*WORKERS, "unknown"], at)
-            assert [s.prefill_backlog for s in snaps] == [load.drain.remaining(s.name, at) for s in snaps]
+            assert [s.prefill_backlog for s in snaps] == [load.backlog.remaining(s.name, at) for s in snaps]
             assert [s.in_flight for s in snaps] == [load.in_flight(s.name) for s in snaps]

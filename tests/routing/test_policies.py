@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from prefix_router.routing.policies import POLICIES, POLICY_NAMES, PolicySpec, make_policy, policy_spec
-from prefix_router.routing.policies.consistent_hash import ConsistentHashKnobs
+from prefix_router.routing.policies.consistent_hash import ConsistentHashSettings
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, RouteRequest, WorkerSnapshot
@@ -124,8 +124,8 @@ def test_policy_names_and_unknown_names() -> None:
     assert tuple(spec.name for spec in POLICIES) == POLICY_NAMES and len(set(POLICY_NAMES)) == len(POLICIES)
     with pytest.raises(KeyError, match="prefix"):
         make_policy("nope")
-    with pytest.raises(TypeError, match="PrefixKnobs"):
-        policy_spec("prefix").build(ConsistentHashKnobs())
+    with pytest.raises(TypeError, match="PrefixSettings"):
+        policy_spec("prefix").build(ConsistentHashSettings())
 
 
 def test_consistent_hash_slack_is_its_own_knob() -> None:
@@ -135,5 +135,5 @@ def test_consistent_hash_slack_is_its_own_knob() -> None:
     loads[int(owner[1:])] = 3  # cap = ceil(1.25 x 7 / 4) = 3, + slack
     strict = make_policy("consistent_hash")
     assert strict.select(req(hash_key=42), snaps(*loads), ctx()).branch == "hash_overflow"
-    slack = make_policy("consistent_hash", ConsistentHashKnobs(load_slack=2))
+    slack = make_policy("consistent_hash", ConsistentHashSettings(load_slack=2))
     assert slack.select(req(hash_key=42), snaps(*loads), ctx()).worker == owner

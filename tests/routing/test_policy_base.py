@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from prefix_router.routing.policies.base import cap_of, load_cap, load_totals
-from prefix_router.routing.policies.prefix import PrefixKnobs, PrefixPolicy
+from prefix_router.routing.policies.prefix import PrefixPolicy, PrefixSettings
 from prefix_router.routing.types import WorkerSnapshot
 
 LOADS = st.lists(
@@ -41,7 +41,7 @@ def test_the_one_pass_totals_are_the_sums_of_load_cap_and_saturation(
     assert weight == sum(s.weight for s in workers)
     assert flight == sum(s.in_flight for s in workers)
     assert backlog == sum(s.prefill_backlog for s in workers)
-    policy = PrefixPolicy(PrefixKnobs())
+    policy = PrefixPolicy(PrefixSettings())
     for factor, slack in ((1.25, 2), (1.0, 0)):
         inline = outcome(lambda f=factor, s=slack: cap_of(weight, flight, f, s))  # type: ignore[misc]
         assert inline == outcome(lambda f=factor, s=slack: load_cap(workers, f, s))  # type: ignore[misc]

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.drain import prefill_work
+from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap
-from prefix_router.routing.policies.prefix import PrefixKnobs, PrefixPolicy, delayed_requests
+from prefix_router.routing.policies.prefix import PrefixPolicy, PrefixSettings, delayed_requests
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, Outcome, RouteRequest, WorkerSnapshot
 
-CFG = PrefixKnobs()
+CFG = PrefixSettings()
 LONG = 20_000  # tokens: recomputing this prompt costs far more than any in-flight penalty
 BLOCKS = LONG // 16
 
@@ -47,7 +47,7 @@ def ctx(matches: dict[str, int], fill: float = 1.0, request_work: float = 0.0) -
     return Context(0.0, random.Random(0), matches, Caches(fill), request_work)
 
 
-NO_HIT_CAP = PrefixKnobs(hit_cap_factor=1.0)
+NO_HIT_CAP = PrefixSettings(hit_cap_factor=1.0)
 
 
 def test_a_long_fully_matched_prompt_leaves_a_holder_at_the_cap_without_the_hit_cap() -> None:
@@ -117,7 +117,7 @@ def test_a_saturated_fleet_sticks_harder() -> None:
     workers = [WorkerSnapshot("w0", prefill_backlog=60_000), WorkerSnapshot("w1")]
     saturated = ctx({"w0": BLOCKS}, request_work=10_000)
     assert policy.select(long_request(), workers, saturated).worker == "w0"
-    plain = make_policy("prefix", PrefixKnobs(saturation_weight=0.0))
+    plain = make_policy("prefix", PrefixSettings(saturation_weight=0.0))
     assert plain.select(long_request(), workers, saturated).worker == "w1"
 
 
@@ -193,7 +193,7 @@ def reference_cheapest(
     base: float,
 ) -> tuple[list[str], int]:
     """The header's cost, worker by worker, nothing skipped: what ``cheapest`` must find."""
-    prompt, block = req.prompt_tokens * ctx.token_scale, req.block_tokens * ctx.token_scale
+    prompt, block = req.key_tokens * ctx.token_scale, req.block_tokens * ctx.token_scale
     costs: list[tuple[float, str]] = []
     for w in workers:
         matched = ctx.matches.get(w.name, 0)

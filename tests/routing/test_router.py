@@ -29,7 +29,7 @@ def run(router: Router, req: RouteRequest, now: float, first: bool = True, **out
     d = router.route(req, ["a", "b", "c"], now)
     router.dispatched(req, d, now)
     if first:
-        router.first_token(req.request_id, now)
+        router.first_token(req.route_id, now)
     router.finished(req, d.worker, Outcome(**outcome), now)  # type: ignore[arg-type]
     return d.worker
 
@@ -172,11 +172,11 @@ def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block
     router = Router(RoutingSettings.model_validate({"keys": {"block_chars": block_chars}}), random.Random(0))
     router.add_worker("a")
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 16_384}]}
-    first = router.keys.build("chat", body, request_id="1")
+    first = router.keys.build("chat", body, route_id="1")
     router.dispatched(first, router.route(first, ["a"], 0), 0)
-    again = router.keys.build("chat", body, request_id="2")
+    again = router.keys.build("chat", body, route_id="2")
     predicted = router.route(again, ["a"], 1).predicted_tokens
-    assert again.prompt_tokens - block_chars / 4 <= predicted <= again.prompt_tokens
+    assert again.key_tokens - block_chars / 4 <= predicted <= again.key_tokens
 
 
 def test_the_prompt_estimate_is_made_once_at_route_and_counted_at_dispatch() -> None:
@@ -186,18 +186,22 @@ def test_the_prompt_estimate_is_made_once_at_route_and_counted_at_dispatch() -> 
     router = Router(RoutingSettings.model_validate({"units": {"warmup": 1}}), random.Random(0))
     router.add_worker("a")
     body = {"model": "m", "messages": [{"role": "user", "content": "word " * 1_000}]}
-    req = router.keys.build("chat", body, request_id="1")
-    assert router.route(req, ["a"], 0).prompt_tokens == router.prompt_tokens(req) == req.prompt_tokens
+    req = router.keys.build("chat", body, route_id="1")
+    assert (
+        router.route(req, ["a"], 0).estimated_prompt_tokens
+        == router.estimated_prompt_tokens(req)
+        == req.key_tokens
+    )
     decision = router.route(req, ["a"], 0)
-    assert decision.prompt_tokens is not None
-    learn = router.keys.build("chat", body, request_id="learn")  # teaches: 2 engine tokens per key token
+    assert decision.estimated_prompt_tokens is not None
+    learn = router.keys.build("chat", body, route_id="learn")  # teaches: 2 engine tokens per key token
     router.dispatched(learn, router.route(learn, ["a"], 0), 0)
-    router.finished(learn, "a", Outcome(True, None, (), 2 * learn.prompt_tokens), 0)
-    assert router.prompt_tokens(req) > decision.prompt_tokens
+    router.finished(learn, "a", Outcome(True, None, (), 2 * learn.key_tokens), 0)
+    assert router.estimated_prompt_tokens(req) > decision.estimated_prompt_tokens
     router.dispatched(req, decision, 1)
-    assert router.load.snapshot("a", 1).pending_prefill_tokens == decision.prompt_tokens
-    other = router.keys.build("chat", {**body, "model": "n"}, request_id="2")
+    assert router.load.snapshot("a", 1).pending_prefill_tokens == decision.estimated_prompt_tokens
+    other = router.keys.build("chat", {**body, "model": "n"}, route_id="2")
     router.dispatched(other, Decision("a", Branch.LEAST_LOAD), 1)
     assert router.load.snapshot("a", 1).pending_prefill_tokens == (
-        decision.prompt_tokens + router.prompt_tokens(other)
+        decision.estimated_prompt_tokens + router.estimated_prompt_tokens(other)
     )

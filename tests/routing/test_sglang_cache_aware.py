@@ -8,14 +8,14 @@ import pytest
 
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.policies import make_policy, policy_spec
-from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
+from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, RouteRequest, WorkerSnapshot
 
 
 def policy(**knobs: float) -> SGLangCacheAwarePolicy:
-    return SGLangCacheAwarePolicy(SGLangCacheAwareKnobs.model_validate(knobs))
+    return SGLangCacheAwarePolicy(SGLangCacheAwareSettings.model_validate(knobs))
 
 
 def tree(p: SGLangCacheAwarePolicy) -> PrefixIndex:
@@ -97,9 +97,9 @@ def test_it_runs_in_the_router_like_any_policy_and_ignores_sessions() -> None:
 
 
 def test_knobs_have_sglangs_defaults_and_constraints() -> None:
-    knobs = SGLangCacheAwareKnobs()
+    knobs = SGLangCacheAwareSettings()
     assert (knobs.cache_threshold, knobs.balance_abs_threshold, knobs.balance_rel_threshold) == (0.3, 64, 1.5)
     assert (knobs.eviction_interval_s, knobs.max_tree_chars) == (120.0, 2**26)
     for bad in ({"cache_threshold": 1.5}, {"balance_rel_threshold": 0.5}, {"max_tree_blocks": 0}):
         with pytest.raises(ValueError):
-            SGLangCacheAwareKnobs.model_validate(bad)
+            SGLangCacheAwareSettings.model_validate(bad)

@@ -44,9 +44,9 @@ def test_keys_are_blocks_of_the_rendered_token_ids(model_dirs: dict[str, Any]) -
     path = model_dirs["qwen2.5"].path
     template = ChatTemplate(path)
     body = chat([SYSTEM, {"role": "user", "content": "Which volumes are degraded?"}], tools=[TOOL])
-    req = builder(path).build("chat", body, request_id="r")
+    req = builder(path).build("chat", body, route_id="r")
     ids = template.chat_ids(body)
-    assert req.exact and req.prompt_tokens == len(ids) and len(req.blocks) == len(ids) // 16
+    assert req.exact and req.key_tokens == len(ids) and len(req.blocks) == len(ids) // 16
     text = template.render(body)
     assert text.startswith("<|im_start|>system\n" + SYSTEM["content"] + "\n\n# Tools")
     assert '{"type": "function", "function": {"name": "get"' in text  # tojson keeps the client's key order
@@ -60,8 +60,8 @@ def test_a_pair_shares_exactly_the_blocks_of_its_common_token_prefix(model_dirs:
     b = chat([SYSTEM, {"role": "user", "content": "another one"}], tools=[TOOL])
     ids_a, ids_b = template.chat_ids(a), template.chat_ids(b)
     common = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y)
-    blocks_a = keys.build("chat", a, request_id="a").blocks
-    blocks_b = keys.build("chat", b, request_id="b").blocks
+    blocks_a = keys.build("chat", a, route_id="a").blocks
+    blocks_b = keys.build("chat", b, route_id="b").blocks
     assert shared(blocks_a, blocks_b) == common // 16
 
 
@@ -69,9 +69,9 @@ def test_template_kwargs_change_the_text_where_the_template_uses_them(model_dirs
     path = model_dirs["qwen3"].path
     keys = builder(path)
     msgs = [SYSTEM, {"role": "user", "content": "q " * 100}]
-    plain = keys.build("chat", chat(msgs), request_id="a")
-    fast = keys.build("chat", chat(msgs, chat_template_kwargs={"enable_thinking": False}), request_id="b")
-    assert fast.prompt_tokens > plain.prompt_tokens  # the empty think block, at the end
+    plain = keys.build("chat", chat(msgs), route_id="a")
+    fast = keys.build("chat", chat(msgs, chat_template_kwargs={"enable_thinking": False}), route_id="b")
+    assert fast.key_tokens > plain.key_tokens  # the empty think block, at the end
     assert shared(plain.blocks, fast.blocks) >= len(plain.blocks) - 1
 
 
@@ -80,13 +80,13 @@ def test_the_extension_stops_before_the_end_of_turn_token(model_dirs: dict[str, 
     keys, template = builder(path), ChatTemplate(path)
     body = chat([SYSTEM, {"role": "user", "content": "hello"}])
     reply = {"role": "assistant", "content": "Hi there, the cluster is healthy today. " * 5}
-    req = keys.build("chat", body, request_id="r")
+    req = keys.build("chat", body, route_id="r")
     ext = keys.extend(req, "chat", body, reply)
     rendered = template.chat_ids(body, reply=reply)
-    end = rendered.index(template.eos_id, req.prompt_tokens)
+    end = rendered.index(template.eos_id, req.key_tokens)
     assert ext[: len(req.blocks)] == req.blocks and len(ext) == end // 16
     nxt = keys.build(
-        "chat", chat([*body["messages"], reply, {"role": "user", "content": "thanks"}]), request_id="n"
+        "chat", chat([*body["messages"], reply, {"role": "user", "content": "thanks"}]), route_id="n"
     )
     assert nxt.blocks[: len(ext)] == ext
     assert keys.extension("chat", body, reply) == ext
@@ -95,7 +95,7 @@ def test_the_extension_stops_before_the_end_of_turn_token(model_dirs: dict[str, 
 def test_a_reply_with_reasoning_extends_nothing(model_dirs: dict[str, Any]) -> None:
     keys = builder(model_dirs["qwen3"].path)
     body = chat([SYSTEM, {"role": "user", "content": "hello"}])
-    req = keys.build("chat", body, request_id="r")
+    req = keys.build("chat", body, route_id="r")
     for reply in (
         {"role": "assistant", "content": "Hi " * 80, "reasoning_content": "let me think " * 40},
         {"role": "assistant", "content": "<think>\nhmm " * 40 + "</think>\n\nHi " * 80},
@@ -111,10 +111,10 @@ def test_refused_or_custom_templates_fall_back_to_the_default_key(model_dirs: di
     )
     with pytest.raises(TemplateError):
         ChatTemplate(model_dirs["mistral-v0.3"].path).render(refused)
-    assert not keys.build("chat", refused, request_id="r").exact
+    assert not keys.build("chat", refused, route_id="r").exact
     custom = chat([{"role": "user", "content": "x"}], chat_template="{{ messages[0].content }}")
-    assert not keys.build("chat", custom, request_id="c").exact
-    assert not keys.build("chat", {**custom, "model": "other"}, request_id="o").exact  # not an exact model
+    assert not keys.build("chat", custom, route_id="c").exact
+    assert not keys.build("chat", {**custom, "model": "other"}, route_id="o").exact  # not an exact model
 
 
 def test_images_are_image_tokens_named_by_their_url(model_dirs: dict[str, Any]) -> None:
@@ -123,24 +123,24 @@ def test_images_are_image_tokens_named_by_their_url(model_dirs: dict[str, Any]) 
     def with_image(url: str) -> Any:
         part = {"type": "image_url", "image_url": {"url": url}}
         text = {"type": "text", "text": "describe it " * 20}
-        return keys.build("chat", chat([SYSTEM, {"role": "user", "content": [part, text]}]), request_id=url)
+        return keys.build("chat", chat([SYSTEM, {"role": "user", "content": [part, text]}]), route_id=url)
 
     a, b, again = with_image("a.png"), with_image("b.png"), with_image("a.png")
     text_only = keys.build(
-        "chat", chat([SYSTEM, {"role": "user", "content": "describe it " * 20}]), request_id="t"
+        "chat", chat([SYSTEM, {"role": "user", "content": "describe it " * 20}]), route_id="t"
     )
     assert a.blocks == again.blocks and a.blocks != b.blocks
-    assert a.prompt_tokens - text_only.prompt_tokens in range(100, 103)  # plus the newline joining the parts
+    assert a.key_tokens - text_only.key_tokens in range(100, 103)  # plus the newline joining the parts
 
 
 def test_completions_prompts_are_tokenized_like_chat(model_dirs: dict[str, Any]) -> None:
     path = model_dirs["smollm2"].path
     keys, template = builder(path), ChatTemplate(path)
     text = template.render(chat([SYSTEM, {"role": "user", "content": "hello"}]))
-    by_chat = keys.build("chat", chat([SYSTEM, {"role": "user", "content": "hello"}]), request_id="c")
-    by_text = keys.build("completions", {"model": "m", "prompt": text}, request_id="t")
+    by_chat = keys.build("chat", chat([SYSTEM, {"role": "user", "content": "hello"}]), route_id="c")
+    by_text = keys.build("completions", {"model": "m", "prompt": text}, route_id="t")
     by_ids = keys.build("completions", {"model": "m", "prompt": template.chat_ids(
-        chat([SYSTEM, {"role": "user", "content": "hello"}]))}, request_id="i")  # fmt: skip
+        chat([SYSTEM, {"role": "user", "content": "hello"}]))}, route_id="i")  # fmt: skip
     assert by_chat.blocks == by_text.blocks == by_ids.blocks
 
 
@@ -167,11 +167,11 @@ def test_the_sandbox_refuses_unsafe_templates(tmp_path: Path, model_dirs: dict[s
 
 def test_text_the_tokenizer_refuses_falls_back_to_the_default_key(model_dirs: dict[str, Any]) -> None:
     keys = builder(model_dirs["smollm2"].path)
-    req = keys.build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r")
+    req = keys.build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), route_id="r")
     assert (
         not req.exact
         and req.blocks
         == KeyBuilder(KeySettings())
-        .build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), request_id="r")
+        .build("chat", chat([{"role": "user", "content": "lone \ud800 surrogate"}]), route_id="r")
         .blocks
     )

@@ -54,7 +54,7 @@ def make_router(**units_knobs: object) -> Router:
 def serve(router: Router, req: RouteRequest, engine_tokens: int | None, now: float = 0.0) -> int:
     decision = router.route(req, ["a"], now)
     router.dispatched(req, decision, now)
-    router.first_token(req.request_id, now)
+    router.first_token(req.route_id, now)
     router.finished(req, "a", Outcome(True, None, (), engine_tokens), now)
     return decision.predicted_tokens
 
@@ -137,8 +137,8 @@ def test_the_load_tracker_and_the_drain_count_the_scaled_prompt() -> None:
     req = text_req("new", tag=7)
     decision = router.route(req, ["a"], 1.0)
     router.dispatched(req, decision, 1.0)
-    assert router.prompt_tokens(req) == math.ceil(req.prompt_tokens * router.units.scale("m"))
-    assert router.load.snapshot("a", 1.0).pending_prefill_tokens == router.prompt_tokens(req)
+    assert router.estimated_prompt_tokens(req) == math.ceil(req.key_tokens * router.units.scale("m"))
+    assert router.load.snapshot("a", 1.0).pending_prefill_tokens == router.estimated_prompt_tokens(req)
 
 
 def test_token_id_keys_are_never_scaled() -> None:
@@ -355,7 +355,7 @@ def test_the_router_values_a_match_by_the_content_of_its_own_blocks() -> None:
         rng = random.Random(7)
         for i in range(16):
             serve_text(
-                router, router.keys.build("chat", body(rng, 4_000 + 300 * i, 6 * (i % 2)), request_id=f"w{i}")
+                router, router.keys.build("chat", body(rng, 4_000 + 300 * i, 6 * (i % 2)), route_id=f"w{i}")
             )
         rng = random.Random(99)
         chat, agent = body(rng, 6_000, 0), body(rng, 3_000, 12)
@@ -363,9 +363,9 @@ def test_the_router_values_a_match_by_the_content_of_its_own_blocks() -> None:
                  "tools": tools(random.Random(5), 12)}  # fmt: skip
         out = {}
         for name, first, second in (("chat", chat, chat), ("agent", agent, agent), ("shared", agent, other)):
-            a = router.keys.build("chat", first, request_id=f"{name}-1")
+            a = router.keys.build("chat", first, route_id=f"{name}-1")
             serve_text(router, a)
-            b = router.keys.build("chat", second, request_id=f"{name}-2")
+            b = router.keys.build("chat", second, route_id=f"{name}-2")
             decision = router.route(b, ["a"], 1.0)
             shared = b.text[: decision.matched_blocks * 64].decode()
             out[name] = (decision.predicted_tokens, toy_tokens(shared))

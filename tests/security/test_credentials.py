@@ -15,7 +15,7 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 
 WORKER_KEY = "sk-worker-from-a-secret-file-5e1c"
 
@@ -88,7 +88,7 @@ async def test_a_worker_whose_headers_cannot_be_sent_is_that_workers_failure(
     caplog.set_level(logging.DEBUG)
     good, bad_engine = await echo_engine("good"), await echo_engine("bad")
     router = await start_router(good, settings={"health.fail_threshold": 100})
-    broken = WorkerConfig.model_construct(
+    broken = WorkerSettings.model_construct(
         url=bad_engine.url, name="bad", weight=1.0, models=[], engine="auto",
         api_key=SecretStr(WORKER_KEY + "\nX-Injected: 1"), capacity_tokens=None,
     )  # fmt: skip

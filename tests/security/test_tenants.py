@@ -33,7 +33,7 @@ async def three_workers(echo_engine: Any, start_router: Any, isolate: bool, **se
 
 def blocks_of(router: Any, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, ...]:
     tenant = tenant_of(headers) if router.state.config.routing.keys.isolate_tenants else None
-    route = router.state.router.keys.build("chat", body, request_id="probe", tenant=tenant)
+    route = router.state.router.keys.build("chat", body, route_id="probe", tenant=tenant)
     blocks: tuple[int, ...] = route.blocks
     return blocks
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from prefix_router.pool.http import Fetcher, FetchError
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import HealthConfig
+from prefix_router.pool.settings import HealthSettings
 from prefix_router.pool.worker import Worker
 
 FALLBACK_PATH = "/v1/models"
@@ -20,7 +20,7 @@ class HealthProber:
     """Probes workers and reports each result to the pool (which ejects and re-admits), then to
     ``on_result`` if set (``serve --processes``: the other processes take the same result)."""
 
-    def __init__(self, pool: WorkerPool, fetcher: Fetcher, cfg: HealthConfig) -> None:
+    def __init__(self, pool: WorkerPool, fetcher: Fetcher, cfg: HealthSettings) -> None:
         self._pool = pool
         self._fetcher = fetcher
         self._cfg = cfg

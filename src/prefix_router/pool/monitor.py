@@ -12,7 +12,7 @@ from prefix_router.pool.http import Fetcher
 from prefix_router.pool.identify import Identifier
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
-from prefix_router.pool.settings import HealthConfig, ScrapeConfig
+from prefix_router.pool.settings import HealthSettings, ScrapeSettings
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 
@@ -27,7 +27,7 @@ class PoolMonitor:
         pool: WorkerPool,
         router: Router,
         fetcher: Fetcher,
-        settings: tuple[HealthConfig, ScrapeConfig, int],
+        settings: tuple[HealthSettings, ScrapeSettings, int],
         clock: Callable[[], float],
     ) -> None:
         health, scrape, max_models = settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prefix_router.pool.settings import WorkerConfig, url_identity
+from prefix_router.pool.settings import WorkerSettings, url_identity
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 
@@ -51,7 +51,7 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ membership
 
-    def add(self, cfg: WorkerConfig) -> Worker:
+    def add(self, cfg: WorkerSettings) -> Worker:
         """A new worker, pending until its first probe passes (``report``)."""
         worker = Worker.from_config(cfg)
         if worker.name in self._workers:

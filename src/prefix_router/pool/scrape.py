@@ -15,7 +15,7 @@ from prefix_router.pool.engines.base import EngineLoad
 from prefix_router.pool.health import auth_headers
 from prefix_router.pool.http import Fetcher, FetchError
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import ScrapeConfig
+from prefix_router.pool.settings import ScrapeSettings
 from prefix_router.pool.worker import Worker
 from prefix_router.routing.router import Router
 
@@ -31,7 +31,7 @@ class MetricsScraper:
         pool: WorkerPool,
         router: Router,
         fetcher: Fetcher,
-        cfg: ScrapeConfig,
+        cfg: ScrapeSettings,
         clock: Callable[[], float],
     ) -> None:
         self._pool = pool

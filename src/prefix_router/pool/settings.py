@@ -43,7 +43,7 @@ class WorkerTraits(Section):
         return normalize(value)
 
 
-class WorkerConfig(WorkerTraits):
+class WorkerSettings(WorkerTraits):
     """One engine instance behind the router."""
 
     url: str
@@ -74,7 +74,7 @@ def workers_from_urls(value: Any) -> Any:
     return value
 
 
-def unique_worker_names(workers: list[WorkerConfig]) -> list[WorkerConfig]:
+def unique_worker_names(workers: list[WorkerSettings]) -> list[WorkerSettings]:
     """Refuses two workers of one name (index entries, metrics and shared state are keyed by it), and one
     engine under two names (its load would be counted twice, apart)."""
     names = [w.resolved_name() for w in workers]
@@ -136,7 +136,7 @@ def url_identity(url: str) -> str:
     return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
-class HealthConfig(Section):
+class HealthSettings(Section):
     """Active health probes and identification (the models a worker lists, every ``models_interval_s``)."""
 
     interval_s: float = Field(default=5.0, gt=0)
@@ -154,7 +154,7 @@ class HealthConfig(Section):
         return value
 
 
-class ScrapeConfig(Section):
+class ScrapeSettings(Section):
     """Scraping of the engines' ``/metrics`` for queue depth and KV-cache usage."""
 
     enabled: bool = True
@@ -163,7 +163,7 @@ class ScrapeConfig(Section):
     max_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
 
 
-class DiscoveredWorkerConfig(WorkerTraits):
+class DiscoveredWorkerSettings(WorkerTraits):
     """What every discovered worker gets: the fields of a ``workers:`` entry but url and name (discovered
     workers are named ``host:port``, the same on every replica)."""
 
@@ -191,7 +191,7 @@ class DiscoverySettings(Section):
     max_slices: int = Field(default=64, ge=1, le=10_000)  # kubernetes: EndpointSlices tracked
     max_pods: int = Field(default=1024, ge=1, le=100_000)  # inferencepool: Pods tracked
     startup_wait_s: float = Field(default=5.0, ge=0)  # start-up waits this long for the first answer
-    worker: DiscoveredWorkerConfig = Field(default_factory=DiscoveredWorkerConfig)
+    worker: DiscoveredWorkerSettings = Field(default_factory=DiscoveredWorkerSettings)
 
     @model_validator(mode="after")
     def _check_kind(self) -> DiscoverySettings:

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefix_router.pool.engines.base import EngineAdapter
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class Worker:
     last_scrape_s: float | None = None
 
     @classmethod
-    def from_config(cls, cfg: WorkerConfig) -> Worker:
+    def from_config(cls, cfg: WorkerSettings) -> Worker:
         return cls(
             name=cfg.resolved_name(),
             url=cfg.url,

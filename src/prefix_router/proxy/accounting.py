@@ -56,7 +56,7 @@ class Flight:
         ttft = now - self.started
         self._state.metrics.ttft.observe(ttft)
         if 200 <= status < 300:
-            self._state.router.first_token(self.route.request_id, now)
+            self._state.router.first_token(self.route.route_id, now)
         return ttft
 
     def fail(self, kind: FailureKind, status: int, error: str) -> None:

@@ -13,7 +13,7 @@ import pydantic
 from aiohttp import web
 
 from prefix_router.pool.pool import PoolError
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.proxy.audit import audit
 from prefix_router.proxy.auth import check_admin
 from prefix_router.proxy.config import describe
@@ -135,9 +135,9 @@ async def read_json(request: web.Request) -> Any:
         raise bad_request(f"invalid JSON body: {exc}", code="invalid_json") from None
 
 
-def worker_config(data: Any) -> WorkerConfig:
+def worker_config(data: Any) -> WorkerSettings:
     try:
-        return WorkerConfig.model_validate(data)
+        return WorkerSettings.model_validate(data)
     except pydantic.ValidationError as exc:
         raise bad_request(describe(exc).removeprefix("invalid config: "), code="invalid_worker") from None
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from prefix_router.pool.http import AiohttpFetcher, Fetcher
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
-from prefix_router.pool.settings import HealthConfig, ScrapeConfig
+from prefix_router.pool.settings import HealthSettings, ScrapeSettings
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy import admin, handlers, http_errors, logs
 from prefix_router.proxy.auth import KeySet
@@ -98,7 +98,7 @@ def build_state(
     )
 
 
-def monitor_settings(config: Config) -> tuple[HealthConfig, ScrapeConfig, int]:
+def monitor_settings(config: Config) -> tuple[HealthSettings, ScrapeSettings, int]:
     return config.health, config.scrape, config.limits.max_models_per_worker
 
 
@@ -144,9 +144,9 @@ async def _startup(app: web.Application) -> None:
 
 
 async def _shutdown(app: web.Application) -> None:
-    """The listener is closed. After ``serve``'s drain (``lifecycle.drain``, SIGTERM) nothing is left to
-    wait for; an app stopped without one (``server.start``'s ``Running.stop``) gives what runs
-    ``timeouts.shutdown_s``."""
+    """The listener is closed. After ``serve``'s graceful shutdown (``lifecycle.shutdown``, SIGTERM)
+    nothing is left to wait for; an app stopped without one (``server.start``'s ``Running.stop``) gives
+    what runs ``timeouts.shutdown_s``."""
     state = app[CONTEXT]
     if not state.deadlines.stopping:
         state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)

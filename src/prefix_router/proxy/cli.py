@@ -200,7 +200,7 @@ def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: G
 
     hooks = Hooks(
         serving=lambda addresses: lifecycle.summary(app, addresses),
-        drain=lambda: lifecycle.drain(app),
+        shutdown=lambda: lifecycle.shutdown(app),
         reload=reloaded,
         early=early,
     )

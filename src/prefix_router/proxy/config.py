@@ -31,20 +31,20 @@ from pydantic import Field, field_validator, model_validator
 
 from prefix_router.pool.settings import (
     DiscoverySettings,
-    HealthConfig,
-    ScrapeConfig,
-    WorkerConfig,
+    HealthSettings,
+    ScrapeSettings,
+    WorkerSettings,
     unique_worker_names,
     workers_from_urls,
 )
 from prefix_router.proxy.settings import (
-    AuthConfig,
-    LimitsConfig,
-    RecordConfig,
-    RetryConfig,
+    AuthSettings,
+    LimitsSettings,
+    RecordSettings,
+    RetrySettings,
     ServerSettings,
-    TenantsConfig,
-    TimeoutConfig,
+    TenantsSettings,
+    TimeoutSettings,
 )
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.routing.settings import RoutingSettings
@@ -61,16 +61,16 @@ _LINK_URL = re.compile(r"(?:tcp|udp|sctp)://[^\s/]+:\d+")
 class Config(ServerSettings):
     """Everything ``prefix-router serve`` needs: the proxy's top-level fields and one section per package."""
 
-    workers: list[WorkerConfig] = Field(default_factory=list)
+    workers: list[WorkerSettings] = Field(default_factory=list)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
-    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
-    retries: RetryConfig = Field(default_factory=RetryConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
-    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
-    record: RecordConfig = Field(default_factory=RecordConfig)
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    retries: RetrySettings = Field(default_factory=RetrySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    tenants: TenantsSettings = Field(default_factory=TenantsSettings)
+    record: RecordSettings = Field(default_factory=RecordSettings)
     replication: ReplicationSettings = Field(default_factory=ReplicationSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 

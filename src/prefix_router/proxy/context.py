@@ -13,7 +13,7 @@ from aiohttp import web
 
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.proxy.auth import KeySet
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.deadlines import Deadlines
@@ -30,7 +30,7 @@ class AdminChange:
 
     op: Literal["add", "remove", "drain", "undrain"]
     name: str
-    worker: WorkerConfig | None = None
+    worker: WorkerSettings | None = None
 
 
 @dataclass(eq=False)

@@ -1,5 +1,5 @@
 """The router process's life around the server (``server.serve`` calls these): the start-up summary line
-and the graceful drain on SIGTERM.
+and the graceful shutdown on SIGTERM.
 
 Drain: the listener stays open. ``/ready`` answers 503 (the load balancer takes the replica out),
 ``/health`` answers 200 (the process is alive), new ``/v1/*`` requests get 503 ``shutting_down`` with
@@ -26,7 +26,7 @@ POLL_S = 0.02
 MAX_NAMES = 8  # worker names in the summary line (then "+N")
 
 
-async def drain(app: web.Application) -> None:
+async def shutdown(app: web.Application) -> None:
     """Stop taking requests and wait for those running, up to ``timeouts.shutdown_s``."""
     state = app[CONTEXT]
     loop = asyncio.get_running_loop()

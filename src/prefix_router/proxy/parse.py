@@ -91,7 +91,7 @@ def route_request(
 ) -> RouteRequest:
     """The routing core's view of the request; invalid bodies become 400 naming the field."""
     try:
-        return builder.build(endpoint, body, request_id=request_id, tenant=tenant, session=session)
+        return builder.build(endpoint, body, route_id=request_id, tenant=tenant, session=session)
     except keys.InvalidRequest as exc:
         raise bad_request(exc.message, param=exc.param, code="invalid_request") from None
     except Exception as exc:  # never a 500 for a body we could not read

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import xxhash
 
-from prefix_router.proxy.settings import RecordConfig
+from prefix_router.proxy.settings import RecordSettings
 from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.types import RouteRequest
 
@@ -30,7 +30,7 @@ FLUSH_INTERVAL_S = 0.5
 
 
 class TraceRecorder:
-    def __init__(self, cfg: RecordConfig, clock: Callable[[], float], on_drop: Callable[[], None]) -> None:
+    def __init__(self, cfg: RecordSettings, clock: Callable[[], float], on_drop: Callable[[], None]) -> None:
         if cfg.file is None:
             raise ValueError("record.file is not set")
         self._path = Path(cfg.file)
@@ -57,7 +57,7 @@ class TraceRecorder:
         line = orjson.dumps(
             {
                 "timestamp": int((self._clock() - self._start) * 1000),
-                "input_length": route.prompt_tokens,
+                "input_length": route.key_tokens,
                 "output_length": output_tokens,
                 "hash_ids": self.hash_ids(route),
             }

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefix_router.pool.pool import PoolError
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.proxy import logs
 from prefix_router.proxy.audit import audit
 from prefix_router.proxy.auth import KeySet
@@ -164,5 +164,5 @@ def apply(state: AppContext, plan: Plan) -> list[str]:
     return failed
 
 
-def _names(workers: list[WorkerConfig]) -> str:
+def _names(workers: list[WorkerSettings]) -> str:
     return ",".join(w.resolved_name() for w in workers) or "none"

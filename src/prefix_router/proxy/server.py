@@ -24,7 +24,7 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # a client connection must send a complete request head within this long of opening (or of the previous
 # response): aiohttp closes it otherwise, which is what cuts slowloris-style slow headers
 KEEPALIVE_TIMEOUT_S = 60.0
-AFTER_DRAIN_S = 1.0
+AFTER_SHUTDOWN_S = 1.0
 log = logging.getLogger("prefix_router")
 
 
@@ -142,10 +142,10 @@ class EarlyHangup:
 @dataclass(slots=True)
 class Hooks:
     """What the serving process does around the server: ``serving`` once it listens (with its addresses),
-    ``drain`` on SIGTERM/SIGINT before the listener closes, ``reload`` on SIGHUP."""
+    ``shutdown`` on SIGTERM/SIGINT before the listener closes, ``reload`` on SIGHUP."""
 
     serving: Callable[[list[str]], None] = lambda addresses: None
-    drain: Callable[[], Coroutine[Any, Any, None]] | None = None
+    shutdown: Callable[[], Coroutine[Any, Any, None]] | None = None
     reload: Callable[[], Coroutine[Any, Any, None]] | None = None
     early: EarlyHangup | None = None
 
@@ -159,7 +159,7 @@ def run(
     hooks: Hooks | None = None,
     reuse_port: bool = False,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then ``hooks.drain`` with the listener still open, then close.
+    """Serve until SIGTERM/SIGINT, then ``hooks.shutdown`` with the listener still open, then close.
     SIGHUP runs ``hooks.reload`` (never ends the process). Raises ``ListenError`` when the address cannot
     be bound (before the app starts). ``reuse_port``: see ``bind``."""
     tune_gc()
@@ -187,7 +187,7 @@ async def serve(
     _signals(loop, stop, hooks)
     runner = ProxyRunner(
         app,
-        shutdown_timeout=AFTER_DRAIN_S,  # the drain waited already: what still runs is cancelled
+        shutdown_timeout=AFTER_SHUTDOWN_S,  # the graceful shutdown waited already: the rest is cancelled
         keepalive_timeout=keepalive_timeout,
     )
     try:
@@ -196,8 +196,8 @@ async def serve(
             await web.SockSite(runner, sock, backlog=2048).start()
         hooks.serving([_url(address) for address in runner.addresses])
         await stop.wait()
-        if hooks.drain is not None:
-            await hooks.drain()
+        if hooks.shutdown is not None:
+            await hooks.shutdown()
     finally:
         await runner.cleanup()
         for sock in sockets:

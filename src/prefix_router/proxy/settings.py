@@ -11,7 +11,7 @@ from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, SESSION_HEADER
 from prefix_router.settings import Section, header_secret, split_list
 
 
-class TimeoutConfig(Section):
+class TimeoutSettings(Section):
     """Upstream timeouts per phase, in seconds. ``first_byte_s`` is the request's budget for its first
     byte, all attempts together (retries happen within it, so a slow generation is never run again on
     another worker once it used the budget up); a non-streamed answer arrives whole, so it bounds its
@@ -28,13 +28,13 @@ class TimeoutConfig(Section):
     client_body_s: float = Field(default=60.0, gt=0)
 
 
-class RetryConfig(Section):
+class RetrySettings(Section):
     """Attempts per request (the first included) before any byte reached the client."""
 
     max_attempts: int = Field(default=3, ge=1, le=16)
 
 
-class LimitsConfig(Section):
+class LimitsSettings(Section):
     """Caps that keep every queue and table bounded."""
 
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
@@ -57,7 +57,7 @@ class LimitsConfig(Section):
     exact_parse_in_thread_bytes: int = Field(default=8 * 1024, ge=0)
 
 
-class AuthConfig(Section):
+class AuthSettings(Section):
     """Admin token (admin API off without it) and optional client API keys."""
 
     admin_token: SecretStr | None = None
@@ -90,7 +90,7 @@ class AuthConfig(Section):
         return value
 
 
-class TenantsConfig(Section):
+class TenantsSettings(Section):
     """What clients learn of the router's decisions and how far tenants are kept apart (docs/security.md).
     Isolation in the router's own index is ``routing.keys.isolate_tenants``."""
 
@@ -98,7 +98,7 @@ class TenantsConfig(Section):
     cache_salt: bool = False  # set vLLM's per-request cache_salt per tenant in bodies sent to vLLM workers
 
 
-class RecordConfig(Section):
+class RecordSettings(Section):
     """``--record FILE``: one Mooncake-format line per request, hashes only."""
 
     file: str | None = None

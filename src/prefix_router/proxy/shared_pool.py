@@ -34,7 +34,7 @@ import pydantic
 
 from prefix_router.pool.engines.base import EngineLoad
 from prefix_router.pool.pool import PoolError
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.pool.worker import Worker
 from prefix_router.proxy.context import AdminChange, AppContext
 from prefix_router.replication.local import LocalReplication
@@ -158,7 +158,7 @@ class SharedPool:
             self.context.metrics.forget_worker(name)
         elif regs.present and here is None and regs.worker is not None:
             try:
-                worker = pool.add(WorkerConfig.model_validate(regs.worker))
+                worker = pool.add(WorkerSettings.model_validate(regs.worker))
             except (PoolError, pydantic.ValidationError) as exc:
                 log.warning("admin change from another process not applied: %s", exc)
                 return
@@ -236,7 +236,7 @@ def stamp(value: Any) -> Stamp:
     return int(first), int(second)
 
 
-def secret_dump(cfg: WorkerConfig) -> dict[str, Any]:
+def secret_dump(cfg: WorkerSettings) -> dict[str, Any]:
     """The config as JSON with its API key in clear (it is sent only between this router's processes)."""
     data = cfg.model_dump(mode="json")
     data["api_key"] = cfg.api_key.get_secret_value() if cfg.api_key is not None else None

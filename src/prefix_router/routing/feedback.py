@@ -80,7 +80,7 @@ class FeedbackStats:
 def prompt_bound(estimate: int, outcome: Outcome) -> int:
     """The most a report may say: the engine's own prompt length when it is a sane count, else the
     router's estimate of it."""
-    engine = outcome.prompt_tokens
+    engine = outcome.reported_prompt_tokens
     return engine if engine is not None and 0 < engine <= MAX_REPORT_TOKENS else estimate
 
 
@@ -136,19 +136,19 @@ class PrefillTracker:
         self._requests: OrderedDict[str, tuple[str, dict[int, int], int]] = OrderedDict()
         self._pending: dict[str, dict[int, int]] = {}  # worker -> first new block -> requests in prefill
 
-    def started(self, request_id: str, worker: str, first: int) -> None:
-        """``request_id`` began its prefill on ``worker``, ``first`` being the first block it inserted
+    def started(self, route_id: str, worker: str, first: int) -> None:
+        """``route_id`` began its prefill on ``worker``, ``first`` being the first block it inserted
         there (the shallowest block the worker did not hold)."""
-        self.done(request_id)
+        self.done(route_id)
         pending = self._pending.setdefault(worker, {})
         pending[first] = pending.get(first, 0) + 1
-        self._requests[request_id] = (worker, pending, first)
+        self._requests[route_id] = (worker, pending, first)
         if len(self._requests) > self.capacity:
             self.done(next(iter(self._requests)))
 
-    def done(self, request_id: str) -> None:
-        """The prefill of ``request_id`` is over (first token, finish, or it was forgotten)."""
-        entry = self._requests.pop(request_id, None)
+    def done(self, route_id: str) -> None:
+        """The prefill of ``route_id`` is over (first token, finish, or it was forgotten)."""
+        entry = self._requests.pop(route_id, None)
         if entry is None:
             return
         worker, pending, first = entry

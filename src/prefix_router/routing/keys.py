@@ -179,7 +179,7 @@ class KeyBuilder:
             limit = int(limit / self.cfg.chars_per_token) * 4
         return chain_blocks(data, size, seed, limit)
 
-    def _prompt_tokens(self, data: bytes, tokens_mode: bool) -> int:
+    def _key_tokens(self, data: bytes, tokens_mode: bool) -> int:
         if tokens_mode:
             return len(data) // 4
         return math.ceil(len(data) / self.cfg.chars_per_token)
@@ -203,7 +203,7 @@ class KeyBuilder:
         self,
         ids: list[int],
         body: Mapping[str, Any],
-        request_id: str,
+        route_id: str,
         tenant: str | None,
         session: str | None,
     ) -> RouteRequest:
@@ -211,10 +211,10 @@ class KeyBuilder:
         data = _token_bytes(ids)
         full = len(ids) - len(ids) % self.cfg.block_tokens
         return RouteRequest(
-            request_id=request_id,
+            route_id=route_id,
             blocks=self._blocks(data, True, seed),
             block_tokens=self.cfg.block_tokens,
-            prompt_tokens=len(ids),
+            key_tokens=len(ids),
             hash_key=hash_bytes(data[: self.cfg.hash_prefix_chars], seed),
             namespace=seed,
             session=session,
@@ -230,7 +230,7 @@ class KeyBuilder:
         the prompt unchanged; otherwise the prompt alone."""
         template = self.template_for(endpoint, body)
         bt = self.cfg.block_tokens
-        if template is None or len(req.blocks) * bt < req.prompt_tokens - req.prompt_tokens % bt:
+        if template is None or len(req.blocks) * bt < req.key_tokens - req.key_tokens % bt:
             return req.blocks  # no template, or a key cut by the prefix cap: nothing to add
         try:
             if endpoint == "chat":
@@ -244,10 +244,10 @@ class KeyBuilder:
         data = _token_bytes(ids)
         blocks = self._blocks(data, True, req.namespace)
         full = len(req.blocks)
-        same_prompt = blocks[:full] == req.blocks and data[full * bt * 4 : req.prompt_tokens * 4] == req.tail
-        if len(ids) <= req.prompt_tokens or not same_prompt:
+        same_prompt = blocks[:full] == req.blocks and data[full * bt * 4 : req.key_tokens * 4] == req.tail
+        if len(ids) <= req.key_tokens or not same_prompt:
             return req.blocks
-        end = _first(ids, template.eos_id, req.prompt_tokens)
+        end = _first(ids, template.eos_id, req.key_tokens)
         return self._blocks(data[: end * 4], True, req.namespace)
 
     # ------------------------------------------------------------ requests
@@ -257,7 +257,7 @@ class KeyBuilder:
         endpoint: Endpoint,
         body: Mapping[str, Any],
         *,
-        request_id: str,
+        route_id: str,
         tenant: str | None = None,
         session: str | None = None,
     ) -> RouteRequest:
@@ -269,18 +269,18 @@ class KeyBuilder:
             try:
                 ids = self._exact_ids(template, endpoint, body)
             except TemplateError as exc:  # the engine will answer it; route it by the default key
-                log.debug("exact key fell back for %s: %s", request_id, exc)
+                log.debug("exact key fell back for %s: %s", route_id, exc)
             else:
-                return self._exact_request(ids, body, request_id, tenant, session)
+                return self._exact_request(ids, body, route_id, tenant, session)
         seed = self.namespace(body, tenant)
         data = self.payload(endpoint, body, None)
         tokens_mode = self._tokens_mode(endpoint, body)
         text = b"" if tokens_mode else data
         return RouteRequest(
-            request_id=request_id,
+            route_id=route_id,
             blocks=self._blocks(data, tokens_mode, seed),
             block_tokens=self.cfg.block_tokens,
-            prompt_tokens=self._prompt_tokens(data, tokens_mode),
+            key_tokens=self._key_tokens(data, tokens_mode),
             hash_key=hash_bytes(data[: self.cfg.hash_prefix_chars], seed),
             namespace=seed,
             session=session,
@@ -329,7 +329,7 @@ class KeyBuilder:
     ) -> tuple[int, ...]:
         """Blocks of the prompt extended with the generated output, as the next turn will carry it."""
         if self.template_for(endpoint, body) is not None:
-            req = self.build(endpoint, body, request_id="", tenant=tenant)
+            req = self.build(endpoint, body, route_id="", tenant=tenant)
             if req.exact:
                 return self.extend(req, endpoint, body, generated, tenant=tenant)
         seed = self.namespace(body, tenant)

@@ -16,7 +16,7 @@ load is released) when it is full (so ``routing.max_tracked_requests`` must not 
 
 Each worker's ``WorkerSnapshot`` is kept up to date in place, so a decision over hundreds of candidates
 reads them without building anything; policies must treat them as read-only. The prefill work still
-queued on each worker (``prefill_backlog``) is estimated by ``drain.PrefillDrain`` from the same events.
+queued on each worker (``prefill_backlog``) is estimated by ``backlog.PrefillBacklog`` from the same events.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from prefix_router.routing.drain import PrefillDrain
+from prefix_router.routing.backlog import PrefillBacklog
 from prefix_router.routing.types import WorkerSnapshot
 
 
@@ -43,7 +43,7 @@ class _Tracked:
     snap: WorkerSnapshot  # the worker incarnation the request started on (detached once it is removed)
     counts: _Counts
     uncached: int
-    work: float  # the prefill's token-equivalents (drain.prefill_work)
+    work: float  # the prefill's token-equivalents (backlog.prefill_work)
     prefilling: bool = True
 
 
@@ -57,7 +57,7 @@ class LoadTracker:
         self._live: dict[str, WorkerSnapshot] = {}
         self._counts: dict[str, _Counts] = {}
         self._next_stale_check = 0.0
-        self.drain = PrefillDrain()
+        self.backlog = PrefillBacklog()
         # the last decision's candidates and their snapshots: the same candidates again (the usual case)
         # reuse the list instead of building one per decision; any worker added or removed drops it
         self._names: list[str] = []
@@ -70,14 +70,14 @@ class LoadTracker:
         snap.weight = weight
         self._names, self._snaps = [], []
         self._counts.setdefault(worker, _Counts())
-        self.drain.add_worker(worker, snap)
+        self.backlog.add_worker(worker, snap)
 
     def remove_worker(self, worker: str) -> None:
         """Forget ``worker``'s counts; its requests stay tracked until they finish (see the module doc)."""
         self._live.pop(worker, None)
         self._counts.pop(worker, None)
         self._names, self._snaps = [], []
-        self.drain.remove_worker(worker)
+        self.backlog.remove_worker(worker)
 
     def _counted(self, worker: str) -> tuple[WorkerSnapshot, _Counts]:
         """``worker``'s live counts; for an unknown (removed) worker, detached ones that nothing reads."""
@@ -89,35 +89,35 @@ class LoadTracker:
     # ------------------------------------------------------------ requests
 
     def start(
-        self, request_id: str, worker: str, uncached_tokens: int, now: float = 0.0, work: float | None = None
+        self, route_id: str, worker: str, uncached_tokens: int, now: float = 0.0, work: float | None = None
     ) -> None:
-        """``work``: the prefill's token-equivalents (``drain.prefill_work``; default: uncached)."""
-        if request_id in self._requests:
-            self.finish(request_id, now)
+        """``work``: the prefill's token-equivalents (``backlog.prefill_work``; default: uncached)."""
+        if route_id in self._requests:
+            self.finish(route_id, now)
         snap, counts = self._counted(worker)
         work = float(uncached_tokens) if work is None else work
-        self.drain.dispatched(worker, work, now)
+        self.backlog.dispatched(worker, work, now)
         counts.own += 1
         snap.in_flight += 1
         snap.pending_prefill_tokens += uncached_tokens
-        self._requests[request_id] = _Tracked(worker, snap, counts, uncached_tokens, work)
+        self._requests[route_id] = _Tracked(worker, snap, counts, uncached_tokens, work)
         while len(self._requests) > self.max_tracked:
             self.finish(next(iter(self._requests)), now)
 
-    def first_token(self, request_id: str, now: float = 0.0) -> None:
-        tracked = self._requests.get(request_id)
+    def first_token(self, route_id: str, now: float = 0.0) -> None:
+        tracked = self._requests.get(route_id)
         if tracked is not None and tracked.prefilling:
             self._prefill_done(tracked)
             if self._current(tracked):
-                self.drain.first_token(tracked.worker, tracked.work, now)
+                self.backlog.first_token(tracked.worker, tracked.work, now)
 
-    def finish(self, request_id: str, now: float = 0.0) -> str | None:
+    def finish(self, route_id: str, now: float = 0.0) -> str | None:
         """Release one request (unknown or already finished ids are ignored); returns its worker."""
-        tracked = self._requests.pop(request_id, None)
+        tracked = self._requests.pop(route_id, None)
         if tracked is None:
             return None
         if tracked.prefilling and self._current(tracked):
-            self.drain.abandoned(tracked.worker, tracked.work, now)
+            self.backlog.abandoned(tracked.worker, tracked.work, now)
         self._prefill_done(tracked)
         tracked.counts.own -= 1
         tracked.snap.in_flight -= 1
@@ -176,7 +176,7 @@ class LoadTracker:
         """The live load of ``workers`` (read-only views, to be read before the next call; unknown names
         read as idle)."""
         self._drop_stale(now)
-        self.drain.refresh(now)  # the live snapshots' backlogs (the busy workers' only: O(busy))
+        self.backlog.refresh(now)  # the live snapshots' backlogs (the busy workers' only: O(busy))
         if workers == self._names:  # the same candidates as last time: compared in C, nothing built
             return self._snaps
         found = list(map(self._live.get, workers))  # in C: no per-candidate Python step
@@ -190,5 +190,5 @@ class LoadTracker:
     def snapshot(self, worker: str, now: float) -> WorkerSnapshot:
         """One worker's live load (the last decision's candidate list stays as it is)."""
         self._drop_stale(now)
-        self.drain.refresh(now)
+        self.backlog.refresh(now)
         return self._live.get(worker) or WorkerSnapshot(worker)

@@ -17,7 +17,7 @@ from prefix_router.routing.types import RouteRequest
 
 def record_hash_ids(req: RouteRequest, record_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
     per = max(1, record_tokens // max(1, req.block_tokens))
-    count = math.ceil(req.prompt_tokens / record_tokens) if req.prompt_tokens else 0
+    count = math.ceil(req.key_tokens / record_tokens) if req.key_tokens else 0
     ids: list[int] = []
     for i in range(count):
         last = min((i + 1) * per, len(req.blocks)) - 1

@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.bounded import BoundedLRU
-from prefix_router.routing.drain import prefill_work
 from prefix_router.routing.feedback import (
     FeedbackStats,
     PrefillTracker,
@@ -198,7 +198,7 @@ class Router:
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
         prompt = self._prompt_value(req)
-        scale = prompt / req.prompt_tokens if req.text_model is not None and req.prompt_tokens else 1.0
+        scale = prompt / req.key_tokens if req.text_model is not None and req.key_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         matched = matches.get(decision.worker, 0)
         predicted = self._match_value(req, matched, prompt)
@@ -207,7 +207,7 @@ class Router:
     def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
         """The engine tokens of ``req``'s first ``matched`` blocks: a text key's by the content of those
         blocks once its model's value is learned, else nominal x the scale."""
-        nominal = min(matched * self.index.block_tokens, req.prompt_tokens)
+        nominal = min(matched * self.index.block_tokens, req.key_tokens)
         if not matched or req.text_model is None:
             return nominal
         counts = req.counts[-1] if req.counts else None
@@ -222,17 +222,17 @@ class Router:
         attention = self.cfg.trackers.attention_tokens
         index = self.index
         return Context(
-            now, self.rng, matches, index, self.load.drain.mean_work, attention, scale, index.fills
+            now, self.rng, matches, index, self.load.backlog.mean_work, attention, scale, index.fills
         )
 
-    def prompt_tokens(self, req: RouteRequest) -> int:
+    def estimated_prompt_tokens(self, req: RouteRequest) -> int:
         """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
         return math.ceil(self._prompt_value(req))
 
     def _prompt_value(self, req: RouteRequest) -> float:
         if req.text_model is None:
-            return float(req.prompt_tokens)
-        return self.units.tokens(req.text_model, req.counts[-1] if req.counts else None, req.prompt_tokens)
+            return float(req.key_tokens)
+        return self.units.tokens(req.text_model, req.counts[-1] if req.counts else None, req.key_tokens)
 
     def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
         sessions = self.cfg.sessions
@@ -251,29 +251,33 @@ class Router:
         raced = self._prefills.racing(worker, req.blocks[:matched])
         touched = self.index.last_access(worker, req.blocks[matched - 1]) if matched else None
         prediction = _Prediction(worker, decision.predicted_tokens, raced, matched, touched)
-        self._predictions.set(req.request_id, prediction)
+        self._predictions.set(req.route_id, prediction)
         if worker in self.index and matched < len(req.blocks):
-            self._prefills.started(req.request_id, worker, req.blocks[matched])
+            self._prefills.started(req.route_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
-        prompt = self.prompt_tokens(req) if decision.prompt_tokens is None else decision.prompt_tokens
+        prompt = (
+            self.estimated_prompt_tokens(req)
+            if decision.estimated_prompt_tokens is None
+            else decision.estimated_prompt_tokens
+        )
         uncached = prompt - decision.predicted_tokens
         work = prefill_work(uncached, decision.predicted_tokens, self.cfg.trackers.attention_tokens)
-        self.load.start(req.request_id, worker, uncached, now, work)
+        self.load.start(req.route_id, worker, uncached, now, work)
         if req.session:
             self._sessions.set(req.session, worker)
 
-    def first_token(self, request_id: str, now: float) -> None:
+    def first_token(self, route_id: str, now: float) -> None:
         """The first token arrived at ``now``: its prefill, and every earlier one there, is done."""
-        self.load.first_token(request_id, now)
-        self._prefills.done(request_id)
-        prediction = self._predictions.get(request_id)
+        self.load.first_token(route_id, now)
+        self._prefills.done(route_id)
+        prediction = self._predictions.get(route_id)
         if prediction is not None:
             prediction.started, prediction.started_at = True, now
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
-        self.load.finish(req.request_id, now)
-        self._prefills.done(req.request_id)
-        prediction = self._predictions.pop(req.request_id)
+        self.load.finish(req.route_id, now)
+        self._prefills.done(req.route_id)
+        prediction = self._predictions.pop(req.route_id)
         if worker not in self.index:  # removed meanwhile: nothing to learn, no state to re-create
             return
         if not outcome.ok:
@@ -283,7 +287,10 @@ class Router:
             return
         self._learn(req, worker, prediction, outcome, now)
         if req.text_model is not None and self.units.observe(
-            req.text_model, req.prompt_tokens, outcome.prompt_tokens, req.counts[-1] if req.counts else None
+            req.text_model,
+            req.key_tokens,
+            outcome.reported_prompt_tokens,
+            req.counts[-1] if req.counts else None,
         ):
             self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(req.text_model))
         if outcome.extension_blocks:
@@ -300,7 +307,7 @@ class Router:
         if outcome.cached_tokens is None:
             stats.unreported += 1
             return
-        reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.prompt_tokens, outcome))
+        reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.key_tokens, outcome))
         cfg = self.cfg.feedback
         turnover = self.index.turnover(worker, now)
         queued = explained_by_queueing(cfg, prediction.last_touched, prediction.started_at, turnover)

@@ -105,7 +105,7 @@ class TrackerSettings(Section):
     max_tracked_requests: int = Field(default=100_000, gt=0)
     engine_load_stale_s: float = Field(default=10.0, gt=0)  # older scraped engine load is ignored
     # prefill work per token grows with its context: 1 + context / attention_tokens (about 6 x the model's
-    # hidden size: 24,576 for Llama 3.1 8B, 49,152 for 70B); the unit of the backlog estimate (drain.py)
+    # hidden size: 24,576 for Llama 3.1 8B, 49,152 for 70B); the unit of the backlog estimate (backlog.py)
     attention_tokens: int = Field(default=32_768, gt=0)
 
 

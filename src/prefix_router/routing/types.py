@@ -32,10 +32,10 @@ class RouteRequest:
     holds the bytes of the trailing partial block, so the key can be extended without rehashing it.
     """
 
-    request_id: str
+    route_id: str
     blocks: tuple[int, ...]
     block_tokens: int
-    prompt_tokens: int  # nominal for a text key: characters / chars_per_token (see ``text_model``)
+    key_tokens: int  # the key's length: nominal for a text key, characters / chars_per_token (``text_model``)
     hash_key: int
     namespace: int = 0
     session: str | None = None
@@ -43,7 +43,7 @@ class RouteRequest:
     tail: bytes = b""  # the key's bytes after the last full block (lets extensions continue the chain)
     exact: bool = False  # blocks of the model's own chat template and tokenizer (exact mode)
     # a key of text blocks: its model, whose learned token value (routing/units.py) scales the nominal
-    # ``prompt_tokens`` and ``block_tokens``; None: token ids, counted exactly
+    # ``key_tokens`` and ``block_tokens``; None: token ids, counted exactly
     text_model: str | None = None
     # a text key's bytes (kept, not copied: a match's own first blocks are valued by their content) and
     # their counts by class (word, punctuation, whitespace, images), cumulative at every 16 KiB and the
@@ -60,7 +60,7 @@ class WorkerSnapshot:
     weight: float = 1.0
     in_flight: int = 0
     pending_prefill_tokens: int = 0
-    prefill_backlog: float = 0.0  # estimated prefill work still to compute, token-equivalents (drain.py)
+    prefill_backlog: float = 0.0  # estimated prefill work still to compute, token-equivalents (backlog.py)
     queue_depth: int = 0
     kv_usage: float | None = None
 
@@ -87,14 +87,14 @@ class Branch(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A policy's choice. ``branch`` names the routing branch taken, for metrics. ``Router.route`` adds
-    the prediction and the prompt's estimated engine tokens (``prompt_tokens``; None: not estimated yet,
-    ``Router.dispatched`` then estimates it)."""
+    the prediction and the prompt's estimated engine tokens (``estimated_prompt_tokens``; None: not
+    estimated yet, ``Router.dispatched`` then estimates it)."""
 
     worker: str
     branch: Branch
     matched_blocks: int = 0
     predicted_tokens: int = 0
-    prompt_tokens: int | None = None
+    estimated_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +102,17 @@ class Outcome:
     """What happened to a dispatched request, reported back by the proxy or the simulator.
 
     ``cached_tokens`` is the engine-reported count of prompt tokens served from its cache (None when the
-    engine does not report it); ``prompt_tokens`` the engine-reported prompt length, when known (the bound
-    of ``cached_tokens``). ``extension_blocks`` is the full chained block list of the prompt extended
-    with the generated assistant turn as the next request of the conversation will carry it (empty when
-    unknown); the index then learns that the worker caches those blocks too. ``ok`` False: the request
-    failed or was aborted (before or after its first token: the router knows which).
+    engine does not report it); ``reported_prompt_tokens`` the engine-reported prompt length, when known
+    (the bound of ``cached_tokens``). ``extension_blocks`` is the full chained block list of the prompt
+    extended with the generated assistant turn as the next request of the conversation will carry it
+    (empty when unknown); the index then learns that the worker caches those blocks too. ``ok`` False:
+    the request failed or was aborted (before or after its first token: the router knows which).
     """
 
     ok: bool = True
     cached_tokens: int | None = None
     extension_blocks: tuple[int, ...] = ()
-    prompt_tokens: int | None = None
+    reported_prompt_tokens: int | None = None
 
 
 class CacheView(Protocol):
@@ -128,9 +128,9 @@ class Context:
     """Everything a policy may read besides the request and the candidates: the time, the seeded rng,
     the matched blocks per worker, the index's view of the caches, the prefill work of a typical request
     (token-equivalents, a moving average over dispatched requests; 0 before any), the context length
-    at which a prompt token's attention costs as much as its linear layers (``drain.prefill_work``) and
+    at which a prompt token's attention costs as much as its linear layers (``backlog.prefill_work``) and
     the engine tokens per token of the request's key (``routing/units.py``: 1 for token ids; a policy
-    that counts tokens multiplies ``prompt_tokens`` and ``block_tokens`` by it). ``fills``: what
+    that counts tokens multiplies ``key_tokens`` and ``block_tokens`` by it). ``fills``: what
     ``cache.fill`` says of every worker it knows, as one live mapping that a policy reads per candidate
     without a call (None: call ``cache.fill``; a worker absent from it is empty)."""
 

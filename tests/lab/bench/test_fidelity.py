@@ -103,7 +103,7 @@ def test_the_character_reading_learns_the_token_value_from_the_other_fold_only(
             body
             for c in others
             for body in (c.first, c.second)
-            if keys.build("chat", body, request_id="x").prompt_tokens >= UnitSettings().min_sample_tokens
+            if keys.build("chat", body, route_id="x").key_tokens >= UnitSettings().min_sample_tokens
         ]
         learned = router.units.summary()["m"]
         assert learned["samples"] == len(long_enough) >= UnitSettings().warmup

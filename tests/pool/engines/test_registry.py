@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from prefix_router.pool.engines import ENGINE_NAMES, ENGINES, EngineLoad, EngineSpec, detect, get_adapter
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "engines.md"
 
@@ -64,7 +64,7 @@ def test_every_engine_row_builds_detects_and_is_documented(spec: EngineSpec) -> 
     assert flush is None or (flush.method in ("POST", "GET") and flush.path.startswith("/"))
     for spelling in (spec.name, spec.name.upper().replace("_", "-"), *spec.aliases):
         assert get_adapter(spelling).name == spec.name
-        assert WorkerConfig(url="http://a:1", engine=spelling).engine == spec.name
+        assert WorkerSettings(url="http://a:1", engine=spelling).engine == spec.name
     for prefix in spec.metric_prefixes:
         assert detect(f"# TYPE x gauge\n{prefix}some_series 1\n", None) == spec.name
     for owner in spec.owners:

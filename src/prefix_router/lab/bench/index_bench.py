@@ -118,7 +118,7 @@ class _Decisions:
 
     def dispatch(self) -> None:
         self.count += 1
-        req = RouteRequest(f"r{self.count}", self.req.blocks, self.req.block_tokens, self.req.prompt_tokens,
+        req = RouteRequest(f"r{self.count}", self.req.blocks, self.req.block_tokens, self.req.key_tokens,
                            self.req.hash_key)  # fmt: skip
         decision = self.router.route(req, self.workers, now=1e6, policy="prefix")
         self.router.dispatched(req, decision, now=1e6)
@@ -128,9 +128,9 @@ class _Decisions:
 def measure_prompt(router: Router, chars: int, cfg: IndexBenchConfig) -> dict[str, Any]:
     keys = KeyBuilder(router.cfg.keys)
     body = body_of(chars, cfg.seed)
-    req = keys.build("chat", body, request_id="probe")
+    req = keys.build("chat", body, route_id="probe")
     out: dict[str, Any] = {"blocks": len(req.blocks)}
-    out["key_us"] = timed(lambda: keys.build("chat", body, request_id="k"), cfg.repeats)
+    out["key_us"] = timed(lambda: keys.build("chat", body, route_id="k"), cfg.repeats)
     out["miss_route_us"] = timed(_Decisions(router, req).route, cfg.repeats)
     for worker in router.workers()[:HIT_WORKERS]:
         router.index.insert(worker, req.blocks, now=1e6)

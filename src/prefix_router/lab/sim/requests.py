@@ -36,7 +36,7 @@ class SimRequest:
 
     @property
     def request_id(self) -> str:
-        return self.route.request_id
+        return self.route.route_id
 
 
 class RequestSource(Protocol):

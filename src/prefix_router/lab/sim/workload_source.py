@@ -104,7 +104,7 @@ class WorkloadSource:
         body = request_body(session, turn, state.history, self.limits.model)
         endpoint = session.endpoint
         multi = session.session_id if self.sessions and len(session.turns) > 1 else None
-        route = self.keys.build(endpoint, body, request_id=rid, tenant=session.tenant, session=multi)
+        route = self.keys.build(endpoint, body, route_id=rid, tenant=session.tenant, session=multi)
         generation = parse(endpoint, body, self.limits, rid).generations[0]
         text = ids_text(generation.output)
         state.reply = {"role": "assistant", "content": text}

@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from prefix_router.pool.pool import PoolError, WorkerPool
-from prefix_router.pool.settings import WorkerConfig
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.pool.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ AddedHook = Callable[[Worker], Coroutine[Any, Any, None]]
 
 
 class PoolSink:
-    """``on_add(url)``: ``pool.add`` a worker built from ``template`` (WorkerConfig fields but url, name),
+    """``on_add(url)``: ``pool.add`` a worker built from ``template`` (WorkerSettings fields but url, name),
     then run ``on_added`` (e.g. the monitor's first probe) in a task; ``on_remove(url)``: ``pool.remove``.
     Refused additions (pool full, duplicate) are counted in ``rejected``."""
 
@@ -32,7 +32,7 @@ class PoolSink:
 
     def on_add(self, url: str) -> None:
         try:
-            worker = self.pool.add(WorkerConfig(**{**self.template, "url": url}))
+            worker = self.pool.add(WorkerSettings(**{**self.template, "url": url}))
         except (PoolError, ValueError) as exc:
             self.rejected += 1
             log.warning("discovered worker %s not added: %s", url, exc)
@@ -50,7 +50,7 @@ class PoolSink:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def on_remove(self, url: str) -> None:
-        name = WorkerConfig(**{**self.template, "url": url}).resolved_name()
+        name = WorkerSettings(**{**self.template, "url": url}).resolved_name()
         try:
             self.pool.remove(name)
         except PoolError:

@@ -7,31 +7,31 @@ and description follow from the row: the configuration, ``--policy``, the router
 
 from __future__ import annotations
 
-from prefix_router.routing.policies.consistent_hash import ConsistentHashKnobs, ConsistentHashPolicy
+from prefix_router.routing.policies.consistent_hash import ConsistentHashPolicy, ConsistentHashSettings
 from prefix_router.routing.policies.least_load import LeastLoadPolicy
 from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
-from prefix_router.routing.policies.prefix import PrefixKnobs, PrefixPolicy
+from prefix_router.routing.policies.prefix import PrefixPolicy, PrefixSettings
 from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
-from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwareKnobs, SGLangCacheAwarePolicy
-from prefix_router.routing.policies.spec import AnySpec, NoKnobs, PolicySpec, knobless
+from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
+from prefix_router.routing.policies.spec import AnySpec, NoSettings, PolicySpec, knobless
 from prefix_router.routing.types import Policy
 from prefix_router.settings import Section
 
 POLICIES: tuple[AnySpec, ...] = (
-    PolicySpec("random", NoKnobs, knobless(RandomPolicy), False,
+    PolicySpec("random", NoSettings, knobless(RandomPolicy), False,
                "weighted random: the baseline, what a plain load balancer does"),
-    PolicySpec("round_robin", NoKnobs, knobless(RoundRobinPolicy), False,
+    PolicySpec("round_robin", NoSettings, knobless(RoundRobinPolicy), False,
                "each candidate in turn"),
-    PolicySpec("least_load", NoKnobs, knobless(LeastLoadPolicy), False,
+    PolicySpec("least_load", NoSettings, knobless(LeastLoadPolicy), False,
                "fewest requests in flight + scraped queue depth, per unit of weight"),
-    PolicySpec("power_of_two", NoKnobs, knobless(PowerOfTwoPolicy), False,
+    PolicySpec("power_of_two", NoSettings, knobless(PowerOfTwoPolicy), False,
                "the less loaded of two candidates drawn at random"),
-    PolicySpec("consistent_hash", ConsistentHashKnobs, ConsistentHashPolicy, True,
+    PolicySpec("consistent_hash", ConsistentHashSettings, ConsistentHashPolicy, True,
                "consistent hashing of the key's first characters with bounded loads (CHWBL)"),
-    PolicySpec("prefix", PrefixKnobs, PrefixPolicy, True,
+    PolicySpec("prefix", PrefixSettings, PrefixPolicy, True,
                "lowest expected cost of this request and of the work it creates, under a bounded-load cap"),
-    PolicySpec("sglang_cache_aware", SGLangCacheAwareKnobs, SGLangCacheAwarePolicy, False,
+    PolicySpec("sglang_cache_aware", SGLangCacheAwareSettings, SGLangCacheAwarePolicy, False,
                "an emulation of SGLang router's cache_aware policy (a baseline)"),
 )  # fmt: skip
 POLICY_NAMES: tuple[str, ...] = tuple(spec.name for spec in POLICIES)

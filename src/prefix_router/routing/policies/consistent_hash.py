@@ -5,7 +5,7 @@ within its namespace) is placed on a ring of ``replicas`` virtual nodes per work
 walk clockwise to the first worker whose load is under the bounded-load cap
 (``load_factor`` x mean in-flight, plus ``load_slack``: 0 by default, as in CHWBL). Fallback: if every
 worker is at the cap, the least loaded. Knobs (``routing.policies.consistent_hash``,
-``ConsistentHashKnobs``): ``load_factor``, ``load_slack``, ``replicas``, ``max_rings``; the hashed prefix
+``ConsistentHashSettings``): ``load_factor``, ``load_slack``, ``replicas``, ``max_rings``; the hashed prefix
 length is the routing key's ``routing.keys.hash_prefix_chars``.
 Rings are cached per candidate set, in an LRU of ``max_rings``.
 """
@@ -35,7 +35,7 @@ def build_ring(workers: Sequence[tuple[str, float]], replicas: int) -> _Ring:
     return [p for p, _ in points], [n for _, n in points]
 
 
-class ConsistentHashKnobs(Section):
+class ConsistentHashSettings(Section):
     """``routing.policies.consistent_hash``: the bounded-load cap and the ring."""
 
     load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
@@ -45,7 +45,7 @@ class ConsistentHashKnobs(Section):
 
 
 class ConsistentHashPolicy(NoHooks):
-    def __init__(self, knobs: ConsistentHashKnobs) -> None:
+    def __init__(self, knobs: ConsistentHashSettings) -> None:
         self.load_factor = knobs.load_factor
         self.load_slack = knobs.load_slack
         self.replicas = knobs.replicas

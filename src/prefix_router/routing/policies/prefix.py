@@ -4,9 +4,9 @@ Algorithm. For each candidate under the bounded-load cap (``in_flight + 1 <= cei
 flight + 1) / total weight) + load_slack``, times its weight; all candidates if none is), or under
 ``hit_cap_factor`` x that cap for a *cheap hit* (it holds at least ``hit_cap_share`` of the prompt and
 the prefill left there is no more than the fleet's mean request's), in token-equivalents of prefill work
-(``drain.prefill_work``: a token at context c costs 1 + c / attention_tokens):
+(``backlog.prefill_work``: a token at context c costs 1 + c / attention_tokens):
 
-    cost = backlog                                 prefill still queued there (learned drain, drain.py)
+    cost = backlog                                 prefill still queued there (learned drain, backlog.py)
          + queue_penalty_tokens x engine queue     (scraped, when fresh: other routers' requests)
          + in_flight_penalty_tokens x in flight    (decode steps slow down with the batch)
          + (1 + recompute_weight x fill + saturation_weight x D) x work
@@ -38,7 +38,7 @@ overload) while they added little to the holder's work.
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
-Knobs (``routing.policies.prefix``, ``PrefixKnobs``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
+Knobs (``routing.policies.prefix``, ``PrefixSettings``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
 ``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
 ``saturation_weight`` 1.0, ``hit_cap_factor`` 2.0 (1: the cap binds every request), ``hit_cap_share``
 0.9; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
@@ -52,13 +52,13 @@ from operator import attrgetter
 
 from pydantic import Field
 
-from prefix_router.routing.drain import prefill_work
+from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
 from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 from prefix_router.settings import Section
 
 
-class PrefixKnobs(Section):
+class PrefixSettings(Section):
     """``routing.policies.prefix``: the bounded-load cap, the load penalties and the weights of the future."""
 
     load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
@@ -73,7 +73,7 @@ class PrefixKnobs(Section):
 
 
 class PrefixPolicy(NoHooks):
-    def __init__(self, knobs: PrefixKnobs) -> None:
+    def __init__(self, knobs: PrefixSettings) -> None:
         self.load_factor = knobs.load_factor
         self.load_slack = knobs.load_slack
         self.queue_penalty_tokens = knobs.queue_penalty_tokens
@@ -107,7 +107,7 @@ class PrefixPolicy(NoHooks):
         in one inlined pass (this runs for every candidate of every request: nothing else walks them;
         a worker that matches nothing costs a few reads, its prefill work being the same everywhere)."""
         scale = ctx.token_scale  # engine tokens per key token (routing/units.py)
-        prompt, block = req.prompt_tokens * scale, req.block_tokens * scale
+        prompt, block = req.key_tokens * scale, req.block_tokens * scale
         best, tied, longest = math.inf, [], 0
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache

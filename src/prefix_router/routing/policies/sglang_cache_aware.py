@@ -40,7 +40,7 @@ from prefix_router.settings import Section
 _UNBOUNDED_TOKENS = 1 << 60
 
 
-class SGLangCacheAwareKnobs(Section):
+class SGLangCacheAwareSettings(Section):
     """``sglang_cache_aware``'s knobs: SGLang's, with its launch_router defaults, and two of ours."""
 
     cache_threshold: float = Field(default=0.3, ge=0, le=1)  # match rate above which the holder wins
@@ -53,7 +53,7 @@ class SGLangCacheAwareKnobs(Section):
 
 
 class SGLangCacheAwarePolicy:
-    def __init__(self, knobs: SGLangCacheAwareKnobs) -> None:
+    def __init__(self, knobs: SGLangCacheAwareSettings) -> None:
         self.settings = knobs
         self.max_tree_tokens = max(1, int(knobs.max_tree_chars / knobs.chars_per_token))
         self.tree: PrefixIndex | None = None  # built at the first request, with its block size
@@ -90,7 +90,7 @@ class SGLangCacheAwarePolicy:
         names = [w.name for w in workers]
         matches = tree.match(req.blocks)
         best = max((matches.get(n, 0) for n in names), default=0)
-        rate = best * req.block_tokens / req.prompt_tokens if req.prompt_tokens > 0 else 0.0
+        rate = best * req.block_tokens / req.key_tokens if req.key_tokens > 0 else 0.0
         if best > 0:
             holder = min((n for n in names if matches.get(n, 0) == best), key=self._order.__getitem__)
             if rate > s.cache_threshold:

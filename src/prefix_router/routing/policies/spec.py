@@ -17,7 +17,7 @@ from prefix_router.settings import Section
 K = TypeVar("K", bound=Section)
 
 
-class NoKnobs(Section):
+class NoSettings(Section):
     """The knob group of a policy without knobs (``routing.policies.<name>: {}``)."""
 
 
@@ -45,10 +45,10 @@ class PolicySpec(Generic[K]):
         return self.factory(knobs)
 
 
-def knobless(cls: Callable[[], Policy]) -> Callable[[NoKnobs], Policy]:
+def knobless(cls: Callable[[], Policy]) -> Callable[[NoSettings], Policy]:
     """The factory of a policy class without knobs."""
 
-    def build(_: NoKnobs) -> Policy:
+    def build(_: NoSettings) -> Policy:
         return cls()
 
     return build

@@ -55,6 +55,6 @@ def measure_cost(model_dir: Path, chars: int, repeat: int = 20, rounds: int = 5)
     samples: dict[str, list[float]] = {name: [] for name in builders}
     for _ in range(rounds):
         for name, builder in builders.items():
-            samples[name].append(_mean_us(partial(builder.build, "chat", body, request_id="c"), repeat))
+            samples[name].append(_mean_us(partial(builder.build, "chat", body, route_id="c"), repeat))
     med = {name: statistics.median(values) for name, values in samples.items()}
     return Cost(chars, med["default"], med["tokens"], med["exact"])

@@ -85,12 +85,12 @@ def _predict(router: Router, case: Case, reply: dict[str, Any] | None, worker: s
     """The tokens predicted for the second request after the first (and its reply)."""
     router.add_worker(worker)
     try:
-        first = router.keys.build("chat", case.first, request_id="1")
+        first = router.keys.build("chat", case.first, route_id="1")
         decision = router.route(first, [worker], 0.0)
         router.dispatched(first, decision, 0.0)
         ext = router.keys.extend(first, "chat", case.first, reply) if reply is not None else ()
         router.finished(first, worker, Outcome(True, None, ext), 1.0)
-        second = router.keys.build("chat", case.second, request_id="2")
+        second = router.keys.build("chat", case.second, route_id="2")
         return router.route(second, [worker], 2.0).predicted_tokens
     finally:
         router.remove_worker(worker)
@@ -106,7 +106,7 @@ def calibrate(router: Router, oracle: Oracle, bodies: Iterable[dict[str, Any]]) 
     token count under the real template and tokenizer (what the units learn from)."""
     router.add_worker("calibration")
     for i, body in enumerate(bodies):
-        req = router.keys.build("chat", body, request_id=f"c{i}")
+        req = router.keys.build("chat", body, route_id=f"c{i}")
         decision = router.route(req, ["calibration"], float(i))
         router.dispatched(req, decision, float(i))
         engine_tokens = len(oracle.ids(oracle.text(body)))

@@ -53,7 +53,7 @@ class _Worker:
 _Entry = tuple[_Worker, WorkerSnapshot]  # a busy worker's state and live snapshot
 
 
-class PrefillDrain:
+class PrefillBacklog:
     def __init__(self, alpha: float = 0.1) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError("alpha must be in (0, 1]")

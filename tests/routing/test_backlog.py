@@ -4,7 +4,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from prefix_router.routing.drain import PrefillDrain, prefill_work
+from prefix_router.routing.backlog import PrefillBacklog, prefill_work
 from prefix_router.routing.types import WorkerSnapshot
 
 
@@ -18,7 +18,7 @@ def test_prefill_work_is_linear_for_short_prompts_and_grows_with_context() -> No
 
 
 def test_without_samples_the_estimate_is_the_pending_work() -> None:
-    drain = PrefillDrain()
+    drain = PrefillBacklog()
     drain.add_worker("a")
     drain.dispatched("a", 5_000, now=0.0)
     assert drain.rate("a") == 0.0
@@ -27,7 +27,7 @@ def test_without_samples_the_estimate_is_the_pending_work() -> None:
 
 
 def test_the_rate_is_learned_from_first_tokens_and_drains_the_estimate() -> None:
-    drain = PrefillDrain()
+    drain = PrefillBacklog()
     drain.add_worker("a")
     drain.dispatched("a", 1_000, now=0.0)
     drain.first_token("a", 1_000, now=0.5)  # 1,000 work drained in 0.5 s
@@ -40,7 +40,7 @@ def test_the_rate_is_learned_from_first_tokens_and_drains_the_estimate() -> None
 
 
 def test_a_first_token_resynchronises_with_the_exact_pending_work() -> None:
-    drain = PrefillDrain(alpha=1.0)
+    drain = PrefillBacklog(alpha=1.0)
     drain.add_worker("a")
     drain.dispatched("a", 1_000, now=0.0)
     drain.dispatched("a", 3_000, now=0.0)
@@ -51,7 +51,7 @@ def test_a_first_token_resynchronises_with_the_exact_pending_work() -> None:
 
 
 def test_workers_without_samples_use_the_fleet_average() -> None:
-    drain = PrefillDrain()
+    drain = PrefillBacklog()
     for name in ("a", "b", "c"):
         drain.add_worker(name)
     drain.dispatched("a", 1_000, now=0.0)
@@ -64,7 +64,7 @@ def test_workers_without_samples_use_the_fleet_average() -> None:
 
 
 def test_abandoned_work_is_dropped_without_learning() -> None:
-    drain = PrefillDrain()
+    drain = PrefillBacklog()
     drain.add_worker("a")
     drain.dispatched("a", 2_000, now=0.0)
     drain.abandoned("a", 2_000, now=5.0)
@@ -73,14 +73,14 @@ def test_abandoned_work_is_dropped_without_learning() -> None:
 
 
 def test_the_table_holds_one_entry_per_known_worker() -> None:
-    drain = PrefillDrain()
+    drain = PrefillBacklog()
     drain.dispatched("ghost", 1_000, now=0.0)  # unknown workers are not added
     assert drain.pending("ghost") == 0.0
     drain.add_worker("a")
     drain.remove_worker("a")
     assert drain.pending("a") == 0.0
     with pytest.raises(ValueError):
-        PrefillDrain(alpha=0.0)
+        PrefillBacklog(alpha=0.0)
 
 
 @settings(max_examples=100, deadline=None)
@@ -94,7 +94,7 @@ def test_the_table_holds_one_entry_per_known_worker() -> None:
 def test_the_one_pass_backlogs_equal_remaining(events: list[tuple[str, str, float]], later: float) -> None:
     """``refresh`` (the per-request pass over the busy workers' live snapshots) says what ``remaining``
     says, of every worker (an unknown one's snapshot stays idle)."""
-    drain = PrefillDrain()
+    drain = PrefillBacklog()
     snaps = [WorkerSnapshot(w) for w in ("w0", "w1", "w2", "unknown")]
     for snap in snaps[:3]:
         drain.add_worker(snap.name, snap)
@@ -137,7 +137,7 @@ def test_backlogs_refreshed_between_events_always_equal_remaining(
 ) -> None:
     """Refreshes between the events, as time goes on (and sometimes back): the drained workers that
     ``refresh`` skips still say what ``remaining`` says, until and after their next event."""
-    drain = PrefillDrain(alpha=0.5)
+    drain = PrefillBacklog(alpha=0.5)
     snaps = [WorkerSnapshot(w) for w in ("w0", "w1", "w2", "w3", "w4")]
     for snap in snaps:
         drain.add_worker(snap.name, snap)
