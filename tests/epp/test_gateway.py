@@ -242,3 +242,33 @@ async def test_streams_beyond_max_streams_are_refused(fake_engine: Any, gateways
     metrics = gateway.state.metrics.render().decode()
     assert "prefix_router_epp_streams 1.0" in metrics
     hanging.cancel()
+
+
+@pytest.mark.parametrize("salted", [True, False])
+async def test_the_cache_salt_keeps_tenants_engine_caches_apart(
+    serve_app: Any, gateways: Gateways, salted: bool
+) -> None:
+    """``tenants.cache_salt`` through the gateway: the picker salts the body (and its length) as ``serve``
+    does, so tenant B's replay of tenant A's prompt finds nothing of A's in the (simulated vLLM) engine's
+    cache; the control without salt finds it."""
+    from prefix_router.lab.sim.server import EngineSimConfig, build_app
+
+    engine = await serve_app(build_app(EngineSimConfig(model="m", time_scale=0.01)))
+    settings = {"tenants.cache_salt": salted, "auth.api_keys": ["key-tenant-a", "key-tenant-b"]}
+    gateway = await gateways.start({"url": engine.url, "name": "sim"}, settings=settings)
+    assert gateway.state.pool.require("sim").adapter.name == "vllm"  # type: ignore[union-attr]
+
+    async def cached(key: str) -> int:
+        reply = await gateway.openai(key).chat.completions.create(
+            model="m", messages=chat("first"), max_tokens=2
+        )
+        assert reply.usage is not None
+        details = reply.usage.prompt_tokens_details
+        return (details.cached_tokens or 0) if details is not None else 0
+
+    await cached("key-tenant-a")
+    assert await cached("key-tenant-a") > 0  # A's own cache serves A
+    if salted:
+        assert await cached("key-tenant-b") == 0
+    else:
+        assert await cached("key-tenant-b") > 0

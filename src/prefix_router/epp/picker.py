@@ -31,7 +31,7 @@ from prefix_router.proxy import forward
 from prefix_router.proxy import parse as parsing
 from prefix_router.proxy.access import RequestNote, request_id
 from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.auth import check_client, tenant_of
+from prefix_router.proxy.auth import check_client, tenant_of, tenant_salt
 from prefix_router.proxy.context import AppContext
 from prefix_router.proxy.errors import ProxyError, bad_request, overloaded, shutting_down, unavailable
 from prefix_router.proxy.exchange import PASSTHROUGH_POLICY, passthrough_route
@@ -199,6 +199,11 @@ class PickerStream:
         )
         answer = extproc.destination([address_of(worker), *others], remove=(POLICY_HEADER,))
         self.upstream_headers(answer, worker)
+        salted = self.salted(parsed, worker)
+        if salted is not None:  # the body changed: its length too
+            raw = salted
+            header = extproc.mutation({"content-length": str(len(raw))}).set_headers[0]
+            answer.request_headers.response.header_mutation.set_headers.append(header)
         if self.edge.settings.buffer_whole and parsed is not None and not parsed.stream:
             extproc.buffer_response(answer)
             self.pick.buffered = True
@@ -270,6 +275,15 @@ class PickerStream:
         others = sorted((n for n in names if n != decision.worker), key=state.pool.in_flight)
         fallbacks = [address_of(state.pool.require(n)) for n in others[: self.edge.settings.fallbacks]]
         return state.pool.require(decision.worker), decision, fallbacks
+
+    def salted(self, parsed: parsing.Parsed | None, worker: Worker) -> bytes | None:
+        """``tenants.cache_salt``: the body with the client's ``cache_salt`` for the chosen worker (a vLLM
+        one; a client with a key), so that the engine's prefix cache is not shared across tenants, as
+        ``serve`` sends it (``proxy.forward.salted_body``). None: the body goes unchanged."""
+        if parsed is None or not self.state.config.tenants.cache_salt or not forward.takes_cache_salt(worker):
+            return None
+        salt = tenant_salt(self.headers)
+        return None if salt is None else forward.salted_body(parsed.body, salt)
 
     def upstream_headers(self, answer: ext.ProcessingResponse, worker: Worker) -> None:
         """The worker's own key replaces the client's (or the client's is dropped, as ``serve`` does
