@@ -91,3 +91,32 @@ def test_bad_flags_are_one_line() -> None:
     )
     nothing = subprocess.run([sys.executable, "-c", MAIN, "epp"], capture_output=True, text=True, timeout=60)
     assert nothing.returncode == 2 and "workers: none given" in nothing.stderr
+
+
+async def test_sighup_reloads_the_config_file(fake_engine: Any, tmp_path: Path, processes: list[Any]) -> None:
+    a = await fake_engine("a")
+    b = await fake_engine("b")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"workers:\n  - {{name: a, url: '{a.url}'}}\n")
+    epp, _ = await spawn_epp(tmp_path, "--config", str(config))
+    processes.append(epp)
+    config.write_text(f"workers:\n  - {{name: a, url: '{a.url}'}}\n  - {{name: b, url: '{b.url}'}}\n")
+    epp.process.send_signal(signal.SIGHUP)
+    deadline = asyncio.get_running_loop().time() + 10
+    while "config_reload" not in epp.logs():
+        assert asyncio.get_running_loop().time() < deadline, epp.logs()
+        await asyncio.sleep(0.05)
+    assert epp.process.returncode is None  # SIGHUP never ends it
+    line = next(x for x in epp.logs().splitlines() if "config_reload" in x)
+    assert "workers" in line
+
+
+async def test_a_grpc_port_in_use_is_one_line(fake_engine: Any, tmp_path: Path, processes: list[Any]) -> None:
+    engine = await fake_engine("a")
+    first, grpc_port = await spawn_epp(tmp_path, "--worker", engine.url)
+    processes.append(first)
+    argv = [sys.executable, "-c", MAIN, "epp", "--worker", engine.url, "--grpc-port", str(grpc_port)]
+    done = subprocess.run([*argv, "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"prefix-router epp: cannot listen on 127.0.0.1:{grpc_port}")
+    assert done.stderr.count("\n") == 1

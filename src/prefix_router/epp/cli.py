@@ -62,9 +62,10 @@ def run_epp(args: argparse.Namespace) -> int:
 
     logs.configure(config.log_level, config.log_format, config.access_log)
     try:
-        asyncio.run(serve_epp(config, settings))
+        source = args.config or "environment and flags"
+        asyncio.run(serve_epp(config, settings, lambda: build_config(args), source))
     except OSError as exc:
-        print(f"prefix-router epp: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+        print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 1
     finally:
         logs.flush()

@@ -28,11 +28,11 @@ from prefix_router.epp.picker import Edge
 from prefix_router.epp.service import Health, Processor
 from prefix_router.epp.settings import EppSettings
 from prefix_router.pool.http import Fetcher
-from prefix_router.proxy import admin, handlers, http_errors
+from prefix_router.proxy import admin, handlers, http_errors, reload
 from prefix_router.proxy.app import build_app
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT
-from prefix_router.proxy.server import Running, start
+from prefix_router.proxy.server import Reloader, Running, bind, start
 
 log = logging.getLogger("prefix_router.epp")
 
@@ -87,15 +87,24 @@ async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
     """Serve ``app`` (``create_control_app``) on its configured HTTP address and the picker on
     ``settings``' gRPC address (port 0: any free one), in the running loop."""
     config = app[CONTEXT].config
+    if settings.grpc_port:  # taken: one line (ListenError) before anything starts, not grpcio's log
+        for sock in bind(settings.grpc_host, settings.grpc_port):
+            sock.close()
     http = await start(app, config.host, config.port, keepalive_timeout=config.timeouts.client_header_s)
     edge = Edge(app[CONTEXT], settings)
     edge.state.metrics.registry.register(StreamsCollector(edge))
     health = Health(edge)
-    server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_streams)
+    # no SO_REUSEPORT: a second picker on the same port fails to start instead of sharing the streams
+    server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_streams, options=[("grpc.so_reuseport", 0)])
     ext_grpc.add_ExternalProcessorServicer_to_server(Processor(edge), server)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     try:
-        port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        try:
+            port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        except RuntimeError:  # grpcio's bind failure
+            raise OSError(
+                f"{settings.grpc_host}:{settings.grpc_port}: address in use or not permitted"
+            ) from None
         await server.start()
         await health.start()
     except BaseException:
@@ -105,8 +114,11 @@ async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
     return RunningEpp(http, server, port, edge, health)
 
 
-async def serve_epp(config: Config, settings: EppSettings) -> None:
-    """Run until SIGTERM or SIGINT."""
+async def serve_epp(
+    config: Config, settings: EppSettings, load: Callable[[], Config] | None = None, source: str = "flags"
+) -> None:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads with ``load`` as ``serve`` does (``proxy.reload``:
+    workers, auth, routing knobs, limits; the rest named as needing a restart)."""
     running = await start_epp(create_control_app(config), settings)
     log.info(
         "event=serving_epp grpc=%s:%d http=%s workers=%d policy=%s",
@@ -120,6 +132,13 @@ async def serve_epp(config: Config, settings: EppSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    state = running.edge.state
+
+    async def reloaded() -> None:
+        if load is not None:
+            await reload.reload(state, load, source)
+
+    loop.add_signal_handler(signal.SIGHUP, Reloader(loop, reloaded if load is not None else None).signal)
     try:
         await stop.wait()
         log.info(
