@@ -54,7 +54,7 @@ from prefix_router.lab.bench.overhead import (
 from prefix_router.lab.launch.engine_sim import start_engines
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, envoy_argv
 from prefix_router.lab.launch.net import free_port
-from prefix_router.proxy.server import loop_factory
+from prefix_router.proxy import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"

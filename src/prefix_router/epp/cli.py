@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import sys
 
-from prefix_router.proxy.cli import add_config_flags, build_config, merged_config, print_config
+from prefix_router.proxy import add_config_flags, build_config, merged_config, print_config
 from prefix_router.settings import ConfigError
 
 
@@ -58,9 +58,9 @@ def run_epp(args: argparse.Namespace) -> int:
         print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 2
     from prefix_router.epp.server import serve_epp
-    from prefix_router.proxy import logs
+    from prefix_router.proxy import configure_logs, flush_logs
 
-    logs.configure(config.log_level, config.log_format, config.access_log)
+    configure_logs(config.log_level, config.log_format, config.access_log)
     try:
         source = args.config or "environment and flags"
         asyncio.run(serve_epp(config, settings, lambda: build_config(args), source))
@@ -68,5 +68,5 @@ def run_epp(args: argparse.Namespace) -> int:
         print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 1
     finally:
-        logs.flush()
+        flush_logs()
     return 0

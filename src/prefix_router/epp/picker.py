@@ -3,7 +3,7 @@ headers and body (``FULL_DUPLEX_STREAMED``); the picker buffers the body to its 
 does (``proxy.parse``), asks the same routing core for a worker among the eligible ones and answers the
 headers with the destination (and fallbacks) before streaming the body back. The response passes through
 it: its first body bytes are the first token, its usage (cached tokens) and generated text settle the
-flight as the HTTP proxy settles one (``proxy.accounting``); a stream that ends early is a client gone.
+flight as the HTTP proxy settles one (``settle``); a stream that ends early is a client gone.
 
 Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
 or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 413 (body over
@@ -23,22 +23,41 @@ from urllib.parse import urlsplit
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from multidict import CIMultiDict
 
-from prefix_router.epp import extproc
+import prefix_router.epp.extproc as extproc
 from prefix_router.epp.settings import EppSettings
-from prefix_router.pool.worker import Worker
+from prefix_router.pool import Worker
 from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER, Endpoint
-from prefix_router.proxy import forward
-from prefix_router.proxy import parse as parsing
-from prefix_router.proxy.access import RequestNote, request_id
-from prefix_router.proxy.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.auth import check_client, tenant_of, tenant_salt
-from prefix_router.proxy.context import AppContext
-from prefix_router.proxy.errors import ProxyError, bad_request, overloaded, shutting_down, unavailable
-from prefix_router.proxy.exchange import PASSTHROUGH_POLICY, passthrough_route
-from prefix_router.proxy.handlers import closed
-from prefix_router.proxy.sse import ReplyAccumulator
-from prefix_router.proxy.upstream import FailureKind
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.proxy import (
+    CLIENT_GONE,
+    PASSTHROUGH_POLICY,
+    AppContext,
+    FailureKind,
+    Flight,
+    Parsed,
+    ProxyError,
+    ReplyAccumulator,
+    RequestNote,
+    bad_request,
+    body_model,
+    check_client,
+    is_event_stream,
+    overloaded,
+    parse_request,
+    passthrough_route,
+    request_closed,
+    request_id,
+    safe_path,
+    salted_body,
+    session_id,
+    settle,
+    shutting_down,
+    takes_cache_salt,
+    tenant_of,
+    tenant_salt,
+    too_large,
+    unavailable,
+)
+from prefix_router.routing import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -141,7 +160,7 @@ class PickerStream:
         length = self.headers.get("content-length")
         limit = self.state.config.limits.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
-            raise parsing.too_large(limit)
+            raise too_large(limit)
         if message.request_headers.end_of_stream:
             return await self.decide()
         return []
@@ -152,7 +171,7 @@ class PickerStream:
         self.size += len(body.body)
         limit = self.state.config.limits.max_body_bytes
         if self.size > limit:
-            raise parsing.too_large(limit)
+            raise too_large(limit)
         if body.end_of_stream:
             return await self.decide()
         return []
@@ -176,7 +195,7 @@ class PickerStream:
         path = self.headers.get(":path", "")
         if not path.startswith("/v1/"):
             raise ProxyError(404, f"no route for {path.split('?', 1)[0][:64]!r}", code="not_found")
-        if not forward.safe_path(path):
+        if not safe_path(path):
             raise ProxyError(400, "invalid request path", code="invalid_path")
         endpoint = ENDPOINTS.get(path.split("?", 1)[0]) if self.headers.get(":method") == "POST" else None
         parsed = await self.parse(endpoint, raw) if endpoint is not None else None
@@ -184,7 +203,7 @@ class PickerStream:
             model = parsed.body.get("model")
             model = model if isinstance(model, str) else None
         else:
-            model = parsing.body_model(raw, self.headers.get("content-type", ""))
+            model = body_model(raw, self.headers.get("content-type", ""))
         policy = self.policy() if parsed is not None else PASSTHROUGH_POLICY
         route = parsed.route if parsed is not None else passthrough_route(self.state)
         self.check_model(model)
@@ -211,10 +230,10 @@ class PickerStream:
             return [answer]
         return [answer, *extproc.body_chunks(raw, end=not trailers)]
 
-    async def parse(self, endpoint: Endpoint, raw: bytes) -> parsing.Parsed:
+    async def parse(self, endpoint: Endpoint, raw: bytes) -> Parsed:
         state = self.state
         tenant = tenant_of(self.headers) if state.config.routing.keys.isolate_tenants else None
-        session = parsing.session_id(self.headers.get(state.config.session_header), tenant)
+        session = session_id(self.headers.get(state.config.session_header), tenant)
         args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
         limits = state.config.limits
         threshold = (
@@ -223,8 +242,8 @@ class PickerStream:
             else limits.parse_in_thread_bytes
         )
         if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
-            return await asyncio.to_thread(parsing.parse, *args)
-        return parsing.parse(*args)
+            return await asyncio.to_thread(parse_request, *args)
+        return parse_request(*args)
 
     def policy(self) -> str | None:
         name = self.headers.get(POLICY_HEADER)
@@ -276,14 +295,14 @@ class PickerStream:
         fallbacks = [address_of(state.pool.require(n)) for n in others[: self.edge.settings.fallbacks]]
         return state.pool.require(decision.worker), decision, fallbacks
 
-    def salted(self, parsed: parsing.Parsed | None, worker: Worker) -> bytes | None:
+    def salted(self, parsed: Parsed | None, worker: Worker) -> bytes | None:
         """``tenants.cache_salt``: the body with the client's ``cache_salt`` for the chosen worker (a vLLM
         one; a client with a key), so that the engine's prefix cache is not shared across tenants, as
-        ``serve`` sends it (``proxy.forward.salted_body``). None: the body goes unchanged."""
-        if parsed is None or not self.state.config.tenants.cache_salt or not forward.takes_cache_salt(worker):
+        ``serve`` sends it (``salted_body``). None: the body goes unchanged."""
+        if parsed is None or not self.state.config.tenants.cache_salt or not takes_cache_salt(worker):
             return None
         salt = tenant_salt(self.headers)
-        return None if salt is None else forward.salted_body(parsed.body, salt)
+        return None if salt is None else salted_body(parsed.body, salt)
 
     def upstream_headers(self, answer: ext.ProcessingResponse, worker: Worker) -> None:
         """The worker's own key replaces the client's (or the client's is dropped, as ``serve`` does
@@ -319,7 +338,7 @@ class PickerStream:
         pick.status = int(status) if status.isdigit() else 0
         self.served(extproc.served_endpoint(message))
         pick.connect_failed = extproc.connect_failed(message)
-        pick.stream = forward.is_event_stream(headers)
+        pick.stream = is_event_stream(headers)
         if message.response_headers.end_of_stream:
             self.settle()
         answer = extproc.continue_headers(True)
@@ -393,5 +412,5 @@ class PickerStream:
             self.pick.flight.finish(CLIENT_GONE, Outcome(ok=False))
             self.final_status = CLIENT_GONE
         if self.note is not None:
-            closed(self.state, self.note, self.final_status)
+            request_closed(self.state, self.note, self.final_status)
             self.note = None

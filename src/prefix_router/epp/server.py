@@ -27,12 +27,22 @@ from prometheus_client.registry import Collector
 from prefix_router.epp.picker import Edge
 from prefix_router.epp.service import Health, Processor
 from prefix_router.epp.settings import EppSettings
-from prefix_router.pool.http import Fetcher
-from prefix_router.proxy import admin, handlers, http_errors, reload
-from prefix_router.proxy.app import build_app
-from prefix_router.proxy.config import Config
-from prefix_router.proxy.context import CONTEXT
-from prefix_router.proxy.server import Reloader, Running, bind, start
+from prefix_router.pool import Fetcher
+from prefix_router.proxy import (
+    CONTEXT,
+    Config,
+    Reloader,
+    Running,
+    add_admin_routes,
+    add_catch_all,
+    bind,
+    build_app,
+    health_route,
+    metrics_route,
+    ready_route,
+    reload_config,
+    start,
+)
 
 log = logging.getLogger("prefix_router.epp")
 
@@ -47,11 +57,11 @@ def create_control_app(
     """The router's state and life with the picker's HTTP routes (no ``/v1/*``: the data path is the
     gateway's)."""
     app = build_app(config, None, fetcher, clock, rng or random.Random())
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/ready", handlers.ready)
-    app.router.add_get("/metrics", handlers.metrics)
-    admin.add_routes(app)
-    http_errors.add_catch_all(app)
+    app.router.add_get("/health", health_route)
+    app.router.add_get("/ready", ready_route)
+    app.router.add_get("/metrics", metrics_route)
+    add_admin_routes(app)
+    add_catch_all(app)
     return app
 
 
@@ -136,7 +146,7 @@ async def serve_epp(
 
     async def reloaded() -> None:
         if load is not None:
-            await reload.reload(state, load, source)
+            await reload_config(state, load, source)
 
     loop.add_signal_handler(signal.SIGHUP, Reloader(loop, reloaded if load is not None else None).signal)
     try:

@@ -17,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 
 from prefix_router.epp.picker import Edge, PickerStream
 from prefix_router.epp.settings import EXT_PROC_SERVICE
-from prefix_router.pool.worker import Worker
+from prefix_router.pool import Worker
 
 log = logging.getLogger("prefix_router.epp")
 LIVENESS = ("", "liveness")

@@ -16,7 +16,7 @@ from prefix_router.pool.settings import DiscoverySettings
 from prefix_router.pool.worker_discovery.inference_pool import PodTable, PoolInvalid, pool_target
 from prefix_router.pool.worker_discovery.kubernetes import InferencePoolDiscovery
 from prefix_router.pool.worker_discovery.membership import Membership
-from prefix_router.proxy.server import start
+from prefix_router.proxy import start
 
 POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools/{name}"
 PODS_PATH = "/api/v1/namespaces/{namespace}/pods"
