@@ -94,6 +94,8 @@ class Plan:
         for key in self.applied:
             set_dotted(data, key, self.after[key])
         data["workers"] = new.model_dump()["workers"]
+        if not data["auth"]["api_keys"]:  # none: left out (an explicit empty list is refused as a mistake)
+            del data["auth"]["api_keys"]
         return Config.model_validate(data)
 
     def changes(self) -> str:
