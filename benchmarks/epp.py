@@ -7,7 +7,9 @@ interleaved over
 - ``direct``: no proxy (the yardstick of added latency);
 - ``prefix-router``: ``serve --processes 1 --policy prefix``, as shipped;
 - ``envoy+epp``: Envoy (``lab.launch.envoy``, ``--envoy-threads`` workers) -> ``prefix-router epp``
-  (policy prefix), the worker addressed by the picker's ``x-gateway-destination-endpoint``;
+  (policy prefix), the worker addressed by the picker's ``x-gateway-destination-endpoint``; the request
+  body FULL_DUPLEX_STREAMED as the reference gateways send it;
+- ``envoy+epp buffered``: the same with the request body BUFFERED (one message, nothing streamed back);
 - ``sglang-router``: ``cache_aware`` from its own venv (``--peer-python``; left out when missing).
 
 Printed per case (non-streamed, streamed with 8 SSE events): the best round's req/s, the median latency
@@ -15,7 +17,7 @@ added over direct, and the CPU per request of each component (user+system of its
 ``envoy+epp`` Envoy's, the picker's and their sum.
 
 Part 2, routing on simulated engines (``engine-sim``, ``--engines`` of them): the same workload
-(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp``, each fresh, each engine's cache
+(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each fresh, each engine's cache
 flushed before (``prefix-router bench --router URL``): the engine-reported hit rate of both, its
 difference in points, requests per worker, and the router's CPU per request (the picker's alone, and with
 Envoy).
@@ -58,6 +60,8 @@ from prefix_router.proxy import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"
+BUFFERED = "envoy+epp buffered"  # the request body BUFFERED instead of FULL_DUPLEX_STREAMED
+MODES = {GATEWAY: "FULL_DUPLEX_STREAMED", BUFFERED: "BUFFERED"}
 
 
 @dataclass
@@ -107,12 +111,15 @@ def serve_argv(workers: list[str], port: int, *extra: str) -> list[str]:
 Spawn = Callable[[list[str], dict[str, str] | None], int]  # processes()'s: (argv, env) -> pid
 
 
-def spawn_gateway(spawn: Spawn, workers: list[str], directory: Path, threads: int) -> Target:
+def spawn_gateway(
+    spawn: Spawn, workers: list[str], directory: Path, threads: int, name: str = GATEWAY
+) -> Target:
     grpc_port, http_port, listen = free_port(), free_port(), free_port()
     epp = spawn(epp_argv(workers, grpc_port, http_port, "--set", "log_level=warning"), None)
     ports = EnvoyPorts(listen=listen, admin=free_port(), epp=grpc_port)
-    envoy = spawn(envoy_argv(directory, ports, EnvoyOptions(), threads), None)
-    return Target(GATEWAY, listen, {"envoy": envoy, "epp": epp})
+    options = EnvoyOptions(request_body_mode=MODES[name])
+    envoy = spawn(envoy_argv(directory, ports, options, threads), None)
+    return Target(name, listen, {"envoy": envoy, "epp": epp})
 
 
 async def measure(target: Target, sent: list[bytes], concurrency: int) -> Sample:
@@ -135,6 +142,7 @@ async def data_path(args: argparse.Namespace, console: Console, directory: Path)
             Target(SERVE, port, {"serve": spawn(router_argv(worker_port, port, "uvloop", 1), None)})
         )
         targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads))
+        targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads, BUFFERED))
         if Path(args.peer_python).exists():
             port = free_port()
             targets.append(
@@ -218,7 +226,7 @@ async def routing(
 ) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
     rows = []
     with start_engines(args.engines, profile="cpu-demo", time_scale=args.time_scale) as engines:
-        for label in (SERVE, GATEWAY):
+        for label in (SERVE, GATEWAY, BUFFERED):
             with processes() as spawn:
                 if label == SERVE:
                     port = free_port()
@@ -226,7 +234,7 @@ async def routing(
                     await wait_http(f"http://127.0.0.1:{port}/ready")
                     url = f"http://127.0.0.1:{port}"
                 else:
-                    target = spawn_gateway(spawn, engines, directory, args.envoy_threads)
+                    target = spawn_gateway(spawn, engines, directory, args.envoy_threads, label)
                     pids = target.pids
                     await wait_http(f"http://127.0.0.1:{target.port}/v1/models")
                     url = f"http://127.0.0.1:{target.port}"
@@ -256,13 +264,13 @@ def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], in
             f"{sum(cpu.values()) * 1e6:.0f}", parts,
         )  # fmt: skip
     console.print(table)
-    serve, gateway = rows[0][1], rows[1][1]
-    diff = (float(gateway["hit_rate"] or 0) - float(serve["hit_rate"] or 0)) * 100  # type: ignore[arg-type]
-    epp_cpu, serve_cpu = rows[1][2]["epp"], rows[0][2]["serve"]
-    console.print(
-        f"hit rate, envoy+epp minus serve: {diff:+.2f} points (target: within 1); the picker's CPU per "
-        f"request / serve's: {epp_cpu / serve_cpu:.2f} (target: at or below 1)"
-    )
+    serve = rows[0][1]
+    for label, row, cpu, _ in rows[1:]:
+        diff = (float(row["hit_rate"] or 0) - float(serve["hit_rate"] or 0)) * 100  # type: ignore[arg-type]
+        console.print(
+            f"{label}: hit rate minus serve's {diff:+.2f} points (target: within 1); the picker's CPU per "
+            f"request / serve's: {cpu['epp'] / rows[0][2]['serve']:.2f} (target: at or below 1)"
+        )
 
 
 def parse_args() -> argparse.Namespace:

@@ -272,3 +272,29 @@ async def test_the_cache_salt_keeps_tenants_engine_caches_apart(
         assert await cached("key-tenant-b") == 0
     else:
         assert await cached("key-tenant-b") > 0
+
+
+async def test_a_buffered_request_body_gets_the_choice_with_its_answer(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """An Envoy sending request bodies BUFFERED (``protocol_config``): headers answered at once, the
+    destination with the body's answer; plain, streamed and large bodies still cross intact."""
+    a = await fake_engine("a", reply="one two three", chunks=3, cached_tokens=2)
+    b = await fake_engine("b", reply="one two three", chunks=3, cached_tokens=2)
+    gateway = await gateways.start(a, b, envoy=EnvoyOptions(request_body_mode="BUFFERED"))
+    client = gateway.openai()
+    first = await client.chat.completions.with_raw_response.create(model="m", messages=chat("q0"))
+    owner = first.headers[WORKER_HEADER]
+    for i in range(1, 4):
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat(f"q{i}"))
+        assert raw.headers[WORKER_HEADER] == owner and int(raw.headers[MATCH_HEADER]) > 0
+    stream = await client.chat.completions.create(model="m", messages=chat("s"), stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "one two three"
+    text = "".join(f"token{i} " for i in range(90_000))
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateway.url + "/v1/chat/completions", data=body)
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+    assert body in (a.generations[-1].body, b.generations[-1].body)
+    assert sum(gateway.state.router.feedback[n].reports for n in ("a", "b")) == 5

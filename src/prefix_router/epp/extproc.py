@@ -149,6 +149,26 @@ def body_continue() -> ext.ProcessingResponse:
     return ext.ProcessingResponse(response_body=ext.BodyResponse(response=ext.CommonResponse()))
 
 
+def buffered_request(request: ext.ProcessingRequest) -> bool:
+    """Whether the gateway sends this request's body ``BUFFERED`` (its ``protocol_config``, first message):
+    then the headers are answered at once and the destination goes with the body's answer, which the
+    gateway applies to the headers it still holds; nothing is streamed back."""
+    mode = processing_mode_pb2.ProcessingMode
+    config = request.protocol_config
+    return request.HasField("protocol_config") and config.request_body_mode == mode.BUFFERED
+
+
+def as_body_answer(answer: ext.ProcessingResponse, body: bytes | None) -> ext.ProcessingResponse:
+    """A destination answer (``destination``) as the answer to a buffered body (``body``: a new body)."""
+    common = ext.CommonResponse()
+    common.CopyFrom(answer.request_headers.response)
+    if body is not None:
+        common.body_mutation.CopyFrom(ext.BodyMutation(body=body))
+    out = ext.ProcessingResponse(request_body=ext.BodyResponse(response=common))
+    out.dynamic_metadata.CopyFrom(answer.dynamic_metadata)
+    return out
+
+
 def body_chunks(body: bytes, response: bool = False, end: bool = True) -> Iterator[ext.ProcessingResponse]:
     """``body`` streamed back (``FULL_DUPLEX_STREAMED``) in chunks of at most ``CHUNK_BYTES``; the last one
     ends the stream when ``end``. An empty body is one empty chunk (the end still has to be said)."""

@@ -112,6 +112,7 @@ class PickerStream:
         self.chunks: list[bytes] = []
         self.size = 0
         self.body_streamed = False
+        self.buffered = False  # the gateway sends the request body BUFFERED (its protocol_config says)
         self.subset: list[str] | None = None
         self.note: RequestNote | None = None
         self.pick: Pick | None = None
@@ -163,6 +164,9 @@ class PickerStream:
             raise too_large(limit)
         if message.request_headers.end_of_stream:
             return await self.decide()
+        if extproc.buffered_request(message):  # the body comes whole next; the choice goes with its answer
+            self.buffered = True
+            return [extproc.continue_headers(False)]
         return []
 
     async def request_body(self, body: ext.HttpBody) -> Answers:
@@ -226,6 +230,8 @@ class PickerStream:
         if self.edge.settings.buffer_whole and parsed is not None and not parsed.stream:
             extproc.buffer_response(answer)
             self.pick.buffered = True
+        if self.buffered:  # BUFFERED: the choice answers the body message, the body changed only if salted
+            return [extproc.as_body_answer(answer, raw if salted is not None else None)]
         if not self.body_streamed:  # the headers ended the request: nothing to stream back
             return [answer]
         return [answer, *extproc.body_chunks(raw, end=not trailers)]

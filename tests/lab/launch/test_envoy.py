@@ -24,8 +24,9 @@ def test_the_shipped_bootstrap_is_the_generators_default() -> None:
         EnvoyOptions(),
         EnvoyOptions(fail_open=True, fallback_endpoint="127.0.0.1:8001"),
         EnvoyOptions(subset=["127.0.0.1:8001", "127.0.0.1:8002"]),
+        EnvoyOptions(request_body_mode="BUFFERED"),
     ],
-    ids=["fail-closed", "fail-open", "subset"],
+    ids=["fail-closed", "fail-open", "subset", "buffered"],
 )
 def test_envoy_accepts_the_bootstrap(options: EnvoyOptions, tmp_path: Path) -> None:
     config = tmp_path / "envoy.yaml"

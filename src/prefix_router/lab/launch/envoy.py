@@ -47,6 +47,9 @@ class EnvoyOptions:
     fallback_endpoint: str | None = None  # fail-open: where requests go without the picker's choice
     subset: Sequence[str] | None = None
     timeout_s: float = 60.0
+    # the request body as the reference gateways send it (FULL_DUPLEX_STREAMED), or BUFFERED: whole, in
+    # one message, the picker's choice in its answer (fewer, smaller messages; no trailers)
+    request_body_mode: str = "FULL_DUPLEX_STREAMED"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,9 +70,11 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_body_mode": options.request_body_mode,
                 "response_body_mode": "STREAMED",
-                "request_trailer_mode": "SEND",
+                "request_trailer_mode": "SEND"
+                if options.request_body_mode == "FULL_DUPLEX_STREAMED"
+                else "SKIP",
                 "response_trailer_mode": "SEND",
             },
             "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
