@@ -17,8 +17,8 @@ added over direct, and the CPU per request of each component (user+system of its
 ``envoy+epp`` Envoy's, the picker's and their sum.
 
 Part 2, routing on simulated engines (``engine-sim``, ``--engines`` of them): the same workload
-(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each fresh, each engine's cache
-flushed before (``prefix-router bench --router URL``): the engine-reported hit rate of both, its
+(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each fresh,
+each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported hit rate of both, its
 difference in points, requests per worker, and the router's CPU per request (the picker's alone, and with
 Envoy).
 

@@ -155,7 +155,7 @@ def buffered_request(request: ext.ProcessingRequest) -> bool:
     gateway applies to the headers it still holds; nothing is streamed back."""
     mode = processing_mode_pb2.ProcessingMode
     config = request.protocol_config
-    return request.HasField("protocol_config") and config.request_body_mode == mode.BUFFERED
+    return bool(request.HasField("protocol_config") and config.request_body_mode == mode.BUFFERED)
 
 
 def as_body_answer(answer: ext.ProcessingResponse, body: bytes | None) -> ext.ProcessingResponse:
