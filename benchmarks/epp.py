@@ -17,10 +17,10 @@ added over direct, and the CPU per request of each component (user+system of its
 ``envoy+epp`` Envoy's, the picker's and their sum.
 
 Part 2, routing on simulated engines (``engine-sim``, ``--engines`` of them): the same workload
-(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each fresh,
-each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported hit rate of both, its
-difference in points, requests per worker, and the router's CPU per request (the picker's alone, and with
-Envoy).
+(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each
+fresh, each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported
+hit rate of each, its difference in points, requests per worker, and the router's CPU per request (the
+picker's alone, and with Envoy).
 
     python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
 """
