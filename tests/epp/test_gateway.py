@@ -251,9 +251,9 @@ async def test_the_cache_salt_keeps_tenants_engine_caches_apart(
     """``tenants.cache_salt`` through the gateway: the picker salts the body (and its length) as ``serve``
     does, so tenant B's replay of tenant A's prompt finds nothing of A's in the (simulated vLLM) engine's
     cache; the control without salt finds it."""
-    from prefix_router.lab.sim.server import EngineSimConfig, build_app
+    from prefix_router.lab.sim.server import EngineSimSettings, build_app
 
-    engine = await serve_app(build_app(EngineSimConfig(model="m", time_scale=0.01)))
+    engine = await serve_app(build_app(EngineSimSettings(model="m", time_scale=0.01)))
     settings = {"tenants.cache_salt": salted, "auth.api_keys": ["key-tenant-a", "key-tenant-b"]}
     gateway = await gateways.start({"url": engine.url, "name": "sim"}, settings=settings)
     assert gateway.state.pool.require("sim").adapter.name == "vllm"  # type: ignore[union-attr]
