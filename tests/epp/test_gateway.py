@@ -298,3 +298,14 @@ async def test_a_buffered_request_body_gets_the_choice_with_its_answer(
         await resp.read()
     assert body in (a.generations[-1].body, b.generations[-1].body)
     assert sum(gateway.state.router.feedback[n].reports for n in ("a", "b")) == 5
+
+
+async def test_whole_responses_stream_through_without_buffer_whole(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """``buffer_whole`` off: a whole answer passes chunk by chunk (no gateway buffer limit), learned alike."""
+    engine = await fake_engine("a", reply="r" * 300_000, cached_tokens=3)
+    gateway = await gateways.start(engine, epp={"buffer_whole": False})
+    reply = await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert reply.choices[0].message.content == "r" * 300_000
+    assert gateway.state.router.feedback["a"].reports == 1

@@ -29,6 +29,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="other endpoints listed after the choice, least loaded first (default 0: plain Envoy reads one)",
     )
     epp.add_argument("--max-streams", type=int, default=4096, help="ext_proc streams served at once")
+    epp.add_argument(
+        "--buffer-whole",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a response that is not streamed comes to the picker in one message (the gateway buffers it,"
+        " up to its buffer limit: --no-buffer-whole for answers larger than that)",
+    )
     epp.set_defaults(func=run_epp)
 
 
@@ -47,6 +54,7 @@ def run_epp(args: argparse.Namespace) -> int:
                 grpc_port=args.grpc_port,
                 fallbacks=args.fallbacks,
                 max_streams=args.max_streams,
+                buffer_whole=args.buffer_whole,
                 grace_s=config.timeouts.shutdown_s,
             )
         except ValidationError as exc:
