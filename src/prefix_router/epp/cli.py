@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--buffer-whole",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="a response that is not streamed comes to the picker in one message (the gateway buffers it,"
-        " up to its buffer limit: --no-buffer-whole for answers larger than that)",
+        help="a response that is not streamed comes to the picker in one message (the gateway buffers it;"
+        " --no-buffer-whole: chunk by chunk, for gateways whose buffer limits are too small)",
     )
     epp.set_defaults(func=run_epp)
 

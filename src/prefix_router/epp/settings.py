@@ -15,8 +15,7 @@ class EppSettings(BaseModel):
     (one per request in flight through the gateway; more wait in gRPC's queue). ``grace_s``: on SIGTERM,
     how long streams in flight may finish. ``buffer_whole``: a request that is not streamed asks the gateway
     (``mode_override``, the filter's ``allow_mode_override``) for its response body in one message instead
-    of streamed through the picker chunk by chunk (fewer messages; the gateway buffers up to its buffer
-    limit)."""
+    of streamed through the picker chunk by chunk (fewer messages; the gateway's buffer limits apply)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
