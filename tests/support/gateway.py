@@ -3,6 +3,7 @@ process, on the test's loop) in front of test engines: the Gateway API Inference
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,30 @@ class Gateway:
         return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)
 
     async def stop_epp(self) -> None:
-        if self.epp is not None:
-            await self.epp.stop()
-            self.epp = None
+        """Stop the picker and make sure its gRPC port refuses connections (what the gateway then meets)."""
+        if self.epp is None:
+            return
+        port = self.epp.grpc_port
+        await self.epp.stop()
+        self.epp = None
+        deadline = asyncio.get_running_loop().time() + 5
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return
+            writer.close()
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the picker's port {port} still accepts connections")
+
+
+async def admitted(state: AppContext, rounds: int = 3) -> None:
+    """Probe again the workers whose start-up probe did not pass (on a loaded machine one may time out;
+    the next scheduled probe would be an hour away, ``QUIET``); the engines of a test are up."""
+    for _ in range(rounds):
+        if all(w.health.healthy for w in state.pool):
+            return
+        await state.monitor.refresh_all()
 
 
 @dataclass
@@ -57,6 +79,7 @@ class Gateways:
         entries = [worker_entry(w) for w in workers]
         config = load_config(env={}, overrides={**QUIET, "workers": entries, "port": 0, **(settings or {})})
         running = await start_epp(create_control_app(config), EppSettings(grpc_port=0, **(epp or {})))
+        await admitted(running.edge.state)
         try:
             ports = EnvoyPorts(listen=free_port(), admin=free_port(), epp=running.grpc_port)
             proxy = await start_envoy(self.directory, ports, envoy or EnvoyOptions())
