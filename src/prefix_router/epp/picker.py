@@ -1,16 +1,23 @@
-"""One request as the endpoint picker sees it, over one ext_proc stream: the gateway streams the request's
-headers and body (``FULL_DUPLEX_STREAMED``); the picker buffers the body to its end, parses it as ``serve``
-does (``proxy.parse``), asks the same routing core for a worker among the eligible ones and answers the
-headers with the destination (and fallbacks) before streaming the body back. The response passes through
-it: its first body bytes are the first token, its usage (cached tokens) and generated text settle the
-flight as the HTTP proxy settles one (``settle``); a stream that ends early is a client gone.
+"""One request as the endpoint picker sees it, over one ext_proc stream.
+
+The gateway streams the request's headers and body (``FULL_DUPLEX_STREAMED``). The picker buffers the
+body to its end, parses it as ``serve`` does (``parse_request``), asks the same routing core for a worker
+among the eligible ones, answers the headers with the destination (and fallbacks), then streams the body
+back. A gateway that sends the body ``BUFFERED`` (its ``protocol_config``) gets the headers answered at
+once and the destination with the body's answer.
+
+The response is read as it passes (``STREAMED``, or one ``BUFFERED`` message for a request that is not
+streamed, ``EppSettings.buffer_whole``). The first body bytes of a 2xx are the first token; the usage
+(cached tokens) and the generated text settle the flight as the HTTP proxy settles one (``settle``). A
+stream that ends early is a client gone.
 
 Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
 or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 413 (body over
-``limits.max_body_bytes``), 429 (shedding: the in-flight caps), 503 (no eligible endpoint, or shutting down).
+``limits.max_body_bytes``), 429 (shedding: the in-flight caps), 500 (a bug, logged), 503 (no eligible
+endpoint, or shutting down).
 
 Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
-list, least loaded first).
+list, least loaded first) and ``buffer_whole``.
 """
 
 from __future__ import annotations

