@@ -34,6 +34,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 
+from mypy_extensions import mypyc_attr
+
 EvictHook = Callable[[str, int], None]
 # touches blocks in an LRU: (the LRU, the holder bit, the blocks, now)
 _Touch = Callable[["OrderedDict[int, float]", int, Sequence[int], float], None]
@@ -46,6 +48,7 @@ def _bits(mask: int) -> Iterator[int]:
         mask ^= low
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (setup.py), a lab and a test index subclass it
 class PrefixIndex:
     def __init__(
         self,
