@@ -74,6 +74,7 @@ class PrefixIndex:
         self._ceiling: dict[str, int] = {}  # known capacity (configured or scraped), blocks
         self._known: dict[str, int] = {}  # known capacity, tokens
         self._value: dict[str, float] = {}  # tokens one block of the worker is worth (default block_tokens)
+        self._default_value = float(block_tokens)  # a float in both builds (compiled, float is unboxed)
         self.fills: dict[str, float] = {}  # worker -> ``fill(worker)``, kept current (read per candidate)
         self._by_size: dict[int, dict[str, None]] = {}  # blocks held -> workers holding that many (> 0)
         self._fullest = 0  # an upper bound of the largest size in _by_size
@@ -104,7 +105,7 @@ class PrefixIndex:
         """What one of ``name``'s blocks is worth in tokens (text keys: learned, ``routing/units.py``): its
         known and learned capacities keep their tokens and change their blocks. A move of less than 1/64
         changes nothing (the learned value moves a little with every report)."""
-        old = self._value.get(name, self.block_tokens)
+        old = self._value.get(name, self._default_value)
         if name not in self._lru or tokens <= 0 or abs(tokens - old) * 64 < old:
             return
         learned = self._cap_blocks[name] * old
@@ -113,11 +114,11 @@ class PrefixIndex:
         self.learn_capacity(name, self.blocks_for(name, learned))
 
     def block_value(self, worker: str) -> float:
-        return self._value.get(worker, self.block_tokens)
+        return self._value.get(worker, self._default_value)
 
     def blocks_for(self, worker: str, tokens: float) -> int:
         """``tokens`` of ``worker``'s cache in blocks (at least 1)."""
-        return max(1, int(tokens / self._value.get(worker, self.block_tokens)))
+        return max(1, int(tokens / self._value.get(worker, self._default_value)))
 
     def learn_capacity(self, name: str, blocks: int) -> int:
         """Set the blocks ``name`` is believed to hold at most, within [1, its ceiling]; evicts LRU down to
