@@ -27,9 +27,8 @@ from typing import Any
 import orjson
 
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.proxy.config import Config
-from prefix_router.routing.router import Router
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.proxy import Config
+from prefix_router.routing import Decision, Outcome, Router, RouteRequest
 
 STAGES = ("key", "route", "dispatched", "first_token", "extension", "finished")
 GENERATED = {"role": "assistant", "content": "ok"}  # what the instant worker answers

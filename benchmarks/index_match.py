@@ -26,8 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prefix_router.lab.bench import index_bench
-from prefix_router.routing.index import PrefixIndex
-from prefix_router.routing.keys import KeyBuilder
+from prefix_router.routing import KeyBuilder, PrefixIndex
 
 
 def _bits(mask: int) -> Iterator[int]:

@@ -26,10 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.replication.local import LocalConfig, LocalReplication
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Outcome
+from prefix_router.replication import LocalConfig, LocalReplication
+from prefix_router.routing import Outcome, Router, RoutingSettings
 
 REPLY = {"role": "assistant", "content": "ok ok ok ok ok ok ok ok"}
 

@@ -50,12 +50,8 @@ from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.run import Scenario, trace_scenario, workload_scenario
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.lab.sim.stats import details, summarize
-from prefix_router.replication import RedisReplication, ReplicationSettings
-from prefix_router.replication.connect import make_client
-from prefix_router.replication.local import LocalReplication
-from prefix_router.routing.router import IndexChange, Router
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import RouteRequest
+from prefix_router.replication import LocalReplication, RedisReplication, ReplicationSettings, make_client
+from prefix_router.routing import IndexChange, Router, RouteRequest, RoutingSettings
 
 MODES = ("single", "independent", "shared-index", "shared", "local")
 

@@ -99,7 +99,7 @@ class Engine:
         argv = [
             sys.executable,
             "-m",
-            "prefix_router.lab.sim.server",
+            "prefix_router.lab.sim",
             "--port",
             str(self.port),
             "--model",

@@ -20,14 +20,14 @@ from pathlib import Path
 import orjson
 
 from prefix_router.lab.bench.instant_worker import _event
-from prefix_router.proxy import sse
+from prefix_router.proxy.edge import sse
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def module_at(commit: str) -> types.ModuleType:
     source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{commit}:src/prefix_router/proxy/sse.py"],
+        ["git", "-C", str(REPO), "show", f"{commit}:src/prefix_router/proxy/edge/sse.py"],
         check=True,
         capture_output=True,
         text=True,

@@ -28,11 +28,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from prefix_router.lab.bench.index_bench import IndexBenchConfig, body_of, fill
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import IndexSettings, RoutingSettings, UnitSettings
-from prefix_router.routing.types import Outcome, RouteRequest
-from prefix_router.routing.units import count_marks
+from prefix_router.routing import (
+    IndexSettings,
+    KeyBuilder,
+    Outcome,
+    Router,
+    RouteRequest,
+    RoutingSettings,
+    UnitSettings,
+    count_marks,
+)
 
 WORKERS = 64
 BLOCKS = 1_000_000

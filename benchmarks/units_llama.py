@@ -34,13 +34,10 @@ import aiohttp
 
 from prefix_router.lab.bench.fidelity.corpus import prose
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
-from prefix_router.pool.engines import get_adapter
+from prefix_router.pool import get_adapter
 from prefix_router.protocol import MATCH_HEADER
-from prefix_router.proxy.app import create_app
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.server import start
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.settings import KeySettings
+from prefix_router.proxy import create_app, load_config, start
+from prefix_router.routing import KeyBuilder, KeySettings
 
 MODEL = "smollm2-135m"
 ADMIN = "units-benchmark"

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from prefix_router.lab.launch import net as launch_net
-from prefix_router.proxy.server import Running, start
+from prefix_router.proxy.run.server import Running, start
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers
 from support.serving import ServeFactory, ServeProcesses

@@ -15,9 +15,7 @@ import uvloop
 from aiohttp import web
 from floor_common import BAD_GATEWAY, MAX_BODY, forward
 
-from prefix_router.proxy.exchange import read_up_to
-from prefix_router.proxy.http_client import HttpUpstream
-from prefix_router.proxy.upstream import UpstreamRequest, UpstreamResponse
+from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
 
 
 def build_app(base: str) -> web.Application:

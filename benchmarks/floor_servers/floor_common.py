@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from prefix_router.proxy.upstream import Upstream, UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy import Upstream, UpstreamError, UpstreamRequest, UpstreamResponse
 
 T = TypeVar("T")
 BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'

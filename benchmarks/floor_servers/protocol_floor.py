@@ -26,9 +26,7 @@ import httptools
 import uvloop
 from floor_common import BAD_GATEWAY, MAX_BODY, forward
 
-from prefix_router.proxy.exchange import read_up_to
-from prefix_router.proxy.http_client import HttpUpstream
-from prefix_router.proxy.upstream import UpstreamRequest, UpstreamResponse
+from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
 
 MAX_PENDING = 8  # complete requests queued on one connection before reading pauses
 Request = tuple[bytes, bytes, bytes, bytes, bool]  # method, target, content type, body, keep-alive

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 # module path -> the subcommands it registers
 _PRODUCT_COMMANDS: dict[str, tuple[str, ...]] = {
-    "prefix_router.proxy.cli": ("serve",),
+    "prefix_router.proxy.run.cli": ("serve",),
 }
 _LAB_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.lab.sim.cli": ("engine-sim", "simulate"),
@@ -40,8 +40,9 @@ def _register_missing(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], names: tuple[str, ...], missing: str
 ) -> None:
     for name in names:
-        stub = sub.add_parser(name, help="(lab: needs the 'lab' extra)", add_help=False)
-        stub.add_argument("rest", nargs=argparse.REMAINDER)
+        # no option prefix: whatever follows is taken as it is, since the real parser is not there
+        stub = sub.add_parser(name, help="(lab: needs the 'lab' extra)", add_help=False, prefix_chars="\0")
+        stub.add_argument("rest", nargs="*")
         stub.set_defaults(func=_lab_missing, missing_module=missing)
 
 

@@ -187,7 +187,7 @@ def test_the_replication_url_points_at_the_redis_service(documents: list[dict[st
 
 
 def test_the_router_args_parse_with_the_real_cli(documents: list[dict[str, Any]]) -> None:
-    from prefix_router.proxy import cli
+    from prefix_router.proxy.run import cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
@@ -217,8 +217,8 @@ def test_service_links_are_off(documents: list[dict[str, Any]]) -> None:
 
 
 def test_the_grace_period_covers_pre_stop_and_drain(documents: list[dict[str, Any]]) -> None:
-    from prefix_router.proxy.lifecycle import AFTER_DEADLINE_S
-    from prefix_router.proxy.server import AFTER_SHUTDOWN_S
+    from prefix_router.proxy.ops.lifecycle import AFTER_DEADLINE_S
+    from prefix_router.proxy.run.server import AFTER_SHUTDOWN_S
 
     spec = pod(find(documents, "Deployment", "prefix-router"))
     pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]

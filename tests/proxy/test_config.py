@@ -9,8 +9,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from prefix_router.proxy.config import Config, load_config, set_dotted
-from prefix_router.settings import ConfigError
+from prefix_router.proxy.config import Config, load_config
+from prefix_router.settings import ConfigError, set_dotted
 
 YAML = """
 port: 7000
@@ -134,7 +134,7 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
 
 
 def test_routing_core_refusals_become_config_errors() -> None:
-    from prefix_router.proxy.app import create_app
+    from prefix_router.proxy.run.app import create_app
 
     cfg = load_config(env={})
     # past validation (which refuses the name, above): the router refuses it too, as a ConfigError

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from prefix_router.lab.sim.server import READY_PREFIX
 from prefix_router.protocol import POLICY_HEADER
-from prefix_router.proxy.server import Running
+from prefix_router.proxy.run.server import Running
 from support.routers import RouterFactory, RouterHandle, Routers
 from support.waiting import wait_until
 
@@ -292,7 +292,7 @@ def recording_engine(serve_app: Callable[[web.Application], Awaitable[Running]])
 
 @dataclass
 class SimProcess:
-    """A simulated engine in its own process (``python -m prefix_router.lab.sim.server``)."""
+    """A simulated engine in its own process (``python -m prefix_router.lab.sim``)."""
 
     process: asyncio.subprocess.Process
     url: str
@@ -321,7 +321,7 @@ async def sim_process() -> AsyncIterator[SimFactory]:
     procs: list[SimProcess] = []
 
     async def spawn(port: int = 0, time_scale: float = 1.0, model: str = "m") -> SimProcess:
-        argv = ["-m", "prefix_router.lab.sim.server", "--port", str(port), "--model", model]
+        argv = ["-m", "prefix_router.lab.sim", "--port", str(port), "--model", model]
         process = await asyncio.create_subprocess_exec(
             sys.executable, *argv, "--time-scale", str(time_scale), stdout=asyncio.subprocess.PIPE
         )

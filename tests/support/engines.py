@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from prefix_router.proxy.server import Running
+from prefix_router.proxy.run.server import Running
 
 
 @dataclass

@@ -56,7 +56,7 @@ class ServeProcesses:
     async def spawn(self, *args: str, env: dict[str, str] | None = None, ready: bool = True) -> ServeProcess:
         port = free_port()
         log = self.directory / f"serve-{len(self.procs)}.log"
-        # one serving process unless asked (the default, one per core: tests/proxy/test_processes.py)
+        # one serving process unless asked (the default, one per core: tests/proxy/run/test_processes.py)
         single = () if "--processes" in args else ("--processes", "1")
         argv = ["-m", "prefix_router.proxy", "serve", *args, *single, "--port", str(port)]
         with log.open("wb") as sink:

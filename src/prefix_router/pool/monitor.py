@@ -14,7 +14,7 @@ from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
 from prefix_router.pool.settings import HealthSettings, ScrapeSettings
 from prefix_router.pool.worker import Worker
-from prefix_router.routing.router import Router
+from prefix_router.routing import Router
 
 log = logging.getLogger(__name__)
 

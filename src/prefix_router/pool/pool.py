@@ -7,7 +7,7 @@ from typing import Any
 
 from prefix_router.pool.settings import WorkerSettings, url_identity
 from prefix_router.pool.worker import Worker
-from prefix_router.routing.router import Router
+from prefix_router.routing import Router
 
 HealthListener = Callable[[Worker, bool], None]
 

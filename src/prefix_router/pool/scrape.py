@@ -17,7 +17,7 @@ from prefix_router.pool.http import Fetcher, FetchError
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import ScrapeSettings
 from prefix_router.pool.worker import Worker
-from prefix_router.routing.router import Router
+from prefix_router.routing import Router
 
 ScrapeListener = Callable[[Worker, EngineLoad], None]
 

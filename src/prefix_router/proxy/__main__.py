@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefix_router.proxy.cli import register
+from prefix_router.proxy.run.cli import register
 
 
 def main() -> int:

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-import yaml
 from pydantic import Field, field_validator, model_validator
 
-from prefix_router.pool.settings import (
+from prefix_router.pool import (
     DiscoverySettings,
     HealthSettings,
     ScrapeSettings,
@@ -46,9 +45,9 @@ from prefix_router.proxy.settings import (
     TenantsSettings,
     TimeoutSettings,
 )
-from prefix_router.replication.settings import ReplicationSettings
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.settings import ConfigError
+from prefix_router.replication import ReplicationSettings
+from prefix_router.routing import RoutingSettings
+from prefix_router.settings import ConfigError, describe, parse_scalar, read_yaml, set_dotted
 
 ENV_PREFIX = "PREFIX_ROUTER_"
 _LINK_NAME = re.compile(
@@ -119,20 +118,6 @@ def load_config(
     return validate(data)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: the top level must be a mapping")
-    return data
-
-
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """``PREFIX_ROUTER_A__B=v`` -> ``{"a.b": yaml_scalar(v)}``; Kubernetes service links are skipped."""
     out: dict[str, Any] = {}
@@ -154,39 +139,8 @@ def service_link(name: str, value: str) -> bool:
     return _LINK_PORT.fullmatch(name) is not None and _LINK_URL.fullmatch(value.strip()) is not None
 
 
-def parse_scalar(raw: str) -> Any:
-    """A YAML scalar (``8000`` -> int, ``true`` -> bool); anything else stays the string."""
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-    return value if isinstance(value, str | int | float | bool | list) else raw
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
-
-
 def validate(data: Mapping[str, Any]) -> Config:
     try:
         return Config.model_validate(data)
     except pydantic.ValidationError as exc:
         raise ConfigError(describe(exc)) from None
-
-
-def describe(exc: pydantic.ValidationError) -> str:
-    """One line naming the first bad key, e.g. ``routing.keys.block_chars: Input should be greater than 0``
-    (the message is pydantic's)."""
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "<top level>"
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid config: {key}: {msg}{more}"

@@ -11,17 +11,15 @@ from typing import Literal
 
 from aiohttp import web
 
-from prefix_router.pool.monitor import PoolMonitor
-from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import WorkerSettings
-from prefix_router.proxy.auth import KeySet
+from prefix_router.pool import PoolMonitor, WorkerPool, WorkerSettings
 from prefix_router.proxy.config import Config
-from prefix_router.proxy.deadlines import Deadlines
-from prefix_router.proxy.logs import LineHandler
-from prefix_router.proxy.metrics import ProxyMetrics
-from prefix_router.proxy.record import TraceRecorder
-from prefix_router.proxy.upstream import Upstream
-from prefix_router.routing.router import Router
+from prefix_router.proxy.edge.auth import KeySet
+from prefix_router.proxy.edge.deadlines import Deadlines
+from prefix_router.proxy.ops.logs import LineHandler
+from prefix_router.proxy.ops.metrics import ProxyMetrics
+from prefix_router.proxy.ops.record import TraceRecorder
+from prefix_router.proxy.upstream.seam import Upstream
+from prefix_router.routing import Router
 
 
 @dataclass(frozen=True, slots=True)

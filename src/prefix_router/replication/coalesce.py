@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 
-from prefix_router.routing.router import ChangeKind, IndexChange
+from prefix_router.routing import ChangeKind, IndexChange
 
 INFINITE = 1 << 62
 MAX_SPAN_S = 0.02

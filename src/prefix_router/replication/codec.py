@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefix_router.routing.router import ChangeKind, IndexChange
+from prefix_router.routing import ChangeKind, IndexChange
 
 VERSION = 1
 MAX_BATCH = 0xFFFF

@@ -12,7 +12,7 @@ from redis.backoff import NoBackoff
 
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.sync import Clock, RedisReplication
-from prefix_router.routing.router import Router
+from prefix_router.routing import Router
 
 
 def default_replica_id() -> str:

@@ -34,7 +34,7 @@ from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
 from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing.router import IndexChange, Router
+from prefix_router.routing import IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]

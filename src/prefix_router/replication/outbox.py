@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from prefix_router.routing.router import ChangeHook, IndexChange, Router
+from prefix_router.routing import ChangeHook, IndexChange, Router
 
 
 class Outbox:

@@ -26,14 +26,15 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from prefix_router.replication import load_share, stream
+import prefix_router.replication.load_share as load_share
+import prefix_router.replication.stream as stream
 from prefix_router.replication.backoff import Backoff
 from prefix_router.replication.coalesce import coalesce
 from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
 from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing.router import IndexChange, Router
+from prefix_router.routing import IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]

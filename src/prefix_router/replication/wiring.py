@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from prefix_router.replication.connect import attach
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.sync import Clock, RedisReplication
-from prefix_router.routing.router import Router
+from prefix_router.routing import Router
 
 GAUGES = frozenset({"outbox_size", "connected", "warmed", "ready", "remote_replicas", "warmup_seconds"})
 PREFIX = "prefix_router_replication_"

@@ -1,0 +1,42 @@
+"""The routing core: keys, the prefix index, load, feedback and the policies behind one ``Router``.
+
+Pure: no event loop, HTTP, metrics or Redis (import-linter holds it); time and the rng are passed in. Every
+edge (the HTTP proxy, the simulator, the benchmarks) drives the same ``Router``: ``route`` a
+``RouteRequest`` built by ``KeyBuilder``, then ``dispatched``, ``first_token`` and ``finished`` with an
+``Outcome``. Other packages import only the names below.
+"""
+
+from __future__ import annotations
+
+from prefix_router.routing.feedback import FeedbackStats, Verdict
+from prefix_router.routing.index import PrefixIndex
+from prefix_router.routing.keys import InvalidRequest, KeyBuilder
+from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
+from prefix_router.routing.record import record_hash_ids
+from prefix_router.routing.router import ChangeHook, ChangeKind, IndexChange, Router
+from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings, UnitSettings
+from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.routing.units import count_marks
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICY_NAMES",
+    "ChangeHook",
+    "ChangeKind",
+    "Decision",
+    "FeedbackStats",
+    "IndexChange",
+    "IndexSettings",
+    "InvalidRequest",
+    "KeyBuilder",
+    "KeySettings",
+    "Outcome",
+    "PrefixIndex",
+    "RouteRequest",
+    "Router",
+    "RoutingSettings",
+    "UnitSettings",
+    "Verdict",
+    "count_marks",
+    "record_hash_ids",
+]

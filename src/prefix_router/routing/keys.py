@@ -32,8 +32,8 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import prefix_router.routing.canonical as canonical
 from prefix_router.protocol import Endpoint
-from prefix_router.routing import canonical
 from prefix_router.routing.canonical import MEDIA, chat_text, has_reasoning
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
 from prefix_router.routing.settings import KeySettings

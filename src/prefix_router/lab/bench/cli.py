@@ -110,9 +110,9 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from prefix_router.lab.bench.commands import demo_command
+    from prefix_router.lab.bench.demo import run_demo
 
-    return demo_command(args)
+    return run_demo(args)
 
 
 def _run_index(args: argparse.Namespace) -> int:

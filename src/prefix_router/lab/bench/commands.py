@@ -17,7 +17,7 @@ from prefix_router.lab.bench.harness import BenchOutcome, BenchPlan, run_bench
 from prefix_router.lab.workloads.arrivals import Arrivals
 from prefix_router.lab.workloads.registry import get_workload, workload_specs
 from prefix_router.lab.workloads.types import Workload
-from prefix_router.proxy.config import parse_scalar
+from prefix_router.settings import parse_scalar
 
 MAX_DURATION_REQUESTS = 20_000  # requests generated for --duration runs (the run stops at the deadline)
 MULTI_TURN_WORKLOADS = frozenset({"multi-turn", "mixed", "agents"})
@@ -126,9 +126,3 @@ def write_records(outcome: BenchOutcome, path: Path) -> None:
             for record in result.records:
                 row = {"policy": policy, **{f: getattr(record, f) for f in RECORD_FIELDS}}
                 out.write(json.dumps(row) + "\n")
-
-
-def demo_command(args: argparse.Namespace) -> int:
-    from prefix_router.lab.bench.demo import run_demo
-
-    return run_demo(args)

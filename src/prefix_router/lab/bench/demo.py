@@ -31,7 +31,7 @@ from prefix_router.lab.bench.commands import emit, exit_code, parse_key_values, 
 from prefix_router.lab.bench.harness import run_bench
 from prefix_router.lab.bench.table import output_console
 from prefix_router.lab.workloads.arrivals import Arrivals
-from prefix_router.proxy.config import parse_scalar
+from prefix_router.settings import parse_scalar
 
 SIM_ENGINE_OPTIONS: Mapping[str, Any] = {
     "profile": "llama-3.1-8b-h100",

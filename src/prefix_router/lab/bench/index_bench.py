@@ -37,10 +37,7 @@ from prefix_router.lab.bench.index_cap import CapBenchConfig, run_cap
 from prefix_router.lab.bench.summary import quantile
 from prefix_router.lab.bench.table import output_console
 from prefix_router.lab.workloads.text import random_text, rng_for
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import IndexSettings, RoutingSettings
-from prefix_router.routing.types import Outcome, RouteRequest
+from prefix_router.routing import IndexSettings, KeyBuilder, Outcome, Router, RouteRequest, RoutingSettings
 
 CHAIN_BLOCKS = 64
 HIT_WORKERS = 3

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefix_router.lab.bench.summary import quantile
-from prefix_router.routing.index import PrefixIndex
+from prefix_router.routing import PrefixIndex
 
 
 class ScanEvictionIndex(PrefixIndex):

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from prefix_router.lab.bench import loadgen, profile
 from prefix_router.lab.launch.net import free_port
-from prefix_router.proxy.server import loop_factory
+from prefix_router.proxy import loop_factory
 
 PEERS = ("sglang-router",)
 PEER_PYTHON = os.environ.get("PREFIX_ROUTER_PEERS_VENV", "/tmp/peers") + "/bin/python"

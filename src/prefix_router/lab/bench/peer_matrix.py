@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefix_router.lab.bench.summary import distribution_ms
-from prefix_router.pool.engines import promtext
+from prefix_router.pool import promtext
 
 OURS = ("prefix-router prefix", "prefix-router prefix 1 process")
 HOT_MARGIN = 0.15  # hot cells: ours must be at least 15 % lower than the peer

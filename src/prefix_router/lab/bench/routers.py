@@ -6,7 +6,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from prefix_router.proxy.config import Config, set_dotted, validate
+from prefix_router.proxy import Config, validate
+from prefix_router.settings import set_dotted
 
 
 def router_config(workers: Sequence[str], policy: str, routing: Mapping[str, Any] | None = None) -> Config:
@@ -24,8 +25,7 @@ async def in_process(
     workers: Sequence[str], policy: str, routing: Mapping[str, Any] | None = None
 ) -> AsyncIterator[str]:
     """prefix-router with a fresh state on a free loopback port of this process; yields its base URL."""
-    from prefix_router.proxy.app import create_app
-    from prefix_router.proxy.server import start
+    from prefix_router.proxy import create_app, start
 
     running = await start(create_app(router_config(workers, policy, routing)), "127.0.0.1", 0)
     try:
@@ -36,8 +36,8 @@ async def in_process(
 
 def preload() -> None:
     """Import the proxy now, so that its import time does not fall into the first policy's run."""
-    import prefix_router.proxy.app
-    import prefix_router.proxy.server  # noqa: F401
+    import prefix_router.proxy.run.app
+    import prefix_router.proxy.run.server  # noqa: F401
 
 
 @contextlib.asynccontextmanager

@@ -22,9 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from prefix_router.pool.engines import promtext
-from prefix_router.pool.engines.registry import detect, get_adapter
-from prefix_router.pool.http import client_session
+from prefix_router.pool import client_session, detect, get_adapter, promtext
 
 REQUEST_COUNTERS = promtext.counter_names("vllm:request_success")
 BUSY_COUNTERS = promtext.counter_names("prefix_router_sim:busy_seconds")  # simulated engines only

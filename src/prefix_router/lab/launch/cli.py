@@ -18,7 +18,7 @@ from prefix_router.lab.launch.llama_cpp import (
     default_venv,
 )
 from prefix_router.lab.launch.net import get_text
-from prefix_router.pool.engines.registry import detect
+from prefix_router.pool import detect
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -59,7 +59,7 @@ def start_engines(
     """Run ``n`` engine processes; yields their base URLs (``http://127.0.0.1:PORT``)."""
     _check_count(n)
     opts = EngineOptions(**options)  # type: ignore[arg-type]
-    command = [python, "-m", "prefix_router.lab.sim.server", *opts.argv()]
+    command = [python, "-m", "prefix_router.lab.sim", *opts.argv()]
     processes: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(n):

@@ -26,7 +26,7 @@ from prefix_router.lab.sim.run import (
     workload_scenario,
 )
 from prefix_router.lab.sim.simulator import ClusterSpec, ProgressHook
-from prefix_router.routing.policies import POLICY_NAMES
+from prefix_router.routing import POLICY_NAMES
 
 DEFAULT_POLICIES = "random,round_robin,least_load,consistent_hash,prefix"
 
@@ -168,7 +168,8 @@ def routing_knobs(path: str | None, pairs: list[str]) -> dict[str, Any]:
     """The ``routing`` section given by ``--config FILE`` and ``--set routing.KEY=VALUE`` (dotted keys as
     ``serve --set``: ``routing.policies.prefix.load_factor=1.5``), validated exactly as ``serve`` validates
     it; nested as in the YAML file, only the keys given (the policy comes from --policies)."""
-    from prefix_router.proxy.config import parse_scalar, read_yaml, set_dotted, validate
+    from prefix_router.proxy import validate
+    from prefix_router.settings import parse_scalar, read_yaml, set_dotted
 
     section = read_yaml(path).get("routing") if path else None
     if section is not None and not isinstance(section, dict):

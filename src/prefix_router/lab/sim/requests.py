@@ -22,7 +22,7 @@ import xxhash
 from prefix_router.lab.sim.engine import EngineRequest
 from prefix_router.lab.sim.trace import TraceRow, arrival_times
 from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
-from prefix_router.routing.types import RouteRequest
+from prefix_router.routing import RouteRequest
 
 
 @dataclass(frozen=True, slots=True)

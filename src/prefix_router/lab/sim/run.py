@@ -14,7 +14,7 @@ from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec, Prog
 from prefix_router.lab.sim.stats import details, summarize
 from prefix_router.lab.sim.trace import read_trace, tile
 from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
-from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing import RoutingSettings
 
 # The traces README's reference setting for the Mooncake trace: 16 engines with 1 M tokens of cache each.
 TRACE_DEFAULT_CAPACITY_TOKENS = 1_000_000

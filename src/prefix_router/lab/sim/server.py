@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -256,14 +255,3 @@ async def serve_forever(cfg: EngineSimConfig) -> None:
     async with running_server(cfg) as url:
         print(f"{READY_PREFIX}{url} (simulated engine, profile {cfg.profile})", flush=True)
         await stop.wait()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m prefix_router.lab.sim.server`` (same options as ``prefix-router engine-sim``)."""
-    from prefix_router.lab.sim.cli import engine_sim_parser, run_engine_sim
-
-    return run_engine_sim(engine_sim_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

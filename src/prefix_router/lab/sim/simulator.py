@@ -20,9 +20,7 @@ from prefix_router.lab.sim.events import EngineStepEnd, EventQueue, MetricsScrap
 from prefix_router.lab.sim.profiles import EngineProfile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.stats import SimStats
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Outcome
+from prefix_router.routing import Outcome, Router, RoutingSettings
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks

@@ -27,8 +27,7 @@ from prefix_router.lab.sim.requests import SimRequest
 from prefix_router.lab.sim.text import ids_text
 from prefix_router.lab.workloads.bodies import request_body
 from prefix_router.lab.workloads.types import Session, Workload
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing import KeyBuilder, RoutingSettings
 
 
 def scale_arrivals(workload: Workload, rate_scale: float) -> Workload:

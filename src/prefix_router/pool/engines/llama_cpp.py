@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefix_router.pool.engines import promtext
+import prefix_router.pool.engines.promtext as promtext
 from prefix_router.pool.engines.base import EngineLoad, FlushRequest
 from prefix_router.pool.engines.usage import first_count
 

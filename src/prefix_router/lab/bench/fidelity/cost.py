@@ -19,8 +19,7 @@ from typing import Any
 
 from prefix_router.lab.bench.fidelity.corpus import _assistant, _system, _user
 from prefix_router.lab.workloads.text import rng_for
-from prefix_router.routing.keys import KeyBuilder
-from prefix_router.routing.settings import KeySettings
+from prefix_router.routing import KeyBuilder, KeySettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,9 +39,7 @@ from prefix_router.lab.bench.fidelity.corpus import Case, corpus
 from prefix_router.lab.bench.fidelity.cost import Cost, measure_cost
 from prefix_router.lab.bench.fidelity.models import ModelDir, all_model_dirs, smollm2_gguf
 from prefix_router.lab.bench.fidelity.truth import Oracle
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import KeySettings, RoutingSettings, UnitSettings
-from prefix_router.routing.types import Outcome
+from prefix_router.routing import KeySettings, Outcome, Router, RoutingSettings, UnitSettings
 
 MODES = ("exact", "default", "default-fixed", "default-tok")
 FOLDS = 2

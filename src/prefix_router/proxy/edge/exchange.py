@@ -1,0 +1,405 @@
+"""One client request's trip through the router: choose a worker, open the upstream exchange (retrying
+on another worker while nothing has reached the client), then relay the answer and settle the accounts.
+
+Retry rule: a connect failure, a timeout or a 5xx before the first byte is sent to the client is retried
+on the next best worker (excluding those tried), up to ``retries.max_attempts``, within the request's
+first-byte budget (``timeouts.first_byte_s``, all attempts together): an attempt that used the budget up
+is not run again elsewhere (a slow generation would only be repeated), while one cut short (a connect
+failure, a 5xx, an ejected worker) leaves the rest of the budget to the next. A non-streamed body is read
+whole (up to ``limits.max_response_buffer_bytes``) before anything is sent, so it is retryable until
+complete; a stream is committed with its first chunk and never retried: a later failure (the engine
+breaks, stays silent for ``timeouts.stream_idle_s``, its worker is ejected, ``total_s`` or the shutdown
+deadline passes) ends it with an SSE error event naming the cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from prefix_router.pool import Worker
+from prefix_router.proxy.context import AppContext
+from prefix_router.proxy.edge import forward
+from prefix_router.proxy.edge.access import RequestNote
+from prefix_router.proxy.edge.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.proxy.edge.auth import tenant_salt
+from prefix_router.proxy.edge.deadlines import Cause, Watch
+from prefix_router.proxy.edge.errors import (
+    ProxyError,
+    overloaded,
+    shutting_down,
+    unavailable,
+    upstream_failed,
+)
+from prefix_router.proxy.edge.parse import Parsed
+from prefix_router.proxy.edge.sse import ReplyAccumulator
+from prefix_router.proxy.upstream.seam import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.routing import Decision, Outcome, RouteRequest
+
+log = logging.getLogger(__name__)
+PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream answer ready to relay: the body read so far and whether that is all of it."""
+
+    flight: Flight
+    response: UpstreamResponse
+    prefix: bytes
+    complete: bool
+    stream: bool
+
+
+@dataclass(slots=True)
+class Failed:
+    """Why an attempt failed; ``status`` and ``body`` when the worker answered 5xx."""
+
+    kind: FailureKind
+    message: str
+    worker: str
+    status: int | None = None
+    headers: Any = None
+    body: bytes = b""
+
+
+class Exchange:
+    def __init__(
+        self,
+        state: AppContext,
+        request: web.Request,
+        raw: bytes,
+        parsed: Parsed | None,
+        model: str | None,
+        policy: str | None,
+        note: RequestNote,
+    ) -> None:
+        self.state = state
+        self.request = request
+        self.note = note
+        self.raw = raw
+        self.parsed = parsed
+        self.model = model
+        self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
+        self.policy_label = policy or state.config.routing.policy
+        note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
+        self.route = parsed.route if parsed is not None else passthrough_route(state)
+        self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
+        self.started = state.clock()
+        now = asyncio.get_running_loop().time()
+        timeouts = state.config.timeouts
+        self.deadline = now + timeouts.total_s
+        self.first_byte_deadline = min(now + timeouts.first_byte_s, self.deadline)
+        self.bodies: dict[bool, bytes] | None = None  # tenants.cache_salt: the bodies sent upstream
+
+    async def run(self) -> web.StreamResponse:
+        self.check_path()
+        self.check_model()
+        opened = await self.open()
+        if opened.complete:
+            return await self.send_whole(opened)
+        return await self.send_stream(opened)
+
+    # ------------------------------------------------------------------ choosing
+
+    def check_path(self) -> None:
+        if not forward.safe_path(self.path_qs):
+            raise ProxyError(400, "invalid request path", code="invalid_path")
+
+    def check_model(self) -> None:
+        if self.model is not None and not self.state.pool.knows_model(self.model):
+            raise ProxyError(
+                404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
+            )
+        if self.model is not None:
+            self.note.model = self.model  # known to the pool: a bounded label
+
+    def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
+        pool, limits = self.state.pool, self.state.config.limits
+        if pool.total_in_flight() >= limits.max_in_flight:  # admit() checked before the body was read
+            raise overloaded("the router is at its in-flight cap", limits.retry_after_s)
+        names = pool.candidates(self.model, limits.max_in_flight_per_worker)
+        if excluded:
+            names = [n for n in names if n not in excluded]
+        if not names:
+            return None
+        decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
+        note = self.note
+        note.worker, note.attempts = decision.worker, note.attempts + 1
+        if self.parsed is not None:
+            self.state.metrics.branches.inc((self.policy_label, decision.branch))
+            self.state.metrics.predicted.observe(decision.predicted_tokens)
+            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
+        return pool.require(decision.worker), decision
+
+    def nobody(self) -> ProxyError:
+        retry_after = self.state.config.limits.retry_after_s
+        if self.state.pool.any_available(self.model):
+            return overloaded("every worker for this model is at its in-flight cap", retry_after)
+        return unavailable("no healthy worker available", retry_after)
+
+    # ------------------------------------------------------------------ opening, with retries
+
+    async def open(self) -> Opened:
+        excluded: set[str] = set()
+        last: Failed | None = None
+        loop = asyncio.get_running_loop()
+        for attempt in range(self.state.config.retries.max_attempts):
+            if attempt and self.state.deadlines.stopping:
+                raise shutting_down(self.state.config.limits.retry_after_s)
+            if attempt and loop.time() >= self.first_byte_deadline:
+                break  # the first-byte budget is spent: no further generation is started
+            pick = self.choose(excluded)
+            if pick is None:
+                break
+            excluded.add(pick[0].name)
+            if attempt:
+                self.state.metrics.retries.inc()
+            result = await self.attempt(*pick)
+            if isinstance(result, Opened):
+                return result
+            last = result
+        raise self.give_up(last)
+
+    def give_up(self, last: Failed | None) -> Exception:
+        if last is None:
+            return self.nobody()
+        if last.status is not None:
+            secret = forward.worker_secret(self.state.pool.get(last.worker))
+            shown = last.worker if self.state.config.tenants.decision_headers else None
+            headers = forward.downstream_headers(last.headers, shown, None, secret, self.note.request_id)
+            body = forward.redact(last.body, secret)
+            return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
+        # the worker's name, not the failure's text: that names internal addresses
+        log.info("giving up on %s after %s failure: %s", last.worker, last.kind, last.message)
+        message = f"upstream {last.kind} failure on worker {last.worker}"
+        return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
+
+    async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
+        flight = Flight(self.state, worker, self.route, decision, self.parsed, self.started)
+        response: UpstreamResponse | None = None
+        try:
+            async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):
+                response = await self.state.upstream.send(self.upstream_request(worker))
+                if response.status >= 500:
+                    return await self.server_error(flight, response)
+                opened = await self.read_prefix(flight, response)
+        except UpstreamError as exc:
+            return self.failed(flight, response, exc.kind, str(exc))
+        except TimeoutError:
+            return self.failed(flight, response, FailureKind.TIMEOUT, "no answer in time")
+        except BaseException:
+            _abort(response)
+            flight.finish(CLIENT_GONE, Outcome(ok=False))
+            raise
+        self.note.ttft_s = flight.first_byte(opened.response.status)
+        return opened
+
+    def upstream_request(self, worker: Worker) -> UpstreamRequest:
+        headers = forward.upstream_headers(
+            self.request.headers, worker, self.state.config.auth.forward_client_auth, self.note.request_id
+        )
+        url = forward.upstream_url(worker, self.path_qs)
+        return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
+
+    def body_for(self, worker: Worker) -> bytes:
+        """The client's bytes, or (``tenants.cache_salt``, a vLLM worker, a client with a key) the body
+        with the tenant's ``cache_salt``, so that the engine's prefix cache is not shared across tenants."""
+        if self.parsed is None or not self.state.config.tenants.cache_salt:
+            return self.raw
+        salted = forward.takes_cache_salt(worker)
+        if self.bodies is None:
+            self.bodies = {}
+        body = self.bodies.get(salted)
+        if body is None:
+            salt = tenant_salt(self.request.headers) if salted else None
+            body = self.raw if salt is None else forward.salted_body(self.parsed.body, salt)
+            self.bodies[salted] = body
+        return body
+
+    async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
+        if forward.is_event_stream(response.headers):
+            first = await response.next_chunk()
+            return Opened(flight, response, first, complete=not first, stream=True)
+        body, complete = await read_up_to(response, self.state.config.limits.max_response_buffer_bytes)
+        return Opened(flight, response, body, complete=complete, stream=False)
+
+    async def server_error(self, flight: Flight, response: UpstreamResponse) -> Failed:
+        body, complete = await read_up_to(response, 64 * 1024)
+        _finish_reading(response, complete)
+        flight.fail(FailureKind.STATUS, response.status, f"HTTP {response.status}")
+        message = f"HTTP {response.status}"
+        return Failed(
+            FailureKind.STATUS, message, flight.worker.name, response.status, response.headers, body
+        )
+
+    def failed(
+        self, flight: Flight, response: UpstreamResponse | None, kind: FailureKind, message: str
+    ) -> Failed:
+        _abort(response)
+        flight.fail(kind, 504 if kind == FailureKind.TIMEOUT else 502, message)
+        return Failed(kind, message, flight.worker.name)
+
+    # ------------------------------------------------------------------ relaying
+
+    def response_headers(self, opened: Opened) -> list[tuple[str, str]]:
+        predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
+        worker = opened.flight.worker
+        secret = forward.worker_secret(worker)
+        rid = self.note.request_id
+        if not self.state.config.tenants.decision_headers:
+            return forward.downstream_headers(opened.response.headers, None, None, secret, rid)
+        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
+
+    def reply(self) -> ReplyAccumulator:
+        limits = self.state.config.limits
+        endpoint = self.parsed.endpoint if self.parsed is not None else None
+        return ReplyAccumulator(endpoint, limits.max_generated_chars, limits.max_sse_line_bytes)
+
+    async def send_whole(self, opened: Opened) -> web.StreamResponse:
+        opened.response.release()
+        status = opened.response.status
+        body = forward.redact(opened.prefix, forward.worker_secret(opened.flight.worker))
+        out = web.Response(status=status, body=body, headers=self.response_headers(opened))
+        reply = self.reply()
+        try:
+            await out.prepare(self.request)
+            await out.write_eof()
+        except BaseException:
+            opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
+            raise
+        if self.parsed is not None and 200 <= status < 300:
+            reply.feed_body(opened.prefix)
+        settle(self.state, opened.flight, reply, status, ok=200 <= status < 300)
+        return out
+
+    async def send_stream(self, opened: Opened) -> web.StreamResponse:
+        out = RelayResponse(status=opened.response.status, headers=self.response_headers(opened))
+        reply = self.reply()
+        try:
+            await out.prepare(self.request)
+            ok = await self.pump(out, opened, reply)
+            await out.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
+            opened.response.abort()
+            opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.note.status = CLIENT_GONE
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return out
+        settle(self.state, opened.flight, reply, opened.response.status, ok=ok)
+        return out
+
+    async def pump(self, out: web.StreamResponse, opened: Opened, reply: ReplyAccumulator) -> bool:
+        """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream
+        failure end the stream cleanly. Returns success."""
+        chunk, response = opened.prefix, opened.response
+        idle_s, loop = self.state.config.timeouts.stream_idle_s, asyncio.get_running_loop()
+        watch = self.state.deadlines.watch(
+            opened.flight.worker.name, min(loop.time() + idle_s, self.deadline), idle_s
+        )
+        try:
+            async with watch:
+                while chunk:
+                    if opened.stream:
+                        reply.feed(chunk)
+                    await out.write(chunk)
+                    self.push_idle(watch, loop.time())
+                    chunk = await response.next_chunk()
+        except (UpstreamError, TimeoutError) as exc:
+            response.abort()
+            kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
+            self.state.metrics.upstream_errors.inc((opened.flight.worker.name, kind))
+            idle = watch.when is not None and watch.when < self.deadline  # not cut by total_s
+            await self.end_broken(out, opened, stream_cut(watch, exc, idle))
+            return False
+        response.release()
+        return True
+
+    def push_idle(self, watch: Watch, now: float) -> None:
+        """Move a stream's idle deadline on after a chunk, only once it lags by a slack (a reschedule
+        costs about 10 us: not once per token), so a silence is cut after between ``idle_s`` - slack and
+        ``idle_s`` (an ejection may have shortened ``idle_s``)."""
+        idle_s, watched = watch.idle_s or 0.0, watch.when
+        until = now + idle_s
+        if watched is not None and until - watched > min(1.0, idle_s / 20) and watched < self.deadline:
+            watch.push(min(until, self.deadline))
+
+    async def end_broken(self, out: web.StreamResponse, opened: Opened, cut: tuple[str, str]) -> None:
+        if not opened.stream:  # no way to say it inside a plain body: cut the connection
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            return
+        message, code = cut
+        log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
+        await out.write(sse_error(message, code))
+
+
+class RelayResponse(web.StreamResponse):
+    """A relayed stream: its head goes out with its first chunk, in one write (``send_stream`` writes the
+    chunk it already holds right after ``prepare``), instead of a write of its own. aiohttp's
+    ``web.Response`` does the same (this class attribute, ``False`` there)."""
+
+    _send_headers_immediately = False
+
+
+class UpstreamReply(Exception):
+    """A complete response to send as is (the last worker's 5xx)."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__("upstream reply")
+        self.response = response
+
+
+def stream_cut(watch: Watch, exc: Exception, idle: bool) -> tuple[str, str]:
+    """Why a stream was cut, as the (message, code) of its SSE error event."""
+    if isinstance(exc, UpstreamError):
+        return "upstream failed mid-stream", "upstream_io"
+    if watch.cause is Cause.SHUTDOWN:
+        return "the router is shutting down", "router_shutdown"
+    if not idle:
+        return "upstream timed out mid-stream", "upstream_timeout"
+    if watch.cause is Cause.EJECTED:
+        return "the worker was ejected by health checks and sent nothing more", "worker_ejected"
+    return "no data from upstream within timeouts.stream_idle_s", "upstream_idle_timeout"
+
+
+def sse_error(message: str, code: str) -> bytes:
+    error = {"message": message, "type": "upstream_error", "param": None, "code": code}
+    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
+def passthrough_route(state: AppContext) -> RouteRequest:
+    """A pass-through call as the routing core sees it: an id, no blocks (nothing to match or index)."""
+    return RouteRequest(state.next_id(), (), state.router.index.block_tokens, 0, hash_key=0)
+
+
+async def read_up_to(response: UpstreamResponse, limit: int) -> tuple[bytes, bool]:
+    """Read until the end or past ``limit`` bytes; returns (data, reached the end)."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.next_chunk()
+        if not chunk:
+            return b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
+def _finish_reading(response: UpstreamResponse, complete: bool) -> None:
+    if complete:
+        response.release()
+    else:
+        response.abort()
+
+
+def _abort(response: UpstreamResponse | None) -> None:
+    if response is not None:
+        response.abort()

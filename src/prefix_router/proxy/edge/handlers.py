@@ -1,0 +1,179 @@
+"""HTTP handlers of the OpenAI-compatible surface. Each one is: admit, parse, then an ``Exchange``; each is
+``guarded``: it gets a ``RequestNote`` (request id, access log, ``prefix_router_requests_total``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from prefix_router.protocol import POLICY_HEADER, REQUEST_ID_HEADER, Endpoint
+from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.edge import parse as parsing
+from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
+from prefix_router.proxy.edge.accounting import CLIENT_GONE
+from prefix_router.proxy.edge.auth import check_client, tenant_of
+from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
+from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NotedHandler = Callable[[web.Request, RequestNote], Awaitable[web.StreamResponse]]
+
+
+def guarded(handler: NotedHandler) -> Handler:
+    """Give the request its ``RequestNote``; turn the router's own errors into OpenAI error responses (and
+    count them); close the note with the status the client got (499 when it left), once."""
+
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        state = request.app[CONTEXT]
+        rid = request_id(request.headers) or state.next_request_id()
+        note = RequestNote(rid, request.method, request.rel_url.raw_path, state.clock())
+        state.active += 1
+        status = CLIENT_GONE
+        try:
+            response = await answer(handler, request, note)
+            status = note.status or response.status
+            if not response.prepared:
+                response.headers[REQUEST_ID_HEADER] = note.request_id
+                if state.deadlines.stopping:
+                    response.force_close()  # the client reconnects, to a replica that is not stopping
+            return response
+        finally:
+            state.active -= 1
+            closed(state, note, status)
+
+    return wrapper
+
+
+async def answer(handler: NotedHandler, request: web.Request, note: RequestNote) -> web.StreamResponse:
+    try:
+        return await handler(request, note)
+    except ProxyError as err:
+        request.app[CONTEXT].metrics.rejected.inc((str(err.status),))
+        return err.response()
+    except UpstreamReply as reply:
+        return reply.response
+    except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
+        log.exception("unexpected error on %s %s (request %s)", request.method, request.path, note.request_id)
+        return ProxyError(500, "internal router error", type="server_error", code="internal_error").response()
+
+
+def closed(state: AppContext, note: RequestNote, status: int) -> None:
+    """The request is over: count it once (``prefix_router_requests_total``) and log it (``access_log``)."""
+    state.metrics.request_done(note.worker, note.model, note.policy, status)
+    if state.config.access_log:
+        log_access(note, status, state.clock(), state.log_handler)
+
+
+def admit(state: AppContext, request: web.Request) -> None:
+    """Shutdown, client key check and the global in-flight cap, before reading the body."""
+    if state.deadlines.stopping:
+        raise shutting_down(state.config.limits.retry_after_s)
+    check_client(state.client_keys, request.headers)
+    if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
+        raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
+
+
+async def read_body(state: AppContext, request: web.Request) -> bytes:
+    return await parsing.read_body(
+        request, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s
+    )
+
+
+def policy_override(state: AppContext, request: web.Request) -> str | None:
+    name = request.headers.get(POLICY_HEADER)
+    if name is None:
+        return None
+    if name not in state.policies:
+        choices = ", ".join(sorted(state.policies))
+        raise bad_request(f"unknown routing policy {name[:64]!r} (one of {choices})", param=POLICY_HEADER)
+    return name
+
+
+async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) -> web.StreamResponse:
+    state = request.app[CONTEXT]
+    admit(state, request)
+    raw = await read_body(state, request)
+    tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
+    session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
+    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+    limits = state.config.limits
+    threshold = (
+        limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
+    )
+    if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
+        parsed = await asyncio.to_thread(parsing.parse, *args)
+    else:
+        parsed = parsing.parse(*args)
+    policy = policy_override(state, request)
+    model = parsed.body.get("model")
+    return await Exchange(
+        state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
+    ).run()
+
+
+@guarded
+async def chat_completions(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    return await routed(request, "chat", note)
+
+
+@guarded
+async def completions(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    return await routed(request, "completions", note)
+
+
+@guarded
+async def passthrough(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    """Any other ``/v1/*`` call goes to the least loaded worker (serving the body's model, if named),
+    chosen and counted by the routing core like any request."""
+    state = request.app[CONTEXT]
+    admit(state, request)
+    raw = await read_body(state, request)
+    model = parsing.body_model(raw, request.content_type)
+    return await Exchange(state, request, raw, None, model, None, note).run()
+
+
+@guarded
+async def list_models(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    state = request.app[CONTEXT]
+    check_client(state.client_keys, request.headers)
+    return json_response({"object": "list", "data": state.pool.models()})
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    return json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.StreamResponse:
+    state = request.app[CONTEXT]
+    if state.deadlines.stopping:
+        return ProxyError(503, "shutting down", type="service_unavailable", code="shutting_down").response()
+    up = sum(1 for w in state.pool if w.available)
+    if up == 0:
+        return ProxyError(503, "no healthy worker", type="service_unavailable", code="not_ready").response()
+    return json_response({"status": "ready", "workers_available": up})
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(
+        body=request.app[CONTEXT].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_route("*", "/v1/{tail:.+}", passthrough)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,228 @@
+"""``prefix-router serve``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefix_router.proxy.config import Config, load_config
+from prefix_router.proxy.run.server import EarlyHangup
+from prefix_router.routing import DEFAULT_POLICY, POLICY_NAMES
+from prefix_router.settings import ConfigError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible routing proxy",
+        description="Run the router. Sources, later winning: --config FILE, PREFIX_ROUTER_* variables, flags",
+    )
+    serve.add_argument(
+        "--worker", action="append", metavar="URL", help="engine base URL (repeat); NAME=URL names it"
+    )
+    serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    serve.add_argument(
+        "--policy", help=f"routing policy: {', '.join(POLICY_NAMES)} (default: {DEFAULT_POLICY})"
+    )
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        help="serving processes sharing the port and the prefix view (0: one per core)",
+    )
+    serve.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
+    serve.add_argument(
+        "--replication",
+        metavar="URL",
+        help="share the prefix view with other router replicas through Redis: redis://HOST:PORT/DB",
+    )
+    serve.add_argument(
+        "--discover-dns", metavar="NAME:PORT", help="workers: every address NAME resolves to (re-resolved)"
+    )
+    serve.add_argument(
+        "--discover-k8s-service",
+        metavar="[NAMESPACE/]NAME",
+        help="workers: the ready endpoints of this Kubernetes Service (watched)",
+    )
+    serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any config key, e.g. routing.policies.prefix.load_factor=1.5",
+    )
+    serve.add_argument("--print-config", action="store_true", help="print the merged config (YAML) and exit")
+    serve.set_defaults(func=run_serve)
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags as dotted config keys (only those given)."""
+    from prefix_router.settings import parse_scalar
+
+    out: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"invalid config: --set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = parse_scalar(value)
+    if args.worker:
+        out["workers"] = [worker_flag(w) for w in args.worker]
+    flags = {
+        "routing.policy": args.policy,
+        "host": args.host,
+        "port": args.port,
+        "record.file": args.record,
+        "replication.url": args.replication,
+        "processes": args.processes,
+    }
+    out.update({k: v for k, v in flags.items() if v is not None})
+    out.update(discovery_flags(args))
+    return out
+
+
+def discovery_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``--discover-dns NAME:PORT`` / ``--discover-k8s-service [NAMESPACE/]NAME`` as ``discovery.*`` keys."""
+    if args.discover_dns and args.discover_k8s_service:
+        raise ConfigError("invalid config: --discover-dns and --discover-k8s-service: choose one")
+    if args.discover_dns:
+        name, sep, port = args.discover_dns.rpartition(":")
+        if not sep or not name or not port.isdigit():
+            raise ConfigError(f"invalid config: --discover-dns {args.discover_dns!r}: expected NAME:PORT")
+        return {"discovery.kind": "dns", "discovery.service": name, "discovery.port": int(port)}
+    if args.discover_k8s_service:
+        namespace, _, service = args.discover_k8s_service.rpartition("/")
+        out = {"discovery.kind": "kubernetes", "discovery.service": service}
+        return out | ({"discovery.namespace": namespace} if namespace else {})
+    return {}
+
+
+def worker_flag(value: str) -> dict[str, str]:
+    """``URL`` or ``NAME=URL``."""
+    name, sep, url = value.partition("=")
+    if sep and "://" not in name:
+        return {"name": name, "url": url}
+    return {"url": value}
+
+
+def merged_config(args: argparse.Namespace) -> Config:
+    """The file, then ``PREFIX_ROUTER_*`` variables, then the flags."""
+    return load_config(args.config, os.environ, overrides(args))
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """``merged_config``, refused without any worker (static or discovered)."""
+    config = merged_config(args)
+    if not config.workers and config.discovery.kind is None:
+        raise ConfigError(
+            "invalid config: workers: none given (use --worker URL, 'workers:' in the config file, or"
+            " 'discovery:' / --discover-dns / --discover-k8s-service)"
+        )
+    return config
+
+
+def effective_yaml(config: Config) -> str:
+    """The merged configuration as YAML; secrets are masked."""
+    import yaml
+
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """``--print-config``: the merged configuration, checked, printed; nothing started or contacted (no
+    workers needed, no cluster credentials). Otherwise serve; a bad configuration or an address that
+    cannot be bound is one line on stderr and a non-zero exit (2 and 1), never a traceback."""
+    try:
+        if args.print_config:
+            return print_config(merged_config(args))
+        early = EarlyHangup()  # before the file is read: a SIGHUP from now on reloads it
+        config = build_config(args)
+        from prefix_router.proxy.run.processes import process_count
+
+        count = process_count(config.processes)
+        if count > 1:
+            return serve_processes(config, args, count)
+        return serve(config, args, early)
+    except ConfigError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 2
+
+
+def print_config(config: Config) -> int:
+    from prefix_router.proxy.run.app import build_router
+
+    build_router(config, random.Random(0))  # the policy knobs checked too (pure: no I/O)
+    print(effective_yaml(config), end="")
+    return 0
+
+
+Group = tuple[Path, int, int]  # ``serve --processes``: the channel's directory, this process, how many
+
+
+def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: Group | None = None) -> int:
+    from prefix_router.proxy.context import CONTEXT
+    from prefix_router.proxy.ops import lifecycle, logs, reload
+    from prefix_router.proxy.run.app import create_app
+    from prefix_router.proxy.run.server import Hooks, ListenError, run
+
+    logs.configure(config.log_level, config.log_format, config.access_log)
+    app = create_app(config)
+    if group is not None:
+        from prefix_router.proxy.run.processes import install_local_replication
+
+        install_local_replication(app, *group)
+    source = args.config or "environment and flags"
+
+    async def reloaded() -> None:
+        await reload.reload(app[CONTEXT], lambda: build_config(args), source)
+
+    hooks = Hooks(
+        serving=lambda addresses: lifecycle.summary(app, addresses),
+        shutdown=lambda: lifecycle.shutdown(app),
+        reload=reloaded,
+        early=early,
+    )
+    try:
+        run(
+            app,
+            config.host,
+            config.port,
+            config.event_loop,
+            config.timeouts.client_header_s,
+            hooks,
+            reuse_port=group is not None,
+        )
+    except ListenError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        logs.flush()  # a forked serving process ends with os._exit: no logging.shutdown to write what waits
+    return 0
+
+
+def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int:
+    """``count`` serving processes under a supervisor (``proxy.processes``). The configuration and the
+    address are checked here first: a bad one is one line and an exit, not ``count`` failing children."""
+    from prefix_router.proxy.ops import logs
+    from prefix_router.proxy.run.app import create_app
+    from prefix_router.proxy.run.processes import supervise
+    from prefix_router.proxy.run.server import ListenError, bind
+
+    create_app(config)  # every check a single process makes at start (then thrown away: each builds its own)
+    try:
+        for sock in bind(config.host, config.port, reuse_port=True):
+            sock.close()
+    except ListenError as exc:
+        print(f"prefix-router serve: {exc}", file=sys.stderr)
+        return 1
+    logs.configure(config.log_level, config.log_format, config.access_log)
+
+    def serve_one(index: int, directory: Path) -> None:
+        early = EarlyHangup()
+        sys.exit(serve(config, args, early, (directory, index, count)))
+
+    return supervise(config, count, serve_one)

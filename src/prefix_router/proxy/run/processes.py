@@ -1,0 +1,164 @@
+"""``serve --processes N``: N router processes on one port (``SO_REUSEPORT``), one shared view.
+
+The supervisor (the process started by ``serve``) makes a private directory, forks N serving processes
+and then only watches them: SIGTERM/SIGINT are passed on (each child drains as a single router does),
+so is SIGHUP (each child reloads the configuration, as a single router does), a
+child that dies unexpectedly is restarted (at most ``MAX_RESTARTS`` times), and it exits with the
+children's worst exit status. Each child binds the same port with ``SO_REUSEPORT`` (the kernel spreads
+new connections across them) and joins the local channel (``replication.local``): index changes and
+in-flight counts reach the other processes within about 10 ms (50 ms), and every ``/metrics`` scrape,
+whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
+worker pool is shared too (``proxy.shared_pool``): admin changes reach every process, and process 0
+alone probes and scrapes the engines, for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+
+from aiohttp import web
+
+from prefix_router.proxy.config import Config
+from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.ops.shared_pool import SharedPool
+from prefix_router.replication import LocalReplication, ReplicationCollector
+
+log = logging.getLogger("prefix_router.processes")
+MAX_RESTARTS = 10
+PR_SET_PDEATHSIG = 1  # Linux prctl option
+METRICS_INTERVAL_S = 1.0
+
+
+def process_count(configured: int) -> int:
+    """``processes`` from config: 0 means one per core this process may use."""
+    return configured if configured > 0 else usable_cores()
+
+
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """Cores this process may run on (CPU affinity), capped by a cgroup v2 CPU quota (a container's CPU
+    limit): ``os.cpu_count()`` would count every core of a Kubernetes node."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    return max(1, cores)
+
+
+def install_local_replication(app: web.Application, directory: Path, index: int, count: int) -> None:
+    """Join the local channel of ``count`` processes for the app's lifetime; /metrics adds the others'."""
+    state: AppContext = app[CONTEXT]
+    local = LocalReplication(state.router, directory, index, count, clock=state.clock)
+    state.metrics.peers = local.snapshots
+    shared = SharedPool(state, local, index)
+    shared.install()
+
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
+        await local.start()
+        task = asyncio.create_task(_publish(state, local, shared), name="local-replication-publish")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await local.stop()
+
+    app.cleanup_ctx.append(lifetime)
+    state.metrics.registry.register(ReplicationCollector(local))
+
+
+async def _publish(state: AppContext, local: LocalReplication, shared: SharedPool) -> None:
+    """Every ``METRICS_INTERVAL_S``: this process's metrics and the admin changes it knows."""
+    while True:
+        await asyncio.sleep(METRICS_INTERVAL_S)
+        local.publish_snapshot(state.metrics.snapshot())
+        shared.publish()
+
+
+def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]) -> int:
+    """Run ``serve_one(index, directory)`` in ``count`` forked processes until they all stop."""
+    directory = Path(tempfile.mkdtemp(prefix="prefix-router-"))
+    context = multiprocessing.get_context("fork")
+    children: dict[int, BaseProcess] = {}
+    stopping = False
+
+    def start(index: int) -> None:
+        child = context.Process(
+            target=_child, args=(serve_one, index, directory, os.getpid()), name=f"prefix-router-{index}"
+        )
+        child.start()
+        children[index] = child
+
+    def tell(signum: int) -> None:
+        for child in children.values():
+            if child.pid is not None and child.is_alive():
+                os.kill(child.pid, signum)
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        tell(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, _: tell(signal.SIGHUP))
+    try:
+        for index in range(count):
+            start(index)
+        log.info("serving with %d processes on %s:%d", count, config.host, config.port)
+        return _watch(children, start, lambda: stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _child(serve_one: Callable[[int, Path], None], index: int, directory: Path, supervisor: int) -> None:
+    """A serving process: gets SIGTERM should the supervisor die (no orphan keeps the port), and does not
+    start at all when the supervisor died between the fork and the request for that signal."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:
+        os._exit(0)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the supervisor's: ``serve_one`` installs its own
+    serve_one(index, directory)
+
+
+def _watch(
+    children: dict[int, BaseProcess], start: Callable[[int], None], stopping: Callable[[], bool]
+) -> int:
+    restarts, worst = 0, 0
+    while children:
+        time.sleep(0.2)
+        for index, child in list(children.items()):
+            if child.is_alive():
+                continue
+            child.join()
+            code = child.exitcode or 0
+            del children[index]
+            if stopping():  # ended by the SIGTERM passed on (one still starting had no handler yet): a stop
+                worst = max(worst, 0 if code == -signal.SIGTERM else abs(code))
+            elif restarts < MAX_RESTARTS:
+                restarts += 1
+                log.warning("serving process %d exited (%s); restarting it", index, code)
+                start(index)
+            else:
+                log.error("serving process %d exited (%s); restarts exhausted", index, code)
+                worst = max(worst, abs(code) or 1)
+    return worst

@@ -1,0 +1,227 @@
+"""``serve --processes N``: several processes on one port, one prefix view, one /metrics view, one stop."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from prefix_router.proxy.run import processes
+from prefix_router.proxy.run.processes import process_count, usable_cores
+
+PATH = "/v1/chat/completions"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "a shared prefix for every request " * 8}]}
+
+
+def test_zero_processes_means_one_per_usable_core(tmp_path: Path) -> None:
+    assert process_count(0) == usable_cores() == len(os.sched_getaffinity(0)) and process_count(3) == 3
+    limit = tmp_path / "cpu.max"
+    limit.write_text("150000 100000\n")  # a container limited to 1.5 CPUs
+    assert usable_cores(limit) == min(2, len(os.sched_getaffinity(0)))
+    limit.write_text("max 100000\n")
+    assert usable_cores(limit) == len(os.sched_getaffinity(0))
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                out[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+async def served_by(url: str) -> int:
+    """One request on a fresh connection (the kernel picks the process); returns its status."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http, http.post(url + PATH, json=CHAT) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> dict[Any, float]:
+    async with http.get(url + "/metrics") as resp:
+        return samples(await resp.text(), name)
+
+
+@pytest.mark.timeout(120)
+async def test_two_processes_share_the_port_the_view_and_metrics(
+    fake_engine: Any, serve_process: Any
+) -> None:
+    engine = await fake_engine("a")
+    served = await serve_process(
+        "--worker", f"a={engine.url}", "--processes", "2", "--set", "log_level=warning",
+        "--set", "scrape.interval_s=3600",
+    )  # fmt: skip
+    url = served.url
+    statuses = [await served_by(url) for _ in range(20)]
+    assert statuses == [200] * 20
+    await asyncio.sleep(1.5)  # every process sends its counters once a second
+    seen = []
+    for _ in range(6):  # whichever process answers the scrape, it counts all 20 requests
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            requests = await metric(fresh, url, "prefix_router_requests_total")
+            applied = await metric(fresh, url, "prefix_router_replication_applied_changes_total")
+        seen.append(sum(applied.values()))
+        assert sum(requests.values()) == 20
+    assert max(seen) > 0  # index changes crossed between the processes
+    served.signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.process.wait(), 30) == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_process_is_replaced_and_the_supervisor_takes_its_children_along(
+    fake_engine: Any, serve_process: Any
+) -> None:
+    engine = await fake_engine("a")
+    served = await serve_process(
+        "--worker", f"a={engine.url}", "--processes", "2", "--set", "log_level=warning"
+    )
+    proc = served.process
+    first = children(proc.pid)
+    assert len(first) == 2
+    os.kill(first[0], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while len(set(children(proc.pid)) - {first[0]}) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    now = children(proc.pid)
+    assert len(now) == 2 and first[0] not in now
+    assert await served_by(served.url) == 200
+    proc.kill()  # the supervisor dies without a word: its children get SIGTERM from the kernel
+    await proc.wait()
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in now) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not any(alive(pid) for pid in now)
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+TOKEN = "admin-token-for-process-tests"
+
+
+async def views(url: str, n: int = 8) -> list[dict[str, dict[str, Any]]]:
+    """The admin view of the workers from ``n`` fresh connections (the kernel spreads them)."""
+    out = []
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for _ in range(n):
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.get(url + "/admin/workers", headers=headers) as resp,
+        ):
+            body = await resp.json()
+        out.append({w["name"]: w for w in body["workers"]})
+    return out
+
+
+async def until_every_view(url: str, check: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(check(view) for view in await views(url)):
+        assert time.monotonic() < deadline, "not every process got there"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+async def test_admin_changes_and_health_verdicts_reach_every_process(
+    fake_engine: Any, serve_process: Any
+) -> None:
+    a, b = await fake_engine("a"), await fake_engine("b")
+    served = await serve_process(
+        "--worker", f"a={a.url}", "--processes", "2", "--set", "log_level=warning",
+        "--set", f"auth.admin_token={TOKEN}", "--set", "health.interval_s=0.2",
+        "--set", "health.fail_threshold=1",
+    )  # fmt: skip
+    url = served.url
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/admin/workers", json={"url": b.url, "name": "b"}, headers=headers) as r:
+            assert r.status == 201
+        await until_every_view(url, lambda view: set(view) == {"a", "b"})
+        async with http.post(url + "/admin/workers/a/drain", headers=headers) as r:
+            assert r.status == 200
+        await until_every_view(url, lambda view: view["a"]["draining"])
+        b.b.health_status = 503  # process 0 probes it, every process ejects it
+        await until_every_view(url, lambda view: not view["b"]["healthy"])
+        checks = a.health_checks
+        await asyncio.sleep(2.0)
+        assert a.health_checks - checks <= 13  # one prober every 0.2 s, not two
+        async with http.delete(url + "/admin/workers/b", headers=headers) as r:
+            assert r.status == 200
+        await until_every_view(url, lambda view: set(view) == {"a"})
+    served.signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.process.wait(), 30) == 0
+
+
+@pytest.mark.timeout(120)
+async def test_sighup_reaches_every_process(fake_engine: Any, serve_process: Any, tmp_path: Path) -> None:
+    """The supervisor passes SIGHUP on: every process reloads the file (here: the client keys)."""
+    engine = await fake_engine("a")
+    config = tmp_path / "router.yaml"
+    config.write_text(f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-one-123456]}}\n")
+    served = await serve_process("--config", str(config), "--processes", "2", "--set", "log_level=warning")
+    proc, url = served.process, served.url
+
+    async def statuses(key: str) -> list[int]:
+        out = []
+        for _ in range(8):  # fresh connections: the kernel spreads them over the processes
+            connector = aiohttp.TCPConnector(force_close=True)
+            headers = {"Authorization": f"Bearer {key}"}
+            async with (
+                aiohttp.ClientSession(connector=connector) as http,
+                http.post(url + PATH, json=CHAT, headers=headers) as resp,
+            ):
+                await resp.read()
+                out.append(resp.status)
+        return out
+
+    assert await statuses("key-one-123456") == [200] * 8
+    config.write_text(f"workers: [{{url: '{engine.url}', name: a}}]\nauth: {{api_keys: [key-two-654321]}}\n")
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while await statuses("key-two-654321") != [200] * 8:
+        assert time.monotonic() < deadline, "not every process reloaded"
+        await asyncio.sleep(0.2)
+    assert await statuses("key-one-123456") == [401] * 8
+    assert proc.returncode is None
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+def _mark(index: int, directory: Path) -> None:
+    (directory / f"served-{index}").write_text("")
+
+
+def test_a_process_whose_supervisor_died_before_it_started_does_not_serve(tmp_path: Path) -> None:
+    """The supervisor can die between the fork and the child's request for SIGTERM on its death: such a
+    child must not go on serving (an orphan holding the port). Here: a parent pid that is not the child's."""
+    context = multiprocessing.get_context("fork")
+    for supervisor, served in ((os.getpid(), True), (os.getpid() + 1_000_000, False)):
+        child = context.Process(target=processes._child, args=(_mark, 0, tmp_path, supervisor))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        assert (tmp_path / "served-0").exists() is served
+        (tmp_path / "served-0").unlink(missing_ok=True)
