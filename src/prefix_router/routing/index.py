@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
+from typing import Any
 
 from mypy_extensions import mypyc_attr
 
@@ -287,7 +288,10 @@ class PrefixIndex:
         without a membership test per block. Exact whatever ``blocks`` are: a deeper block found held is
         moved, and should the prefix have a hole (a list that was not one chain), its holders are set."""
         held = self._held(blocks, value)
-        holders, move, newest = self._holders, lru.move_to_end, reversed(blocks)
+        holders, move = self._holders, lru.move_to_end
+        # compiled: the float boxed once, the blocks kept boxed (a stored float or int is boxed per store)
+        stamp: Any = now
+        newest: Iterator[Any] = reversed(blocks)
         expected = len(lru) + len(blocks) - held
         for block in islice(newest, len(blocks) - held):  # deepest first: not held (chain-closed), added
             mask = holders.get(block, 0)
@@ -296,9 +300,9 @@ class PrefixIndex:
                 move(block)
             else:
                 holders[block] = mask | value
-            lru[block] = now
+            lru[block] = stamp
         for block in newest:  # then the held prefix: moved to the most recent end
-            lru[block] = now
+            lru[block] = stamp
             move(block)
         if len(lru) != expected:  # a hole in the "held" prefix was added to the LRU: hold it too
             for block in blocks[:held]:
@@ -307,12 +311,14 @@ class PrefixIndex:
     def _touch(self, lru: OrderedDict[int, float], value: int, blocks: Sequence[int], now: float) -> None:
         """Touch ``blocks`` deepest first (each moved to the most recent end at ``now``, added if absent)."""
         holders = self._holders
-        for block in reversed(blocks):
+        stamp: Any = now  # boxed once (see _touch_chain)
+        newest: Iterator[Any] = reversed(blocks)
+        for block in newest:
             if block in lru:
                 lru.move_to_end(block)
             else:
                 holders[block] = holders.get(block, 0) | value
-            lru[block] = now
+            lru[block] = stamp
 
     def _held(self, blocks: Sequence[int], value: int) -> int:
         """How many leading blocks of the chain ``blocks`` the chain-closed worker of bit ``value`` holds
