@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--prompt-chars", type=int, nargs="+", default=[2000, 16000])
     p.add_argument("--repeats", type=int, default=2000)
     args = p.parse_args()
-    cfg = index_bench.IndexBenchConfig(workers=args.workers, blocks=args.blocks)
+    cfg = index_bench.IndexBenchSettings(workers=args.workers, blocks=args.blocks)
     router = index_bench.make_router(cfg)
     index_bench.fill(router, cfg.blocks, cfg.seed)
     keys, index = KeyBuilder(router.cfg.keys), router.index

@@ -47,7 +47,7 @@ def main() -> int:
     p.add_argument("--prompt-chars", type=int, default=16_000)
     p.add_argument("--repeats", type=int, default=300)
     args = p.parse_args()
-    cfg = index_bench.IndexBenchConfig(workers=args.workers, blocks=args.blocks)
+    cfg = index_bench.IndexBenchSettings(workers=args.workers, blocks=args.blocks)
     router = index_bench.make_router(cfg)
     index_bench.fill(router, cfg.blocks, cfg.seed)
     req = router.keys.build("chat", index_bench.body_of(args.prompt_chars, 2), route_id="hit")

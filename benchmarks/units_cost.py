@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from prefix_router.lab.bench.index_bench import IndexBenchConfig, body_of, fill
+from prefix_router.lab.bench.index_bench import IndexBenchSettings, body_of, fill
 from prefix_router.routing import (
     IndexSettings,
     KeyBuilder,
@@ -49,7 +49,7 @@ def make_router(by_content: bool) -> Router:
     router = Router(cfg, rng=random.Random(0))
     for i in range(WORKERS):
         router.add_worker(f"w{i}")
-    fill(router, BLOCKS, IndexBenchConfig().seed)
+    fill(router, BLOCKS, IndexBenchSettings().seed)
     return router
 
 

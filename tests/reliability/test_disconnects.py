@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from prefix_router.lab.sim.server import CONTEXT, EngineSimConfig, build_app
+from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
 from prefix_router.proxy.run.server import Running, start
 
 STREAMS = 40
@@ -78,7 +78,7 @@ async def test_hanging_up_before_the_first_byte_cancels_too(
 
 @pytest.fixture
 async def sim_app() -> AsyncIterator[tuple[Running, Any]]:
-    app = build_app(EngineSimConfig(model="m", time_scale=1.0))
+    app = build_app(EngineSimSettings(model="m", time_scale=1.0))
     running = await start(app, shutdown_timeout=0.2)
     try:
         yield running, app[CONTEXT]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,23 +17,18 @@ from prefix_router.replication import RedisReplication, ReplicationSettings, att
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Outcome, RouteRequest
+from support.net import free_port
+from support.waiting import wait_until
 
 REDIS = shutil.which("redis-server")
 WORKERS = ("w0", "w1", "w2", "w3")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RedisProcess:
     """One redis-server on a fixed port that a test may kill, pause and restart."""
 
     def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary, self.workdir, self.port = binary, workdir, _free_port()
+        self.binary, self.workdir, self.port = binary, workdir, free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -171,13 +165,7 @@ class Kit:
     def prefix(tag: int, length: int = 4) -> tuple[int, ...]:
         return tuple(tag * 1000 + i for i in range(length))
 
-    @staticmethod
-    async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError("condition not reached in time")
-            await asyncio.sleep(0.01)
+    wait_until = staticmethod(wait_until)
 
 
 @pytest.fixture

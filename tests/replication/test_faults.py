@@ -24,8 +24,8 @@ async def test_redis_killed_and_restarted_mid_run(redis_server: Any, replicas: A
     assert len(a.outbox) == 20  # kept for later, nothing lost yet
 
     redis_server.start()
-    await kit.wait_until(lambda: all(b.router.index.match(kit.prefix(t)) for t in during_a), timeout=10)
-    await kit.wait_until(lambda: all(a.router.index.match(kit.prefix(t)) for t in during_b), timeout=10)
+    await kit.wait_until(lambda: all(b.router.index.match(kit.prefix(t)) for t in during_a), timeout_s=10)
+    await kit.wait_until(lambda: all(a.router.index.match(kit.prefix(t)) for t in during_b), timeout_s=10)
     for t, worker in (during_a | during_b).items():
         assert a.router.index.match(kit.prefix(t)) == b.router.index.match(kit.prefix(t)) == {worker: 4}
     for t, worker in before.items():
@@ -62,7 +62,7 @@ async def test_frozen_redis_times_out_and_recovers(redis_server: Any, replicas: 
         await kit.wait_until(lambda: a.counters.publish_failures > 0 and not a.connected)
     finally:
         redis_server.pause(False)
-    await kit.wait_until(lambda: all(b.router.index.match(kit.prefix(t)) for t in placed), timeout=10)
+    await kit.wait_until(lambda: all(b.router.index.match(kit.prefix(t)) for t in placed), timeout_s=10)
     assert {t: b.router.index.match(kit.prefix(t)) for t in placed} == {t: {w: 4} for t, w in placed.items()}
 
 

@@ -82,8 +82,6 @@ def test_settings_are_frozen_and_refuse_unknown_knobs() -> None:
         KeySettings.model_validate({"bogus": 1})
     with pytest.raises(pydantic.ValidationError, match="unknown policy"):
         RoutingSettings(policy="nope")
-    with pytest.raises(pydantic.ValidationError, match=r"moved to routing\.sessions\.affinity"):
-        RoutingSettings.model_validate({"session_affinity": False})
 
 
 @pytest.mark.parametrize(

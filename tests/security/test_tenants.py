@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from prefix_router.lab.sim.server import EngineSimConfig, build_app
+from prefix_router.lab.sim.server import EngineSimSettings, build_app
 from prefix_router.protocol import MATCH_HEADER, SESSION_HEADER, WORKER_HEADER
 from prefix_router.proxy.edge.auth import tenant_of
 
@@ -150,7 +150,7 @@ async def sim_usage(kit: Any, url: str, body: dict[str, Any], headers: dict[str,
 async def test_the_cache_salt_keeps_engine_caches_apart(
     serve_app: Any, start_router: Any, kit: Any, salted: bool
 ) -> None:
-    engine = await serve_app(build_app(EngineSimConfig(model="m", time_scale=0.01)))
+    engine = await serve_app(build_app(EngineSimSettings(model="m", time_scale=0.01)))
     settings = {"tenants.cache_salt": salted, "auth.api_keys": ["key-tenant-a", "key-tenant-b"]}
     router = await start_router({"url": engine.url, "name": "sim"}, settings=settings)
     assert router.state.pool.require("sim").adapter.name == "vllm"  # type: ignore[union-attr]

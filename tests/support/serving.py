@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from prefix_router.lab.launch.net import free_port
+from support.net import free_port
 
 
 @dataclass

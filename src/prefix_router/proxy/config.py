@@ -16,6 +16,7 @@ is such a link, and is ignored, when its name (after ``PREFIX_ROUTER_``) has no 
 ``[<SVC>_]SERVICE_HOST``, ``[<SVC>_]SERVICE_PORT[_<PORT NAME>]`` or ``[<SVC>_]PORT_<N>_<TCP|UDP|SCTP>[_PROTO|
 _PORT|_ADDR]``, or is ``[<SVC>_]PORT`` with a value ``tcp://ADDRESS:PORT`` (udp, sctp). So
 ``PREFIX_ROUTER_PORT=tcp://10.96.0.12:80`` is ignored while ``PREFIX_ROUTER_PORT=9000`` sets the port.
+The lab's variables (``NOT_CONFIG``: ``PREFIX_ROUTER_TRACES``, the trace folder) are ignored too.
 """
 
 from __future__ import annotations
@@ -76,13 +77,6 @@ class Config(ServerSettings):
     _workers_from_urls = field_validator("workers", mode="before")(workers_from_urls)
     _unique_names = field_validator("workers")(unique_worker_names)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed_sections(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "state" in data:
-            raise ValueError("state: renamed to replication (serve --replication URL)")
-        return data
-
     @model_validator(mode="after")
     def _isolation_default(self) -> Config:
         """``routing.keys.isolate_tenants`` unset: on when clients are told apart by more than one key, or
@@ -118,13 +112,17 @@ def load_config(
     return validate(data)
 
 
+# ``PREFIX_ROUTER_<name>`` variables that belong to the lab, not to ``serve``: TRACES, the trace folder
+NOT_CONFIG = frozenset({"TRACES"})
+
+
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """``PREFIX_ROUTER_A__B=v`` -> ``{"a.b": yaml_scalar(v)}``; Kubernetes service links are skipped."""
     out: dict[str, Any] = {}
     for name, raw in env.items():
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
             rest = name[len(ENV_PREFIX) :]
-            if service_link(rest, raw):
+            if rest in NOT_CONFIG or service_link(rest, raw):
                 continue
             out[".".join(rest.lower().split("__"))] = parse_scalar(raw)
     return out

@@ -1,31 +1,21 @@
 """The prefix index: which worker probably holds which prompt blocks in its KV cache.
 
-Data: a global map ``block hash -> bitmask of workers holding it`` for matching, and per worker an
-LRU (``OrderedDict`` in access order, value = last access time) for eviction and expiry.
+``match(blocks)``: each worker's longest run of the request's leading blocks that it holds (blocks are
+chained hashes: a block names its whole prefix). ``insert`` / ``insert_chain``: a dispatched request's
+blocks, touched deepest first, so that its deepest block is the least recent and is evicted first, as an
+engine's LRU evictor does; ``chained=False`` for block lists that need not be whole chains (other
+replicas' merged changes). ``trim`` cuts a worker's chain; ``expire`` drops old entries;
+``remove_worker`` purges a worker's entries.
 
-- Match: a worker's match is its longest run of the request's leading blocks present. Blocks are chained
-  hashes (a block names its whole prefix), and a worker's entries are *chain-closed*: each block's parent
-  is held too (an insert touches a whole chain, parents after children, so LRU evictions, expiry and the
-  caps, which remove the least recent entries first, take children before parents). Holding the request's
-  block ``d`` then means holding all its first ``d + 1`` blocks, so the depth where a set of workers stops
-  matching is found by bisection (a few lookups instead of one per block; full hits: two). Only ``trim``
-  (a chain cut in the middle: others' longer chains lose a parent) and inserts of block lists that need
-  not be whole chains (``chained=False``: other replicas' merged changes) can leave a block without its
-  parent; such a worker is *loose* and matched by the walk, block by block, until as many of its entries
-  as it held then have left from the least recent end (by then every entry untouched since is gone, and a
-  touched one was re-inserted with its parents).
-- Insert: a dispatched request's blocks are touched deepest first, so that among blocks of one request
-  the deepest is the least recent and is evicted first, as an engine's LRU evictor does. The router's own
-  inserts are one chain each (``insert_chain``): a chain-closed worker holds a prefix of it, bisected, so
-  its blocks are moved or added without a membership test each.
-- Bounds: each worker holds at most ``capacity_tokens / block value`` blocks (its KV-cache size; a block is
-  worth ``block_tokens``, or for a worker keyed by text what the router learned its model's text is worth,
-  ``set_block_value``); all
-  workers together hold at most ``max_total_blocks`` (global memory cap; the fullest worker gives way);
-  entries older than ``ttl_s`` expire; removing a worker purges its entries.
-- The fullest worker is found in amortised O(1): workers are kept in buckets by the number of blocks they
-  hold (each bucket in insertion order, so ties go the same way on every run) and a pointer to the top
-  bucket only moves down one step at a time, each step paid for by an earlier insertion.
+Bounds: each worker holds at most ``capacity_tokens`` / block value blocks (its KV-cache size; a block is
+worth ``block_tokens``, or for a worker keyed by text what its model's text is worth, ``set_block_value``;
+below it the capacity learned from engine feedback, ``learn_capacity``); all workers together hold at
+most ``max_total_blocks`` (the fullest worker gives way); entries older than ``ttl_s`` expire. Each
+worker's entries are evicted least recent first.
+
+How (data layout, chain-closed workers matched by bisection, loose workers walked, the fullest worker
+in amortised O(1)): docs/routing.md, "The prefix index". ``tests/routing`` holds it to a block-by-block
+walk (``support.index.walked_match``).
 """
 
 from __future__ import annotations

@@ -1,36 +1,24 @@
 """The routing facade: one object that the proxy and the simulator both drive.
 
-It owns the prefix index (what each worker probably caches), the load tracker (what each worker is
-doing, as seen by this router), the session table and one instance of every policy. Policies only read;
-the router writes, so the index reflects what was really dispatched whichever policy chose.
+It owns the prefix index, the load tracker, the session table, the token units and one instance of every
+policy. Policies only read; the router writes, so the index reflects what was really dispatched whichever
+policy chose.
 
 Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``. A request
-without blocks (the proxy's pass-through calls) is counted in the load like any other; with no blocks
-and an outcome that reports nothing it writes nothing to the index (no change is emitted either).
-``finished`` may come after its worker was removed: it then releases the load and nothing else.
+without blocks (the proxy's pass-through calls) is counted in the load like any other and writes nothing
+to the index. ``finished`` may come after its worker was removed: it then releases the load and nothing
+else. A request that failed before its first token trims its blocks beyond the prediction; after its
+first token its blocks stay (the engine computed the whole prompt).
 
 Workers: ``remove_worker`` forgets a worker entirely; ``forget_cache`` keeps it (and its in-flight count)
 but drops what the index and the session table say it caches (an ejected engine probably restarted).
 
 Engine feedback (``routing/feedback.py`` judges each report against the prediction made at dispatch)
-corrects without destroying: a miss (the engine had evicted what the index holds) shrinks the worker's
-learned capacity by at most ``feedback.capacity_step`` of it, and an over-report while the index is full
-grows it back, up to the known capacity; the index's own LRU then follows. No report forgets a prefix:
-not the request's own chain (the engine has just computed it again), not another one (an engine's eviction
-order is not the index's, and one report cannot tell which it evicted). Reports within a few pages,
-reports of requests that raced their prefix's first prefill, reports explained by a long wait in the
-engine's queue (the prefix was evicted while the request waited: ``queued``), and reports clamped to the
-prompt are safe.
-
-Token units: a text key counts nominal tokens (characters / ``keys.chars_per_token``); ``routing/units.py``
-learns per model what they are worth from the engines' ``usage.prompt_tokens`` (by the classes of the
-key's bytes, or one scale), and the router values the key's tokens by it wherever they are used: the
-prediction (a match by its own first blocks' bytes), the load tracker's prompt length and prefill work,
-the policy's cost (``Context.token_scale``, per request) and the index's capacity in blocks per worker.
-
-Failures: a request that failed before its first token trims its blocks beyond the prediction (the engine
-may never have computed them); after its first token (a client abort mid-stream, an upstream cut) the
-engine computed the whole prompt, so its blocks stay.
+moves a worker's learned capacity by at most ``feedback.capacity_step`` (a miss shrinks it, an
+over-report on a full index grows it back, up to the known capacity) and never forgets a prefix. Token
+units (``routing/units.py``) value a text key's tokens wherever they are used: the prediction, the load
+tracker, the policy's cost (``Context.token_scale``) and the index's capacity in blocks. Index changes go
+to a listener (``IndexChange``) when one is set (replication). Why: docs/routing.md, "Engine feedback".
 """
 
 from __future__ import annotations
@@ -71,8 +59,9 @@ from prefix_router.routing.units import TokenUnits, count_prefix
 
 
 class ChangeKind(StrEnum):
-    """What an :class:`IndexChange` does to the index (one method of ``PrefixIndex`` each).
-    ``FORGET_OLDER`` is no longer emitted (feedback used to); replicas still apply it."""
+    """What an :class:`IndexChange` does to the index (one method of ``PrefixIndex`` each). The router
+    emits every kind but ``FORGET_OLDER`` (a worker's entries older than ``at``), which it applies when a
+    replica sends it."""
 
     INSERT = "insert"
     TRIM = "trim"

@@ -20,7 +20,6 @@ values), so reading a knob per request costs one attribute access.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,20 +172,6 @@ if TYPE_CHECKING:
 else:
     PolicyGroups = _policy_groups()
 
-# keys of the flat routing section before the groups, for a one-line hint instead of "extra inputs"
-MOVED: Mapping[str, str] = {
-    **{k: f"keys.{k}" for k in KeySettings.model_fields},
-    **{k: f"index.{k}" for k in IndexSettings.model_fields},
-    **{k: f"trackers.{k}" for k in TrackerSettings.model_fields},
-    "max_sessions": "sessions.max_sessions",
-    "session_affinity": "sessions.affinity",
-    "feedback_tolerance": "feedback.tolerance",
-    "load_factor": "policies.prefix.load_factor (and sessions.load_factor)",
-    "load_slack": "policies.prefix.load_slack (and sessions.load_slack)",
-    "queue_penalty_tokens": "policies.prefix.queue_penalty_tokens",
-    "in_flight_penalty_tokens": "policies.prefix.in_flight_penalty_tokens",
-}
-
 
 class RoutingSettings(Section):
     """Every knob of the routing core, in groups (see the module docstring for the YAML shape)."""
@@ -199,15 +184,6 @@ class RoutingSettings(Section):
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     units: UnitSettings = Field(default_factory=UnitSettings)
     policies: PolicyGroups = Field(default_factory=PolicyGroups)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            old = next((key for key in data if key in MOVED and key not in cls.model_fields), None)
-            if old is not None:
-                raise ValueError(f"{old}: moved to routing.{MOVED[old]}")
-        return data
 
     @field_validator("policy")
     @classmethod

@@ -1,47 +1,24 @@
 """Token units of text keys: what a model's key characters are worth in tokens, learned from its engines.
 
-A key of text blocks (the default key without a tokenizer) counts *nominal* tokens: UTF-8 bytes /
-``routing.keys.chars_per_token`` (a block of ``block_chars`` is ``block_tokens``). Real tokenizers differ
-(English prose is about 5 bytes per token for SmolLM2; code, JSON and other scripts fewer), so the router
-learns, per model, what a key's bytes are worth from the engines' ``usage.prompt_tokens``, two ways:
+A text key counts *nominal* tokens (UTF-8 bytes / ``routing.keys.chars_per_token``). ``TokenUnits`` learns,
+per model, from the engines' ``usage.prompt_tokens``:
 
-1. The *scale*: engine tokens per nominal token. A sample is ``usage.prompt_tokens`` over the nominal
-   tokens of the key, taken when the key is text and at least ``min_sample_tokens`` nominal tokens long (a
-   chat template adds a few tokens per message that the key does not count; on a long prompt they are a
-   small part), clamped to [1/4, 4]. Per model: the moving average of the samples (weight ``alpha``; a
-   plain average over the first 1/alpha samples) and their moving variance; the scale in use is
-   ``average - margin x deviation`` (a lower bound: one prompt's text is denser or sparser than the
-   model's average, and over-predicting a match is the costly error), from ``warmup`` samples on. It
-   values a worker's blocks in the index (capacity) and keys that carry no byte counts.
-2. The *content value* (``by_content``): one value per model cannot follow prose (a token per word of
-   about 5 bytes) and JSON or code (a token for most punctuation) at once, so a key's bytes are counted by
-   class, in C (``bytes.translate``): word bytes (ASCII letters and digits, and every byte of a non-ASCII
-   character), punctuation, whitespace, and image placeholders (each worth ``keys.image_tokens``, known:
-   not learned). A span's tokens are ``(a x word + b x punctuation + c x whitespace) x (1 - margin x d) +
-   images``, with ``(a, b, c)`` per model by a moving least squares (weight ``alpha``) of each report's
-   tokens per byte on its classes' shares of the bytes, ridge-pulled towards one value for all classes
-   (``min_spread``: classes whose share varies less than that between prompts keep the common value), and
-   ``d`` the fit's relative residual deviation (from the moving moments), widened by the span's leverage
-   and, for a span shorter than the reports, by the root of the ratio. Each span's value is clamped to
-   [1/4, 4] x nominal.
-   The router values a match of k blocks by the classes of the request's own first k blocks (from the
-   key builder's cumulative counts, ``count_marks``: at most ``CHUNK / 2`` bytes more counted), and the
-   prompt, the load and the policy's cost by the whole key's counts.
+1. the *scale*, engine tokens per nominal token: the moving average of samples (keys of at least
+   ``min_sample_tokens``, clamped to [1/4, 4]) less ``margin`` moving deviations, in use from ``warmup``
+   samples on; it values a worker's blocks in the index and keys that carry no byte counts;
+2. the *content value* (``by_content``): tokens per byte by class (word, punctuation and whitespace
+   bytes; image placeholders are worth ``keys.image_tokens``), fitted per model by moving least squares,
+   ridge-pulled towards one value for all classes (``min_spread``) and lowered by ``margin`` relative
+   residual deviations; each span is clamped to [1/4, 4] x nominal. A match of k blocks is valued by the
+   classes of the request's own first k blocks (``count_marks``), the prompt by the whole key's.
 
-Fallback: before ``warmup`` samples, for models never reported, with ``learn`` off, and for token-id keys
-(a tokenizer, exact mode, completions given as ids: counted exactly), the scale is 1 (the configured
-``chars_per_token``); keys without counts (replayed traces) use the scale. Engines of one model share its
-tokenizer and chat template, so the table is per model, not per worker: every worker's reports teach it,
-and it applies before a worker is chosen.
+Fallback: the scale is 1 (the configured ``chars_per_token``) before ``warmup`` samples, for a model never
+reported and with ``learn`` off; token-id keys are counted exactly; keys without counts use the scale.
+The table is per model (its engines share a tokenizer and chat template) and per router replica.
 
-Where it applies (``router.py``): the prediction, the prompt length of the load tracker and the prefill
-drain, the ``prefix`` policy's cost (``Context.token_scale``), and the index's conversion of a worker's
-capacity from tokens into blocks (each worker at the scale of the model it last reported for). Each
-router replica learns its own (``warmup`` reports suffice).
-
-Knobs (``routing.units``, ``UnitSettings``): ``learn`` (true), ``alpha`` (1/32), ``min_sample_tokens`` (512),
-``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently reported model gives way),
-``by_content`` (true), ``min_spread`` (0.01).
+Knobs (``routing.units``, ``UnitSettings``): ``learn`` (true), ``alpha`` (1/32), ``min_sample_tokens``
+(512), ``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently reported model gives
+way), ``by_content`` (true), ``min_spread`` (0.01). Why and what it measures: docs/routing.md, "Token units".
 """
 
 from __future__ import annotations

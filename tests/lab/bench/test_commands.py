@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from prefix_router.lab.bench import cli, demo
 from prefix_router.lab.bench.commands import arrivals_from, parse_key_values, requests_for
-from prefix_router.lab.bench.index_bench import IndexBenchConfig, run
-from prefix_router.lab.bench.index_cap import CapBenchConfig
+from prefix_router.lab.bench.index_bench import IndexBenchSettings, run
+from prefix_router.lab.bench.index_cap import CapBenchSettings
 from prefix_router.lab.launch.engine_sim import start_engines
 
 
@@ -108,8 +112,8 @@ def test_argument_helpers() -> None:
 
 
 def test_bench_index_small() -> None:
-    cap = CapBenchConfig(workers=8, total_blocks=2000, request_blocks=50, requests=5)
-    result = run(IndexBenchConfig(workers=4, blocks=1000, prompt_chars=(1600,), repeats=3, cap=cap))
+    cap = CapBenchSettings(workers=8, total_blocks=2000, request_blocks=50, requests=5)
+    result = run(IndexBenchSettings(workers=4, blocks=1000, prompt_chars=(1600,), repeats=3, cap=cap))
     assert result["indexed_blocks"] == 1000 and result["bytes_per_block"] > 0
     prompt = result["prompts"]["1600"]
     assert prompt["blocks"] == 25
@@ -126,3 +130,58 @@ def test_verdict_says_higher_when_prefix_is_slower() -> None:
         "prefix": {"ttft_ms": {"p50": 55.0}, "hit_rate": None},
     }}  # fmt: skip
     assert "TTFT p50 1.10x higher" in demo.verdict(doc)[0] and "n/a vs n/a" in demo.verdict(doc)[0]
+
+
+@pytest.mark.parametrize("command", ["bench", "demo", "simulate"])
+def test_a_bad_workload_option_exits_2_with_one_line(command: str) -> None:
+    """``--workload-opt shuffle=ture`` used to become False silently; now the command stops, naming it."""
+    argv = [command, "--workload", "multi-turn", "--workload-opt", "shuffle=ture"]
+    argv += ["--workers", "http://127.0.0.1:9"] if command == "bench" else []
+    argv += ["--instances", "2", "--policies", "random"] if command == "simulate" else []
+    proc = subprocess.run(
+        [sys.executable, "-c", "from prefix_router.cli import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "workload multi-turn: option shuffle: Input should be a valid boolean" in lines[0]
+
+
+def test_a_terminated_demo_stops_its_engines() -> None:
+    """SIGTERM while the demo runs: it exits (143) after stopping its engine processes."""
+    argv = ["demo", "--engines", "2", "--engine-opt", "time_scale=0.02", "--requests", "400", "--no-progress"]
+    demo_proc = subprocess.Popen(
+        [sys.executable, "-c", "from prefix_router.cli import main; main()", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(started) < 2:
+            assert demo_proc.poll() is None and time.monotonic() < deadline, (
+                "the demo's engines did not start"
+            )
+            time.sleep(0.1)
+            started = engine_children(psutil.Process(demo_proc.pid))
+        time.sleep(1.0)  # into the run
+        demo_proc.terminate()
+        assert demo_proc.wait(30) == 143
+        gone, alive = psutil.wait_procs(started, timeout=10)
+        assert alive == [] and len(gone) == 2
+    finally:  # whatever failed: no process of the demo's outlives the test
+        left = engine_children(psutil.Process(demo_proc.pid)) if demo_proc.poll() is None else []
+        demo_proc.kill()
+        for engine in {*started, *left}:
+            if engine.is_running():
+                engine.kill()
+
+
+def engine_children(parent: psutil.Process) -> list[psutil.Process]:
+    try:
+        children = parent.children()
+    except psutil.NoSuchProcess:
+        return []
+    return [c for c in children if "prefix_router.lab.sim" in c.cmdline()]  # python -m prefix_router.lab.sim

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from prefix_router.lab.bench.overhead import processes
-from prefix_router.lab.launch.net import free_port
+from support.net import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "floor_servers"))
 from floor_common import FLOORS, floor_argv

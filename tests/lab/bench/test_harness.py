@@ -5,8 +5,7 @@ from typing import Any
 from prefix_router.lab.bench.harness import BenchPlan, run_bench
 from prefix_router.lab.bench.summary import SCHEMA_KEYS
 from prefix_router.lab.workloads.registry import get_workload
-
-FakeEngine = Any  # tests/lab/bench/conftest.py
+from support.engines import FakeEngine
 
 
 def _plan(engines: list[FakeEngine], **kw: Any) -> BenchPlan:
@@ -35,7 +34,7 @@ async def test_in_process_router_per_policy(fake_pair: list[FakeEngine]) -> None
 
 
 async def test_external_router_counts_requests_from_engine_metrics(fake_pair: list[FakeEngine]) -> None:
-    fake_pair[0].worker_header = False
+    fake_pair[0].b.worker_header = False
     plan = _plan(fake_pair, router_url=fake_pair[0].url, policies=("direct",), reset=False, simulated=True)
     doc = (await run_bench(plan)).document
     summary = doc["policies"]["direct"]

@@ -2,15 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefix_router.lab.bench.runner import RunnerConfig, openai_base, request_body, run_workload
+from prefix_router.lab.bench.runner import RunnerSettings, openai_base, request_body, run_workload
 from prefix_router.lab.workloads.types import Session, Turn, Workload
 from prefix_router.protocol import SESSION_HEADER
+from support.engines import FakeEngine
 
-FakeEngine = Any  # the fake_openai fixture (tests/lab/bench/conftest.py)
 
-
-def _cfg(engine: FakeEngine, **kw: Any) -> RunnerConfig:
-    return RunnerConfig(base_url=engine.url, model="m", progress=False, **kw)
+def _cfg(engine: FakeEngine, **kw: Any) -> RunnerSettings:
+    return RunnerSettings(base_url=engine.url, model="m", progress=False, **kw)
 
 
 def _chat_session(sid: str, *contents: str, **kw: Any) -> Session:
@@ -85,13 +84,13 @@ async def test_errors_are_recorded_and_stop_the_session(fake_openai: FakeEngine)
 
 
 async def test_connection_errors_are_recorded() -> None:
-    cfg = RunnerConfig(base_url="http://127.0.0.1:9", progress=False, timeout_s=2.0)
+    cfg = RunnerSettings(base_url="http://127.0.0.1:9", progress=False, timeout_s=2.0)
     result = await run_workload(Workload("t", (_chat_session("x", "hi"),)), cfg)
     assert not result.records[0].ok and result.records[0].error
 
 
 async def test_closed_loop_bounds_concurrency(fake_openai: FakeEngine) -> None:
-    fake_openai.delay_s = 0.02
+    fake_openai.b.delay_s = 0.02
     sessions = tuple(_chat_session(f"s{i}", "q") for i in range(12))
     result = await run_workload(Workload("t", sessions, concurrency=3), _cfg(fake_openai))
     assert len(result.records) == 12 and fake_openai.max_in_flight == 3

@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 
 from prefix_router.lab.launch import engine_sim as launcher
-from prefix_router.lab.launch.engine_sim import EngineOptions, start_engines
+from prefix_router.lab.launch.engine_sim import EngineSettings, start_engines
 
 
 def test_start_engines_runs_processes_and_stops_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +35,7 @@ def test_engine_count_is_bounded() -> None:
 
 
 def test_options_become_command_line_flags() -> None:
-    argv = EngineOptions(profile="cpu-demo", kv_capacity_tokens=4096).argv()
+    argv = EngineSettings(profile="cpu-demo", kv_capacity_tokens=4096).argv()
     assert argv[:2] == ["--port", "0"]
     assert "--kv-capacity-tokens" in argv and "4096" in argv
     assert "--model" not in argv

@@ -1,23 +1,19 @@
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import random
 import statistics
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from prefix_router.lab.workloads.arrivals import Arrivals, poisson_times
-from prefix_router.lab.workloads.registry import (
-    WORKLOADS,
-    WorkloadSpec,
-    coerce,
-    get_workload,
-    make_options,
-    workload_names,
-)
+from prefix_router.lab.workloads.chatbots import ChatbotSettings
+from prefix_router.lab.workloads.multiturn import MultiTurnSettings
+from prefix_router.lab.workloads.registry import WORKLOADS, WorkloadSpec, get_workload, workload_names
+from prefix_router.lab.workloads.settings import WorkloadOptionError, WorkloadSettings, make_settings
 from prefix_router.lab.workloads.traces import TRACES_ENV, find_trace
 from prefix_router.lab.workloads.types import Workload
 
@@ -77,19 +73,42 @@ def test_options_from_strings_and_errors() -> None:
         "chatbots", requests=10, seed=0, model="m", tenants="2", zipf_s="0.5", system_tokens_max="none"
     )
     assert {s.tenant for s in w.sessions} <= {"tenant-0", "tenant-1"}
-    assert (
-        coerce("true", bool) is True and coerce("3", int | None) == 3 and coerce("null", int | None) is None
-    )
+    assert make_settings(MultiTurnSettings, {"shuffle": "true"}).shuffle is True
+    assert make_settings(ChatbotSettings, {"system_tokens_max": "3"}).system_tokens_max == 3
+    assert make_settings(ChatbotSettings, {"system_tokens_max": "null"}).system_tokens_max is None
     with pytest.raises(ValueError, match="unknown option"):
         get_workload("chatbots", requests=10, seed=0, model="m", tenant=3)
     with pytest.raises(KeyError, match="unknown workload"):
         get_workload("nope", requests=10, seed=0, model="m")
 
 
-def test_make_options_keeps_defaults() -> None:
-    from prefix_router.lab.workloads.chatbots import ChatbotOptions
+def test_make_settings_keeps_defaults() -> None:
+    assert make_settings(ChatbotSettings, {}) == ChatbotSettings()
 
-    assert make_options(ChatbotOptions, {}) == ChatbotOptions()
+
+@pytest.mark.parametrize(
+    "options,named",
+    [
+        ({"shuffle": "ture"}, "option shuffle: Input should be a valid boolean"),  # was silently False
+        ({"max_turns": "eight"}, "option max_turns: Input should be a valid integer"),
+        ({"max_turns": "2.5"}, "option max_turns"),
+        ({"think_time_s": "soon"}, "option think_time_s: Input should be a valid number"),
+        ({"shufle": "true"}, "unknown option(s) shufle; valid: trace, max_turns"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_it(options: dict[str, str], named: str) -> None:
+    with pytest.raises(WorkloadOptionError) as err:
+        get_workload("multi-turn", requests=4, seed=0, model="m", **options)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("workload multi-turn: ") and named in message
+
+
+def test_options_are_frozen_and_forbid_extra_fields() -> None:
+    built = ChatbotSettings(tenants=3)
+    with pytest.raises(pydantic.ValidationError):
+        built.tenants = 4  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError):
+        ChatbotSettings(tenant=3)  # type: ignore[call-arg]
 
 
 def test_arrivals_poisson_closed_and_trace(mooncake_file: Path) -> None:
@@ -156,8 +175,8 @@ def row_options(name: str, sharegpt: Path, mooncake: Path, tmp_path: Path) -> di
 def test_every_workload_row_builds_and_is_documented(
     spec: WorkloadSpec, sharegpt_file: Path, mooncake_file: Path, tmp_path: Path
 ) -> None:
-    defaults = make_options(spec.options, {})  # every option has a default
-    assert dataclasses.is_dataclass(defaults) and spec.options.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    defaults = make_settings(spec.options, {})  # every option has a default
+    assert isinstance(defaults, WorkloadSettings) and spec.options.__name__.endswith("Settings")
     options = row_options(spec.name, sharegpt_file, mooncake_file, tmp_path)
     built = get_workload(spec.name, requests=6, seed=3, model="m", **options)
     assert built == get_workload(spec.name, requests=6, seed=3, model="m", **options)

@@ -27,7 +27,7 @@ def test_random_text_is_deterministic_and_sized() -> None:
 
 
 def test_chatbots_share_system_prompt_within_tenant_only() -> None:
-    sessions = chatbots.build(chatbots.ChatbotOptions(tenants=5, system_tokens=64), 300, seed=3)
+    sessions = chatbots.build(chatbots.ChatbotSettings(tenants=5, system_tokens=64), 300, seed=3)
     by_tenant: dict[str | None, set[str]] = {}
     for s in sessions:
         by_tenant.setdefault(s.tenant, set()).add(_system(s))
@@ -38,34 +38,34 @@ def test_chatbots_share_system_prompt_within_tenant_only() -> None:
 
 
 def test_chatbots_zipf_popularity_ranks_tenants() -> None:
-    sessions = chatbots.build(chatbots.ChatbotOptions(tenants=8, zipf_s=1.2, system_tokens=8), 4000, seed=1)
+    sessions = chatbots.build(chatbots.ChatbotSettings(tenants=8, zipf_s=1.2, system_tokens=8), 4000, seed=1)
     counts = Counter(s.tenant for s in sessions)
     assert counts["tenant-0"] > counts["tenant-1"] > counts["tenant-7"]
-    uniform = chatbots.build(chatbots.ChatbotOptions(tenants=4, zipf_s=0.0, system_tokens=8), 4000, seed=1)
+    uniform = chatbots.build(chatbots.ChatbotSettings(tenants=4, zipf_s=0.0, system_tokens=8), 4000, seed=1)
     assert max(Counter(s.tenant for s in uniform).values()) < 1150
 
 
 def test_system_prompt_length_range() -> None:
-    opts = chatbots.ChatbotOptions(tenants=20, system_tokens=10, system_tokens_max=40)
+    opts = chatbots.ChatbotSettings(tenants=20, system_tokens=10, system_tokens_max=40)
     lengths = {len(p) for p in chatbots.system_prompts(opts, 0)}
     assert min(lengths) >= 40 and max(lengths) <= 160 and len(lengths) > 3
 
 
 def test_unique_shares_nothing() -> None:
-    prompts = [_user(s) for s in unique.build(unique.UniqueOptions(prompt_tokens=64), 500, seed=9)]
+    prompts = [_user(s) for s in unique.build(unique.UniqueSettings(prompt_tokens=64), 500, seed=9)]
     assert len({p[:16] for p in prompts}) == len(prompts)
     assert all(len(p) == 256 for p in prompts)
 
 
 def test_rag_requests_share_whole_documents() -> None:
-    sessions = rag.build(rag.RagOptions(documents=3, document_tokens=200), 60, seed=2)
+    sessions = rag.build(rag.RagSettings(documents=3, document_tokens=200), 60, seed=2)
     docs = Counter(_user(s).split("</document>")[0] for s in sessions)
     assert len(docs) == 3 and all(len(d) > 800 for d in docs)
     assert len({_user(s) for s in sessions}) == 60
 
 
 def test_multiturn_turns_follow_human_messages(sharegpt_file: Path) -> None:
-    opts = multiturn.MultiTurnOptions(trace=str(sharegpt_file), max_user_tokens=32, shuffle=False)
+    opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file), max_user_tokens=32, shuffle=False)
     sessions = multiturn.build(opts, 100, seed=0)
     assert [len(s.turns) for s in sessions] == [3, 4, 3, 4, 3, 4]
     first = sessions[0].turns
@@ -76,7 +76,7 @@ def test_multiturn_turns_follow_human_messages(sharegpt_file: Path) -> None:
 
 
 def test_multiturn_takes_exactly_the_requested_turns(sharegpt_file: Path) -> None:
-    opts = multiturn.MultiTurnOptions(trace=str(sharegpt_file))
+    opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file))
     sessions = multiturn.build(opts, 9, seed=4)
     assert sum(len(s.turns) for s in sessions) == 9
     assert sessions == multiturn.build(opts, 9, seed=4)
@@ -85,11 +85,11 @@ def test_multiturn_takes_exactly_the_requested_turns(sharegpt_file: Path) -> Non
 
 def test_multiturn_missing_trace_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
-        multiturn.build(multiturn.MultiTurnOptions(trace=str(tmp_path / "nope.jsonl")), 5, seed=0)
+        multiturn.build(multiturn.MultiTurnSettings(trace=str(tmp_path / "nope.jsonl")), 5, seed=0)
 
 
 def test_agents_tool_loop_structure() -> None:
-    opts = agents.AgentOptions(steps=3, tool_output_tokens=20, tool_output_growth=2.0)
+    opts = agents.AgentSettings(steps=3, tool_output_tokens=20, tool_output_growth=2.0)
     sessions = agents.build(opts, 40, seed=1)
     assert sum(len(s.turns) for s in sessions) == 40
     s = sessions[0]
@@ -104,7 +104,7 @@ def test_agents_tool_loop_structure() -> None:
 
 
 def test_agents_of_one_kind_share_system_and_tools() -> None:
-    sessions = agents.build(agents.AgentOptions(kinds=2), 100, seed=0)
+    sessions = agents.build(agents.AgentSettings(kinds=2), 100, seed=0)
     by_kind: dict[str | None, set[str]] = {}
     for s in sessions:
         by_kind.setdefault(s.tenant, set()).add(_system(s) + repr(s.tools))
@@ -112,7 +112,7 @@ def test_agents_of_one_kind_share_system_and_tools() -> None:
 
 
 def test_mooncake_equal_ids_give_equal_prefixes(mooncake_file: Path) -> None:
-    opts = mooncake.MooncakeOptions(trace=str(mooncake_file), block_tokens=16)
+    opts = mooncake.MooncakeSettings(trace=str(mooncake_file), block_tokens=16)
     sessions = mooncake.build(opts, 10, seed=0)
     prompts = [s.turns[0].prompt or "" for s in sessions]
     block = 16 * 4
@@ -125,7 +125,7 @@ def test_mooncake_equal_ids_give_equal_prefixes(mooncake_file: Path) -> None:
 
 
 def test_mooncake_arrivals_spread_within_buckets(mooncake_file: Path) -> None:
-    sessions = mooncake.build(mooncake.MooncakeOptions(trace=str(mooncake_file), block_tokens=16), 10, 0)
+    sessions = mooncake.build(mooncake.MooncakeSettings(trace=str(mooncake_file), block_tokens=16), 10, 0)
     arrivals = [s.arrival_s for s in sessions]
     assert min(arrivals) == 0.0 and max(arrivals) < 9.0
     assert arrivals[3] >= 3.0
@@ -141,7 +141,7 @@ def test_block_text_cache_is_bounded() -> None:
 
 
 def test_gsp_preset_matches_sglang_shape() -> None:
-    sessions = presets.build_gsp(presets.GspOptions(), 1024, seed=0)
+    sessions = presets.build_gsp(presets.GspSettings(), 1024, seed=0)
     prompts = [s.turns[0].prompt or "" for s in sessions]
     groups = Counter(p[: 2048 * 4] for p in prompts)
     assert len(groups) == 64 and set(groups.values()) == {16}
@@ -151,7 +151,7 @@ def test_gsp_preset_matches_sglang_shape() -> None:
 
 
 def test_prefix_repetition_preset_matches_vllm_shape() -> None:
-    sessions = presets.build_prefix_repetition(presets.PrefixRepetitionOptions(), 1000, seed=0)
+    sessions = presets.build_prefix_repetition(presets.PrefixRepetitionSettings(), 1000, seed=0)
     prompts = [s.turns[0].prompt or "" for s in sessions]
     assert set(Counter(p[:1024] for p in prompts).values()) == {100}
     assert all(len(p) == 2048 for p in prompts)
@@ -166,7 +166,7 @@ def test_random_text_has_exactly_four_chars_per_token(tokens: int) -> None:
 
 def test_multiturn_synthetic_fallback_without_trace(tmp_path: Path) -> None:
     missing = str(tmp_path / "absent.jsonl")
-    opts = multiturn.MultiTurnOptions(trace=missing, synthetic_fallback=True)
+    opts = multiturn.MultiTurnSettings(trace=missing, synthetic_fallback=True)
     sessions = multiturn.build(opts, 30, seed=2)
     assert sum(len(s.turns) for s in sessions) == 30
     assert all(s.session_id.startswith("synthetic-") and len(s.turns) >= 1 for s in sessions)
@@ -175,17 +175,17 @@ def test_multiturn_synthetic_fallback_without_trace(tmp_path: Path) -> None:
 
 
 def test_rag_document_lengths_span_the_range() -> None:
-    opts = rag.RagOptions(documents=12, document_tokens=300, document_tokens_max=1200)
+    opts = rag.RagSettings(documents=12, document_tokens=300, document_tokens_max=1200)
     sessions = rag.build(opts, 200, seed=4)
     lengths = {estimate_tokens(_user(s).split("</document>")[0]) for s in sessions}
     assert min(lengths) >= 300 and max(lengths) <= 1200 + 8
     assert max(lengths) - min(lengths) > 400
     with pytest.raises(ValueError):
-        rag.build(rag.RagOptions(document_tokens=100, document_tokens_max=50), 1, seed=0)
+        rag.build(rag.RagSettings(document_tokens=100, document_tokens_max=50), 1, seed=0)
 
 
 def test_bursty_tenants_come_in_bursts_and_share_only_their_prompt() -> None:
-    opts = bursty.BurstyOptions(system_tokens=16, system_tokens_max=32, question_tokens_max=16)
+    opts = bursty.BurstySettings(system_tokens=16, system_tokens_max=32, question_tokens_max=16)
     sessions = bursty.build(opts, 3000, seed=2)
     assert sum(len(s.turns) for s in sessions) == 3000
     assert all(s1.arrival_s <= s2.arrival_s for s1, s2 in itertools.pairwise(sessions))

@@ -3,13 +3,12 @@ responses."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 from prefix_router.pool.worker_discovery.kubernetes import EndpointSliceDiscovery
 from prefix_router.pool.worker_discovery.membership import Membership
+from support.waiting import wait_until
 
 INITIAL = {"http://10.244.1.17:8000", "http://10.244.2.9:8000", "http://[fd00:10:244::5]:8000"}
 AFTER_WATCH = {
@@ -18,13 +17,6 @@ AFTER_WATCH = {
     "http://10.244.3.4:8000",
     "http://10.244.4.2:8000",
 }
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def discovery(api_server: Any, recorder: Any, **kw: Any) -> EndpointSliceDiscovery:

@@ -23,6 +23,7 @@ from prefix_router.proxy.run import cli
 from prefix_router.proxy.run.app import create_app
 from prefix_router.proxy.run.server import Running, start
 from prefix_router.settings import ConfigError
+from support.waiting import wait_until
 
 QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.enabled": False}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -63,13 +64,6 @@ async def chat(router_url: str) -> dict[str, Any]:
 async def get_text(url: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.get(url) as resp:
         return resp.status, await resp.text()
-
-
-async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def dns_tasks() -> list[asyncio.Task[Any]]:

@@ -13,6 +13,7 @@ import aiohttp
 import yaml
 from openai import AsyncOpenAI
 
+from prefix_router.lab.workloads.traces import TRACES_ENV
 from prefix_router.protocol import WORKER_HEADER
 
 
@@ -129,6 +130,14 @@ async def test_print_config_needs_no_workers() -> None:
     assert proc.returncode == 0, err.decode()
     printed = yaml.safe_load(out)
     assert printed["workers"] == [] and printed["routing"]["policy"] == "least_load"
+
+
+async def test_print_config_with_the_documented_trace_folder_set(tmp_path: Any) -> None:
+    """``PREFIX_ROUTER_TRACES`` (the lab's trace folder, docs/benchmarks.md) is not a config key."""
+    proc = await run_cli("serve", "--print-config", env={TRACES_ENV: str(tmp_path)})
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    assert "traces" not in yaml.safe_load(out)
 
 
 async def test_print_config_still_checks_the_policy_knobs() -> None:

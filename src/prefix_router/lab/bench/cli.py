@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+# imported here, not in register: without the lab's libraries this module fails to import, and the
+# top-level command lists its subcommands with the install line instead (prefix_router.cli)
+from prefix_router.lab.bench.fidelity.cli import register as register_fidelity
+from prefix_router.lab.bench.overhead import register as register_overhead
 from prefix_router.lab.workloads.registry import workload_names
 
 DEFAULT_POLICIES = "random,round_robin,least_load,prefix"
@@ -39,9 +43,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _register_bench(sub)
     _register_demo(sub)
     _register_index(sub)
-    from prefix_router.lab.bench.fidelity.cli import register as register_fidelity
-    from prefix_router.lab.bench.overhead import register as register_overhead
-
     register_overhead(sub)
     register_fidelity(sub)
 

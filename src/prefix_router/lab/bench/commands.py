@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from prefix_router.lab.bench import plots, table
 from prefix_router.lab.bench.harness import BenchOutcome, BenchPlan, run_bench
 from prefix_router.lab.workloads.arrivals import Arrivals
 from prefix_router.lab.workloads.registry import get_workload, workload_specs
+from prefix_router.lab.workloads.settings import WorkloadOptionError
 from prefix_router.lab.workloads.types import Workload
 from prefix_router.settings import parse_scalar
 
@@ -105,8 +107,17 @@ def plan_from(args: argparse.Namespace, workload: Workload) -> BenchPlan:
     )
 
 
+def option_error(command: str, exc: WorkloadOptionError) -> int:
+    """A bad ``--workload-opt``: its one line on stderr, exit code 2."""
+    print(f"prefix-router {command}: {exc}", file=sys.stderr)
+    return 2
+
+
 def bench_command(args: argparse.Namespace) -> int:
-    workload = workload_from(args)
+    try:
+        workload = workload_from(args)
+    except WorkloadOptionError as exc:
+        return option_error("bench", exc)
     outcome = asyncio.run(run_bench(plan_from(args, workload)))
     emit(outcome, args)
     if args.records:

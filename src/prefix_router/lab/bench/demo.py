@@ -21,16 +21,26 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
 
-from prefix_router.lab.bench.commands import emit, exit_code, parse_key_values, plan_from, workload_from
+from prefix_router.lab.bench.commands import (
+    emit,
+    exit_code,
+    option_error,
+    parse_key_values,
+    plan_from,
+    workload_from,
+)
 from prefix_router.lab.bench.harness import run_bench
 from prefix_router.lab.bench.table import output_console
 from prefix_router.lab.workloads.arrivals import Arrivals
+from prefix_router.lab.workloads.settings import WorkloadOptionError
 from prefix_router.settings import parse_scalar
 
 SIM_ENGINE_OPTIONS: Mapping[str, Any] = {
@@ -84,6 +94,22 @@ LLAMA_CACHE_BYTES = 21_000_000
 
 class DemoError(RuntimeError):
     """The demo's engines could not be started (the message says why and what to do)."""
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit`` (exit code 143) for the ``with`` body, so the blocks around the
+    engines stop them on the way out instead of leaving them running; the previous handler comes back
+    after."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -143,12 +169,15 @@ def run_demo(args: argparse.Namespace) -> int:
     args = demo_args(args, setting)
     console = output_console()
     defaults = setting.workloads.get(args.workload, {})
-    workload = workload_from(args, defaults, setting.arrivals)
+    try:
+        workload = workload_from(args, defaults, setting.arrivals)
+    except WorkloadOptionError as exc:
+        return option_error("demo", exc)
     if any(s.session_id.startswith("synthetic-") for s in workload.sessions):
         console.print("[yellow]note:[/] ShareGPT trace not found (../shared/traces, $PREFIX_ROUTER_TRACES):"
                       " the conversations are synthetic")  # fmt: skip
     try:
-        with engines(args) as (urls, simulated):
+        with sigterm_exits(), engines(args) as (urls, simulated):
             args.workers = urls
             plan = plan_from(args, workload)
             if simulated is not None:

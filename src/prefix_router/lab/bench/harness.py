@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from prefix_router.lab.bench import routers, workers
-from prefix_router.lab.bench.runner import RunnerConfig, RunResult, run_workload
+from prefix_router.lab.bench.runner import RunnerSettings, RunResult, run_workload
 from prefix_router.lab.bench.summary import imbalance, report_document, summarize
 from prefix_router.lab.workloads.types import Session, Turn, Workload
 
@@ -111,7 +111,7 @@ async def warm_up(plan: BenchPlan) -> None:
             )
             for i in range(plan.warmup_requests)
         )
-        cfg = RunnerConfig(
+        cfg = RunnerSettings(
             base_url=url, model=plan.model or "default", timeout_s=plan.timeout_s, progress=False
         )
         await run_workload(Workload("warm-up", sessions), cfg)
@@ -135,8 +135,8 @@ async def _one_policy(
     return result, _summary(result, infos, before, after)
 
 
-def _runner_config(plan: BenchPlan, url: str, policy: str) -> RunnerConfig:
-    return RunnerConfig(base_url=url, model=plan.model or "default", timeout_s=plan.timeout_s,
+def _runner_config(plan: BenchPlan, url: str, policy: str) -> RunnerSettings:
+    return RunnerSettings(base_url=url, model=plan.model or "default", timeout_s=plan.timeout_s,
                         max_in_flight=plan.max_in_flight, duration_s=plan.duration_s, progress=plan.progress,
                         label=policy)  # fmt: skip
 

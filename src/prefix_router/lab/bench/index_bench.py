@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.lab.bench.index_cap import CapBenchConfig, run_cap
+from prefix_router.lab.bench.index_cap import CapBenchSettings, run_cap
 from prefix_router.lab.bench.summary import quantile
 from prefix_router.lab.bench.table import output_console
 from prefix_router.lab.workloads.text import random_text, rng_for
@@ -44,16 +44,16 @@ HIT_WORKERS = 3
 
 
 @dataclass(frozen=True, slots=True)
-class IndexBenchConfig:
+class IndexBenchSettings:
     workers: int = 64
     blocks: int = 1_000_000
     prompt_chars: tuple[int, ...] = (16_000, 128_000)
     repeats: int = 200
     seed: int = 0
-    cap: CapBenchConfig = field(default_factory=CapBenchConfig)
+    cap: CapBenchSettings = field(default_factory=CapBenchSettings)
 
 
-def make_router(cfg: IndexBenchConfig) -> Router:
+def make_router(cfg: IndexBenchSettings) -> Router:
     index = IndexSettings(
         max_total_blocks=max(2_000_000, cfg.blocks * 2), ttl_s=1e9, worker_capacity_tokens=1 << 40
     )
@@ -122,7 +122,7 @@ class _Decisions:
         self.router.finished(req, decision.worker, Outcome(ok=True), now=1e6)
 
 
-def measure_prompt(router: Router, chars: int, cfg: IndexBenchConfig) -> dict[str, Any]:
+def measure_prompt(router: Router, chars: int, cfg: IndexBenchSettings) -> dict[str, Any]:
     keys = KeyBuilder(router.cfg.keys)
     body = body_of(chars, cfg.seed)
     req = keys.build("chat", body, route_id="probe")
@@ -137,7 +137,7 @@ def measure_prompt(router: Router, chars: int, cfg: IndexBenchConfig) -> dict[st
     return out
 
 
-def run(cfg: IndexBenchConfig) -> dict[str, Any]:
+def run(cfg: IndexBenchSettings) -> dict[str, Any]:
     router = make_router(cfg)
     memory = measure_fill(router, cfg.blocks, cfg.seed)
     result: dict[str, Any] = {"workers": cfg.workers, "indexed_blocks": len(router.index), **memory}
@@ -173,14 +173,14 @@ def render(result: dict[str, Any], console: Console) -> None:
         f"global cap binding ({cap['workers']} workers, max_total_blocks {cap['max_total_blocks']:,}, "
         f"{cap['request_blocks']} new blocks per request): insert p50 / p99 "
         f"{buckets['p50_us']:,.0f} / {buckets['p99_us']:,.0f} us (size buckets) vs "
-        f"{scan['p50_us']:,.0f} / {scan['p99_us']:,.0f} us (scan per evicted block, before issue 12): "
+        f"{scan['p50_us']:,.0f} / {scan['p99_us']:,.0f} us (a scan per evicted block): "
         f"{cap['scan_over_buckets']}x"
     )
 
 
 def index_command(args: argparse.Namespace) -> int:
-    cap = CapBenchConfig(workers=args.cap_workers, total_blocks=args.cap_blocks)
-    cfg = IndexBenchConfig(workers=args.workers, blocks=args.blocks, prompt_chars=tuple(args.prompt_chars),
+    cap = CapBenchSettings(workers=args.cap_workers, total_blocks=args.cap_blocks)
+    cfg = IndexBenchSettings(workers=args.workers, blocks=args.blocks, prompt_chars=tuple(args.prompt_chars),
                            repeats=args.repeats, cap=cap)  # fmt: skip
     console = output_console()
     with console.status(f"indexing {cfg.blocks:,} blocks over {cfg.workers} workers (tracemalloc on)..."):

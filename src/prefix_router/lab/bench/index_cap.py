@@ -3,7 +3,7 @@
 Every block inserted beyond the cap evicts one block of the fullest worker. Two indexes run side by side
 over the same operations: ``PrefixIndex`` (workers kept in buckets by size: amortised O(1) per evicted
 block) and ``ScanEvictionIndex``, the same index with the fullest worker found by a ``max()`` over every
-worker per evicted block (how the index did it before issue 12). Each is filled to its cap over
+worker per evicted block (the plain reference). Each is filled to its cap over
 ``workers`` workers, then each measured round inserts one request's worth of new blocks on every worker
 in turn (so every insert evicts as many blocks), alternating the two indexes to share the machine's noise.
 """
@@ -27,7 +27,7 @@ class ScanEvictionIndex(PrefixIndex):
 
 
 @dataclass(frozen=True, slots=True)
-class CapBenchConfig:
+class CapBenchSettings:
     workers: int = 256
     total_blocks: int = 100_000  # max_total_blocks, filled before measuring
     request_blocks: int = 250  # new blocks per request (a 16,000-character prompt at 64 chars a block)
@@ -35,7 +35,7 @@ class CapBenchConfig:
     seed: int = 0
 
 
-def make_index(cls: type[PrefixIndex], cfg: CapBenchConfig) -> PrefixIndex:
+def make_index(cls: type[PrefixIndex], cfg: CapBenchSettings) -> PrefixIndex:
     index = cls(
         block_tokens=16, default_capacity_tokens=1 << 40, max_total_blocks=cfg.total_blocks, ttl_s=1e9
     )
@@ -44,18 +44,18 @@ def make_index(cls: type[PrefixIndex], cfg: CapBenchConfig) -> PrefixIndex:
     return index
 
 
-def chains(cfg: CapBenchConfig, count: int, salt: int) -> list[tuple[int, ...]]:
+def chains(cfg: CapBenchSettings, count: int, salt: int) -> list[tuple[int, ...]]:
     rng = random.Random(f"{cfg.seed}:{salt}")
     return [tuple(rng.getrandbits(64) for _ in range(cfg.request_blocks)) for _ in range(count)]
 
 
-def fill(index: PrefixIndex, cfg: CapBenchConfig) -> None:
+def fill(index: PrefixIndex, cfg: CapBenchSettings) -> None:
     workers = index.workers()
     for n, chain in enumerate(chains(cfg, cfg.total_blocks // cfg.request_blocks + 1, salt=-1)):
         index.insert(workers[n % len(workers)], chain, now=float(n))
 
 
-def run_cap(cfg: CapBenchConfig) -> dict[str, Any]:
+def run_cap(cfg: CapBenchSettings) -> dict[str, Any]:
     """Per-request insert time (microseconds) of both indexes, and their ratio."""
     indexes = {"buckets": make_index(PrefixIndex, cfg), "scan": make_index(ScanEvictionIndex, cfg)}
     for index in indexes.values():

@@ -26,7 +26,7 @@ from prefix_router.lab.workloads.types import Session, Turn, Workload
 
 
 @dataclass(frozen=True, slots=True)
-class RunnerConfig:
+class RunnerSettings:
     base_url: str
     model: str = "default"
     api_key: str = "EMPTY"
@@ -51,7 +51,7 @@ class RunResult:
 
 @dataclass(slots=True)
 class _Run:
-    cfg: RunnerConfig
+    cfg: RunnerSettings
     client: AsyncOpenAI
     start: float
     slots: asyncio.Semaphore
@@ -69,7 +69,7 @@ def openai_base(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
-def make_client(cfg: RunnerConfig, connections: int) -> AsyncOpenAI:
+def make_client(cfg: RunnerSettings, connections: int) -> AsyncOpenAI:
     limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
     http = httpx2.AsyncClient(limits=limits, timeout=cfg.timeout_s)
     return AsyncOpenAI(
@@ -81,7 +81,7 @@ def make_client(cfg: RunnerConfig, connections: int) -> AsyncOpenAI:
     )
 
 
-async def run_workload(workload: Workload, cfg: RunnerConfig) -> RunResult:
+async def run_workload(workload: Workload, cfg: RunnerSettings) -> RunResult:
     """Replay ``workload``; one record per request sent (bounded by ``workload.request_count``)."""
     width = workload.concurrency or cfg.max_in_flight
     if width < 1:
@@ -127,7 +127,7 @@ async def _turn(run: _Run, session: Session, index: int, turn: Turn, history: li
     return record.ok
 
 
-def _headers(cfg: RunnerConfig, session: Session) -> dict[str, str]:
+def _headers(cfg: RunnerSettings, session: Session) -> dict[str, str]:
     headers = dict(cfg.headers)
     if cfg.tenant_header and session.tenant:
         headers[cfg.tenant_header] = session.tenant
@@ -139,7 +139,7 @@ def _headers(cfg: RunnerConfig, session: Session) -> dict[str, str]:
 class _progress:
     """A rich progress bar (or nothing) yielding an ``advance(record)`` callback."""
 
-    def __init__(self, cfg: RunnerConfig, total: int) -> None:
+    def __init__(self, cfg: RunnerSettings, total: int) -> None:
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("errors {task.fields[errors]}"), TimeElapsedColumn(),
                             disable=not cfg.progress)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Per-policy summaries of a run, in the JSON schema shared with the simulator (issue 4).
+"""Per-policy summaries of a run, in the JSON schema shared with the simulator.
 
 Schema: ``{"simulated", "policies": {NAME: {"requests", "errors", "hit_rate", "predicted_hit_rate",
 "ttft_ms": {"p50", "p90", "p99", "mean"}, "e2e_ms": {...}, "throughput_rps", "prefill_tokens",

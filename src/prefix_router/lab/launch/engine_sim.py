@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass
 
 from prefix_router.lab.launch.net import wait_until_ok
 from prefix_router.lab.sim.profiles import DEFAULT_PROFILE
-from prefix_router.lab.sim.server import READY_PREFIX, EngineSimConfig, running_server
+from prefix_router.lab.sim.server import READY_PREFIX, EngineSimSettings, running_server
 
 MAX_ENGINES = 256
 
 
 @dataclass(frozen=True, slots=True)
-class EngineOptions:
+class EngineSettings:
     """Options shared by every launched engine (see ``prefix-router engine-sim --help``)."""
 
     profile: str = DEFAULT_PROFILE
@@ -58,7 +58,7 @@ def start_engines(
 ) -> Iterator[list[str]]:
     """Run ``n`` engine processes; yields their base URLs (``http://127.0.0.1:PORT``)."""
     _check_count(n)
-    opts = EngineOptions(**options)  # type: ignore[arg-type]
+    opts = EngineSettings(**options)  # type: ignore[arg-type]
     command = [python, "-m", "prefix_router.lab.sim", *opts.argv()]
     processes: list[subprocess.Popen[bytes]] = []
     try:
@@ -105,8 +105,10 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None
 async def running_engines(n: int, **options: object) -> AsyncIterator[list[str]]:
     """Serve ``n`` engines in this event loop (no subprocesses); yields their base URLs."""
     _check_count(n)
-    opts = EngineOptions(**options)  # type: ignore[arg-type]
+    opts = EngineSettings(**options)  # type: ignore[arg-type]
     fields = {k: v for k, v in asdict(opts).items()}
     async with contextlib.AsyncExitStack() as stack:
-        urls = [await stack.enter_async_context(running_server(EngineSimConfig(**fields))) for _ in range(n)]
+        urls = [
+            await stack.enter_async_context(running_server(EngineSimSettings(**fields))) for _ in range(n)
+        ]
         yield urls

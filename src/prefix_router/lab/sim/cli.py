@@ -61,12 +61,12 @@ def engine_sim_parser() -> argparse.ArgumentParser:
 
 
 def run_engine_sim(args: argparse.Namespace) -> int:
-    from prefix_router.lab.sim.server import EngineSimConfig, serve_forever
+    from prefix_router.lab.sim.server import EngineSimSettings, serve_forever
 
     if args.time_scale <= 0:
         print("--time-scale must be positive", file=sys.stderr)
         return 2
-    cfg = EngineSimConfig(
+    cfg = EngineSimSettings(
         host=args.host,
         port=args.port,
         model=args.model,

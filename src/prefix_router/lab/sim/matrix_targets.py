@@ -1,6 +1,6 @@
 """The targets of the policy matrix, checked per cell, and the matrix as markdown tables (simulated).
 
-Per cell, for the ``prefix`` policy (issue 13):
+Per cell, for the ``prefix`` policy:
 - ``hit``: engine hit rate >= 97 % of the pooled-cache oracle's;
 - ``p50`` / ``p99``: TTFT no worse than the best load-only policy (random, round_robin, least_load,
   power_of_two), within ``TOLERANCE``;

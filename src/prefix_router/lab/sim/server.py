@@ -35,7 +35,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class EngineSimConfig:
+class EngineSimSettings:
     host: str = "127.0.0.1"
     port: int = 0
     model: str | None = None
@@ -68,7 +68,7 @@ class SimContext:
 CONTEXT = web.AppKey("engine_sim_context", SimContext)
 
 
-def build_context(cfg: EngineSimConfig) -> SimContext:
+def build_context(cfg: EngineSimSettings) -> SimContext:
     profile = cfg.engine_profile()
     model = cfg.model or profile.model
     engine = EngineModel(
@@ -78,7 +78,7 @@ def build_context(cfg: EngineSimConfig) -> SimContext:
     return SimContext(model, profile, engine, EngineDriver(engine, cfg.time_scale), limits)
 
 
-def build_app(cfg: EngineSimConfig) -> web.Application:
+def build_app(cfg: EngineSimSettings) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     ctx = build_context(cfg)
     app[CONTEXT] = ctx
@@ -233,7 +233,7 @@ async def _model_info(request: web.Request) -> web.Response:
 
 
 @contextlib.asynccontextmanager
-async def running_server(cfg: EngineSimConfig) -> AsyncIterator[str]:
+async def running_server(cfg: EngineSimSettings) -> AsyncIterator[str]:
     """Serve one engine on the current loop; yields its base URL (``http://host:port``)."""
     runner = web.AppRunner(build_app(cfg), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -246,7 +246,7 @@ async def running_server(cfg: EngineSimConfig) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def serve_forever(cfg: EngineSimConfig) -> None:
+async def serve_forever(cfg: EngineSimSettings) -> None:
     """Serve until SIGINT/SIGTERM; prints one ready line with the URL on stdout."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -83,7 +83,7 @@ def imbalance(per_instance: Sequence[int]) -> float:
 
 
 def summarize(stats: SimStats) -> dict[str, Any]:
-    """The per-policy entry of the JSON report (schema of issue 4)."""
+    """The per-policy entry of the JSON report (the schema of ``bench.summary``)."""
     prompt = sum(stats.prompt)
     cached = sum(stats.cached)
     span = stats.last_finish - (stats.first_arrival or 0.0)

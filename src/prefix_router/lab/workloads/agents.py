@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from prefix_router.lab.workloads.chatbots import zipf_weights
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import random_text, rng_for, tagged_text
 from prefix_router.lab.workloads.types import Session, Turn
 
 _TOOL_NAMES = ("search", "read_file", "run_query", "fetch_url", "list_items", "calculate")
 
 
-@dataclass(frozen=True, slots=True)
-class AgentOptions:
+class AgentSettings(WorkloadSettings):
     kinds: int = 4  # distinct agents (system prompt + tool list), Zipf popularity
     zipf_s: float = 1.0
     system_tokens: int = 512
@@ -49,7 +48,7 @@ def tool_schema(kind: int, index: int, seed: int) -> dict[str, Any]:
     }
 
 
-def build(opts: AgentOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: AgentSettings, requests: int, seed: int) -> list[Session]:
     if opts.kinds < 1 or opts.tools_per_kind < 1 or opts.steps < 0:
         raise ValueError("kinds and tools_per_kind must be >= 1, steps >= 0")
     rng = random.Random(f"agents:{seed}")
@@ -70,7 +69,7 @@ def _trim(sessions: list[Session], requests: int) -> list[Session]:
     return [s for s in sessions if s.turns]
 
 
-def _session(index: int, kind: int, opts: AgentOptions, seed: int, rng: random.Random) -> Session:
+def _session(index: int, kind: int, opts: AgentSettings, seed: int, rng: random.Random) -> Session:
     system = tagged_text(f"agent {kind} system", rng_for("agent-system", seed, kind), opts.system_tokens)
     tools = tuple(tool_schema(kind, t, seed) for t in range(opts.tools_per_kind))
     return Session(
@@ -84,7 +83,7 @@ def _session(index: int, kind: int, opts: AgentOptions, seed: int, rng: random.R
 
 
 def _turns(
-    index: int, tools: tuple[dict[str, Any], ...], opts: AgentOptions, rng: random.Random
+    index: int, tools: tuple[dict[str, Any], ...], opts: AgentSettings, rng: random.Random
 ) -> tuple[Turn, ...]:
     task = {"role": "user", "content": f"Task {index}: {random_text(rng, opts.task_tokens)}."}
     messages: list[dict[str, Any]] = [task]

@@ -17,15 +17,14 @@ prefix over several workers while it is hot and keep every tenant's prefix somew
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from prefix_router.lab.workloads.chatbots import zipf_weights
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import random_text, rng_for, tagged_text
 from prefix_router.lab.workloads.types import Session, Turn
 
 
-@dataclass(frozen=True, slots=True)
-class BurstyOptions:
+class BurstySettings(WorkloadSettings):
     tenants: int = 12
     system_tokens: int = 1024
     system_tokens_max: int = 8192
@@ -44,7 +43,7 @@ class BurstyOptions:
     calm_s: float = 60.0
 
 
-def build(opts: BurstyOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: BurstySettings, requests: int, seed: int) -> list[Session]:
     _check(opts)
     prompts = _system_prompts(opts, seed)
     rng = random.Random(f"bursty:{seed}")
@@ -67,7 +66,7 @@ def build(opts: BurstyOptions, requests: int, seed: int) -> list[Session]:
     return sessions
 
 
-def _check(opts: BurstyOptions) -> None:
+def _check(opts: BurstySettings) -> None:
     if opts.tenants < 1 or opts.turns_min < 1 or opts.turns_max < opts.turns_min:
         raise ValueError("tenants >= 1 and 1 <= turns_min <= turns_max required")
     if opts.rate <= 0 or opts.burst_factor < 1 or opts.burst_s <= 0 or opts.calm_s <= 0:
@@ -76,7 +75,7 @@ def _check(opts: BurstyOptions) -> None:
         raise ValueError("conversation_share must be in [0, 1]")
 
 
-def _system_prompts(opts: BurstyOptions, seed: int) -> list[str]:
+def _system_prompts(opts: BurstySettings, seed: int) -> list[str]:
     lengths = random.Random(f"bursty-lengths:{seed}")
     low, high = sorted((opts.system_tokens, opts.system_tokens_max))
     return [
@@ -85,7 +84,7 @@ def _system_prompts(opts: BurstyOptions, seed: int) -> list[str]:
     ]
 
 
-def _horizon(opts: BurstyOptions, requests: int) -> float:
+def _horizon(opts: BurstySettings, requests: int) -> float:
     """Long enough, in expectation with margin, for ``requests`` turns."""
     hot = opts.burst_s / (opts.burst_s + opts.calm_s)
     sessions_per_s = opts.rate * (1.0 + (opts.burst_factor - 1.0) * hot)
@@ -93,7 +92,7 @@ def _horizon(opts: BurstyOptions, requests: int) -> float:
     return 2.0 * requests / (sessions_per_s * turns) + opts.burst_s + opts.calm_s
 
 
-def _arrivals(rate: float, horizon: float, opts: BurstyOptions, rng: random.Random) -> list[float]:
+def _arrivals(rate: float, horizon: float, opts: BurstySettings, rng: random.Random) -> list[float]:
     """Session starts of one tenant: Poisson at ``rate``, times ``burst_factor`` during its bursts."""
     times: list[float] = []
     now, bursting = 0.0, False
@@ -115,7 +114,7 @@ def _session(
     tenant: int,
     start: float,
     system: str,
-    opts: BurstyOptions,
+    opts: BurstySettings,
     rng: random.Random,
     left: int,
 ) -> Session:
@@ -131,7 +130,7 @@ def _session(
     )
 
 
-def _turn(index: int, k: int, opts: BurstyOptions, rng: random.Random) -> Turn:
+def _turn(index: int, k: int, opts: BurstySettings, rng: random.Random) -> Turn:
     tokens = rng.randint(opts.question_tokens, max(opts.question_tokens, opts.question_tokens_max))
     question = f"Question {index}.{k}: {random_text(rng, tokens)}?"
     out = rng.randint(opts.output_tokens, max(opts.output_tokens, opts.output_tokens_max))

@@ -6,14 +6,13 @@ Requests of one tenant share the tenant's whole system prompt; requests of diffe
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import random_text, rng_for, tagged_text
 from prefix_router.lab.workloads.types import Session, Turn
 
 
-@dataclass(frozen=True, slots=True)
-class ChatbotOptions:
+class ChatbotSettings(WorkloadSettings):
     tenants: int = 16
     system_tokens: int = 1024
     system_tokens_max: int | None = None  # lengths uniform in [system_tokens, system_tokens_max]
@@ -27,7 +26,7 @@ def zipf_weights(n: int, s: float) -> list[float]:
     return [1.0 / (rank**s) for rank in range(1, n + 1)]
 
 
-def system_prompts(opts: ChatbotOptions, seed: int) -> list[str]:
+def system_prompts(opts: ChatbotSettings, seed: int) -> list[str]:
     """One fixed system prompt per tenant."""
     high = opts.system_tokens_max or opts.system_tokens
     lengths = random.Random(f"chatbot-lengths:{seed}")
@@ -38,7 +37,7 @@ def system_prompts(opts: ChatbotOptions, seed: int) -> list[str]:
     return prompts
 
 
-def build(opts: ChatbotOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: ChatbotSettings, requests: int, seed: int) -> list[Session]:
     if opts.tenants < 1:
         raise ValueError("tenants must be >= 1")
     prompts = system_prompts(opts, seed)
@@ -47,7 +46,7 @@ def build(opts: ChatbotOptions, requests: int, seed: int) -> list[Session]:
     return [_session(i, tenant, prompts[tenant], opts, rng) for i, tenant in enumerate(picks)]
 
 
-def _session(index: int, tenant: int, system: str, opts: ChatbotOptions, rng: random.Random) -> Session:
+def _session(index: int, tenant: int, system: str, opts: ChatbotSettings, rng: random.Random) -> Session:
     question = f"Question {index}: {random_text(rng, opts.question_tokens)}?"
     turn = Turn(max_tokens=opts.output_tokens, messages=({"role": "user", "content": question},))
     return Session(

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
 
 from prefix_router.lab.workloads import chatbots, multiturn
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.types import Session
 
 
-@dataclass(frozen=True, slots=True)
-class MixedOptions:
+class MixedSettings(WorkloadSettings):
     chat_share: float = 0.5  # fraction of requests from the chatbot shape, the rest multi-turn turns
     tenants: int = 16
     system_tokens: int = 1024
@@ -35,7 +34,7 @@ class MixedOptions:
     synthetic_fallback: bool = True  # without the ShareGPT trace, synthetic conversations (ids synthetic-N)
 
 
-def build(opts: MixedOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: MixedSettings, requests: int, seed: int) -> list[Session]:
     if not 0.0 <= opts.chat_share <= 1.0:
         raise ValueError("chat_share must be in [0, 1]")
     n_chat = round(requests * opts.chat_share)
@@ -47,7 +46,7 @@ def build(opts: MixedOptions, requests: int, seed: int) -> list[Session]:
     return sessions
 
 
-def _under_tenants(sessions: list[Session], opts: MixedOptions, seed: int) -> list[Session]:
+def _under_tenants(sessions: list[Session], opts: MixedSettings, seed: int) -> list[Session]:
     """Each conversation gets a tenant (Zipf) and that tenant's system prompt."""
     chat = _chat_options(opts)
     prompts = chatbots.system_prompts(chat, seed)
@@ -61,8 +60,8 @@ def _under_tenants(sessions: list[Session], opts: MixedOptions, seed: int) -> li
     ]
 
 
-def _chat_options(opts: MixedOptions) -> chatbots.ChatbotOptions:
-    return chatbots.ChatbotOptions(
+def _chat_options(opts: MixedSettings) -> chatbots.ChatbotSettings:
+    return chatbots.ChatbotSettings(
         tenants=opts.tenants,
         system_tokens=opts.system_tokens,
         system_tokens_max=opts.system_tokens_max,
@@ -72,10 +71,10 @@ def _chat_options(opts: MixedOptions) -> chatbots.ChatbotOptions:
     )
 
 
-def _multiturn(opts: MixedOptions, requests: int, seed: int) -> list[Session]:
+def _multiturn(opts: MixedSettings, requests: int, seed: int) -> list[Session]:
     if requests <= 0:
         return []
-    mt = multiturn.MultiTurnOptions(
+    mt = multiturn.MultiTurnSettings(
         trace=opts.trace,
         max_turns=opts.max_turns,
         max_user_tokens=opts.max_user_tokens,

@@ -15,21 +15,20 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 import orjson
 
 from prefix_router.lab.workloads.arrivals import spread_buckets
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import random_text, rng_for
 from prefix_router.lab.workloads.traces import MOONCAKE_FILE, find_trace
 from prefix_router.lab.workloads.types import Session, Turn
 from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, Endpoint
 
 
-@dataclass(frozen=True, slots=True)
-class MooncakeOptions:
+class MooncakeSettings(WorkloadSettings):
     trace: str | None = None
     block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens of text per hash id (scale down for CPU runs)
     output_scale: float = 1.0  # extra factor on output lengths (after the block scaling)
@@ -73,13 +72,13 @@ def prompt_for(row: dict[str, Any], texts: BlockTexts) -> str:
     return "".join(texts.get(int(h)) for h in row["hash_ids"])[:n_chars]
 
 
-def rows(opts: MooncakeOptions, count: int) -> Iterator[dict[str, Any]]:
+def rows(opts: MooncakeSettings, count: int) -> Iterator[dict[str, Any]]:
     with find_trace(MOONCAKE_FILE, opts.trace).open("rb") as handle:
         for line in islice(handle, opts.start_row, opts.start_row + count):
             yield orjson.loads(line)
 
 
-def build(opts: MooncakeOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: MooncakeSettings, requests: int, seed: int) -> list[Session]:
     if opts.endpoint not in ("chat", "completions"):
         raise ValueError("endpoint must be chat or completions")
     texts = BlockTexts(seed, opts.block_tokens, opts.cache_blocks)
@@ -94,7 +93,7 @@ def build(opts: MooncakeOptions, requests: int, seed: int) -> list[Session]:
 
 
 def _session(
-    index: int, row: dict[str, Any], arrival: float, texts: BlockTexts, opts: MooncakeOptions
+    index: int, row: dict[str, Any], arrival: float, texts: BlockTexts, opts: MooncakeSettings
 ) -> Session:
     scale = opts.block_tokens / MOONCAKE_BLOCK_TOKENS * opts.output_scale
     out = min(opts.max_output_tokens, max(1, round(int(row["output_length"]) * scale)))

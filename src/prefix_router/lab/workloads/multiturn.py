@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import CHARS_PER_TOKEN, estimate_tokens, random_text, tagged_text
 from prefix_router.lab.workloads.traces import SHAREGPT_FILE, find_trace
 from prefix_router.lab.workloads.types import Session, Turn
 
 
-@dataclass(frozen=True, slots=True)
-class MultiTurnOptions:
+class MultiTurnSettings(WorkloadSettings):
     trace: str | None = None  # path of the ShareGPT-format JSONL; default: ../shared/traces
     max_turns: int = 8  # user turns kept per conversation
     max_user_tokens: int = 256  # longer user messages are truncated (about 4 chars per token)
@@ -34,7 +33,7 @@ class MultiTurnOptions:
     synthetic_fallback: bool = False  # without the trace, use synthetic conversations instead of failing
 
 
-def build(opts: MultiTurnOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: MultiTurnSettings, requests: int, seed: int) -> list[Session]:
     try:
         lines = find_trace(SHAREGPT_FILE, opts.trace).read_bytes().splitlines()
     except FileNotFoundError:
@@ -64,7 +63,7 @@ def _synthetic(index: int, rng: random.Random) -> list[dict[str, str]]:
     return messages
 
 
-def _sessions(lines: list[bytes], order: list[int], opts: MultiTurnOptions) -> Iterator[Session]:
+def _sessions(lines: list[bytes], order: list[int], opts: MultiTurnSettings) -> Iterator[Session]:
     for index in order:
         record = orjson.loads(lines[index])
         turns = conversation_turns(record.get("conversations", []), opts)
@@ -94,7 +93,7 @@ def _take(sessions: Iterator[Session], requests: int) -> list[Session]:
     return taken
 
 
-def conversation_turns(conversation: list[dict[str, Any]], opts: MultiTurnOptions) -> tuple[Turn, ...]:
+def conversation_turns(conversation: list[dict[str, Any]], opts: MultiTurnSettings) -> tuple[Turn, ...]:
     """One turn per user message, sized by the reply that follows it."""
     turns: list[Turn] = []
     for i, message in enumerate(conversation):
@@ -105,7 +104,7 @@ def conversation_turns(conversation: list[dict[str, Any]], opts: MultiTurnOption
     return tuple(turns)
 
 
-def _turn(user: str, reply: str, opts: MultiTurnOptions, follow_up: bool) -> Turn:
+def _turn(user: str, reply: str, opts: MultiTurnSettings, follow_up: bool) -> Turn:
     content = user[: opts.max_user_tokens * CHARS_PER_TOKEN] or "Hello."
     out = min(opts.max_output_tokens, max(opts.min_output_tokens, estimate_tokens(reply)))
     think = opts.think_time_s if follow_up else 0.0

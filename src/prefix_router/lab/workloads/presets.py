@@ -12,14 +12,13 @@ Lengths are in estimated tokens (about 4 characters each), not a model tokenizer
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import random_text, rng_for, tagged_text
 from prefix_router.lab.workloads.types import Session, Turn
 
 
-@dataclass(frozen=True, slots=True)
-class GspOptions:
+class GspSettings(WorkloadSettings):
     groups: int = 64
     prompts_per_group: int = 16
     system_tokens: int = 2048
@@ -27,8 +26,7 @@ class GspOptions:
     output_tokens: int = 256
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixRepetitionOptions:
+class PrefixRepetitionSettings(WorkloadSettings):
     prefixes: int = 10
     prefix_tokens: int = 256
     suffix_tokens: int = 256
@@ -40,7 +38,7 @@ def _single(session_id: str, prompt: str, output_tokens: int) -> Session:
     return Session(session_id=session_id, arrival_s=0.0, turns=(turn,), endpoint="completions")
 
 
-def build_gsp(opts: GspOptions, requests: int, seed: int) -> list[Session]:
+def build_gsp(opts: GspSettings, requests: int, seed: int) -> list[Session]:
     """``requests`` defaults to groups x prompts_per_group; fewer keeps the first ones of the shuffle."""
     rng = random.Random(f"gsp:{seed}")
     systems = [
@@ -51,12 +49,12 @@ def build_gsp(opts: GspOptions, requests: int, seed: int) -> list[Session]:
     return [_gsp_session(i, g, systems[g], opts, rng) for i, (g, _) in enumerate(_cycle(pairs, requests))]
 
 
-def _gsp_session(index: int, group: int, system: str, opts: GspOptions, rng: random.Random) -> Session:
+def _gsp_session(index: int, group: int, system: str, opts: GspSettings, rng: random.Random) -> Session:
     question = random_text(rng, opts.question_tokens)
     return _single(f"gsp-{index}-g{group}", f"{system}\n\n{question}", opts.output_tokens)
 
 
-def build_prefix_repetition(opts: PrefixRepetitionOptions, requests: int, seed: int) -> list[Session]:
+def build_prefix_repetition(opts: PrefixRepetitionSettings, requests: int, seed: int) -> list[Session]:
     rng = random.Random(f"prefix-repetition:{seed}")
     prefixes = [
         tagged_text(f"prefix {p}", rng_for("pr", seed, p), opts.prefix_tokens) for p in range(opts.prefixes)

@@ -8,17 +8,16 @@ Document lengths are ``document_tokens`` each, or drawn uniformly (seeded) betwe
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from prefix_router.lab.workloads.chatbots import zipf_weights
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import random_text, rng_for, tagged_text
 from prefix_router.lab.workloads.types import Session, Turn
 
 SYSTEM_PROMPT = "Answer the question using only the document. Quote the relevant passage."
 
 
-@dataclass(frozen=True, slots=True)
-class RagOptions:
+class RagSettings(WorkloadSettings):
     documents: int = 4
     document_tokens: int = 4096
     document_tokens_max: int | None = None  # lengths drawn in [document_tokens, document_tokens_max]
@@ -27,7 +26,7 @@ class RagOptions:
     output_tokens: int = 48
 
 
-def build(opts: RagOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: RagSettings, requests: int, seed: int) -> list[Session]:
     if opts.documents < 1:
         raise ValueError("documents must be >= 1")
     top = opts.document_tokens_max
@@ -42,7 +41,7 @@ def build(opts: RagOptions, requests: int, seed: int) -> list[Session]:
     return [_session(i, d, docs[d], opts, rng) for i, d in enumerate(picks)]
 
 
-def _session(index: int, doc_index: int, document: str, opts: RagOptions, rng: random.Random) -> Session:
+def _session(index: int, doc_index: int, document: str, opts: RagSettings, rng: random.Random) -> Session:
     question = f"Question {index}: {random_text(rng, opts.question_tokens)}?"
     content = f"<document id={doc_index}>\n{document}\n</document>\n\n{question}"
     turn = Turn(max_tokens=opts.output_tokens, messages=({"role": "user", "content": content},))

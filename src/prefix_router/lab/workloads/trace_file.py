@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.types import Session, Turn
 from prefix_router.protocol import Endpoint
 
@@ -34,8 +35,7 @@ _ENDPOINTS: dict[str, Endpoint] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TraceFileOptions:
+class TraceFileSettings(WorkloadSettings):
     path: str = ""
     default_max_tokens: int = 128  # when a body sets neither max_tokens nor max_completion_tokens
 
@@ -64,7 +64,7 @@ def read_records(path: Path) -> list[TraceRecord]:
     return sorted((parse_record(line, n) for n, line in enumerate(lines, 1)), key=lambda r: r.timestamp)
 
 
-def build(opts: TraceFileOptions, requests: int, seed: int) -> list[Session]:
+def build(opts: TraceFileSettings, requests: int, seed: int) -> list[Session]:
     del seed  # replay is fully determined by the file
     if not opts.path:
         raise ValueError("the trace workload needs path=FILE (a JSONL request trace)")

@@ -1,12 +1,12 @@
 """prefix: the worker with the lowest expected cost of this request *and* of what it does to the fleet.
 
-Algorithm. For each candidate under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in
-flight + 1) / total weight) + load_slack``, times its weight; all candidates if none is), or under
-``hit_cap_factor`` x that cap for a *cheap hit* (it holds at least ``hit_cap_share`` of the prompt and
-the prefill left there is no more than the fleet's mean request's), in token-equivalents of prefill work
+For each candidate under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in flight +
+1) / total weight) + load_slack``, times its weight; all candidates if none is), or under
+``hit_cap_factor`` x that cap for a *cheap hit* (it holds at least ``hit_cap_share`` of the prompt and the
+prefill left there is no more than the fleet's mean request's), in token-equivalents of prefill work
 (``backlog.prefill_work``: a token at context c costs 1 + c / attention_tokens):
 
-    cost = backlog                                 prefill still queued there (learned drain, backlog.py)
+    cost = backlog                                 prefill still queued there (backlog.py)
          + queue_penalty_tokens x engine queue     (scraped, when fresh: other routers' requests)
          + in_flight_penalty_tokens x in flight    (decode steps slow down with the batch)
          + (1 + recompute_weight x fill + saturation_weight x D) x work
@@ -15,26 +15,8 @@ the prefill left there is no more than the fleet's mean request's), in token-equ
     D    = requests delayed by a token of prefill placed now: W / (1 - rho), W the fleet's mean backlog
            counted in typical requests, rho the utilisation of an M/M/1 queue that long
 
-divided by the worker's weight; the cheapest wins, ties broken at random (seeded).
-
-Why. ``backlog + work`` is this request's own time to first token (FCFS chunked prefill). The rest prices
-the future of the work this choice creates:
-- cache: new blocks on a full cache evict someone's blocks, which will likely be needed again, and a
-  copy of a prefix held elsewhere leaves a duplicate in the pooled cache (``recompute_weight`` x fill);
-- capacity: the prefill delays the requests that will queue behind it before the backlog drains; an
-  M/M/1 queue of W requests is a fleet at utilisation rho, and about W / (1 - rho) requests arrive before
-  it drains (``saturation_weight``). This grows without bound as the fleet saturates, so the policy
-  sticks to the holders harder and harder exactly when capacity is scarce, and balances freely when the
-  fleet is idle.
-So the holder of a prefix is left only when its wait exceeds the recomputation by that margin; a hot
-prefix is then copied deliberately to the cheapest other worker (the emptiest cache among equals), and
-from then on both holders share it by cost. Prompts that match nowhere go where the wait is shortest,
-preferring caches with room. The bounded-load cap is a hard guarantee on top: no worker takes a request
-above it, however long the prefix it holds, except a cheap hit, and that never above ``hit_cap_factor`` x
-the cap. A request count is a poor measure of a long prompt that is fully held: it costs its holder
-almost no prefill, while a copy elsewhere costs tens of thousands of tokens of prefill and a duplicate in
-the pooled cache; counting such hits against the cap forced exactly those copies (long-document RAG under
-overload) while they added little to the holder's work.
+divided by the worker's weight; the cheapest wins, ties broken at random (seeded). Why each term, and
+what the peers do instead: docs/routing.md, "The prefix cost model".
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
