@@ -18,11 +18,11 @@ from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down, unavailable
 from prefix_router.proxy.edge.exchange import PASSTHROUGH_POLICY, passthrough_route, read_up_to
 from prefix_router.proxy.edge.forward import is_event_stream, safe_path, salted_body, takes_cache_salt
+from prefix_router.proxy.edge.handlers import add_catch_all
 from prefix_router.proxy.edge.handlers import closed as request_closed
 from prefix_router.proxy.edge.handlers import health as health_route
 from prefix_router.proxy.edge.handlers import metrics as metrics_route
 from prefix_router.proxy.edge.handlers import ready as ready_route
-from prefix_router.proxy.edge.http_errors import add_catch_all
 from prefix_router.proxy.edge.parse import Parsed, body_model, session_id, too_large
 from prefix_router.proxy.edge.parse import parse as parse_request
 from prefix_router.proxy.edge.sse import ReplyAccumulator
