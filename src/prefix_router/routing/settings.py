@@ -9,6 +9,7 @@ routing:
   sessions: {affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
   feedback: {tolerance: 0.5, page_tokens: 16, slack_pages: 2, capacity_step: 0.1}  # engine reports
   units: {learn: true, alpha: 0.03125, min_sample_tokens: 512, warmup: 8, margin: 1.0}  # text keys' tokens
+  precise: {block_tokens: 16, speculative_ttl_s: 2.0, silence_s: 10.0, ...}  # workers with kv_events
   policies:                   # one knob group per policy, declared by the policy's own module
     prefix: {load_factor: 1.25, load_slack: 2, queue_penalty_tokens: 512, in_flight_penalty_tokens: 512}
     consistent_hash: {load_factor: 1.25, load_slack: 0, replicas: 64, max_rings: 32}
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, ModelWrapValidatorHandler, create_model, field_validator, model_validator
 
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICIES, POLICY_NAMES
+from prefix_router.routing.precise import PreciseSettings
 from prefix_router.settings import Section
 
 
@@ -190,6 +192,7 @@ class RoutingSettings(Section):
     sessions: SessionSettings = Field(default_factory=SessionSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     units: UnitSettings = Field(default_factory=UnitSettings)
+    precise: PreciseSettings = Field(default_factory=PreciseSettings)
     policies: PolicyGroups = Field(default_factory=PolicyGroups)
 
     @field_validator("policy")

@@ -47,6 +47,8 @@ _NOT_DOWNSTREAM = HOP_BY_HOP | {
 }
 
 
+# engine endpoints outside /v1 that are passed through like any other call (vLLM's and SGLang's)
+ROOT_PASSTHROUGH = ("/tokenize", "/detokenize")
 _UNSAFE_IN_PATH = re.compile(r"[\x00-\x1f\\]").search  # a control character or a backslash
 
 
@@ -57,10 +59,12 @@ def upstream_url(worker: Worker, path_qs: str) -> str:
 
 def safe_path(path_qs: str) -> bool:
     """Whether an origin-form path (``request.rel_url``, never the raw request target, which may be an
-    absolute URL) can be appended to a worker's URL: it starts with ``/v1/`` (so the worker's authority
-    cannot be altered) and has no dot segments or backslashes, even percent-encoded (so it cannot climb
-    out of ``/v1/`` on the worker)."""
+    absolute URL) can be appended to a worker's URL: it is one of ``ROOT_PASSTHROUGH`` exactly, or it
+    starts with ``/v1/`` (so the worker's authority cannot be altered) and has no dot segments or
+    backslashes, even percent-encoded (so it cannot climb out of ``/v1/`` on the worker)."""
     path = path_qs.split("?", 1)[0]
+    if path in ROOT_PASSTHROUGH:
+        return True
     if not path.startswith("/v1/"):
         return False
     decoded = unquote(path)

@@ -118,10 +118,13 @@ def route_request(
     request_id: str,
     tenant: str | None,
     session: str | None,
+    engine_salt: str | None = None,
 ) -> RouteRequest:
     """The routing core's view of the request; invalid bodies become 400 naming the field."""
     try:
-        return builder.build(endpoint, body, route_id=request_id, tenant=tenant, session=session)
+        return builder.build(
+            endpoint, body, route_id=request_id, tenant=tenant, session=session, engine_salt=engine_salt
+        )
     except InvalidRequest as exc:
         raise bad_request(exc.message, param=exc.param, code="invalid_request") from None
     except Exception as exc:  # never a 500 for a body we could not read
@@ -136,10 +139,11 @@ def parse(
     request_id: str,
     tenant: str | None,
     session: str | None,
+    engine_salt: str | None = None,
 ) -> Parsed:
     body = parse_json(raw)
     stream = stream_flag(body)
-    route = route_request(endpoint, body, builder, request_id, tenant, session)
+    route = route_request(endpoint, body, builder, request_id, tenant, session, engine_salt)
     return Parsed(endpoint, raw, body, route, stream, tenant)
 
 
