@@ -37,14 +37,14 @@ vllm:
 redis:
 	scripts/redis-server.sh ensure
 
-# The compiled routing core (setup.py with PREFIX_ROUTER_COMPILE=1: mypyc and a C loop over the system's
+# The compiled routing core (setup.py with COMPILE_ROUTING_CORE=1: mypyc and a C loop over the system's
 # libxxhash; needs gcc and libxxhash0), built once per source under build/compiled (a few minutes cold).
 # tests/test_build.py compares it with the pure build; pytest-compiled runs tests/routing on it.
 compiled: $(STAMP)
 	PY=$(BIN)/python scripts/build-compiled.sh
 
 pytest: $(STAMP) llama vllm redis compiled
-	PREFIX_ROUTER_COMPILED_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q
+	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q
 
 pytest-compiled: compiled
 	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q tests/routing

@@ -1,4 +1,4 @@
-"""Build switch: pure Python by default; ``PREFIX_ROUTER_COMPILE=1`` compiles the routing core.
+"""Build switch: pure Python by default; ``COMPILE_ROUTING_CORE=1`` compiles the routing core.
 
 Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the hot routing
 modules, from the same typed source) and the C loop ``prefix_router.routing._chain`` (chained xxh3 block
@@ -42,7 +42,7 @@ COMPILED = [
 
 
 def compiling() -> bool:
-    return os.environ.get("PREFIX_ROUTER_COMPILE", "") == "1"
+    return os.environ.get("COMPILE_ROUTING_CORE", "") == "1"
 
 
 def chain_extension() -> Extension:
@@ -91,7 +91,7 @@ class OptionalBuildExt(build_ext):
 
     def warn_or_raise(self, message: str) -> None:
         print(f"prefix-router: {message}", file=sys.stderr)
-        if os.environ.get("PREFIX_ROUTER_COMPILE_STRICT", "") == "1":  # the test's build: all or fail
+        if os.environ.get("COMPILE_ROUTING_CORE_STRICT", "") == "1":  # the test's build: all or fail
             raise RuntimeError(message)
 
 

@@ -66,7 +66,7 @@ def ask(proc: subprocess.Popen[str], command: str) -> dict[str, object]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--compiled-lib", default=os.environ.get("PREFIX_ROUTER_COMPILED_LIB", ""))
+    p.add_argument("--compiled-lib", default=os.environ.get("COMPILED_ROUTING_CORE_LIB", ""))
     p.add_argument("--prompt-chars", default="2000,32000")
     p.add_argument("--workers", default="1,8")
     p.add_argument("--cycles", type=int, default=500, help="cycles per slice")

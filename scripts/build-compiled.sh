@@ -1,5 +1,5 @@
 #!/bin/sh
-# The compiled routing core (PREFIX_ROUTER_COMPILE=1, setup.py) built into build/compiled, once per source:
+# The compiled routing core (COMPILE_ROUTING_CORE=1, setup.py) built into build/compiled, once per source:
 # cached under a digest of setup.py and the routing package's sources. Prints the directory to put first on
 # PYTHONPATH (the whole package, compiled modules beside their sources). Fails if a part was not compiled.
 set -eu
@@ -10,7 +10,7 @@ out=build/compiled/$digest
 if [ ! -f "$out/.built" ]; then
     rm -rf build/compiled
     mkdir -p "$out"
-    PREFIX_ROUTER_COMPILE=1 PREFIX_ROUTER_COMPILE_STRICT=1 nice -n 10 "$PY" setup.py -q build \
+    COMPILE_ROUTING_CORE=1 COMPILE_ROUTING_CORE_STRICT=1 nice -n 10 "$PY" setup.py -q build \
         --build-base "$out/tmp" --build-lib "$out/lib" >"$out/build.log" 2>&1 \
         || { tail -40 "$out/build.log" >&2; exit 1; }
     touch "$out/.built"

@@ -1,7 +1,7 @@
-"""The compiled build (``setup.py`` with ``PREFIX_ROUTER_COMPILE=1``) against the pure one.
+"""The compiled build (``setup.py`` with ``COMPILE_ROUTING_CORE=1``) against the pure one.
 
 The compiled core is built once per source by ``scripts/build-compiled.sh`` (cached under ``build/compiled``;
-``make test`` builds it first and passes it in ``PREFIX_ROUTER_COMPILED_LIB``); each build runs in a
+``make test`` builds it first and passes it in ``COMPILED_ROUTING_CORE_LIB``); each build runs in a
 subprocess with its package first on the path. Checked: every module ``setup.py`` compiles is an extension
 module there (a build that fell back to pure fails here), the C block-hash loop gives the Python loop's
 hashes, and both builds make the same decisions, keys and summaries on recorded traces.

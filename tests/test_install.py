@@ -45,7 +45,7 @@ def pip(*args: str) -> None:
 
 def copy_project(target: Path) -> Path:
     """What the image copies (pyproject.toml, README.md, setup.py, src/): pip builds in the tree, not in
-    the checkout (pure: no PREFIX_ROUTER_COMPILE here)."""
+    the checkout (pure: no COMPILE_ROUTING_CORE here)."""
     target.mkdir()
     for name in ("pyproject.toml", "README.md", "setup.py"):
         shutil.copy2(ROOT / name, target / name)

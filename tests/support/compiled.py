@@ -1,4 +1,4 @@
-"""The compiled build of the routing core for tests: ``PREFIX_ROUTER_COMPILED_LIB`` (``make test`` builds it
+"""The compiled build of the routing core for tests: ``COMPILED_ROUTING_CORE_LIB`` (``make test`` builds it
 first) or built here by ``scripts/build-compiled.sh`` (cached per source under ``build/compiled``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ BUILD_TIMEOUT_S = 1100  # a cold build: about 4 minutes on a busy 2-core machine
 
 
 def compiled_lib() -> Path:
-    given = os.environ.get("PREFIX_ROUTER_COMPILED_LIB")
+    given = os.environ.get("COMPILED_ROUTING_CORE_LIB")
     if given:
         return Path(given)
     env = os.environ | {"PY": sys.executable}

@@ -9,7 +9,7 @@ CPU per request. Ratios are to the direct connection and to the peer. ``--profil
 routers with py-spy and prints where their CPU goes, stage by stage (``bench.profile``). The routers
 write their access log, as shipped; ``--access-log on,off`` adds routers without it, to measure it.
 ``--builds pure,compiled`` runs each router configuration on both builds side by side: the pure package
-and the compiled routing core (``setup.py`` with ``PREFIX_ROUTER_COMPILE=1``; ``scripts/build-compiled.sh``
+and the compiled routing core (``setup.py`` with ``COMPILE_ROUTING_CORE=1``; ``scripts/build-compiled.sh``
 prints its directory), put first on the router's ``PYTHONPATH`` from ``--compiled-lib``.
 """
 
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--builds", default="pure", help="prefix-router builds to compare (pure,compiled)")
     p.add_argument(
         "--compiled-lib",
-        default=os.environ.get("PREFIX_ROUTER_COMPILED_LIB", ""),
+        default=os.environ.get("COMPILED_ROUTING_CORE_LIB", ""),
         help="the compiled build's package directory (scripts/build-compiled.sh prints it)",
     )
     p.set_defaults(func=run_bench)
