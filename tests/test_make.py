@@ -33,3 +33,29 @@ def test_a_missing_redis_server_fails_the_redis_tests(tmp_path: Path) -> None:
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "redis-server is not installed" in proc.stdout and "skipped" not in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_installs_vllm_before_pytest() -> None:
+    dry = subprocess.run(
+        ["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = dry.stdout.splitlines()
+    install = next(i for i, line in enumerate(lines) if line.strip() == "scripts/install-vllm.sh")
+    pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
+    assert install < pytest_run
+
+
+def test_install_vllm_is_a_no_op_when_stamped(tmp_path: Path) -> None:
+    """A venv whose stamp names this recipe is left alone (no python, pip or network is touched)."""
+    script = ROOT / "scripts" / "install-vllm.sh"
+    recipe = 'eval "$(grep -E "^(VLLM_VERSION|SMOL_VERSION|RECIPE|WANT)=" "$0")"; echo "$WANT"'
+    stamp = subprocess.run(["bash", "-c", recipe, str(script)], capture_output=True, text=True, check=True)
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".prefix-router-installed").write_text(stamp.stdout)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PY": str(tmp_path / "no-python"),
+           "PREFIX_ROUTER_VLLM_VENV": str(venv)}  # fmt: skip
+    proc = subprocess.run([str(script)], env=env, capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in venv.iterdir()) == [".prefix-router-installed"]

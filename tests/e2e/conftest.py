@@ -1,4 +1,5 @@
-"""Real-engine end-to-end fixtures: llama.cpp instances from the llama venv (scripts/install-llama-cpp.sh)."""
+"""Real-engine end-to-end fixtures: llama.cpp instances from the llama venv (scripts/install-llama-cpp.sh)
+and vLLM instances from the vLLM venv (scripts/install-vllm.sh), one fleet per test session."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from types import ModuleType
 import pytest
 
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, unavailable_reason
+from prefix_router.lab.launch.vllm import VllmFleet
+from support.vllm import log_dir as vllm_log_dir
+from support.vllm import start_fleet
 
 
 def load_harness() -> ModuleType:
@@ -50,3 +54,13 @@ def llama_fleet() -> Iterator[LlamaCppFleet]:
     require_llama_venv()
     with LlamaCppFleet(load_harness().fleet_settings(instances=3)) as fleet:
         yield fleet
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
+    """Two real vLLM instances (``support.vllm``), started once per test session and shared."""
+    fleet = start_fleet(vllm_log_dir(tmp_path_factory))
+    try:
+        yield fleet
+    finally:
+        fleet.stop()

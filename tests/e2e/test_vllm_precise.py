@@ -11,9 +11,8 @@ import urllib.request
 from typing import Any
 
 from prefix_router.lab.launch.vllm import VllmFleet, model_dir
-from support.vllm import MODEL, workers_config
-
 from support.routers import RouterFactory, RouterHandle
+from support.vllm import MODEL, workers_config
 from support.waiting import wait_until
 
 BLOCK = 128

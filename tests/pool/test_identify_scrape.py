@@ -80,6 +80,22 @@ async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: Worke
     assert router.load.snapshot("w1", clock[0]).queue_depth == 0
 
 
+async def test_a_recorded_vllm_cpu_page_gives_capacity_and_the_engine_block(
+    router: Router, pool: WorkerPool, fetcher: Any, fixture_text: Any
+) -> None:
+    """vLLM 0.32's CPU build (recorded here): 64 blocks of 128 tokens; the router learns both."""
+    worker = pool.require("w1")
+    fetcher.table["http://w1:8000/metrics"] = Fetched(200, fixture_text("vllm_cpu_0.32_metrics.txt").encode())
+    fetcher.table["http://w1:8000/v1/models"] = Fetched(
+        200, fixture_text("vllm_cpu_0.32_models.json").encode()
+    )
+    await Identifier(fetcher, 1.0, 10, 100_000).identify(worker)
+    assert worker.adapter is not None and worker.adapter.name == "vllm"
+    assert router.engine_block_tokens("w1") is None
+    await MetricsScraper(pool, router, fetcher, ScrapeSettings(), lambda: 1.0).scrape_all()
+    assert worker.learned_capacity == 8192 and router.engine_block_tokens("w1") == 128
+
+
 async def test_garbage_metrics_do_not_break_the_scrape(
     pool: WorkerPool, router: Router, fetcher: Any
 ) -> None:

@@ -85,6 +85,19 @@ async def test_passthrough_other_v1_paths(fake_engine: Any, start_router: Any) -
     assert resp.headers[WORKER_HEADER] == "a"
 
 
+async def test_engine_tokenize_endpoint_outside_v1_is_passed_through(
+    fake_engine: Any, start_router: Any
+) -> None:
+    engines = [await fake_engine("a", models=["m"]), await fake_engine("b", models=["n"])]
+    router = await start_router(*engines)
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(router.url + "/tokenize", json={"model": "n", "prompt": "hi"})
+        body = orjson.loads(await resp.read())
+    assert resp.status == 200
+    assert body["path"] == "/tokenize" and orjson.loads(body["body"]) == {"model": "n", "prompt": "hi"}
+    assert resp.headers[WORKER_HEADER] == "b"  # the worker serving the body's model
+
+
 async def test_session_header_gives_sticky_routing(fake_engine: Any, start_router: Any) -> None:
     engines = [await fake_engine(n) for n in ("a", "b", "c", "d")]
     router = await start_router(*engines, settings={"session_header": "x-conv"})

@@ -50,6 +50,25 @@ def test_prediction_is_reported_for_every_policy() -> None:
         router.route(rr("3", (1,)), ["a"], 1, policy="nope")
 
 
+def test_prediction_is_whole_engine_blocks_once_the_block_size_is_known() -> None:
+    """An engine caching whole blocks of 128 (vLLM's CPU backend) holds 128 tokens of a 13-block match
+    (208 tokens), never 208; and of a prompt matched whole, the whole blocks of all but its last token."""
+    router = make_router()
+    blocks = tuple(range(1, 17))  # 16 blocks of 16 tokens
+    w = run(router, rr("1", blocks), 0)
+    assert router.route(rr("2", (*blocks[:13], 99)), [w], 1).predicted_tokens == 208  # not known yet
+    router.set_engine_block(w, 128)
+    assert router.engine_block_tokens(w) == 128
+    assert router.route(rr("3", (*blocks[:13], 99)), [w], 1).predicted_tokens == 128
+    exact = RouteRequest("4", blocks, 16, 256, hash_key=1)  # 256 tokens: the engine computes the 256th
+    assert router.route(exact, [w], 1).predicted_tokens == 128
+    assert router.route(rr("5", blocks), [w], 1).predicted_tokens == 256  # 261 tokens: two whole blocks
+    other = next(n for n in "abc" if n != w)
+    assert router.engine_block_tokens(other) is None
+    router.remove_worker(w)
+    assert router.engine_block_tokens(w) is None
+
+
 def test_in_flight_is_released_and_bounded() -> None:
     router = make_router(trackers={"max_tracked_requests": 5})
     for i in range(20):
@@ -164,6 +183,18 @@ def test_retune_refuses_what_sizes_live_state(change: dict[str, object]) -> None
     with pytest.raises(ValueError):
         router.retune(settings_with(**{"keys": {"block_tokens": 16}, **change}))
     assert router.cfg.keys.block_tokens == 16
+
+
+def test_retune_switches_tenant_isolation_for_new_requests() -> None:
+    router = make_router()
+    body = {"model": "m", "prompt": "p" * 2000}
+    shared = router.keys.build("completions", body, route_id="1", tenant="a")
+    router.retune(settings_with(keys={"block_tokens": 16, "isolate_tenants": True}))
+    a = router.keys.build("completions", body, route_id="2", tenant="a")
+    b = router.keys.build("completions", body, route_id="3", tenant="b")
+    assert set(a.blocks).isdisjoint(b.blocks) and set(a.blocks).isdisjoint(shared.blocks)
+    router.retune(settings_with(keys={"block_tokens": 16, "isolate_tenants": False}))
+    assert router.keys.build("completions", body, route_id="4", tenant="b").blocks == shared.blocks
 
 
 @pytest.mark.parametrize("block_chars", [64, 256, 1024])

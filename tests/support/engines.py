@@ -118,6 +118,7 @@ class FakeEngine:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset)
         app.router.add_route("*", "/v1/{tail:.+}", self._echo)
+        app.router.add_post("/tokenize", self._echo)
         return app
 
     async def _remember(self, request: web.Request) -> Seen:

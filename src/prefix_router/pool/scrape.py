@@ -78,6 +78,8 @@ class MetricsScraper:
         if load.queue_depth is not None or load.kv_usage is not None:
             self._router.set_engine_load(worker.name, load.queue_depth or 0, load.kv_usage, now)
             worker.last_scrape_s = now
+        if load.block_size:
+            self._router.set_engine_block(worker.name, load.block_size)
         if (
             load.capacity_tokens
             and worker.capacity_tokens is None

@@ -47,6 +47,9 @@ class Worker:
     draining: bool = False
     learned_capacity: int | None = None
     last_scrape_s: float | None = None
+    # a failed probe or request, or a broken connection: the engine may have been restarted (with another
+    # model); its models are read again at the next probe (``PoolMonitor``), not at the next 30 s refresh
+    identity_stale: bool = False
 
     @classmethod
     def from_config(cls, cfg: WorkerSettings) -> Worker:

@@ -25,6 +25,7 @@ computed by the engine) and only when the next turn renders the prompt unchanged
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 import re
@@ -113,6 +114,14 @@ class KeyBuilder:
         # precise mode's block size (set while some worker publishes KV events); None: no precise keys
         self.precise_block_tokens: int | None = None
 
+    def tools_first(self, model: Any) -> bool:
+        """Whether ``model``'s template writes something for tools before the system text
+        (``keys.tools_before_system``; a model without a name: assumed so, sharing nothing)."""
+        if not isinstance(model, str):
+            return True
+        name = model.lower()
+        return any(fnmatch.fnmatchcase(name, pattern.lower()) for pattern in self.cfg.tools_before_system)
+
     def namespace(self, body: Mapping[str, Any], tenant: str | None, exact: bool = False) -> int:
         model = _require_model(body)
         adapter = _opt_str(body, "lora_path") or _opt_str(body, "lora_adapter")
@@ -132,7 +141,9 @@ class KeyBuilder:
         """The bytes that are cut into blocks: UTF-8 text, or token ids as 4-byte integers."""
         if endpoint == "chat":
             more = canonical.reply_text(body, generated) if generated is not None else ""
-            return self._encode_text(chat_text(body, spaced_json=self._tokenize is not None) + more)
+            tooled = body.get("tools") or body.get("functions")
+            spaced, first = self._tokenize is not None, not tooled or self.tools_first(body.get("model"))
+            return self._encode_text(chat_text(body, spaced_json=spaced, tools_first=first) + more)
         prompt = _first_prompt(body)
         tail = str(generated.get("text") or "") if generated is not None else ""
         if isinstance(prompt, str):

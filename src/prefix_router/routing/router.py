@@ -19,6 +19,10 @@ over-report on a full index grows it back, up to the known capacity) and never f
 units (``routing/units.py``) value a text key's tokens wherever they are used: the prediction, the load
 tracker, the policy's cost (``Context.token_scale``) and the index's capacity in blocks. Index changes go
 to a listener (``IndexChange``) when one is set (replication). Why: docs/routing.md, "Engine feedback".
+
+Engine blocks: once a worker's engine states its KV block size (``set_engine_block``, from vLLM's
+``cache_config_info``; 128 tokens on its CPU backend), its predictions are rounded down to whole engine
+blocks of the prompt less its last token, never a partial block.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from prefix_router.routing.types import (
     RouteRequest,
     WorkerSnapshot,
 )
-from prefix_router.routing.units import TokenUnits, count_prefix
+from prefix_router.routing.units import Counts, TokenUnits, count_prefix
 
 
 class ChangeKind(StrEnum):
@@ -98,6 +102,8 @@ class _Prediction:
 
 
 ChangeHook = Callable[[IndexChange], None]
+# (model, worker, nominal tokens, reported tokens, the key's byte counts): one sample the units learned
+SampleHook = Callable[[str, str, int, int, Counts | None], None]
 
 
 class Router:
@@ -122,17 +128,25 @@ class Router:
         self._predictions: BoundedLRU[str, _Prediction] = BoundedLRU(cfg.trackers.max_tracked_requests)
         self._prefills = PrefillTracker(cfg.trackers.max_tracked_requests)
         self.feedback: dict[str, FeedbackStats] = {}
+        self._engine_blocks: dict[str, int] = {}  # per worker (removed with it): the engine's KV block
         self.on_change: ChangeHook | None = None
+        # told of every report the token units learned from (``serve --processes``: the others learn it too)
+        self.on_units_sample: SampleHook | None = None
         self.precise = PreciseView(cfg.precise)
 
     def retune(self, cfg: RoutingSettings) -> None:
         """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
         changed is rebuilt, its own state, such as a round-robin position, starting over), session
-        affinity and feedback tolerance. What sizes live state (``keys``, ``index``, ``trackers``,
-        ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
-        same = ("keys", "index", "trackers", "units", "precise")
-        if any(getattr(cfg, k) != getattr(self.cfg, k) for k in same) or (
-            cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
+        affinity, feedback tolerance and tenant isolation (``keys.isolate_tenants``: new requests are keyed
+        in their tenant's namespace, or not). What sizes live state (the rest of ``keys``, ``index``,
+        ``trackers``, ``units``, ``precise``, ``sessions.max_sessions``) must not change (ValueError):
+        that needs a new ``Router``."""
+        same = ("index", "trackers", "units", "precise")
+        isolation = {"isolate_tenants": self.cfg.keys.isolate_tenants}
+        if (
+            any(getattr(cfg, k) != getattr(self.cfg, k) for k in same)
+            or cfg.keys.model_copy(update=isolation) != self.cfg.keys
+            or cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
         ):
             raise ValueError(
                 "retune: keys, index, trackers, units, precise and sessions.max_sessions need a new Router"
@@ -142,6 +156,7 @@ class Router:
         for spec in POLICIES:
             if cfg.knobs(spec.name) != self.cfg.knobs(spec.name):
                 self.policies[spec.name] = spec.build(cfg.knobs(spec.name))
+        self.keys.cfg = cfg.keys
         self.cfg = cfg
 
     # ------------------------------------------------------------ workers
@@ -165,6 +180,7 @@ class Router:
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
         self.feedback.pop(name, None)
+        self._engine_blocks.pop(name, None)
         for policy in self.policies.values():
             policy.on_worker_removed(name)
 
@@ -174,6 +190,14 @@ class Router:
         self.precise.clear(name)
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
+
+    def set_engine_block(self, name: str, tokens: int) -> None:
+        """The worker's engine caches whole blocks of ``tokens`` (vLLM's ``cache_config_info``)."""
+        if name in self.index and tokens > 0:
+            self._engine_blocks[name] = tokens
+
+    def engine_block_tokens(self, name: str) -> int | None:
+        return self._engine_blocks.get(name)
 
     def set_capacity(self, name: str, capacity_tokens: int) -> None:
         if name in self.index:
@@ -211,7 +235,7 @@ class Router:
                 decision.worker, decision.branch, self._index_blocks(req, depth), tokens, req.precise_tokens
             )
         matched = matches.get(decision.worker, 0)
-        predicted = self._match_value(req, matched, prompt)
+        predicted = self._engine_whole(decision.worker, self._match_value(req, matched, prompt), prompt)
         return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
 
     def _steered(self, req: RouteRequest, matches: dict[str, int], precise: PreciseMatch) -> dict[str, int]:
@@ -244,6 +268,16 @@ class Router:
                 return int(prompt)
             counts = count_prefix(req.text, size, req.counts)
         return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
+
+    def _engine_whole(self, worker: str, predicted: int, prompt: float) -> int:
+        """A prediction in the engine's terms once its block size is known: an engine that caches whole
+        blocks and computes the prompt's last token always serves at most the whole blocks of the first
+        prompt - 1 tokens, so the prediction is rounded down to them (unknown block size: unchanged)."""
+        size = self._engine_blocks.get(worker)
+        if not size or predicted <= 0:
+            return predicted
+        limit = min(predicted, math.ceil(prompt) - 1)
+        return max(0, limit - limit % size)
 
     def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
         attention = self.cfg.trackers.attention_tokens
@@ -317,15 +351,27 @@ class Router:
                 self._trim(worker, req.blocks, keep, now)
             return
         self._learn(req, worker, prediction, outcome, now)
-        if req.text_model is not None and self.units.observe(
-            req.text_model,
-            req.key_tokens,
-            outcome.reported_prompt_tokens,
-            req.counts[-1] if req.counts else None,
+        reported, counts = outcome.reported_prompt_tokens, req.counts[-1] if req.counts else None
+        if (
+            req.text_model is not None
+            and reported is not None
+            and self.learn_units(req.text_model, worker, req.key_tokens, reported, counts)
+            and self.on_units_sample is not None
         ):
-            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(req.text_model))
+            self.on_units_sample(req.text_model, worker, req.key_tokens, reported, counts)
         if outcome.extension_blocks:
             self._insert(worker, outcome.extension_blocks, now)
+
+    def learn_units(
+        self, model: str, worker: str, nominal: int, reported: int, counts: Counts | None
+    ) -> bool:
+        """Learn what ``model``'s key bytes are worth from one report (here, or another process's); returns
+        whether it was a sample. The worker's blocks take the model's new value."""
+        if not self.units.observe(model, nominal, reported, counts):
+            return False
+        if worker in self.index:
+            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(model))
+        return True
 
     def _learn(
         self, req: RouteRequest, worker: str, prediction: _Prediction | None, outcome: Outcome, now: float
@@ -441,6 +487,7 @@ class Router:
             "capacity_tokens": self.index.capacity_tokens(name),  # learned from engine feedback
             "known_capacity_tokens": self.index.ceiling_tokens(name),  # configured or scraped
             "block_tokens": self.index.block_value(name),  # what one of its blocks is worth (units)
+            "engine_block_tokens": self._engine_blocks.get(name),  # the engine's KV block, once scraped
             "in_flight": snap.in_flight,
             "pending_prefill_tokens": snap.pending_prefill_tokens,
             # predicted vs reported cached tokens, summed over the requests whose engine reported only

@@ -55,6 +55,13 @@ class KeySettings(Section):
     # exact mode: model name -> local model directory (tokenizer.json + tokenizer_config.json)
     exact_models: dict[str, str] = Field(default_factory=dict, max_length=1024)
     tool_choice_none_drops_tools: bool = False  # exact mode: vLLM's --exclude-tools-when-tool-choice-none
+    # default mode: models (shell patterns, case-insensitive) whose chat template writes something for
+    # tools before the system text (Llama 3.x: "Environment: ipython"), so that a request with tools and
+    # one without share nothing; other templates (ChatML, Qwen, SmolLM2, ...) keep the system prompt first
+    # either way, and so does their key
+    tools_before_system: list[str] = Field(
+        default_factory=lambda: ["*llama-3*", "*llama3*", "*llama_3*"], max_length=256
+    )
 
     @field_validator("exact_models")
     @classmethod

@@ -12,9 +12,13 @@ per model, from the engines' ``usage.prompt_tokens``:
    residual deviations; each span is clamped to [1/4, 4] x nominal. A match of k blocks is valued by the
    classes of the request's own first k blocks (``count_marks``), the prompt by the whole key's.
 
-Fallback: the scale is 1 (the configured ``chars_per_token``) before ``warmup`` samples, for a model never
-reported and with ``learn`` off; token-id keys are counted exactly; keys without counts use the scale.
-The table is per model (its engines share a tokenizer and chat template) and per router replica.
+Warm-up: before ``warmup`` samples the scale is the lowest sample so far, never above 1, so that a model
+denser than the configured ``chars_per_token`` is not over-predicted until its eighth report (SmolLM2's
+prose, about 5 bytes per token: a 4 KB system prompt was predicted at 896 cached tokens where vLLM held
+640); the content value waits for the warm-up. Fallback: the scale is 1 (the configured ``chars_per_token``)
+for a model never reported and with ``learn`` off; token-id keys are counted exactly; keys without counts
+use the scale. The table is per model (its engines share a tokenizer and chat template) and per router
+replica.
 
 Knobs (``routing.units``, ``UnitSettings``): ``learn`` (true), ``alpha`` (1/32), ``min_sample_tokens``
 (512), ``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently reported model gives
@@ -231,6 +235,8 @@ class TokenUnits:
             units.variance = (1.0 - alpha) * (units.variance + alpha * delta * delta)
         if units.samples >= cfg.warmup:
             self.scales[model] = max(1.0 / CLAMP, units.mean - cfg.margin * units.deviation())
+        elif bounded < self.scales.get(model, 1.0):  # warming up: the lowest sample, never above nominal
+            self.scales[model] = bounded
         if cfg.by_content and counts is not None:
             self._fit(model, units.content, reported, counts)
         return True

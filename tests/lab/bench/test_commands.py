@@ -88,6 +88,16 @@ def test_demo_llama_error_is_clear(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert args.func(args) == 2
 
 
+def test_demo_vllm_error_is_clear(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PREFIX_ROUTER_VLLM_VENV", str(tmp_path / "absent"))
+    args = _parser().parse_args(["demo", "--engine", "vllm", "--no-progress"])
+    assert demo.instances(args) == 2 and demo.setting_for(args) is demo.VLLM_SETTING
+    assert args.func(args) == 2
+    assert "make vllm" in capsys.readouterr().out
+
+
 def test_verdict_compares_prefix_with_random() -> None:
     doc = {"policies": {
         "random": {"ttft_ms": {"p50": 90.0}, "hit_rate": 0.4},

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefix_router.pool.engines import get_adapter
 from prefix_router.pool.engines.base import FlushRequest
+from prefix_router.pool.engines.registry import detect
 
 
 def test_v0_page_gives_load_and_capacity_but_no_prefix_counters(fixture_text: Any) -> None:
@@ -54,6 +56,33 @@ def test_cached_tokens_need_prompt_tokens_details(fixture_json: Any) -> None:
     adapter = get_adapter("vllm")
     assert adapter.cached_tokens(fixture_json("vllm_chat_response_no_details.json")) is None
     assert adapter.cached_tokens(fixture_json("vllm_chat_response_cached_shape.json")) == 1024
+
+
+def test_recorded_cpu_build_page(fixture_text: Any) -> None:
+    """vLLM 0.32 CPU (recorded here, tests/pool/engines/fixtures/record_vllm_cpu.py): 64 blocks of 128."""
+    load = get_adapter("vllm").parse_metrics(fixture_text("vllm_cpu_0.32_metrics.txt"))
+    assert (load.capacity_tokens, load.block_size) == (8192, 128)
+    assert (load.queue_depth, load.running) == (0, 0)
+    assert load.kv_usage is not None and 0.0 <= load.kv_usage <= 1.0
+    assert load.prefix_cache_queries is not None and load.prefix_cache_hits is not None
+    assert load.prefix_cache_queries > load.prefix_cache_hits > 0
+    assert load.prefix_cache_hits % 128 == 0  # the engine hits whole blocks only
+
+
+def test_recorded_cpu_build_is_identified(fixture_text: Any, fixture_json: Any) -> None:
+    metrics, models = fixture_text("vllm_cpu_0.32_metrics.txt"), fixture_json("vllm_cpu_0.32_models.json")
+    assert detect(metrics, models) == "vllm"
+    assert detect(None, models) == "vllm"
+
+
+def test_recorded_cached_tokens_whole_and_streamed(fixture_json: Any, fixture_text: Any) -> None:
+    adapter = get_adapter("vllm")
+    assert adapter.cached_tokens(fixture_json("vllm_cpu_0.32_chat_cached_response.json")) == 128
+    events = [line[6:] for line in fixture_text("vllm_cpu_0.32_chat_stream.txt").splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    last = json.loads(events[-1])
+    assert last["choices"] == [] and adapter.cached_tokens(last) == 128
+    assert all(adapter.cached_tokens(json.loads(e)) is None for e in events[:-1])
 
 
 def test_flush_and_paths() -> None:

@@ -81,9 +81,9 @@ def _register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p = sub.add_parser(
         "demo", help="4 engines + the router on loopback, all policies compared, in ~2 minutes"
     )
-    p.add_argument("--engine", choices=("sim", "llama-cpp"), default="sim", help="engines to start")
+    p.add_argument("--engine", choices=("sim", "llama-cpp", "vllm"), default="sim", help="engines to start")
     p.add_argument("--workers", nargs="+", metavar="URL", help="use these running engines instead")
-    p.add_argument("--engines", type=int, default=4, help="engines to start")
+    p.add_argument("--engines", type=int, default=None, help="engines to start (default 4; vllm: 2)")
     engine_help = "simulated engine option (repeatable): profile, kv_capacity_tokens, time_scale"
     p.add_argument("--engine-opt", action="append", metavar="KEY=VALUE", help=engine_help)
     p.add_argument("--policies", default=DEFAULT_POLICIES)

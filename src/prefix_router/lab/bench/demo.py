@@ -13,6 +13,11 @@ control (no shared prefixes) at the same size. Everything the engines report is 
 ``prefix_router.lab.launch.llama_cpp``) with a RAM prompt cache of about four prompt states each,
 and replays a smaller workload (48 requests, 6 tenants with 200-token system prompts, two in flight at a
 time) that a CPU can serve in a few minutes; ``--workers URL...`` uses engines that are already running.
+
+``--engine vllm`` starts two real vLLM engines (the CPU build, SmolLM2-135M with its own weights, see
+``prefix_router.lab.launch.vllm``; ``make vllm`` installs it), one core each, with KV caches of 8,192
+tokens (64 blocks of 128: room for about four of the workload's eight 1,500-token system prompts per
+engine), and replays 40 requests, two in flight at a time. Start-up takes a few minutes.
 """
 
 from __future__ import annotations
@@ -90,6 +95,24 @@ LLAMA_SETTING = DemoSetting(
     requests=48, arrivals=Arrivals("closed", concurrency=2), workloads=_LLAMA_WORKLOADS, timeout_s=300.0
 )
 LLAMA_CACHE_BYTES = 21_000_000
+_VLLM_CHAT: Mapping[str, Any] = {"tenants": 8, "system_tokens": 1500, "zipf_s": 0.0, "question_tokens": 16}
+_VLLM_WORKLOADS: Mapping[str, Mapping[str, Any]] = {
+    "mixed": {
+        **_VLLM_CHAT,
+        "output_tokens": 8,
+        "max_output_tokens": 16,
+        "max_user_tokens": 64,
+        "max_turns": 3,
+    },
+    "chatbots": {**_VLLM_CHAT, "output_tokens": 8},
+    "unique": {"prompt_tokens": 1500, "output_tokens": 8},
+}
+# real vLLM on CPU: two instances pinned a core each, two requests in flight, caches under pressure
+VLLM_SETTING = DemoSetting(
+    requests=40, arrivals=Arrivals("closed", concurrency=2), workloads=_VLLM_WORKLOADS, timeout_s=300.0
+)
+VLLM_CACHE_TOKENS = 8192
+DEFAULT_INSTANCES = {"sim": 4, "llama-cpp": 4, "vllm": 2}
 
 
 class DemoError(RuntimeError):
@@ -120,11 +143,19 @@ def engines(args: argparse.Namespace) -> Iterator[tuple[list[str], bool | None]]
     elif args.engine == "sim":
         from prefix_router.lab.launch.engine_sim import start_engines
 
-        with start_engines(args.engines, **sim_options(args)) as urls:
+        with start_engines(instances(args), **sim_options(args)) as urls:
             yield urls, True
-    else:
-        with _llama_fleet(args.engines) as urls:
+    elif args.engine == "vllm":
+        with _vllm_fleet(instances(args)) as urls:
             yield urls, False
+    else:
+        with _llama_fleet(instances(args)) as urls:
+            yield urls, False
+
+
+def instances(args: argparse.Namespace) -> int:
+    """``--engines``, else the engine kind's default."""
+    return int(args.engines or DEFAULT_INSTANCES[args.engine])
 
 
 def sim_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -150,8 +181,25 @@ def _llama_fleet(instances: int) -> Iterator[list[str]]:
         fleet.stop()
 
 
+@contextlib.contextmanager
+def _vllm_fleet(count: int) -> Iterator[list[str]]:
+    from prefix_router.lab.launch.vllm import LaunchError, VllmFleet, VllmSettings
+
+    try:
+        fleet = VllmFleet(VllmSettings(instances=count, kv_cache_tokens=VLLM_CACHE_TOKENS, max_num_seqs=8))
+        fleet.start()
+    except LaunchError as exc:
+        raise DemoError(f"vLLM engines did not start: {exc}") from None
+    try:
+        yield fleet.urls
+    finally:
+        fleet.stop()
+
+
 def setting_for(args: argparse.Namespace) -> DemoSetting:
-    return LLAMA_SETTING if args.engine == "llama-cpp" and not args.workers else SIM_SETTING
+    if args.workers:
+        return SIM_SETTING
+    return {"llama-cpp": LLAMA_SETTING, "vllm": VLLM_SETTING}.get(args.engine, SIM_SETTING)
 
 
 def demo_args(args: argparse.Namespace, setting: DemoSetting) -> argparse.Namespace:

@@ -1,4 +1,5 @@
-"""``prefix-router engines``: run local engines (``llama-cpp``) and identify running ones (``detect``)."""
+"""``prefix-router engines``: run local engines (``llama-cpp``, ``vllm``) and identify running ones
+(``detect``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from prefix_router.lab.launch.llama_cpp import (
     default_venv,
 )
 from prefix_router.lab.launch.net import get_text
+from prefix_router.lab.launch.vllm_cli import register_vllm
 from prefix_router.pool import detect
 
 
@@ -25,6 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("engines", help="run local engine instances, or identify running engines")
     engines = parser.add_subparsers(dest="engines_command", required=True)
     _register_llama(engines)
+    register_vllm(engines, wait_for_stop)
     _register_detect(engines)
 
 

@@ -11,6 +11,7 @@ import orjson
 
 from prefix_router.pool import Worker
 from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER
+from prefix_router.proxy.edge import decoding
 
 # never forwarded in either direction (RFC 9110 section 7.6.1, plus what the proxy sets itself)
 HOP_BY_HOP = frozenset(
@@ -36,9 +37,6 @@ _NOT_UPSTREAM = HOP_BY_HOP | {
     POLICY_HEADER,
     REQUEST_ID_HEADER,  # x-request-id crosses both ways as the request's own id (``proxy.access``)
 }
-# request bodies in these encodings reach the router decoded (aiohttp's server decodes exactly these, and
-# counts the decoded bytes against the body limit): they go upstream decoded, without the header
-DECODED_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 _NOT_DOWNSTREAM = HOP_BY_HOP | {
     "server",
     "date",
@@ -49,6 +47,8 @@ _NOT_DOWNSTREAM = HOP_BY_HOP | {
 }
 
 
+# engine endpoints outside /v1 that are passed through like any other call (vLLM's and SGLang's)
+ROOT_PASSTHROUGH = ("/tokenize", "/detokenize")
 _UNSAFE_IN_PATH = re.compile(r"[\x00-\x1f\\]").search  # a control character or a backslash
 
 
@@ -59,10 +59,12 @@ def upstream_url(worker: Worker, path_qs: str) -> str:
 
 def safe_path(path_qs: str) -> bool:
     """Whether an origin-form path (``request.rel_url``, never the raw request target, which may be an
-    absolute URL) can be appended to a worker's URL: it starts with ``/v1/`` (so the worker's authority
-    cannot be altered) and has no dot segments or backslashes, even percent-encoded (so it cannot climb
-    out of ``/v1/`` on the worker)."""
+    absolute URL) can be appended to a worker's URL: it is one of ``ROOT_PASSTHROUGH`` exactly, or it
+    starts with ``/v1/`` (so the worker's authority cannot be altered) and has no dot segments or
+    backslashes, even percent-encoded (so it cannot climb out of ``/v1/`` on the worker)."""
     path = path_qs.split("?", 1)[0]
+    if path in ROOT_PASSTHROUGH:
+        return True
     if not path.startswith("/v1/"):
         return False
     decoded = unquote(path)
@@ -78,7 +80,7 @@ def upstream_headers(
     request's id (``proxy.access``) replaces the client's ``x-request-id``."""
     dropped = hop_by_hop(incoming, _NOT_UPSTREAM)
     encoding = incoming.get("Content-Encoding")
-    if encoding is not None and encoding.lower() in DECODED_ENCODINGS:
+    if decoding.decodes(encoding):  # read decoded (``parse.read_body``): it goes upstream decoded
         dropped = dropped | {"content-encoding"}
     out = {k: v for k, v in incoming.items() if k.lower() not in dropped}
     out["Accept-Encoding"] = "identity"  # bodies cross unchanged and stay readable for accounting

@@ -13,12 +13,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefix_router.protocol import POLICY_HEADER, REQUEST_ID_HEADER, Endpoint
 from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.edge import http_errors
 from prefix_router.proxy.edge import parse as parsing
 from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
 from prefix_router.proxy.edge.accounting import CLIENT_GONE
 from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
+from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
 from prefix_router.proxy.edge.render import render_worker
 
 log = logging.getLogger(__name__)
@@ -150,8 +152,9 @@ async def completions(request: web.Request, note: RequestNote) -> web.StreamResp
 
 @guarded
 async def passthrough(request: web.Request, note: RequestNote) -> web.StreamResponse:
-    """Any other ``/v1/*`` call goes to the least loaded worker (serving the body's model, if named),
-    chosen and counted by the routing core like any request."""
+    """Any other ``/v1/*`` call, and the engines' token endpoints outside ``/v1`` (``ROOT_PASSTHROUGH``:
+    vLLM's and SGLang's ``/tokenize``, ``/detokenize``), goes to the least loaded worker (serving the
+    body's model, if named), chosen and counted by the routing core like any request."""
     state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
@@ -190,11 +193,31 @@ def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
+@guarded
+async def post_only(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    """The generation endpoints under another method: the router's own 405, not an engine's answer."""
+    return http_errors.method_not_allowed(request.method, "POST")
+
+
+@guarded
+async def not_routed(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    """Unknown paths (404) and methods (405), noted and logged like every request."""
+    return await http_errors.not_routed(request)
+
+
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    """The OpenAI surface and the operational endpoints; ``add_catch_all`` goes after every other route."""
+    for path, handler in (("/v1/chat/completions", chat_completions), ("/v1/completions", completions)):
+        app.router.add_post(path, handler)
+        app.router.add_route("*", path, post_only)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_route("*", "/v1/{tail:.+}", passthrough)
+    app.router.add_route("*", "/v1/{tail:" + http_errors.ANY_PATH + "+}", passthrough)
+    for path in ROOT_PASSTHROUGH:
+        app.router.add_post(path, passthrough)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
+
+
+def add_catch_all(app: web.Application) -> None:
+    http_errors.add_catch_all(app, not_routed)

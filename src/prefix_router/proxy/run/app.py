@@ -23,7 +23,7 @@ from prefix_router.pool import (
 )
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge import handlers, http_errors
+from prefix_router.proxy.edge import handlers
 from prefix_router.proxy.edge.auth import KeySet
 from prefix_router.proxy.ops import admin, logs
 from prefix_router.proxy.ops.metrics import ProxyMetrics
@@ -50,12 +50,26 @@ def create_app(
     Serve it with ``handler_cancellation=True`` (see ``prefix_router.proxy.run.server``) so that a client
     disconnect cancels the upstream request at once.
     """
-    state = build_state(config, upstream, fetcher, clock, rng or random.Random())
-    app = web.Application(client_max_size=config.limits.max_body_bytes)
-    app[CONTEXT] = state
+    app = build_app(config, upstream, fetcher, clock, rng or random.Random())
     handlers.add_routes(app)
     admin.add_routes(app)
-    http_errors.add_catch_all(app)  # last: what no route above takes
+    handlers.add_catch_all(app)  # last: what no route above takes
+    return app
+
+
+def build_app(
+    config: Config,
+    upstream: Upstream | None,
+    fetcher: Fetcher | None,
+    clock: Callable[[], float],
+    rng: random.Random,
+) -> web.Application:
+    """The router's state and its life, without routes: start-up probes, the monitor, discovery,
+    replication and the health hooks. ``create_app`` adds the proxy's routes; ``prefix_router.epp`` its
+    control routes beside its gRPC edge (one routing core behind both)."""
+    state = build_state(config, upstream, fetcher, clock, rng)
+    app = web.Application(client_max_size=config.limits.max_body_bytes)
+    app[CONTEXT] = state
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)

