@@ -88,6 +88,8 @@ async def test_routing_and_predictions_follow_the_engines_events(
             >= 2
         )
         assert samples[("prefix_router_kv_events_fresh", (("worker", "b"),))] == 1
+        stored = ("prefix_router_kv_events_blocks_total", (("kind", "stored"), ("worker", "b")))
+        assert samples[stored] == held // BS
         assert samples[("prefix_router_worker_blocks", (("source", "events"), ("worker", "b")))] == held // BS
         assert samples[("prefix_router_worker_blocks", (("source", "speculative"), ("worker", "b")))] == 2
         assert ("prefix_router_kv_events_fresh", (("worker", "c"),)) not in samples  # no events: approximate

@@ -275,6 +275,11 @@ class KvEventsCollector(Collector):
             "Blocks the router holds per worker, by source",
             labels=["worker", "source"],
         )
+        stored = CounterMetricFamily(
+            "prefix_router_kv_events_blocks",
+            "Blocks the events said a worker's engine stored or removed",
+            labels=["worker", "kind"],
+        )
         agreement = CounterMetricFamily(
             "prefix_router_precise_predictions",
             "Predictions on the event-fed view against the engine's cached tokens: all reports, within one "
@@ -298,6 +303,8 @@ class KvEventsCollector(Collector):
             for kind in _FAULTS:
                 faults.add_metric([name, kind], getattr(stats, kind))
             fresh.add_metric([name], float(router.precise.fresh(name, now)))
+            stored.add_metric([name, "stored"], stats.stored_blocks)
+            stored.add_metric([name, "removed"], stats.removed_blocks)
             blocks.add_metric([name, "events"], router.precise.held_blocks(name))
             blocks.add_metric([name, "speculative"], router.precise.speculative_blocks(name))
             for outcome, value in (
@@ -309,4 +316,4 @@ class KvEventsCollector(Collector):
                 agreement.add_metric([name, outcome], value)
         for name in router.workers():
             blocks.add_metric([name, "approximate"], router.index.blocks_of(name))
-        yield from (messages, faults, lag, fresh, blocks, agreement)
+        yield from (messages, faults, lag, fresh, blocks, stored, agreement)
