@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest clean llama vllm redis
+.PHONY: demo test lint typecheck pytest pytest-compiled compiled clean llama vllm redis
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,10 +37,19 @@ vllm:
 redis:
 	scripts/redis-server.sh ensure
 
-pytest: $(STAMP) llama vllm redis
-	$(BIN)/python -m pytest -q
+# The compiled routing core (setup.py with PREFIX_ROUTER_COMPILE=1: mypyc and a C loop over the system's
+# libxxhash; needs gcc and libxxhash0), built once per source under build/compiled (a few minutes cold).
+# tests/test_build.py compares it with the pure build; pytest-compiled runs tests/routing on it.
+compiled: $(STAMP)
+	PY=$(BIN)/python scripts/build-compiled.sh
 
-test: lint typecheck pytest
+pytest: $(STAMP) llama vllm redis compiled
+	PREFIX_ROUTER_COMPILED_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q
+
+pytest-compiled: compiled
+	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q tests/routing
+
+test: lint typecheck pytest pytest-compiled
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -44,10 +44,10 @@ def pip(*args: str) -> None:
 
 
 def copy_project(target: Path) -> Path:
-    """What the image copies (pyproject.toml, README.md, src/): pip builds in the tree, not in the
-    checkout."""
+    """What the image copies (pyproject.toml, README.md, setup.py, src/): pip builds in the tree, not in
+    the checkout (pure: no PREFIX_ROUTER_COMPILE here)."""
     target.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "setup.py"):
         shutil.copy2(ROOT / name, target / name)
     shutil.copytree(ROOT / "src", target / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     return target

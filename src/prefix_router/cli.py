@@ -3,9 +3,9 @@
 Each subcommand module exposes ``register(subparsers)`` which adds its parser and sets ``func`` to a
 callable taking the parsed ``argparse.Namespace`` and returning an exit code.
 
-The product's commands (``serve``) are always there. The lab's (simulator, benchmarks, launchers) need the
-``lab`` extra; without it each lab command is still listed, and running one prints the install line and
-exits 2 instead of failing with a traceback.
+The product's commands (``serve``, ``epp``) are always there. The lab's (simulator, benchmarks,
+launchers) need the ``lab`` extra; without it each lab command is still listed, and running one prints the
+install line and exits 2 instead of failing with a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 # module path -> the subcommands it registers
 _PRODUCT_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.proxy.run.cli": ("serve",),
+    "prefix_router.epp.cli": ("epp",),
 }
 _LAB_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.lab.sim.cli": ("engine-sim", "simulate"),

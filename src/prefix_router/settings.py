@@ -48,6 +48,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:

@@ -9,73 +9,16 @@ import argparse
 import os
 import subprocess
 import sys
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes.client import models
-from pydantic import AliasChoices, BaseModel
 
 from prefix_router.proxy.config import validate
+from support.manifests import MODELS, unknown_fields
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-MODELS: dict[tuple[str, str], type[BaseModel]] = {
-    ("v1", "ConfigMap"): models.V1ConfigMap,
-    ("v1", "Service"): models.V1Service,
-    ("v1", "ServiceAccount"): models.V1ServiceAccount,
-    ("apps/v1", "Deployment"): models.V1Deployment,
-    ("policy/v1", "PodDisruptionBudget"): models.V1PodDisruptionBudget,
-    ("rbac.authorization.k8s.io/v1", "Role"): models.V1Role,
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): models.V1RoleBinding,
-}
-
-
-# ------------------------------------------------------------------ schema
-
-
-def json_fields(model: type[BaseModel]) -> dict[str, Any]:
-    out = {}
-    for name, field in model.model_fields.items():
-        alias = field.validation_alias
-        key = str(alias.choices[0]) if isinstance(alias, AliasChoices) else (field.alias or name)
-        out[key] = field.annotation
-    return out
-
-
-def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, str]:
-    """(model, "one" | "list" | "dict") inside Optional/List/Dict/Annotated wrappers."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, "one"
-    if origin in (typing.Union, types.UnionType, typing.Annotated):
-        return nested_model(args[0])
-    if origin is list:
-        model, _ = nested_model(args[0])
-        return model, "list"
-    if origin is dict:
-        model, _ = nested_model(args[1])
-        return model, "dict"
-    return None, "one"
-
-
-def unknown_fields(value: Any, model: type[BaseModel], path: str) -> list[str]:
-    if not isinstance(value, dict):
-        return []
-    fields, problems = json_fields(model), []
-    for key, item in value.items():
-        if key not in fields:
-            problems.append(f"{path}.{key}")
-            continue
-        inner, shape = nested_model(fields[key])
-        if inner is None:
-            continue
-        items = item if shape == "list" and isinstance(item, list) else [item]
-        items = list(item.values()) if shape == "dict" and isinstance(item, dict) else items
-        for child in items:
-            problems += unknown_fields(child, inner, f"{path}.{key}")
-    return problems
 
 
 def test_every_document_is_a_valid_object_of_a_known_kind(documents: list[dict[str, Any]]) -> None:

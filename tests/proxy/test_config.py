@@ -166,11 +166,22 @@ def test_replication_section_holds_every_replication_knob() -> None:
         load_config(env={}, overrides={"replication.backoff_initial_s": 10})
 
 
+@pytest.mark.parametrize("twin", ["http://a:1/v1/..", "http://a:1/b/%2E%2E/v1/", "http://A:1/./v1"])
+def test_a_base_path_that_leads_back_is_the_same_engine(twin: str) -> None:
+    workers = [{"url": "http://a:1", "name": "one"}, {"url": twin, "name": "two"}]
+    with pytest.raises(ConfigError, match="the same URL under two names"):
+        load_config(env={}, overrides={"workers": workers})
+
+
 @pytest.mark.parametrize(
     ("workers", "message"),
     [
         ("http://a:1,http://A:1/", "the same URL under two names"),
         ("http://a:80,http://a", "the same URL under two names"),
+        # aliases of one address (were two engines)
+        ("http://127.0.0.1:1,http://127.1:1", "the same URL under two names"),
+        ("http://[::1]:1,http://[0:0:0:0:0:0:0:1]:1", "the same URL under two names"),
+        ("http://127.0.0.1:1,http://[::ffff:127.0.0.1]:1", "the same URL under two names"),
         ("http://a:99999", "Port out of range"),
         ("http://a:x1", "Port could not be cast"),
         ("http://:1", "no host"),

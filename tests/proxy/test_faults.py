@@ -52,6 +52,20 @@ async def test_5xx_is_retried_and_client_sees_success(fake_engine: Any, start_ro
     assert len(flaky.generations) >= 1  # it was tried, and failed over
 
 
+async def test_round_robin_retries_do_not_take_other_requests_turns(
+    fake_engine: Any, start_router: Any
+) -> None:
+    """One worker answering 500: it gets every other request's first attempt, not all of them (retries
+    advanced the rotation, so the failing worker was first again for every request: 14 of 14)."""
+    failing = await fake_engine("failing", fail_next=1000)
+    good = await fake_engine("good")
+    router = await start_router(failing, good, settings={"health.fail_threshold": 100})
+    for _ in range(14):
+        status, headers, _ = await post(router.url, headers=RR)
+        assert status == 200 and headers[WORKER_HEADER] == "good"
+    assert len(failing.generations) == 7 and len(good.generations) == 14
+
+
 async def test_last_5xx_comes_back_unchanged_when_every_attempt_fails(
     fake_engine: Any, start_router: Any
 ) -> None:

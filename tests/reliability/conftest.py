@@ -89,6 +89,8 @@ MODES: dict[str, bytes | tuple[bytes, ...] | None] = {
     "sse_then_close": (SSE_HEAD + sse_event("one "), sse_event("two ")),
     "sse_then_reset": (SSE_HEAD + sse_event("one "), b"RESET"),
     "sse_then_garbage": (SSE_HEAD + sse_event("one "), b"zz\r\nnot a chunk\r\n"),
+    # a stream cut in the middle of an event: its first half relayed, then a reset
+    "sse_cut_mid_event": (SSE_HEAD + sse_event("one ") + chunk(b'data: {"id": "r", "choi'), b"RESET"),
     "not_json_200": http_response(200, b"<html>definitely not json</html>", "text/html"),
 }
 

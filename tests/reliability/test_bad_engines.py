@@ -153,7 +153,9 @@ async def test_a_stream_outliving_the_total_timeout_ends_with_an_error_event(
     assert len(endless.cancelled) == 1  # the engine saw the router hang up
 
 
-@pytest.mark.parametrize("mode", ["sse_then_close", "sse_then_reset", "sse_then_garbage"])
+@pytest.mark.parametrize(
+    "mode", ["sse_then_close", "sse_then_reset", "sse_then_garbage", "sse_cut_mid_event"]
+)
 async def test_an_engine_breaking_mid_stream_gives_a_clean_error_event_and_no_retry(
     raw_engine: Any, fake_engine: Any, start_router: Any, kit: Any, mode: str, caplog: Any
 ) -> None:
@@ -165,6 +167,8 @@ async def test_an_engine_breaking_mid_stream_gives_a_clean_error_event_and_no_re
     events = kit.events(raw)  # the body ended cleanly (the client's chunked parser did not fail)
     assert orjson.loads(events[0])["choices"][0]["delta"]["content"] == "one "
     assert orjson.loads(events[-1])["error"]["code"] == "upstream_io"
+    assert all(orjson.loads(event) for event in events)  # every event whole (a half-sent one is held back)
+    assert raw.count(b"data:") == len(events) and raw.endswith(b"\n\n")
     assert not good.generations  # bytes had reached the client: never retried
     await kit.wait_until(lambda: kit.quiescent(router) and not kit.lingering_sockets(breaking.port))
     gc.collect()  # an error nobody retrieved would be reported now

@@ -1,6 +1,9 @@
 """SIGHUP on a real ``serve`` process: the configuration file is read again and applied (workers, client
-keys, policy knobs) without dropping a connection; an audit line names what changed, never a secret; an
-invalid file changes nothing."""
+keys, policy knobs, tenant isolation) without dropping a connection; an audit line names what changed, never
+a secret; an invalid file (or one that is not UTF-8) changes nothing. A file without client keys reloads
+(the merge used to write ``api_keys: []``, which the empty-list check refused: a traceback, nothing
+applied); a second client key turns tenant isolation on (it stayed off: the new tenant saw the first
+tenant's prompt as cached)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,13 @@ import yaml
 KEY_ONE, KEY_TWO, ADMIN = "client-key-one-1234", "client-key-two-5678", "admin-token-abcdef"
 
 
-def write_config(path: Path, workers: list[Any], key: str, load_factor: float, **more: Any) -> None:
+def write_config(
+    path: Path, workers: list[Any], key: str | list[str] | None, load_factor: float, **more: Any
+) -> None:
+    keys = [key] if isinstance(key, str) else key
     config = {
         "workers": [{"url": w.url, "name": w.name, "models": ["m"]} for w in workers],
-        "auth": {"api_keys": [key], "admin_token": ADMIN},
+        "auth": {"admin_token": ADMIN, **({"api_keys": keys} if keys is not None else {})},
         "routing": {"policies": {"prefix": {"load_factor": load_factor}}},
         **more,
     }
@@ -85,3 +91,56 @@ async def test_sighup_with_an_invalid_file_changes_nothing(
     assert served.process.returncode is None
     served.signal(signal.SIGTERM)
     assert await asyncio.wait_for(served.process.wait(), 10) == 0
+
+
+async def test_sighup_reloads_a_file_without_client_keys(
+    recording_engine: Any, serve_process: Any, kit: Any, tmp_path: Path
+) -> None:
+    a = await recording_engine("a")
+    config = tmp_path / "router.yaml"
+    write_config(config, [a], None, 1.25)
+    served = await serve_process("--config", str(config))
+    write_config(config, [a], None, 2.0)
+    served.signal(signal.SIGHUP)
+    await kit.wait_until(lambda: bool(served.lines("audit=config_reload")), 10)
+    assert served.lines("audit=config_reload ") and "Traceback" not in served.logs()
+    assert "routing.policies.prefix.load_factor=1.25->2.0" in served.lines("audit=config_reload ")[0]
+
+
+PROMPT = {"messages": [{"role": "user", "content": "the first tenant's long and private prompt " * 40}]}
+
+
+async def test_a_second_client_key_turns_tenant_isolation_on(
+    recording_engine: Any, serve_process: Any, kit: Any, tmp_path: Path
+) -> None:
+    a = await recording_engine("a")
+    config = tmp_path / "router.yaml"
+    write_config(config, [a], KEY_ONE, 1.25)
+    served = await serve_process("--config", str(config))
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            async with await chat(http, served.url, KEY_ONE, kit, **PROMPT) as first:
+                assert first.status == 200
+        assert int(first.headers["x-prefix-router-prefix-match"]) > 0  # one tenant: its own prompt cached
+        write_config(config, [a], [KEY_ONE, KEY_TWO], 1.25)
+        served.signal(signal.SIGHUP)
+        await kit.wait_until(lambda: bool(served.lines("audit=config_reload")), 10)
+        async with await chat(http, served.url, KEY_TWO, kit, **PROMPT) as other:
+            assert other.status == 200
+            assert other.headers["x-prefix-router-prefix-match"] == "0"
+    line = served.lines("audit=config_reload ")[0]
+    assert "routing.keys.isolate_tenants=False->True" in line and "restart_needed=none" in line
+
+
+async def test_sighup_with_a_file_that_is_not_utf8_changes_nothing(
+    recording_engine: Any, serve_process: Any, kit: Any, tmp_path: Path
+) -> None:
+    a = await recording_engine("a")
+    config = tmp_path / "router.yaml"
+    write_config(config, [a], KEY_ONE, 1.25)
+    served = await serve_process("--config", str(config))
+    config.write_bytes(config.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
+    served.signal(signal.SIGHUP)
+    await kit.wait_until(lambda: bool(served.lines("audit=config_reload_refused")), 10)
+    assert "not UTF-8" in served.lines("audit=config_reload_refused")[0]
+    assert "Traceback" not in served.logs() and served.process.returncode is None

@@ -34,3 +34,19 @@ async def test_early_failures_are_retried_within_the_budget(
         status, headers, _ = await kit.post(router.url, headers=kit.RR)
         assert status == 200 and headers["x-prefix-router-worker"] == "slowish"
     assert len(flaky.generations) == router.state.metrics.retries.get() >= 1  # each 500 retried once
+
+
+async def test_a_retry_gets_what_is_left_of_the_budget_not_a_fresh_one(
+    fake_engine: Any, start_router: Any, kit: Any
+) -> None:
+    """A 500 after 0.6 s, then a worker that needs 0.6 s, within a 1 s budget: the retry has 0.4 s left and
+    the answer is 504 (with a fresh budget per attempt, the mutation audit's survivor, it was 200)."""
+    failing = await fake_engine("a-failing", delay_s=0.6, fail_next=10)
+    slow = await fake_engine("b-slow", delay_s=0.6)
+    settings = {"timeouts.first_byte_s": 1.0, "retries.max_attempts": 2}
+    workers = [{"url": e.url, "name": e.name, "models": ["m"]} for e in (failing, slow)]
+    router = await start_router(*workers, settings=settings)
+    status, _, body = await kit.post(router.url, headers=kit.RR)  # round robin: the first turn is a-failing
+    assert status == 504 and orjson.loads(body)["error"]["code"] == "upstream_timeout"
+    assert len(failing.generations) == 1 and len(slow.generations) == 1
+    await kit.wait_until(lambda: kit.quiescent(router))

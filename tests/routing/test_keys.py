@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -202,7 +205,12 @@ def test_the_system_prompt_comes_before_the_tools() -> None:
     a, b = blocks(chat(msgs, tools=[TOOL_F])), blocks(chat(msgs, tools=[TOOL_G]))
     assert a != b and shared(a, b) >= 640 // 16
     no_tools = blocks(chat(msgs))
-    assert shared(no_tools, a) == 0  # with and without tools never share (Llama 3.x's system header)
+    assert shared(no_tools, a) >= 640 // 16  # ChatML-like templates: the system prompt either way
+    llama = [
+        blocks({**chat(msgs, **extra), "model": "meta-llama/Llama-3.1-8B"})
+        for extra in ({}, {"tools": [TOOL_F]})
+    ]
+    assert shared(*llama) == 0  # with and without tools never share (Llama 3.x's system header)
 
 
 def test_tool_schemas_keep_the_clients_key_order() -> None:
@@ -332,3 +340,62 @@ def test_a_reply_with_reasoning_or_a_tool_call_extends_only_what_the_next_turn_s
     req = builder.build("chat", body, route_id="r")
     for reply in (reasoned, inline, with_text, only_call):
         assert builder.extend(req, "chat", body, reply) == builder.extension("chat", body, reply)
+
+
+# ------------------------------------------------------------ tools and the system prompt, per template
+
+TEMPLATES = Path(__file__).parents[2] / "src/prefix_router/lab/bench/fidelity/templates"
+LONG_SYSTEM = "You are a careful assistant for the accounts team. " * 40  # about 2,000 characters
+LOOKUP_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+def rendered(template: str, body: dict[str, Any]) -> str:
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent)
+    env.globals["raise_exception"] = lambda message: (_ for _ in ()).throw(ValueError(message))
+    env.globals["strftime_now"] = lambda fmt: "01 Jan 2026"
+    source = (TEMPLATES / template).read_text()
+    context = {"messages": body["messages"], "tools": body.get("tools"), "add_generation_prompt": True}
+    return env.from_string(source).render(bos_token="<s>", eos_token="</s>", **context)
+
+
+def shared_chars(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize(
+    ("template", "model"),
+    [
+        ("qwen2.5.jinja", "Qwen/Qwen2.5-7B-Instruct"),
+        ("qwen3.jinja", "Qwen/Qwen3-8B"),
+        ("llama3.1.jinja", "meta-llama/Llama-3.1-8B-Instruct"),
+    ],
+)
+def test_with_and_without_tools_the_key_shares_what_the_template_shares(template: str, model: str) -> None:
+    """A request without tools after one with tools and the same long system prompt: the keys share the
+    system prompt where the template renders it first either way (ChatML, Qwen, SmolLM2), and nothing
+    where tools change the text before it (Llama 3.x). Before, every model's key shared nothing."""
+    messages = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "What is owed?"}]
+    plain, tooled = (
+        {"model": model, "messages": messages},
+        {"model": model, "messages": messages, "tools": [LOOKUP_TOOL]},
+    )
+    template_shares = shared_chars(rendered(template, plain), rendered(template, tooled))
+    builder = KeyBuilder(KeySettings())
+    a = builder.build("chat", plain, route_id="a").blocks
+    b = builder.build("chat", tooled, route_id="b").blocks
+    key_shares = shared(a, b) * KeySettings().block_chars
+    if template_shares >= len(LONG_SYSTEM):
+        assert key_shares >= len(LONG_SYSTEM) - 2 * KeySettings().block_chars
+    else:
+        assert template_shares < 200 and key_shares == 0
+
+
+def test_tools_before_system_is_a_knob() -> None:
+    messages = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "hi"}]
+    body = {"model": "my-served-name", "messages": messages}
+    for patterns, shares in (([], True), (["my-served-*"], False)):
+        builder = KeyBuilder(KeySettings(tools_before_system=patterns))
+        a = builder.build("chat", body, route_id="a").blocks
+        b = builder.build("chat", {**body, "tools": [LOOKUP_TOOL]}, route_id="b").blocks
+        assert (a[0] == b[0]) is shares

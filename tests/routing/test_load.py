@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
 
 WORKERS = ("a", "b", "c")
 
@@ -42,7 +42,7 @@ def test_a_passthrough_request_is_counted_but_writes_nothing() -> None:
     for req in (ok, failed):
         decision = router.route(req, list(WORKERS), 0.0, policy="least_load")
         assert decision.branch == "least_load" and decision.predicted_tokens == 0
-        router.dispatched(req, Decision("a", "least_load"), 0.0)
+        router.dispatched(req, Decision("a", Branch.LEAST_LOAD), 0.0)
     assert router.load.in_flight("a") == 2 and router.load.tracked() == 2
     router.first_token("p1", 0.5)
     router.finished(ok, "a", Outcome(ok=True), 1.0)
@@ -66,7 +66,7 @@ def test_least_load_spreads_passthrough_requests_by_the_routers_count() -> None:
 def test_forget_cache_drops_entries_and_sessions_but_keeps_the_load() -> None:
     router, _ = make_router()
     req = request("r1", session="s")
-    router.dispatched(req, Decision("a", "test"), 0.0)
+    router.dispatched(req, Decision("a", Branch.LEAST_LOAD), 0.0)
     assert router.index.match(req.blocks) == {"a": 3}
     before = router.load.snapshot("a", 0.0)
     in_flight, pending = before.in_flight, before.pending_prefill_tokens
@@ -84,7 +84,7 @@ def test_forget_cache_drops_entries_and_sessions_but_keeps_the_load() -> None:
 def test_a_late_finish_after_removal_neither_goes_negative_nor_recreates_the_worker() -> None:
     router, changes = make_router()
     old = request("r1")
-    router.dispatched(old, Decision("a", "test"), 0.0)
+    router.dispatched(old, Decision("a", Branch.LEAST_LOAD), 0.0)
     changes.clear()
 
     router.remove_worker("a")
@@ -98,11 +98,11 @@ def test_a_late_finish_after_removal_neither_goes_negative_nor_recreates_the_wor
 def test_a_worker_added_again_starts_at_zero_and_old_finishes_do_not_touch_it() -> None:
     router, _ = make_router()
     old = request("r1")
-    router.dispatched(old, Decision("a", "test"), 0.0)
+    router.dispatched(old, Decision("a", Branch.LEAST_LOAD), 0.0)
     router.remove_worker("a")
     router.add_worker("a")
     new = request("r2", (7,))
-    router.dispatched(new, Decision("a", "test"), 1.0)
+    router.dispatched(new, Decision("a", Branch.LEAST_LOAD), 1.0)
     assert router.load.in_flight("a") == 1 and router.load.tracked() == 2
 
     router.finished(old, "a", Outcome(ok=False), 2.0)
@@ -141,7 +141,7 @@ def test_counts_match_a_model_whatever_happens_and_return_to_zero(ops: list[Op])
         if op.startswith("start") and name in present:
             serial += 1
             req = passthrough(f"p{serial}") if op == "start_passthrough" else request(f"r{serial}", (pick,))
-            router.dispatched(req, Decision(name, "test"), float(serial))
+            router.dispatched(req, Decision(name, Branch.LEAST_LOAD), float(serial))
             live[req.route_id] = (req, name, incarnation[name], True)
         elif op == "first" and rid is not None:
             router.first_token(rid, float(serial))

@@ -14,8 +14,8 @@ from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Context, RouteRequest, WorkerSnapshot
 
 
-def req(blocks: int = 10, prompt: int = 200, hash_key: int = 1) -> RouteRequest:
-    return RouteRequest("r", tuple(range(blocks)), 16, prompt, hash_key)
+def req(blocks: int = 10, prompt: int = 200, hash_key: int = 1, route_id: str = "r") -> RouteRequest:
+    return RouteRequest(route_id, tuple(range(blocks)), 16, prompt, hash_key)
 
 
 def snaps(*in_flight: int) -> list[WorkerSnapshot]:
@@ -44,8 +44,22 @@ def test_random_is_spread_and_respects_weight() -> None:
 
 def test_round_robin_cycles() -> None:
     policy = make_policy("round_robin")
-    picks = [policy.select(req(), snaps(0, 0, 0), ctx()).worker for _ in range(6)]
+    picks = [policy.select(req(route_id=str(i)), snaps(0, 0, 0), ctx()).worker for i in range(6)]
     assert picks == ["w0", "w1", "w2", "w0", "w1", "w2"]
+
+
+def test_round_robin_retries_keep_their_request_s_turn() -> None:
+    """A retry (same route id, the failed worker left out) takes no other request's turn."""
+    policy = make_policy("round_robin")
+    first = [w.name for w in snaps(0, 0, 0)]
+    firsts = []
+    for i in range(6):
+        pick = policy.select(req(route_id=str(i)), snaps(0, 0, 0), ctx()).worker
+        firsts.append(pick)
+        if pick == "w0":  # w0 fails: retried on the others
+            rest = [w for w in snaps(0, 0, 0) if w.name != "w0"]
+            assert policy.select(req(route_id=str(i)), rest, ctx()).worker != "w0"
+    assert firsts == first * 2
 
 
 def test_least_load_picks_fewest_and_breaks_ties_at_random() -> None:

@@ -259,3 +259,27 @@ def test_cheapest_finds_the_reference_costs_minimum(
     cap = load_cap(workers, CFG.load_factor, CFG.load_slack)
     tied, longest = policy.cheapest(req, workers, matches, cap, base, context)
     assert ([w.name for w in tied], longest) == reference_cheapest(policy, req, workers, context, cap, base)
+
+
+def test_ties_are_broken_at_random_by_the_seeded_rng() -> None:
+    """Equal costs (idle workers, nothing cached): each is chosen, about as often as the others, and the
+    same seed gives the same choices (the aggregate Mooncake load-balance target was the only guard)."""
+    policy = make_policy("prefix")
+    workers = snaps(0, 0, 0, 0)
+    req = RouteRequest("r", (1, 2, 3), 16, 48, 0)
+
+    def picks(seed: int) -> list[str]:
+        rng = random.Random(seed)
+        return [policy.select(req, workers, Context(0.0, rng, {})).worker for _ in range(400)]
+
+    counts = {name: picks(1).count(name) for name in ("w0", "w1", "w2", "w3")}
+    assert all(70 <= n <= 130 for n in counts.values()), counts  # 100 each expected; binomial sd 8.7
+    assert picks(7) == picks(7) and picks(7) != picks(8)
+
+
+def test_a_cheaper_worker_is_never_left_to_the_tie_break() -> None:
+    policy = make_policy("prefix")
+    workers = snaps(1, 0, 1, 1)
+    req = RouteRequest("r", (1, 2, 3), 16, 48, 0)
+    chosen = {policy.select(req, workers, Context(0.0, random.Random(s), {})).worker for s in range(50)}
+    assert chosen == {"w1"}

@@ -185,6 +185,18 @@ def test_retune_refuses_what_sizes_live_state(change: dict[str, object]) -> None
     assert router.cfg.keys.block_tokens == 16
 
 
+def test_retune_switches_tenant_isolation_for_new_requests() -> None:
+    router = make_router()
+    body = {"model": "m", "prompt": "p" * 2000}
+    shared = router.keys.build("completions", body, route_id="1", tenant="a")
+    router.retune(settings_with(keys={"block_tokens": 16, "isolate_tenants": True}))
+    a = router.keys.build("completions", body, route_id="2", tenant="a")
+    b = router.keys.build("completions", body, route_id="3", tenant="b")
+    assert set(a.blocks).isdisjoint(b.blocks) and set(a.blocks).isdisjoint(shared.blocks)
+    router.retune(settings_with(keys={"block_tokens": 16, "isolate_tenants": False}))
+    assert router.keys.build("completions", body, route_id="4", tenant="b").blocks == shared.blocks
+
+
 @pytest.mark.parametrize("block_chars", [64, 256, 1024])
 def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block_chars: int) -> None:
     """A matched block is worth the tokens of text it holds (block_chars / chars_per_token), in every mode."""

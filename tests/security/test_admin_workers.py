@@ -119,7 +119,17 @@ async def test_one_engine_under_one_name_only(echo_engine: Any, start_router: An
     engine = await echo_engine("w")
     router = await start_router({"url": engine.url, "name": "w"}, settings={"auth.admin_token": TOKEN})
     port = engine.url.rsplit(":", 1)[1]
-    for twin in (engine.url, engine.url + "/", f"http://127.0.0.1:{port}/v1", f"HTTP://127.0.0.1:{port}"):
+    twins = (
+        engine.url,
+        engine.url + "/",
+        f"http://127.0.0.1:{port}/v1",
+        f"HTTP://127.0.0.1:{port}",
+        f"http://127.1:{port}",  # aliases of one address (were accepted as another engine)
+        f"http://2130706433:{port}",
+        f"http://[::ffff:127.0.0.1]:{port}",
+        f"http://127.0.0.1:{port}/v1/..",
+    )
+    for twin in twins:
         status, body = await admin(router.url, "POST", "/admin/workers", {"url": twin, "name": "twin"})
         assert status in (400, 409) and body["error"]["code"] in ("worker_conflict", "invalid_worker"), twin
     assert [w.name for w in router.state.pool] == ["w"]

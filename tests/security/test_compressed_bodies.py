@@ -1,20 +1,29 @@
-"""Request bodies sent with ``Content-Encoding`` (gzip, deflate): the router's server decodes them, so they
+"""Request bodies sent with ``Content-Encoding`` (gzip, deflate, br, zstd): the router decodes them, so they
 go upstream decoded, without the header and with the decoded length (before: the decoded bytes went with
-``Content-Encoding: gzip`` and the engine failed on them). The body limit holds for the decoded size:
-a small gzip bomb is refused with 413 and never reaches an engine, and the router's memory stays bounded."""
+``Content-Encoding: gzip`` and the engine failed on them; br and zstd were refused, their decoders missing).
+The body limit holds for the decoded size: a gzip bomb is refused with 413 and the connection closed, it
+never reaches an engine, and neither the router's memory nor its CPU follows the bomb's decoded size (its
+server used to decode the rest of the body after the 413). A body that is not what its header says is a
+400 ``invalid_encoding`` (it was a 500 and two tracebacks)."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import zlib
 from typing import Any
 
+import aiohttp
+import brotli
 import orjson
 import psutil
 import pytest
+from backports.zstd import compress as zstd_compress
+
+from prefix_router.lab.bench.bombs import gzip_bomb
 
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "compressed hello " * 200}]})
-ENCODE = {"gzip": gzip.compress, "deflate": zlib.compress}
+ENCODE = {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress, "zstd": zstd_compress}
 
 
 @pytest.mark.parametrize("encoding", list(ENCODE))
@@ -52,7 +61,55 @@ async def test_a_gzip_bomb_is_refused_after_decoding(echo_engine: Any, start_rou
     process = psutil.Process()
     before = process.memory_info().rss
     for _ in range(3):
-        status, _, body = await kit.post(router.url, bomb, {"Content-Encoding": "gzip"})
+        status, headers, body = await kit.post(router.url, bomb, {"Content-Encoding": "gzip"})
         assert status == 413 and kit.openai_error(body)["code"] == "request_too_large"
+        assert headers["Connection"] == "close"
     assert process.memory_info().rss - before < 64 * 1024 * 1024  # not 256 MiB per request
     assert not engine.seen
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [BODY, gzip.compress(BODY)[:-30], gzip.compress(BODY) + b"trailing junk"],
+    ids=["not-gzip", "cut-short", "junk-after"],
+)
+async def test_a_body_that_is_not_its_encoding_is_a_400(
+    echo_engine: Any, start_router: Any, kit: Any, caplog: Any, wire: bytes
+) -> None:
+    engine = await echo_engine("w")
+    router = await start_router(engine)
+    status, _, body = await kit.post(router.url, wire, {"Content-Encoding": "gzip"})
+    assert status == 400, body
+    error = kit.openai_error(body)
+    assert error["code"] == "invalid_encoding" and error["param"] == "Content-Encoding"
+    assert not engine.seen and "Traceback" not in caplog.text
+
+
+async def test_bombs_arriving_at_once_cost_the_limit_not_their_size(
+    fake_engine: Any, serve_process: Any, kit: Any
+) -> None:
+    """Four 2 GiB gzip bombs (2 MB each on the wire) at once, into a real ``serve`` process with a 1 MiB
+    body limit: each is a 413 with the connection closed, ``/health`` answers meanwhile, and the process
+    spends neither the CPU nor the memory of decoding them (before: its server decoded all 8 GiB after
+    the 413s, about 4 s of CPU here; ``benchmarks/gzip_bombs.py`` measures the latency)."""
+    engine = await fake_engine("w")
+    served = await serve_process("--worker", engine.url, "--set", "limits.max_body_bytes=1048576")
+    bomb = gzip_bomb(2048)
+    port = int(served.url.rsplit(":", 1)[1])
+    process = psutil.Process(served.process.pid)
+    cpu_before, rss_before = sum(process.cpu_times()[:2]), process.memory_info().rss
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n"
+    ).encode()
+    answers = await asyncio.gather(*(kit.raw(port, head + bomb, timeout_s=30) for _ in range(4)))
+    async with aiohttp.ClientSession() as http, http.get(served.url + "/health") as resp:
+        health = resp.status
+    cpu = sum(process.cpu_times()[:2]) - cpu_before
+    rss_growth = process.memory_info().rss - rss_before
+    for answer in answers:
+        assert kit.status_of(answer) == 413 and b"Connection: close" in answer, answer[:200]
+    assert health == 200
+    assert cpu < 1.5, f"{cpu:.2f} s of CPU: the bombs were decoded"
+    assert rss_growth < 64 * 1024 * 1024, f"RSS grew {rss_growth / 2**20:.0f} MiB"
+    assert not engine.generations

@@ -171,6 +171,14 @@ NOT_ROUTED = [
     ("GET", "/v2/chat/completions", 404, None),
     ("POST", "/health", 405, "GET, HEAD"),
     ("DELETE", "/metrics", 405, "GET, HEAD"),
+    # the generation endpoints under another method: the router's 405, never passed to an engine
+    ("GET", "/v1/chat/completions", 405, "POST"),
+    ("DELETE", "/v1/chat/completions", 405, "POST"),
+    ("GET", "/v1/completions", 405, "POST"),
+    ("PUT", "/v1/completions", 405, "POST"),
+    # a decoded newline in the path (route patterns of "." stopped at it: aiohttp's text/plain 404)
+    ("GET", "/health%0a", 404, None),
+    ("GET", "/%0A", 404, None),
 ]
 
 

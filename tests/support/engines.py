@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,9 @@ class Behaviour:
     fail_marker: str | None = None  # prompts containing it answer 500 with an OpenAI error ("boom")
     # the reply is max_tokens (default 4) words "w0 w1 ...", one a chunk; completion_tokens = max_tokens
     words_per_max_tokens: bool = False
+    # /v1/chat/completions/render: ``{"token_ids": render_ids(body)}`` with ``render_status`` (None: 404)
+    render_ids: Callable[[dict[str, Any]], list[int]] | None = None
+    render_status: int = 200
 
 
 # the engine the lab's benchmark tests (tests/lab/bench) drive
@@ -107,6 +111,7 @@ class FakeEngine:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/chat/completions/render", self._render)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -143,6 +148,13 @@ class FakeEngine:
         self.prompts.clear()
         self.resets += 1
         return web.json_response({"ok": True})
+
+    async def _render(self, request: web.Request) -> web.StreamResponse:
+        seen = await self._remember(request)
+        if self.b.render_ids is None:
+            return web.json_response({"error": "no render"}, status=404)
+        ids = self.b.render_ids(orjson.loads(seen.body))
+        return web.json_response({"token_ids": ids}, status=self.b.render_status)
 
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         seen = await self._remember(request)

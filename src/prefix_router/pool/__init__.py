@@ -10,11 +10,13 @@ from prefix_router.pool.engines.base import EngineAdapter, EngineLoad
 from prefix_router.pool.engines.registry import detect, get_adapter
 from prefix_router.pool.engines.usage import count, dig, openai_cached_tokens
 from prefix_router.pool.http import AiohttpFetcher, Fetcher, client_session
+from prefix_router.pool.kv_events import EventSubscriber, EventSubscriptions, KvEventsCollector
 from prefix_router.pool.monitor import PoolMonitor
 from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import (
     DiscoverySettings,
     HealthSettings,
+    KvEventsSettings,
     ScrapeSettings,
     WorkerSettings,
     unique_worker_names,
@@ -29,8 +31,12 @@ __all__ = [
     "DiscoverySettings",
     "EngineAdapter",
     "EngineLoad",
+    "EventSubscriber",
+    "EventSubscriptions",
     "Fetcher",
     "HealthSettings",
+    "KvEventsCollector",
+    "KvEventsSettings",
     "PoolError",
     "PoolMonitor",
     "ScrapeSettings",

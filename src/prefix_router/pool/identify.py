@@ -31,6 +31,7 @@ class Identifier:
             models = parse_models(body, self._max_models)
             if models is not None:
                 worker.listed_models = models
+                worker.identity_stale = False
         if worker.adapter is None:
             worker.adapter = await self._adapter(worker, body)
 

@@ -58,6 +58,8 @@ class PoolMonitor:
         ]
         if self.probe_and_scrape:
             loops.append((self._health.interval_s, self._probe_all))
+        else:  # the probes run elsewhere: what this process saw fail is identified again here
+            loops.append((self._health.interval_s, self._identify_stale))
         if self.probe_and_scrape and self._scrape.enabled:
             loops.append((self._scrape.interval_s, self.scraper.scrape_all))
         self._tasks = [asyncio.create_task(_every(interval, fn)) for interval, fn in loops]
@@ -71,11 +73,18 @@ class PoolMonitor:
         self._tasks = []
 
     async def _probe_all(self) -> None:
-        """Probe every worker. One not healthy (pending, or ejected) is identified first (its models), so
-        that it is admitted with what it serves now (an engine restarted with another model)."""
+        """Probe every worker. One not healthy (pending, or ejected) or whose identity is stale (a failure
+        since its models were read: ``Worker.identity_stale``) is identified first (its models), so that
+        it serves what it serves now (an engine restarted with another model, within the ejection time)."""
         await asyncio.gather(
-            *(self.prober.probe(w) if w.health.healthy else self.refresh(w) for w in self.pool)
+            *(
+                self.prober.probe(w) if w.health.healthy and not w.identity_stale else self.refresh(w)
+                for w in self.pool
+            )
         )
+
+    async def _identify_stale(self) -> None:
+        await asyncio.gather(*(self.identifier.identify(w) for w in self.pool if w.identity_stale))
 
     async def _identify_all(self) -> None:
         await asyncio.gather(*(self.identifier.identify(w) for w in self.pool if w.health.healthy))

@@ -132,13 +132,15 @@ class WorkerPool:
     def report(self, worker: Worker, ok: bool, error: str | None = None) -> bool:
         """Count one probe (or request) result: admit a pending worker on its first success, eject after
         ``fail_threshold`` failures in a row, re-admit after ``success_threshold`` successes in a row.
-        Returns whether the verdict changed."""
+        A failure also marks the worker's identity stale (``Worker.identity_stale``). Returns whether the
+        verdict changed."""
         state = worker.health
         if ok:
             state.successes, state.failures = state.successes + 1, 0
             flip = not state.healthy and (state.pending or state.successes >= self._success_threshold)
         else:
             state.failures, state.successes, state.last_error = state.failures + 1, 0, error
+            worker.identity_stale = True
             flip = state.healthy and state.failures >= self._fail_threshold
         if flip:
             self._set_health(worker, not state.healthy)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
+import socket
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -13,6 +15,9 @@ from prefix_router.pool.engines.registry import ENGINE_NAMES, normalize
 from prefix_router.settings import Section, header_secret, split_list
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
+# what inet_aton reads as an IPv4 address: one to four parts, decimal, octal or hex (127.1, 0x7f.1)
+_IPV4_SHORTHAND = re.compile(r"(0x[0-9a-f]+|[0-9]+)(\.(0x[0-9a-f]+|[0-9]+)){0,3}")
+_DOT = re.compile("%2e", re.IGNORECASE)
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.\-]{0,252})$|^[0-9a-fA-F:.]+$")
 
 
@@ -43,11 +48,39 @@ class WorkerTraits(Section):
         return normalize(value)
 
 
+class KvEventsSettings(Section):
+    """``workers[].kv_events``: where the worker's engine publishes its KV cache events (ZMQ PUB) and the
+    router subscribes (``pool/kv_events.py``; precise mode, ``routing/precise.py``).
+
+    ``bind``: the router binds ``endpoint`` and the engine connects (vLLM's publisher connects to a
+    non-wildcard tcp endpoint); false: the router connects to the engine's bound socket. ``replay_endpoint``:
+    the engine's ROUTER socket (vLLM's ``replay_endpoint``) asked for the batches a gap skipped; None: a
+    gap leaves the worker's view stale for a while (``routing.precise.stale_hold_s``). ``model``: the name
+    requests use for the engine's base model (default: the worker's first configured or listed model).
+    ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap)."""
+
+    endpoint: str
+    bind: bool = False
+    topic: str = Field(default="", max_length=256)
+    replay_endpoint: str | None = None
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    hwm: int = Field(default=10_000, gt=0, le=1_000_000)
+    replay_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(tcp://[^\s/]+:[0-9*]+|ipc://\S+)$", value):
+            raise ValueError("a ZMQ endpoint: tcp://HOST:PORT or ipc://PATH")
+        return value
+
+
 class WorkerSettings(WorkerTraits):
     """One engine instance behind the router."""
 
     url: str
     name: str | None = None
+    kv_events: KvEventsSettings | None = None
 
     @field_validator("url")
     @classmethod
@@ -127,13 +160,34 @@ def _authority_problem(url: str) -> str | None:
 
 
 def url_identity(url: str) -> str:
-    """What two worker URLs have in common when they reach the same engine: scheme, host (lower case),
-    port (the scheme's default made explicit) and base path."""
+    """What two worker URLs have in common when they reach the same engine: scheme, host (lower case; an
+    IP address in its canonical form, so ``127.1``, ``[0:0:0:0:0:0:0:1]`` and ``[::ffff:127.0.0.1]`` are
+    ``127.0.0.1`` and ``[::1]``), port (the scheme's default made explicit) and base path (dot segments,
+    even percent-encoded, resolved; without ``/v1``). Names are not resolved: ``localhost`` is not
+    ``127.0.0.1``."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = (parts.hostname or "").lower()
+    host = canonical_host((parts.hostname or "").lower())
     host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
+    path = posixpath.normpath(_DOT.sub(".", parts.path) or "/").rstrip("/").removesuffix("/v1")
+    return f"{parts.scheme}://{host}:{port}{path}"
+
+
+def canonical_host(host: str) -> str:
+    """An IP address's one spelling (IPv4 shorthands such as ``127.1`` as inet_aton reads them, IPv6
+    compressed, IPv4-mapped IPv6 as IPv4); a name as it is."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if not _IPV4_SHORTHAND.fullmatch(host):
+            return host
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host))
+        except OSError:
+            return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return address.compressed
 
 
 class HealthSettings(Section):
@@ -174,10 +228,12 @@ _K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 class DiscoverySettings(Section):
     """Workers found at run time, added to the static ``workers`` (off without ``kind``).
     ``kubernetes``: the serving endpoints of the EndpointSlices of Service ``service`` in ``namespace``;
-    ``dns``: every address ``service`` resolves to, on ``port``, every ``interval_s``."""
+    ``inferencepool``: the ready Pods the ``InferencePool`` named ``service`` selects, on its target ports
+    (at most ``max_pods`` tracked); ``dns``: every address ``service`` resolves to, on ``port``, every
+    ``interval_s``."""
 
-    kind: Literal["kubernetes", "dns"] | None = None
-    service: str | None = None  # the Service (kubernetes) or the name to resolve (dns)
+    kind: Literal["kubernetes", "inferencepool", "dns"] | None = None
+    service: str | None = None  # the Service (kubernetes), the InferencePool, or the name to resolve (dns)
     namespace: str | None = None  # kubernetes; default: the pod's own namespace, else "default"
     port: int | None = Field(default=None, ge=1, le=65535)  # dns (required)
     port_name: str | None = Field(default=None, min_length=1, max_length=63)  # kubernetes; default: first TCP
@@ -187,6 +243,7 @@ class DiscoverySettings(Section):
     in_cluster: bool | None = None  # kubernetes: service account (true), ~/.kube/config (false), either
     watch_timeout_s: int = Field(default=60, ge=1, le=3600)  # kubernetes: server-side watch length
     max_slices: int = Field(default=64, ge=1, le=10_000)  # kubernetes: EndpointSlices tracked
+    max_pods: int = Field(default=1024, ge=1, le=100_000)  # inferencepool: Pods tracked
     startup_wait_s: float = Field(default=5.0, ge=0)  # start-up waits this long for the first answer
     worker: DiscoveredWorkerSettings = Field(default_factory=DiscoveredWorkerSettings)
 
@@ -220,8 +277,11 @@ def _dns_problem(d: DiscoverySettings) -> str | None:
 
 
 def _kubernetes_problem(d: DiscoverySettings) -> str | None:
+    what = "an InferencePool" if d.kind == "inferencepool" else "a Kubernetes Service"
     if not _K8S_NAME_RE.match(d.service or ""):
-        return f"service: not a Kubernetes Service name: {d.service!r}"
+        return f"service: not {what} name: {d.service!r}"
+    if d.kind == "inferencepool" and d.port_name is not None:
+        return "port_name: only with kind kubernetes (an InferencePool names its targetPorts)"
     if d.namespace is not None and not _K8S_NAME_RE.match(d.namespace):
         return f"namespace: not a Kubernetes namespace: {d.namespace!r}"
     if d.port is not None:

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefix_router.pool.engines.base import EngineAdapter
-from prefix_router.pool.settings import WorkerSettings
+from prefix_router.pool.settings import KvEventsSettings, WorkerSettings
 
 
 @dataclass(slots=True)
@@ -40,12 +40,16 @@ class Worker:
     capacity_tokens: int | None = None
     configured_models: frozenset[str] = frozenset()
     listed_models: dict[str, dict[str, Any]] | None = None  # from the worker's ``/v1/models``
+    kv_events: KvEventsSettings | None = None  # where its KV cache events come from (precise mode)
     adapter: EngineAdapter | None = None
     health: HealthState = field(default_factory=HealthState)
     health_path: str | None = None
     draining: bool = False
     learned_capacity: int | None = None
     last_scrape_s: float | None = None
+    # a failed probe or request, or a broken connection: the engine may have been restarted (with another
+    # model); its models are read again at the next probe (``PoolMonitor``), not at the next 30 s refresh
+    identity_stale: bool = False
 
     @classmethod
     def from_config(cls, cfg: WorkerSettings) -> Worker:
@@ -57,6 +61,7 @@ class Worker:
             api_key=cfg.api_key,
             capacity_tokens=cfg.capacity_tokens,
             configured_models=frozenset(cfg.models),
+            kv_events=cfg.kv_events,
         )
 
     @property

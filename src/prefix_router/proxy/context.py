@@ -11,10 +11,11 @@ from typing import Literal
 
 from aiohttp import web
 
-from prefix_router.pool import PoolMonitor, WorkerPool, WorkerSettings
+from prefix_router.pool import EventSubscriptions, PoolMonitor, WorkerPool, WorkerSettings
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.edge.auth import KeySet
 from prefix_router.proxy.edge.deadlines import Deadlines
+from prefix_router.proxy.edge.render import Renders
 from prefix_router.proxy.ops.logs import LineHandler
 from prefix_router.proxy.ops.metrics import ProxyMetrics
 from prefix_router.proxy.ops.record import TraceRecorder
@@ -44,6 +45,8 @@ class AppContext:
     clock: Callable[[], float]
     policies: frozenset[str]
     recorder: TraceRecorder | None = None
+    events: EventSubscriptions | None = None  # KV cache event subscriptions (workers with kv_events)
+    renders: Renders | None = None  # precise keys rendered by an engine (no local template)
     log_handler: LineHandler | None = None  # the process's (``logs.configure``): access lines go there
     deadlines: Deadlines = field(default_factory=Deadlines)
     active: int = 0  # /v1/* requests being handled (the drain waits for them)

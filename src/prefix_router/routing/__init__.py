@@ -12,6 +12,16 @@ from prefix_router.routing.feedback import FeedbackStats, Verdict
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import InvalidRequest, KeyBuilder
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
+from prefix_router.routing.precise import (
+    PreciseMatch,
+    PreciseSettings,
+    PreciseStats,
+    PreciseView,
+    SeqVerdict,
+    Staleness,
+    precise_chain,
+    precise_seed,
+)
 from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.router import ChangeHook, ChangeKind, IndexChange, Router
 from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings, UnitSettings
@@ -31,12 +41,20 @@ __all__ = [
     "KeyBuilder",
     "KeySettings",
     "Outcome",
+    "PreciseMatch",
+    "PreciseSettings",
+    "PreciseStats",
+    "PreciseView",
     "PrefixIndex",
     "RouteRequest",
     "Router",
     "RoutingSettings",
+    "SeqVerdict",
+    "Staleness",
     "UnitSettings",
     "Verdict",
     "count_marks",
+    "precise_chain",
+    "precise_seed",
     "record_hash_ids",
 ]

@@ -4,8 +4,10 @@ Without the model's own chat template (exact mode, ``routing/template.py``), the
 common templates do (ChatML/Qwen, Llama 3.x, Mistral, SmolLM2, DeepSeek, Granite), so that two requests
 share key blocks where their rendered prompts share tokens, and no further:
 
-0. a marker when the request has tools (Llama 3.x writes "Environment: ipython" into its system header
-   when tools are given, before the system text: with and without tools never share);
+0. a marker when the request has tools and the model's template writes something for them before the
+   system text (Llama 3.x writes "Environment: ipython" into its system header: with and without tools
+   never share; ``keys.tools_before_system`` names those models); other templates (ChatML, Qwen,
+   SmolLM2) render the system prompt first either way, and requests with and without tools share it;
 1. the first message when it is a system (or developer) message;
 2. ``tools`` (or legacy ``functions``) serialised in the client's order with the client's key order
    (transformers' ``tojson`` does not sort keys; in token blocks with its very separators), then a marker
@@ -257,10 +259,14 @@ def reply_text(body: Mapping[str, Any], reply: Mapping[str, Any]) -> str:
 
 
 def chat_text(
-    body: Mapping[str, Any], extra: Sequence[Mapping[str, Any]] = (), spaced_json: bool = False
+    body: Mapping[str, Any],
+    extra: Sequence[Mapping[str, Any]] = (),
+    spaced_json: bool = False,
+    tools_first: bool = True,
 ) -> str:
     """The canonical text of a chat request (with ``extra`` messages appended); ``spaced_json`` for keys
-    in token blocks (see ``_tojson``)."""
+    in token blocks (see ``_tojson``); ``tools_first``: tools change the text before the system prompt
+    (step 0 of the module docstring)."""
     messages = [*messages_of(body), *extra]
     first = messages[0]
     start = 1 if is_mapping(first) and first.get("role") in SYSTEM_ROLES else 0
@@ -268,5 +274,5 @@ def chat_text(
     head = message_text(first, 0, last_user < 0) if start else ""
     rest = [message_text(m, i, i > last_user) for i, m in enumerate(messages[start:], start)]
     tools = _tools_text(body, spaced_json)
-    flag = f"{GS}t{RS}" if tools else ""
+    flag = f"{GS}t{RS}" if tools and tools_first else ""
     return flag + head + tools + _documents_text(body) + "".join(rest) + generation_text(body)

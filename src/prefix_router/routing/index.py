@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
+from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 EvictHook = Callable[[str, int], None]
 # touches blocks in an LRU: (the LRU, the holder bit, the blocks, now)
@@ -36,6 +39,7 @@ def _bits(mask: int) -> Iterator[int]:
         mask ^= low
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (setup.py), a lab and a test index subclass it
 class PrefixIndex:
     def __init__(
         self,
@@ -61,6 +65,7 @@ class PrefixIndex:
         self._ceiling: dict[str, int] = {}  # known capacity (configured or scraped), blocks
         self._known: dict[str, int] = {}  # known capacity, tokens
         self._value: dict[str, float] = {}  # tokens one block of the worker is worth (default block_tokens)
+        self._default_value = float(block_tokens)  # a float in both builds (compiled, float is unboxed)
         self.fills: dict[str, float] = {}  # worker -> ``fill(worker)``, kept current (read per candidate)
         self._by_size: dict[int, dict[str, None]] = {}  # blocks held -> workers holding that many (> 0)
         self._fullest = 0  # an upper bound of the largest size in _by_size
@@ -91,7 +96,7 @@ class PrefixIndex:
         """What one of ``name``'s blocks is worth in tokens (text keys: learned, ``routing/units.py``): its
         known and learned capacities keep their tokens and change their blocks. A move of less than 1/64
         changes nothing (the learned value moves a little with every report)."""
-        old = self._value.get(name, self.block_tokens)
+        old = self._value.get(name, self._default_value)
         if name not in self._lru or tokens <= 0 or abs(tokens - old) * 64 < old:
             return
         learned = self._cap_blocks[name] * old
@@ -100,11 +105,11 @@ class PrefixIndex:
         self.learn_capacity(name, self.blocks_for(name, learned))
 
     def block_value(self, worker: str) -> float:
-        return self._value.get(worker, self.block_tokens)
+        return self._value.get(worker, self._default_value)
 
     def blocks_for(self, worker: str, tokens: float) -> int:
         """``tokens`` of ``worker``'s cache in blocks (at least 1)."""
-        return max(1, int(tokens / self._value.get(worker, self.block_tokens)))
+        return max(1, int(tokens / self._value.get(worker, self._default_value)))
 
     def learn_capacity(self, name: str, blocks: int) -> int:
         """Set the blocks ``name`` is believed to hold at most, within [1, its ceiling]; evicts LRU down to
@@ -273,7 +278,10 @@ class PrefixIndex:
         without a membership test per block. Exact whatever ``blocks`` are: a deeper block found held is
         moved, and should the prefix have a hole (a list that was not one chain), its holders are set."""
         held = self._held(blocks, value)
-        holders, move, newest = self._holders, lru.move_to_end, reversed(blocks)
+        holders, move = self._holders, lru.move_to_end
+        # compiled: the float boxed once, the blocks kept boxed (a stored float or int is boxed per store)
+        stamp: Any = now
+        newest: Iterator[Any] = reversed(blocks)
         expected = len(lru) + len(blocks) - held
         for block in islice(newest, len(blocks) - held):  # deepest first: not held (chain-closed), added
             mask = holders.get(block, 0)
@@ -282,9 +290,9 @@ class PrefixIndex:
                 move(block)
             else:
                 holders[block] = mask | value
-            lru[block] = now
+            lru[block] = stamp
         for block in newest:  # then the held prefix: moved to the most recent end
-            lru[block] = now
+            lru[block] = stamp
             move(block)
         if len(lru) != expected:  # a hole in the "held" prefix was added to the LRU: hold it too
             for block in blocks[:held]:
@@ -293,12 +301,14 @@ class PrefixIndex:
     def _touch(self, lru: OrderedDict[int, float], value: int, blocks: Sequence[int], now: float) -> None:
         """Touch ``blocks`` deepest first (each moved to the most recent end at ``now``, added if absent)."""
         holders = self._holders
-        for block in reversed(blocks):
+        stamp: Any = now  # boxed once (see _touch_chain)
+        newest: Iterator[Any] = reversed(blocks)
+        for block in newest:
             if block in lru:
                 lru.move_to_end(block)
             else:
                 holders[block] = holders.get(block, 0) | value
-            lru[block] = now
+            lru[block] = stamp
 
     def _held(self, blocks: Sequence[int], value: int) -> int:
         """How many leading blocks of the chain ``blocks`` the chain-closed worker of bit ``value`` holds

@@ -25,6 +25,7 @@ computed by the engine) and only when the next turn renders the prompt unchanged
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 import re
@@ -36,6 +37,7 @@ import prefix_router.routing.canonical as canonical
 from prefix_router.protocol import Endpoint
 from prefix_router.routing.canonical import MEDIA, chat_text, has_reasoning
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
+from prefix_router.routing.precise import precise_chain, precise_seed
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError, load_templates, media_ids
 from prefix_router.routing.types import InvalidRequest, RouteRequest
@@ -109,6 +111,16 @@ class KeyBuilder:
             templates = load_templates(cfg.exact_models, cfg.image_tokens, cfg.tool_choice_none_drops_tools)
         self.templates = dict(templates)
         self._media_chars = max(17, round(cfg.image_tokens * cfg.chars_per_token))
+        # precise mode's block size (set while some worker publishes KV events); None: no precise keys
+        self.precise_block_tokens: int | None = None
+
+    def tools_first(self, model: Any) -> bool:
+        """Whether ``model``'s template writes something for tools before the system text
+        (``keys.tools_before_system``; a model without a name: assumed so, sharing nothing)."""
+        if not isinstance(model, str):
+            return True
+        name = model.lower()
+        return any(fnmatch.fnmatchcase(name, pattern.lower()) for pattern in self.cfg.tools_before_system)
 
     def namespace(self, body: Mapping[str, Any], tenant: str | None, exact: bool = False) -> int:
         model = _require_model(body)
@@ -129,7 +141,9 @@ class KeyBuilder:
         """The bytes that are cut into blocks: UTF-8 text, or token ids as 4-byte integers."""
         if endpoint == "chat":
             more = canonical.reply_text(body, generated) if generated is not None else ""
-            return self._encode_text(chat_text(body, spaced_json=self._tokenize is not None) + more)
+            tooled = body.get("tools") or body.get("functions")
+            spaced, first = self._tokenize is not None, not tooled or self.tools_first(body.get("model"))
+            return self._encode_text(chat_text(body, spaced_json=spaced, tools_first=first) + more)
         prompt = _first_prompt(body)
         tail = str(generated.get("text") or "") if generated is not None else ""
         if isinstance(prompt, str):
@@ -206,10 +220,12 @@ class KeyBuilder:
         route_id: str,
         tenant: str | None,
         session: str | None,
+        engine_salt: str | None = None,
     ) -> RouteRequest:
         seed = self.namespace(body, tenant, exact=True)
         data = _token_bytes(ids)
         full = len(ids) - len(ids) % self.cfg.block_tokens
+        precise = self.precise_blocks(ids, body, tenant, engine_salt)
         return RouteRequest(
             route_id=route_id,
             blocks=self._blocks(data, True, seed),
@@ -221,7 +237,28 @@ class KeyBuilder:
             output_tokens_hint=_max_tokens(body),
             tail=data[full * 4 :],
             exact=True,
+            precise_blocks=precise,
+            precise_tokens=len(ids) if precise else 0,
         )
+
+    def precise_blocks(
+        self, ids: Sequence[int], body: Mapping[str, Any], tenant: str | None, engine_salt: str | None = None
+    ) -> tuple[int, ...]:
+        """Precise mode's chain of ``ids`` (``routing/precise.py``): seeded by the model (a LoRA adapter's
+        name is the model its requests name) and the cache salt only, as the engine shares its cache. With
+        tenants isolated, only a salted request gets one (the engine shares unsalted blocks across tenants:
+        routing on them would tell one tenant what another sent). ``engine_salt``: the salt the proxy gives
+        the tenant's requests (``tenants.cache_salt``), before the client's own, as the engine sees it."""
+        size = self.precise_block_tokens
+        salt = _opt_str(body, "cache_salt")
+        if engine_salt is not None:
+            salt = f"{engine_salt}-{salt}" if salt else engine_salt
+        if size is None or (self.cfg.isolate_tenants and tenant is not None and salt is None):
+            return ()
+        limit = self.cfg.max_prefix_chars
+        if limit is not None:
+            limit = int(limit / self.cfg.chars_per_token)
+        return precise_chain(ids, size, precise_seed(_require_model(body), None, salt), limit)
 
     def _exact_extension(
         self, req: RouteRequest, endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any]
@@ -260,8 +297,10 @@ class KeyBuilder:
         route_id: str,
         tenant: str | None = None,
         session: str | None = None,
+        engine_salt: str | None = None,
     ) -> RouteRequest:
-        """Validate ``body`` and reduce it to a ``RouteRequest`` (raises ``InvalidRequest``)."""
+        """Validate ``body`` and reduce it to a ``RouteRequest`` (raises ``InvalidRequest``);
+        ``engine_salt``: the ``cache_salt`` the proxy adds for the engine (precise keys only)."""
         if not canonical.is_mapping(body):
             raise InvalidRequest("the request body must be a JSON object")
         template = self.template_for(endpoint, body)
@@ -271,7 +310,7 @@ class KeyBuilder:
             except TemplateError as exc:  # the engine will answer it; route it by the default key
                 log.debug("exact key fell back for %s: %s", route_id, exc)
             else:
-                return self._exact_request(ids, body, route_id, tenant, session)
+                return self._exact_request(ids, body, route_id, tenant, session, engine_salt)
         seed = self.namespace(body, tenant)
         data = self.payload(endpoint, body, None)
         tokens_mode = self._tokens_mode(endpoint, body)

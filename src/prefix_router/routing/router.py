@@ -49,6 +49,7 @@ from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.policies import POLICIES
 from prefix_router.routing.policies.base import load_cap, under_cap
+from prefix_router.routing.precise import PreciseMatch, PreciseView
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import (
     Branch,
@@ -59,7 +60,7 @@ from prefix_router.routing.types import (
     RouteRequest,
     WorkerSnapshot,
 )
-from prefix_router.routing.units import TokenUnits, count_prefix
+from prefix_router.routing.units import Counts, TokenUnits, count_prefix
 
 
 class ChangeKind(StrEnum):
@@ -97,9 +98,12 @@ class _Prediction:
     last_touched: float | None  # the index's last access of its deepest predicted block before dispatch
     started: bool = False  # its first token came: the engine computed the whole prompt
     started_at: float | None = None  # when
+    precise: bool = False  # predicted on the worker's event-fed view (``routing/precise.py``)
 
 
 ChangeHook = Callable[[IndexChange], None]
+# (model, worker, nominal tokens, reported tokens, the key's byte counts): one sample the units learned
+SampleHook = Callable[[str, str, int, int, Counts | None], None]
 
 
 class Router:
@@ -126,24 +130,33 @@ class Router:
         self.feedback: dict[str, FeedbackStats] = {}
         self._engine_blocks: dict[str, int] = {}  # per worker (removed with it): the engine's KV block
         self.on_change: ChangeHook | None = None
+        # told of every report the token units learned from (``serve --processes``: the others learn it too)
+        self.on_units_sample: SampleHook | None = None
+        self.precise = PreciseView(cfg.precise)
 
     def retune(self, cfg: RoutingSettings) -> None:
         """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
         changed is rebuilt, its own state, such as a round-robin position, starting over), session
-        affinity and feedback tolerance. What sizes live state (``keys``, ``index``, ``trackers``,
-        ``sessions.max_sessions``) must not change (ValueError): that needs a new ``Router``."""
-        same = ("keys", "index", "trackers", "units")
-        if any(getattr(cfg, k) != getattr(self.cfg, k) for k in same) or (
-            cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
+        affinity, feedback tolerance and tenant isolation (``keys.isolate_tenants``: new requests are keyed
+        in their tenant's namespace, or not). What sizes live state (the rest of ``keys``, ``index``,
+        ``trackers``, ``units``, ``precise``, ``sessions.max_sessions``) must not change (ValueError):
+        that needs a new ``Router``."""
+        same = ("index", "trackers", "units", "precise")
+        isolation = {"isolate_tenants": self.cfg.keys.isolate_tenants}
+        if (
+            any(getattr(cfg, k) != getattr(self.cfg, k) for k in same)
+            or cfg.keys.model_copy(update=isolation) != self.cfg.keys
+            or cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
         ):
             raise ValueError(
-                "retune: keys, index, trackers, units and sessions.max_sessions need a new Router"
+                "retune: keys, index, trackers, units, precise and sessions.max_sessions need a new Router"
             )
         if cfg.policy not in self.policies:
             raise KeyError(f"unknown policy {cfg.policy!r}")
         for spec in POLICIES:
             if cfg.knobs(spec.name) != self.cfg.knobs(spec.name):
                 self.policies[spec.name] = spec.build(cfg.knobs(spec.name))
+        self.keys.cfg = cfg.keys
         self.cfg = cfg
 
     # ------------------------------------------------------------ workers
@@ -153,8 +166,16 @@ class Router:
         self.load.add_worker(name, weight)
         self.feedback.setdefault(name, FeedbackStats())
 
+    def add_event_worker(self, name: str, model: str) -> None:
+        """``name`` (added) publishes KV cache events for ``model``: routed on its event-fed view while
+        that is fresh (``routing/precise.py``); requests get precise keys from now on."""
+        if name in self.index:
+            self.precise.add_worker(name, model)
+            self.keys.precise_block_tokens = self.cfg.precise.block_tokens
+
     def remove_worker(self, name: str) -> None:
         self.index.remove_worker(name)
+        self.precise.remove_worker(name)
         self.load.remove_worker(name)
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
@@ -166,6 +187,7 @@ class Router:
     def forget_cache(self, name: str) -> None:
         """Drop ``name``'s index entries and sessions; its load, capacity and feedback stats stay."""
         self.index.forget_older(name, math.inf)
+        self.precise.clear(name)
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
 
@@ -198,14 +220,40 @@ class Router:
         name = policy or self.cfg.policy
         chosen_policy = self.policies[name]
         matches = self.index.match(req.blocks)
+        precise = self.precise.match(req.precise_blocks, now) if req.precise_blocks and self.precise else None
+        if precise is not None:
+            matches = self._steered(req, matches, precise)
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
         prompt = self._prompt_value(req)
         scale = prompt / req.key_tokens if req.text_model is not None and req.key_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
+        if precise is not None and decision.worker in precise.fresh:
+            depth = precise.confirmed.get(decision.worker, 0)
+            tokens = min(depth * self.cfg.precise.block_tokens, req.precise_tokens)
+            return Decision(
+                decision.worker, decision.branch, self._index_blocks(req, depth), tokens, req.precise_tokens
+            )
         matched = matches.get(decision.worker, 0)
         predicted = self._engine_whole(decision.worker, self._match_value(req, matched, prompt), prompt)
         return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
+
+    def _steered(self, req: RouteRequest, matches: dict[str, int], precise: PreciseMatch) -> dict[str, int]:
+        """The index's matches with each fresh event-fed worker's replaced by its event-fed view's (held
+        confirmed or speculatively), in the index's blocks."""
+        matches = dict(matches)
+        for worker in precise.fresh:
+            blocks = self._index_blocks(req, precise.steered.get(worker, 0))
+            if blocks:
+                matches[worker] = blocks
+            else:
+                matches.pop(worker, None)
+        return matches
+
+    def _index_blocks(self, req: RouteRequest, precise_blocks: int) -> int:
+        """``precise_blocks`` of the engines' block size in the index's blocks of ``req``."""
+        tokens = precise_blocks * self.cfg.precise.block_tokens
+        return min(len(req.blocks), tokens // self.index.block_tokens)
 
     def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
         """The engine tokens of ``req``'s first ``matched`` blocks: a text key's by the content of those
@@ -263,8 +311,12 @@ class Router:
         worker, matched = decision.worker, decision.matched_blocks
         raced = self._prefills.racing(worker, req.blocks[:matched])
         touched = self.index.last_access(worker, req.blocks[matched - 1]) if matched else None
-        prediction = _Prediction(worker, decision.predicted_tokens, raced, matched, touched)
+        precise = bool(req.precise_blocks) and self.precise.fresh(worker, now)
+        prediction = _Prediction(worker, decision.predicted_tokens, raced, matched, touched, precise=precise)
         self._predictions.set(req.route_id, prediction)
+        if precise:
+            confirmed = decision.predicted_tokens // self.cfg.precise.block_tokens
+            self.precise.speculate(worker, req.precise_blocks, confirmed, now)
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.route_id, worker, req.blocks[matched])
         self._insert(worker, req.blocks, now)
@@ -299,15 +351,27 @@ class Router:
                 self._trim(worker, req.blocks, keep, now)
             return
         self._learn(req, worker, prediction, outcome, now)
-        if req.text_model is not None and self.units.observe(
-            req.text_model,
-            req.key_tokens,
-            outcome.reported_prompt_tokens,
-            req.counts[-1] if req.counts else None,
+        reported, counts = outcome.reported_prompt_tokens, req.counts[-1] if req.counts else None
+        if (
+            req.text_model is not None
+            and reported is not None
+            and self.learn_units(req.text_model, worker, req.key_tokens, reported, counts)
+            and self.on_units_sample is not None
         ):
-            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(req.text_model))
+            self.on_units_sample(req.text_model, worker, req.key_tokens, reported, counts)
         if outcome.extension_blocks:
             self._insert(worker, outcome.extension_blocks, now)
+
+    def learn_units(
+        self, model: str, worker: str, nominal: int, reported: int, counts: Counts | None
+    ) -> bool:
+        """Learn what ``model``'s key bytes are worth from one report (here, or another process's); returns
+        whether it was a sample. The worker's blocks take the model's new value."""
+        if not self.units.observe(model, nominal, reported, counts):
+            return False
+        if worker in self.index:
+            self.index.set_block_value(worker, self.index.block_tokens * self.units.scale(model))
+        return True
 
     def _learn(
         self, req: RouteRequest, worker: str, prediction: _Prediction | None, outcome: Outcome, now: float
@@ -321,6 +385,17 @@ class Router:
             stats.unreported += 1
             return
         reported, moved = clamp_report(outcome.cached_tokens, prompt_bound(req.key_tokens, outcome))
+        if prediction.precise:  # the events are the engine's word: nothing to learn, agreement counted
+            self.precise.report(
+                worker, prediction.tokens, outcome.cached_tokens, outcome.reported_prompt_tokens
+            )
+            stats.count(
+                judge(self.cfg.feedback, prediction.tokens, reported, False, False),
+                prediction.tokens,
+                reported,
+                moved,
+            )
+            return
         cfg = self.cfg.feedback
         turnover = self.index.turnover(worker, now)
         queued = explained_by_queueing(cfg, prediction.last_touched, prediction.started_at, turnover)
@@ -385,7 +460,9 @@ class Router:
     def policy_names(self) -> list[str]:
         return list(self.policies)
 
-    def summary(self) -> dict[str, object]:
+    def summary(self, now: float = 0.0) -> dict[str, object]:
+        """The index, trackers and per worker state (``now``: the clock of ``route``, for the event-fed
+        views' ages and freshness)."""
         return {
             "policy": self.cfg.policy,
             "index": {
@@ -399,10 +476,10 @@ class Router:
             "prefilling_requests": len(self._prefills),
             "sessions": len(self._sessions),
             "units": self.units.summary(),  # learned tokens of text keys, per model
-            "workers": {name: self._worker_summary(name) for name in self.index.workers()},
+            "workers": {name: self._worker_summary(name, now) for name in self.index.workers()},
         }
 
-    def _worker_summary(self, name: str) -> dict[str, object]:
+    def _worker_summary(self, name: str, now: float) -> dict[str, object]:
         snap = self.load.snapshot(name, 0.0)
         stats = self.feedback.get(name, FeedbackStats())
         return {
@@ -415,4 +492,6 @@ class Router:
             "pending_prefill_tokens": snap.pending_prefill_tokens,
             # predicted vs reported cached tokens, summed over the requests whose engine reported only
             "feedback": stats.as_dict(),
+            # the event-fed view (workers with kv_events): its state, blocks by source, counters
+            **({"precise": self.precise.summary(name, now)} if name in self.precise else {}),
         }

@@ -9,6 +9,7 @@ routing:
   sessions: {affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
   feedback: {tolerance: 0.5, page_tokens: 16, slack_pages: 2, capacity_step: 0.1}  # engine reports
   units: {learn: true, alpha: 0.03125, min_sample_tokens: 512, warmup: 8, margin: 1.0}  # text keys' tokens
+  precise: {block_tokens: 16, speculative_ttl_s: 2.0, silence_s: 10.0, ...}  # workers with kv_events
   policies:                   # one knob group per policy, declared by the policy's own module
     prefix: {load_factor: 1.25, load_slack: 2, queue_penalty_tokens: 512, in_flight_penalty_tokens: 512}
     consistent_hash: {load_factor: 1.25, load_slack: 0, replicas: 64, max_rings: 32}
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, ModelWrapValidatorHandler, create_model, field_validator, model_validator
 
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICIES, POLICY_NAMES
+from prefix_router.routing.precise import PreciseSettings
 from prefix_router.settings import Section
 
 
@@ -53,6 +55,13 @@ class KeySettings(Section):
     # exact mode: model name -> local model directory (tokenizer.json + tokenizer_config.json)
     exact_models: dict[str, str] = Field(default_factory=dict, max_length=1024)
     tool_choice_none_drops_tools: bool = False  # exact mode: vLLM's --exclude-tools-when-tool-choice-none
+    # default mode: models (shell patterns, case-insensitive) whose chat template writes something for
+    # tools before the system text (Llama 3.x: "Environment: ipython"), so that a request with tools and
+    # one without share nothing; other templates (ChatML, Qwen, SmolLM2, ...) keep the system prompt first
+    # either way, and so does their key
+    tools_before_system: list[str] = Field(
+        default_factory=lambda: ["*llama-3*", "*llama3*", "*llama_3*"], max_length=256
+    )
 
     @field_validator("exact_models")
     @classmethod
@@ -183,6 +192,7 @@ class RoutingSettings(Section):
     sessions: SessionSettings = Field(default_factory=SessionSettings)
     feedback: FeedbackSettings = Field(default_factory=FeedbackSettings)
     units: UnitSettings = Field(default_factory=UnitSettings)
+    precise: PreciseSettings = Field(default_factory=PreciseSettings)
     policies: PolicyGroups = Field(default_factory=PolicyGroups)
 
     @field_validator("policy")

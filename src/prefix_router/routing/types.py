@@ -50,6 +50,10 @@ class RouteRequest:
     # whole last (``routing/units.py``, ``count_marks``); empty for token ids
     text: bytes = b""
     counts: tuple[tuple[int, int, int, int], ...] = ()
+    # precise mode (``routing/precise.py``): the exact token ids' chain at the engines' block size, seeded
+    # by what the engine shares a cache across (model or LoRA, cache salt); empty: no token parity
+    precise_blocks: tuple[int, ...] = ()
+    precise_tokens: int = 0  # the exact token ids' count (the prompt's length, for the engine)
 
 
 @dataclass(slots=True)

@@ -42,3 +42,32 @@ def test_cpu_seconds_counts_a_process_tree() -> None:
     user, system = overhead.cpu_split(os.getpid())
     assert user > 0 and system >= 0 and overhead.cpu_seconds(os.getpid()) >= user + system
     assert overhead.cpu_seconds(2**22 + 12345) != overhead.cpu_seconds(2**22 + 12345)  # NaN: no such process
+
+
+@pytest.mark.timeout(1300)  # a cold compiled build first (cached per source: seconds when warm)
+def test_pure_and_compiled_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    from support.compiled import compiled_lib
+
+    lib = str(compiled_lib())
+    code = overhead.run_bench(
+        args(
+            requests=60,
+            rounds=1,
+            concurrency="4",
+            prompt_chars="500",
+            builds="pure,compiled",
+            compiled_lib=lib,
+        )
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "prefix-router (1 proc, uvloop, pure)" in out and "prefix-router (1 proc, uvloop, compiled)" in out
+
+
+def test_a_compiled_build_that_is_not_one_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert overhead.run_bench(args(builds="pure,compiled", compiled_lib="")) == 2
+    assert "--compiled-lib" in capsys.readouterr().out
+    assert overhead.run_bench(args(builds="compiled", compiled_lib=str(tmp_path))) == 2  # the pure one there
+    assert "holds no compiled routing core" in capsys.readouterr().out

@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from prefix_router.protocol import REQUEST_ID_HEADER
@@ -109,3 +110,50 @@ async def test_a_client_that_leaves_is_logged_as_499(
         resp.close()  # hang up mid-stream
     await wait_until(lambda: bool(access_lines(caplog)))
     assert access_lines(caplog)[0]["status"] == 499
+
+
+async def raw_request(port: int, method: str, path: str) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as http, http.request(method, f"http://127.0.0.1:{port}{path}") as r:
+        return r.status, await r.read()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/nope", 404),
+        ("GET", "/health%0a", 404),
+        ("GET", "/v1/a%0Ab", 400),  # routed (passed through), refused by the path check
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/completions", 405),
+    ],
+)
+async def test_refused_paths_get_an_openai_error_and_an_access_line(
+    fake_engine: Any, start_router: Any, caplog: pytest.LogCaptureFixture, method: str, path: str, status: int
+) -> None:
+    caplog.set_level(logging.INFO, ACCESS_LOGGER)
+    engine = await fake_engine("a")
+    router = await start_router(engine)
+    got, body = await raw_request(router.port, method, path)
+    assert got == status and "error" in orjson.loads(body)
+    lines = access_lines(caplog)
+    noted = [(line["method"], line["path"].lower(), line["status"]) for line in lines]
+    assert noted == [(method, path.lower(), status)]  # the client may write %0a as %0A
+    assert "\n" not in str(caplog.records[-1].msg)
+    assert not engine.seen
+
+
+async def test_the_query_string_never_reaches_the_access_log(
+    fake_engine: Any, start_router: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Docs promise no secret in logs: a key in the query string (``?api_key=...``) stays out of the line."""
+    caplog.set_level(logging.INFO, ACCESS_LOGGER)
+    engine = await fake_engine("a")
+    router = await start_router(engine)
+    secret = "sk-query-secret-0123456789"
+    async with aiohttp.ClientSession() as http:
+        for path in ("/v1/chat/completions", "/v1/embeddings", "/nope"):
+            async with http.post(f"{router.url}{path}?api_key={secret}&x=1", json=CHAT) as resp:
+                await resp.read()
+    lines = access_lines(caplog)
+    assert [line["path"] for line in lines] == ["/v1/chat/completions", "/v1/embeddings", "/nope"]
+    assert secret not in caplog.text and "api_key" not in caplog.text

@@ -42,3 +42,17 @@ def test_nothing_changed_is_said_so() -> None:
     assert plan.changes() == "none" and not (
         plan.added or plan.removed or plan.replaced or plan.restart_needed
     )
+
+
+def test_a_config_without_client_keys_reloads() -> None:
+    """No ``auth.api_keys`` (the default): the merged config leaves them out instead of an empty list, which
+    validation refuses; removing every key on reload turns authentication off as the new file says."""
+    plain = {"workers": [{"url": "http://a:1", "name": "a"}]}
+    old = load_config(env={}, overrides=plain)
+    grown = load_config(
+        env={}, overrides={"workers": [*plain["workers"], {"url": "http://b:1", "name": "b"}]}
+    )
+    plan = Plan(old, grown)
+    assert [w.name for w in plan.config.workers] == ["a", "b"] and not plan.config.auth.api_keys
+    keyless = Plan(config(), load_config(env={}, overrides=plain))
+    assert "auth.api_keys" in keyless.applied and not keyless.config.auth.api_keys

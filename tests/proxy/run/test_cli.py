@@ -84,6 +84,16 @@ async def test_bad_config_exits_with_one_line_naming_the_key() -> None:
     assert len(lines) == 1 and "routing" in lines[0] and "block_chars" in lines[0]
 
 
+async def test_a_config_file_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Any) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("workers: ['http://127.0.0.1:9']\n# caf\u00e9\n".encode("latin-1"))
+    proc = await run_cli("serve", "--config", str(path))
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert "not UTF-8" in lines[0] and str(path) in lines[0]
+
+
 async def test_no_workers_is_refused() -> None:
     proc = await run_cli("serve")
     _, err = await asyncio.wait_for(proc.communicate(), 30)

@@ -78,6 +78,34 @@ async def test_two_processes_share_the_port_the_view_and_metrics(
 
 
 @pytest.mark.timeout(120)
+async def test_every_process_learns_the_token_units_from_every_report(
+    fake_engine: Any, serve_process: Any
+) -> None:
+    """What a report teaches the token units reaches the other processes: each one counts all 16 samples
+    (each learned only from the reports of the requests it served: about half), so they value matches
+    alike (before: 800 tokens in one process, 686 in the other for one prompt)."""
+    engine = await fake_engine("a", prompt_tokens=700)
+    served = await serve_process(
+        "--worker", f"a={engine.url}", "--processes", "2", "--set", "log_level=warning",
+        "--set", "scrape.interval_s=3600",
+    )  # fmt: skip
+    for i in range(16):  # distinct long prompts (a sample needs routing.units.min_sample_tokens)
+        body = {"model": "m", "messages": [{"role": "user", "content": f"{i} " + "lorem ipsum dolor " * 200}]}
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.post(served.url + PATH, json=body) as r,
+        ):
+            assert r.status == 200
+    await asyncio.sleep(0.5)  # the samples go out within 50 ms
+    seen = set()
+    for _ in range(8):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            seen.add(sum((await metric(fresh, served.url, "prefix_router_units_samples_total")).values()))
+    assert seen == {16}
+
+
+@pytest.mark.timeout(120)
 async def test_a_killed_process_is_replaced_and_the_supervisor_takes_its_children_along(
     fake_engine: Any, serve_process: Any
 ) -> None:

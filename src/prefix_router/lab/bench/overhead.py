@@ -8,6 +8,9 @@ the median latency at that concurrency (and what each router adds to the direct 
 CPU per request. Ratios are to the direct connection and to the peer. ``--profile`` also records the
 routers with py-spy and prints where their CPU goes, stage by stage (``bench.profile``). The routers
 write their access log, as shipped; ``--access-log on,off`` adds routers without it, to measure it.
+``--builds pure,compiled`` runs each router configuration on both builds side by side: the pure package
+and the compiled routing core (``setup.py`` with ``PREFIX_ROUTER_COMPILE=1``; ``scripts/build-compiled.sh``
+prints its directory), put first on the router's ``PYTHONPATH`` from ``--compiled-lib``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--peer-python", default=PEER_PYTHON, help="the Python of the peer's own venv")
     p.add_argument("--profile", action="store_true", help="py-spy the routers: CPU per request by stage")
     p.add_argument("--access-log", default="on", help="router access log settings to compare (on,off)")
+    p.add_argument("--builds", default="pure", help="prefix-router builds to compare (pure,compiled)")
+    p.add_argument(
+        "--compiled-lib",
+        default=os.environ.get("PREFIX_ROUTER_COMPILED_LIB", ""),
+        help="the compiled build's package directory (scripts/build-compiled.sh prints it)",
+    )
     p.set_defaults(func=run_bench)
 
 
@@ -225,6 +234,30 @@ def peer_argv(python: str, worker_port: int, port: int) -> list[str]:
     ]  # fmt: skip
 
 
+def build_env(build: str, compiled_lib: str) -> dict[str, str] | None:
+    """The router's environment for a build: the compiled package first on its path, or as installed."""
+    if build == "pure":
+        return None
+    if build != "compiled":
+        raise ValueError(f"unknown build {build!r} (pure, compiled)")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (compiled_lib, os.environ.get("PYTHONPATH")) if p)}
+
+
+def compiled_missing(compiled_lib: str) -> str | None:
+    """Why ``compiled_lib`` is not a compiled build (its routing index an extension module), or None."""
+    if not compiled_lib:
+        return "--builds compiled needs --compiled-lib DIR (scripts/build-compiled.sh prints it)"
+    probe = "import prefix_router.routing.index as i; print(i.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env={**os.environ, **(build_env("compiled", compiled_lib) or {})},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    found = out.stdout.strip()
+    if out.returncode or not found.startswith(compiled_lib) or found.endswith(".py"):
+        return f"{compiled_lib} holds no compiled routing core ({found or out.stderr.strip()[-200:]})"
+    return None
+
+
 PEER_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # never a model hub
 
 
@@ -239,13 +272,16 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[Case, dict[s
         for loop in names(args.loops):
             for count in numbers(args.processes):
                 for access in names(args.access_log):
-                    port = free_port()
-                    argv = [*router_argv(worker_port, port, loop, count, args.policy)]
-                    pid = spawn([*argv, "--set", f"access_log={access == 'on'}"], None)
-                    suffix = "" if access == "on" else ", no access log"
-                    plan.targets.append(
-                        Target(f"prefix-router ({count} proc, {loop}{suffix})", port, pid, True)
-                    )
+                    for build in names(args.builds):
+                        port = free_port()
+                        argv = [*router_argv(worker_port, port, loop, count, args.policy)]
+                        argv += ["--set", f"access_log={access == 'on'}"]
+                        pid = spawn(argv, build_env(build, args.compiled_lib))
+                        suffix = "" if access == "on" else ", no access log"
+                        suffix += f", {build}" if build != "pure" or len(names(args.builds)) > 1 else ""
+                        plan.targets.append(
+                            Target(f"prefix-router ({count} proc, {loop}{suffix})", port, pid, True)
+                        )
         if args.peer:
             port = free_port()
             pid = spawn(peer_argv(args.peer_python, worker_port, port), PEER_ENV)
@@ -313,7 +349,7 @@ async def measure_one(target: Target, case: Case, plan: Plan, stream: bool) -> C
 
 COLUMNS = (
     "target", "req/s", "x direct", "x peer", "p50 ms", "added p50 ms", "streams/s", "x peer", "stream p50 ms",
-    "added p50 ms", "CPU us/req", "CPU us/stream", "errors",
+    "added p50 ms", "CPU us/req", "x peer", "CPU us/stream", "x peer", "errors",
 )  # fmt: skip
 
 
@@ -326,7 +362,9 @@ def row(name: str, f: Figures, direct: Figures, peer: Figures | None) -> list[st
         f"{f.p50_s * 1e3:.2f}", f"{(f.p50_s - direct.p50_s) * 1e3:.2f}",
         f"{f.sps:,.0f}", ratio(f.sps, peer.sps if peer else None),
         f"{f.stream_p50_s * 1e3:.2f}", f"{(f.stream_p50_s - direct.stream_p50_s) * 1e3:.2f}",
-        f"{f.cpu_plain_s * 1e6:.0f}", f"{f.cpu_stream_s * 1e6:.0f}", str(f.errors),
+        f"{f.cpu_plain_s * 1e6:.0f}", ratio(f.cpu_plain_s, peer.cpu_plain_s if peer else None),
+        f"{f.cpu_stream_s * 1e6:.0f}", ratio(f.cpu_stream_s, peer.cpu_stream_s if peer else None),
+        str(f.errors),
     ]  # fmt: skip
 
 
@@ -343,9 +381,9 @@ def report(results: dict[Case, dict[str, Figures]], args: argparse.Namespace, co
             table.add_row(*row(name, f, figures["direct"], peer))
         console.print(table)
     console.print(
-        "x peer: throughput relative to the peer router in the same run. CPU: the server's CPU time per "
-        "request, all its processes and threads (the worker's for direct). Load generator, worker and "
-        "routers share this machine's cores, so req/s also depends on whatever else runs on it."
+        "x peer: throughput (CPU) relative to the peer router's in the same run. CPU: the server's CPU "
+        "time per request, all its processes and threads (the worker's for direct). Load generator, worker "
+        "and routers share this machine's cores, so req/s also depends on whatever else runs on it."
     )
 
 
@@ -373,6 +411,9 @@ def run_bench(args: argparse.Namespace) -> int:
         console.print(
             f"--peer needs {args.peer} in its own venv: see benchmarks/peers.sh ({args.peer_python})"
         )
+        return 2
+    if "compiled" in names(args.builds) and (why := compiled_missing(args.compiled_lib)):
+        console.print(why)
         return 2
     loop = loop_factory("uvloop")()
     try:

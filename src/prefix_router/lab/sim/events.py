@@ -20,6 +20,17 @@ class SimulationHooks(Protocol):
 
     def on_scrape(self, now: float) -> None: ...
 
+    def on_fault(self, fault: Fault, now: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """An engine fault at a simulated time: ``restart`` (a new engine process: its cached blocks and its
+    event sequence start over) or ``reset`` (``/reset_prefix_cache``)."""
+
+    instance: int
+    kind: str  # "restart" | "reset"
+
 
 class Event:
     __slots__ = ()
@@ -82,3 +93,15 @@ class EventQueue:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+
+class EngineFault(Event):
+    """An engine restarts or has its prefix cache reset (``Fault``)."""
+
+    __slots__ = ("fault",)
+
+    def __init__(self, fault: Fault) -> None:
+        self.fault = fault
+
+    def handle(self, sim: SimulationHooks, now: float) -> None:
+        sim.on_fault(self.fault, now)

@@ -12,7 +12,7 @@ that are freed, not cached, unless the engine hands their hashes in when the req
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import KeysView, Sequence
+from collections.abc import Callable, KeysView, Sequence
 from dataclasses import dataclass
 
 
@@ -23,8 +23,14 @@ class Allocation:
     hit_blocks: int
 
 
+# what an engine would publish as KV cache events: ("stored" | "removed", block) or ("cleared", 0)
+CacheListener = Callable[[str, int], None]
+
+
 class PrefixCache:
-    """Block accounting and prefix lookup for one engine. ``capacity_blocks`` bounds every structure."""
+    """Block accounting and prefix lookup for one engine. ``capacity_blocks`` bounds every structure.
+    ``listener`` (None: nothing) is told of every block that becomes a hit (stored), every evicted one
+    (removed) and every reset (cleared), as vLLM's KV cache events do."""
 
     def __init__(self, capacity_blocks: int, block_tokens: int) -> None:
         if capacity_blocks < 1 or block_tokens < 1:
@@ -36,6 +42,7 @@ class PrefixCache:
         self._pending: set[int] = set()  # allocated, not computed yet: not a hit for anyone
         self._private = 0
         self.evictions = 0
+        self.listener: CacheListener | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -118,6 +125,8 @@ class PrefixCache:
             victim, _ = free.popitem(last=False)
             del ref[victim]
             self.evictions += 1
+            if self.listener is not None:
+                self.listener("removed", victim)
 
     def _insert_pending(self, blocks: Sequence[int]) -> None:
         ref, pending = self._ref, self._pending
@@ -129,7 +138,10 @@ class PrefixCache:
     def mark_computed(self, blocks: Sequence[int]) -> None:
         """The prefill computed these blocks: from now on they are hits for other requests."""
         if self._pending:
+            listener = self.listener
             for block in blocks:
+                if listener is not None and block in self._pending:
+                    listener("stored", block)
                 self._pending.discard(block)
 
     # ------------------------------------------------------------------ release
@@ -151,6 +163,8 @@ class PrefixCache:
             count = ref.get(block)
             if count == 0:
                 del self._free[block]
+            elif count is None and self.listener is not None:
+                self.listener("stored", block)
             ref[block] = (count or 0) + 1
             held.append(block)
         return held
@@ -174,4 +188,6 @@ class PrefixCache:
         for block in self._free:
             del self._ref[block]
         self._free.clear()
+        if self.listener is not None:
+            self.listener("cleared", 0)
         return dropped

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prefix_router.lab.sim.engine import EngineEvent, EngineModel, RequestRejected
-from prefix_router.lab.sim.events import EngineStepEnd, EventQueue, MetricsScrape, RequestArrival
+from prefix_router.lab.sim.events import (
+    EngineFault,
+    EngineStepEnd,
+    EventQueue,
+    Fault,
+    MetricsScrape,
+    RequestArrival,
+)
+from prefix_router.lab.sim.precise_feed import EventFeed
 from prefix_router.lab.sim.profiles import EngineProfile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.stats import SimStats
@@ -69,14 +77,29 @@ class ClusterSimulation:
         routing: RoutingSettings,
         progress: ProgressHook | None = None,
         keep_arrivals: bool = False,
+        precise: bool = False,
+        faults: Sequence[tuple[float, Fault]] = (),
     ) -> None:
+        """``precise``: every engine publishes KV cache events to the router's event-fed views
+        (``precise_feed.py``); ``faults``: (time, fault) pairs, restarts and cache resets."""
         self.spec = spec
         self.policy = policy
         self.source = source
         self.names = spec.names()
         self.index = {name: i for i, name in enumerate(self.names)}
         self.engines = [self._engine() for _ in self.names]
+        block = self.source.engine_block_tokens
+        if precise:
+            routing = routing.model_copy(
+                update={"precise": routing.precise.model_copy(update={"block_tokens": block})}
+            )
         self.router = self._router(routing)
+        self.feed = EventFeed(self.router, self.names, block) if precise else None
+        if self.feed is not None:
+            for i, engine in enumerate(self.engines):
+                self.feed.attach(i, engine.cache)
+        self.faults = list(faults)
+        self.records: list[tuple[float, int, int]] = []  # (arrival, predicted, cached) per finished request
         self.queue = EventQueue()
         self.stats = SimStats(spec.instances)
         self._scheduled: list[float | None] = [None] * spec.instances
@@ -110,9 +133,13 @@ class ClusterSimulation:
         self._push_next_initial()
         if self.spec.scrape_interval_s > 0:
             self.queue.push(0.0, MetricsScrape())
-        queue = self.queue
+        for at, fault in self.faults:
+            self.queue.push(at, EngineFault(fault))
+        queue, feed = self.queue, self.feed
         while queue:
             now, event = queue.pop()
+            if feed is not None:
+                feed.now = now
             event.handle(self, now)
         self._report_progress()
         self._sample_replication()
@@ -135,8 +162,9 @@ class ClusterSimulation:
         if self._arrivals is not None:
             self._arrivals.append(request)
         self.stats.arrived(now)
-        decision = self.router.route(request.route, self.names, now, self.policy)
-        self.router.dispatched(request.route, decision, now)
+        route = request.route if self.feed is None else self.feed.with_precise(request.route, request.engine)
+        decision = self.router.route(route, self.names, now, self.policy)
+        self.router.dispatched(route, decision, now)
         instance = self.index[decision.worker]
         try:
             self.engines[instance].submit(request.engine, now)
@@ -172,6 +200,13 @@ class ClusterSimulation:
         if self._live or self._upcoming is not None:
             self.queue.push(now + self.spec.scrape_interval_s, MetricsScrape())
 
+    def on_fault(self, fault: Fault, now: float) -> None:
+        """A restart (a new engine process: its event sequence starts again) or a cache reset; either way
+        the engine's cached blocks no request holds are gone."""
+        if fault.kind == "restart" and self.feed is not None:
+            self.feed.restart(fault.instance)
+        self.engines[fault.instance].reset_prefix_cache()
+
     # ------------------------------------------------------------------ engine events
 
     def _on_first_token(self, event: EngineEvent) -> None:
@@ -183,6 +218,7 @@ class ClusterSimulation:
         request = live.request
         outcome = Outcome(True, event.cached_tokens, request.extension_blocks, request.engine.prompt_tokens)
         self.router.finished(request.route, self.names[live.instance], outcome, event.time)
+        self.records.append((request.arrival, live.predicted, event.cached_tokens))
         first = live.first_token if live.first_token is not None else event.time
         self.stats.finished(
             request.arrival,

@@ -48,7 +48,7 @@ class WorkerDiscovery:
         self.settings = settings
         self.sink = PoolSink(pool, settings.worker.model_dump(), on_added)
         self.membership = Membership(self.sink, max_workers)
-        self._owned_api = api is None and settings.kind == "kubernetes"
+        self._owned_api = api is None and settings.kind in ("kubernetes", "inferencepool")
         self.source = build_source(settings, self.membership, api)
 
     async def start(self) -> bool:
@@ -93,7 +93,38 @@ def build_source(settings: DiscoverySettings, membership: Membership, api: Any =
             scheme=settings.scheme,
             timeout_s=settings.timeout_s,
         )
+    if settings.kind == "inferencepool":
+        return inference_pool_source(settings, settings.service, membership, api)
     return kubernetes_source(settings, settings.service, membership, api)
+
+
+def inference_pool_source(settings: DiscoverySettings, pool: str, membership: Membership, api: Any) -> Source:
+    """``api``: a ``(CoreV1Api, CustomObjectsApi)`` pair (tests), else from the credentials."""
+    try:
+        from prefix_router.pool.worker_discovery.kubernetes import InferencePoolDiscovery
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("kubernetes"):
+            raise
+        raise ConfigError(K8S_MISSING.replace("kubernetes needs", "inferencepool needs")) from None
+
+    core, custom = api if api is not None else inference_pool_apis(settings.in_cluster)
+    return InferencePoolDiscovery(
+        core,
+        custom,
+        settings.namespace or pod_namespace(),
+        pool,
+        membership,
+        scheme=settings.scheme,
+        watch_timeout_s=settings.watch_timeout_s,
+        max_pods=settings.max_pods,
+    )
+
+
+def inference_pool_apis(in_cluster: bool | None) -> tuple[Any, Any]:
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
+
+    kubernetes_api(in_cluster)  # loads the credentials (one-line ConfigError without any)
+    return CoreV1Api(), CustomObjectsApi()
 
 
 K8S_MISSING = (

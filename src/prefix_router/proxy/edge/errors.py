@@ -18,6 +18,7 @@ class ProxyError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after: int | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -26,6 +27,7 @@ class ProxyError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.close = close  # the connection closes after the answer (the request was not read whole)
 
     def body(self) -> bytes:
         error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
@@ -33,9 +35,12 @@ class ProxyError(Exception):
 
     def response(self) -> web.Response:
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return web.Response(
+        response = web.Response(
             status=self.status, body=self.body(), content_type="application/json", headers=headers
         )
+        if self.close:
+            response.force_close()
+        return response
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ProxyError:

@@ -242,6 +242,8 @@ class Exchange:
         self, flight: Flight, response: UpstreamResponse | None, kind: FailureKind, message: str
     ) -> Failed:
         _abort(response)
+        if kind in (FailureKind.CONNECT, FailureKind.IO):  # the engine may have been restarted
+            flight.worker.identity_stale = True
         flight.fail(kind, 504 if kind == FailureKind.TIMEOUT else 502, message)
         return Failed(kind, message, flight.worker.name)
 
@@ -304,14 +306,19 @@ class Exchange:
         watch = self.state.deadlines.watch(
             opened.flight.worker.name, min(loop.time() + idle_s, self.deadline), idle_s
         )
+        held = EventHold(self.state.config.limits.max_sse_line_bytes) if opened.stream else None
         try:
             async with watch:
                 while chunk:
-                    if opened.stream:
+                    if held is not None:
                         reply.feed(chunk)
-                    await out.write(chunk)
+                        chunk = held.whole_events(chunk)
+                    if chunk:
+                        await out.write(chunk)
                     self.push_idle(watch, loop.time())
                     chunk = await response.next_chunk()
+                if held is not None and held.pending:  # the engine ended its body inside an event: as it is
+                    await out.write(held.take())
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
             kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
@@ -339,6 +346,35 @@ class Exchange:
         message, code = cut
         log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
         await out.write(sse_error(message, code))
+
+
+_EVENT_ENDS = (b"\n\n", b"\n\r\n", b"\r\r")
+
+
+class EventHold:
+    """What of a relayed SSE stream may go to the client now: everything up to the end of its last whole
+    event; the start of an event whose end has not come yet is held (up to ``limit`` bytes, then let go),
+    so that a stream cut in the middle of an event is followed by the router's error event, never spliced
+    into it (``data: {"id": "x", "choidata: {"error": ...}}``)."""
+
+    __slots__ = ("limit", "pending")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pending = b""
+
+    def whole_events(self, chunk: bytes) -> bytes:
+        data = self.pending + chunk if self.pending else chunk
+        end = max((i + len(sep) for sep in _EVENT_ENDS if (i := data.rfind(sep)) >= 0), default=0)
+        if end == len(data) or len(data) - end > self.limit:
+            self.pending = b""
+            return data
+        self.pending = data[end:]
+        return data[:end]
+
+    def take(self) -> bytes:
+        out, self.pending = self.pending, b""
+        return out
 
 
 class RelayResponse(web.StreamResponse):

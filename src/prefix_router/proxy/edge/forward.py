@@ -11,6 +11,7 @@ import orjson
 
 from prefix_router.pool import Worker
 from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER
+from prefix_router.proxy.edge import decoding
 
 # never forwarded in either direction (RFC 9110 section 7.6.1, plus what the proxy sets itself)
 HOP_BY_HOP = frozenset(
@@ -36,9 +37,6 @@ _NOT_UPSTREAM = HOP_BY_HOP | {
     POLICY_HEADER,
     REQUEST_ID_HEADER,  # x-request-id crosses both ways as the request's own id (``proxy.access``)
 }
-# request bodies in these encodings reach the router decoded (aiohttp's server decodes exactly these, and
-# counts the decoded bytes against the body limit): they go upstream decoded, without the header
-DECODED_ENCODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 _NOT_DOWNSTREAM = HOP_BY_HOP | {
     "server",
     "date",
@@ -82,7 +80,7 @@ def upstream_headers(
     request's id (``proxy.access``) replaces the client's ``x-request-id``."""
     dropped = hop_by_hop(incoming, _NOT_UPSTREAM)
     encoding = incoming.get("Content-Encoding")
-    if encoding is not None and encoding.lower() in DECODED_ENCODINGS:
+    if decoding.decodes(encoding):  # read decoded (``parse.read_body``): it goes upstream decoded
         dropped = dropped | {"content-encoding"}
     out = {k: v for k, v in incoming.items() if k.lower() not in dropped}
     out["Accept-Encoding"] = "identity"  # bodies cross unchanged and stay readable for accounting

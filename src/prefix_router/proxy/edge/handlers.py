@@ -13,13 +13,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefix_router.protocol import POLICY_HEADER, REQUEST_ID_HEADER, Endpoint
 from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.edge import http_errors
 from prefix_router.proxy.edge import parse as parsing
 from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
 from prefix_router.proxy.edge.accounting import CLIENT_GONE
-from prefix_router.proxy.edge.auth import check_client, tenant_of
+from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
 from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
+from prefix_router.proxy.edge.render import render_worker
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,7 +104,8 @@ async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) ->
     raw = await read_body(state, request)
     tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
     session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
-    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+    salt = tenant_salt(request.headers) if state.config.tenants.cache_salt else None  # as the engine sees it
+    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session, salt)
     limits = state.config.limits
     threshold = (
         limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
@@ -111,11 +114,30 @@ async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) ->
         parsed = await asyncio.to_thread(parsing.parse, *args)
     else:
         parsed = parsing.parse(*args)
+    parsed = await rendered(state, parsed, salt)
     policy = policy_override(state, request)
     model = parsed.body.get("model")
     return await Exchange(
         state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
     ).run()
+
+
+async def rendered(state: AppContext, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
+    """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
+    settings = state.config.routing.precise
+    if (
+        state.renders is None
+        or not settings.render
+        or parsed.route.precise_blocks
+        or not state.router.precise
+    ):
+        return parsed
+    model = parsed.body.get("model")
+    workers = [w for w in state.pool if w.available and isinstance(model, str) and w.serves(model)]
+    worker = render_worker(state.router, workers, state.clock())
+    return await state.renders.precise(
+        state.router, state.upstream, worker, parsed, settings.render_timeout_s, salt
+    )
 
 
 @guarded
@@ -171,13 +193,31 @@ def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
+@guarded
+async def post_only(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    """The generation endpoints under another method: the router's own 405, not an engine's answer."""
+    return http_errors.method_not_allowed(request.method, "POST")
+
+
+@guarded
+async def not_routed(request: web.Request, note: RequestNote) -> web.StreamResponse:
+    """Unknown paths (404) and methods (405), noted and logged like every request."""
+    return await http_errors.not_routed(request)
+
+
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    """The OpenAI surface and the operational endpoints; ``add_catch_all`` goes after every other route."""
+    for path, handler in (("/v1/chat/completions", chat_completions), ("/v1/completions", completions)):
+        app.router.add_post(path, handler)
+        app.router.add_route("*", path, post_only)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_route("*", "/v1/{tail:.+}", passthrough)
+    app.router.add_route("*", "/v1/{tail:" + http_errors.ANY_PATH + "+}", passthrough)
     for path in ROOT_PASSTHROUGH:
         app.router.add_post(path, passthrough)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
+
+
+def add_catch_all(app: web.Application) -> None:
+    http_errors.add_catch_all(app, not_routed)

@@ -6,13 +6,15 @@
   a ``text/plain`` body. ``OpenAIRequestHandler`` answers 414 (request target over ``MAX_URL_BYTES``),
   431 (a header line over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS`` headers) or 400, with a fixed
   message, and logs one line naming the error class, never a byte of the request.
-- Unknown paths and wrong methods: ``not_routed``, a catch-all route registered last, answers 404, or 405
-  with ``Allow`` when the path exists under other methods.
+- Unknown paths and wrong methods: ``not_routed``, a catch-all route registered last (``CATCH_ALL``, any
+  path, newlines included: ``/health%0a`` decodes to one), answers 404, or 405 with ``Allow`` when the
+  path exists under other methods.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +25,7 @@ from aiohttp.web_request import BaseRequest
 from prefix_router.proxy.edge.errors import ProxyError
 
 log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # aiohttp checks the request target against max_line_size and each header line against max_field_size;
 # the two limits differ so that an over-long line says which it was (414 or 431)
 MAX_URL_BYTES = 16 * 1024
@@ -80,20 +83,29 @@ class OpenAIServer(web.Server):
         return OpenAIRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+CATCH_ALL = "not_routed"
+# what a route's {tail} takes: anything, newlines included (a pattern of "." stops at a decoded %0A)
+ANY_PATH = r"[\s\S]"
+
+
 async def not_routed(request: web.Request) -> web.StreamResponse:
     """404 for an unknown path, 405 (with ``Allow``) for a known path under another method."""
     allowed: set[str] = set()
     for resource in request.app.router.resources():
-        if not any(route.handler is not_routed for route in resource):
+        if resource.name != CATCH_ALL:
             allowed |= (await resource.resolve(request))[1]
     if not allowed:
         return ProxyError(404, "unknown path (the API is under /v1/)", code="not_found").response()
-    refused = ProxyError(405, f"method {request.method} not allowed here", code="method_not_allowed")
-    response = refused.response()
-    response.headers["Allow"] = ", ".join(sorted(allowed))
+    return method_not_allowed(request.method, ", ".join(sorted(allowed)))
+
+
+def method_not_allowed(method: str, allowed: str) -> web.Response:
+    response = ProxyError(405, f"method {method} not allowed here", code="method_not_allowed").response()
+    response.headers["Allow"] = allowed
     return response
 
 
-def add_catch_all(app: web.Application) -> None:
-    """Register ``not_routed`` for every path and method: call after every other route."""
-    app.router.add_route("*", "/{tail:.*}", not_routed)
+def add_catch_all(app: web.Application, handler: Handler) -> None:
+    """Register ``handler`` (``not_routed``, or a wrapper of it) for every path and method: call after
+    every other route."""
+    app.router.add_route("*", "/{tail:" + ANY_PATH + "*}", handler, name=CATCH_ALL)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from prefix_router.protocol import Endpoint
+from prefix_router.proxy.edge import decoding
 from prefix_router.proxy.edge.errors import ProxyError, bad_request
 from prefix_router.routing import InvalidRequest, KeyBuilder, RouteRequest
 
@@ -32,16 +33,21 @@ class Parsed:
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
-    """The raw body, refusing more than ``limit`` bytes with 413 and a body slower than ``timeout_s``
-    (slowloris) with 408."""
+    """The body, refusing more than ``limit`` bytes with 413 and a body slower than ``timeout_s``
+    (slowloris) with 408. A body in an encoding of ``decoding.ENCODINGS`` is decoded as it arrives, the
+    limit counting wire and decoded bytes alike: 413 (and the connection closed) once either passes it,
+    without decoding further; 400 ``invalid_encoding`` when it does not decode."""
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
+    encoding = request.headers.get("Content-Encoding")
     try:
-        content = request.content
-        if content.is_eof():  # all of it came with the head: nothing to wait for, one join
-            raw = content.read_nowait()
-        else:
-            async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(timeout_s):
+            if decoding.decodes(encoding):
+                return await read_decoded(request.content, decoding.Bounded(encoding or "", limit), limit)
+            content = request.content
+            if content.is_eof():  # all of it came with the head: nothing to wait for, one join
+                raw = content.read_nowait()
+            else:
                 raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(limit) from None
@@ -52,8 +58,33 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     return raw
 
 
+async def read_decoded(content: StreamReader, decoder: decoding.Bounded, limit: int) -> bytes:
+    """The decoded body, step by step (the event loop gets a turn between steps)."""
+    out = bytearray()
+    wire = 0
+    try:
+        while True:
+            chunk = await content.readany()
+            wire += len(chunk)
+            if wire > limit:
+                raise too_large(limit)
+            decoder.feed(chunk)
+            while (piece := decoder.step()) is not None:
+                out += piece
+                await asyncio.sleep(0)
+            if not chunk:
+                decoder.finish()
+                return bytes(out)
+    except decoding.TooLarge:
+        raise too_large(limit) from None
+    except decoding.BadEncoding as exc:
+        message = f"the body is not valid {decoder.encoding} ({exc})"
+        raise bad_request(message, param="Content-Encoding", code="invalid_encoding") from None
+
+
 def too_large(limit: int) -> ProxyError:
-    return ProxyError(413, f"request body over {limit} bytes", code="request_too_large")
+    """413; the connection is closed after it (the rest of the body is not read, nor decoded)."""
+    return ProxyError(413, f"request body over {limit} bytes", code="request_too_large", close=True)
 
 
 def too_slow(timeout_s: float) -> ProxyError:
@@ -87,10 +118,13 @@ def route_request(
     request_id: str,
     tenant: str | None,
     session: str | None,
+    engine_salt: str | None = None,
 ) -> RouteRequest:
     """The routing core's view of the request; invalid bodies become 400 naming the field."""
     try:
-        return builder.build(endpoint, body, route_id=request_id, tenant=tenant, session=session)
+        return builder.build(
+            endpoint, body, route_id=request_id, tenant=tenant, session=session, engine_salt=engine_salt
+        )
     except InvalidRequest as exc:
         raise bad_request(exc.message, param=exc.param, code="invalid_request") from None
     except Exception as exc:  # never a 500 for a body we could not read
@@ -105,10 +139,11 @@ def parse(
     request_id: str,
     tenant: str | None,
     session: str | None,
+    engine_salt: str | None = None,
 ) -> Parsed:
     body = parse_json(raw)
     stream = stream_flag(body)
-    route = route_request(endpoint, body, builder, request_id, tenant, session)
+    route = route_request(endpoint, body, builder, request_id, tenant, session, engine_salt)
     return Parsed(endpoint, raw, body, route, stream, tenant)
 
 

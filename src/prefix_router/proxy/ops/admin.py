@@ -108,7 +108,9 @@ async def undrain_worker(request: web.Request) -> web.StreamResponse:
 @admin_only
 async def routing_summary(request: web.Request) -> web.StreamResponse:
     state = request.app[CONTEXT]
-    return json_response({"policy": state.config.routing.policy, "summary": state.router.summary()})
+    return json_response(
+        {"policy": state.config.routing.policy, "summary": state.router.summary(state.clock())}
+    )
 
 
 def set_draining(state: AppContext, name: str, draining: bool) -> web.Response:

@@ -212,7 +212,7 @@ class ProxyMetrics(Collector):
             yield histogram.family(_part(p, "histograms", histogram.name, dict) for p in peers)
         yield from self._pool_gauges(peers)
         yield from self._feedback(peers)
-        yield from self._units()  # this process's own (each process learns its own)
+        yield from self._units()  # this process's (with --processes, each learns every process's reports)
 
     def _feedback(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
         """Predicted vs engine-reported cached tokens per worker (the routing core's tallies)."""

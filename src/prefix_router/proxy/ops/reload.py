@@ -3,7 +3,9 @@ start-up) and apply what may change while serving, without dropping a connection
 
 Applied at once: ``workers`` (static workers added, removed, or replaced when their entry changed; requests
 running on a removed worker finish there; workers added by the admin API or found by discovery are left
-alone), ``auth`` (client keys, admin token), ``routing.policy`` and ``routing.policies.*`` (a policy whose
+alone), ``auth`` (client keys, admin token), tenant isolation (``routing.keys.isolate_tenants``: explicit, or
+as a fresh start would resolve it from the new key count, so adding a second client key turns it on),
+``routing.policy`` and ``routing.policies.*`` (a policy whose
 knobs changed is rebuilt), ``routing.sessions`` (but ``max_sessions``), ``routing.feedback``, the
 per-request ``timeouts``, ``retries`` and ``limits`` listed in ``RELOADABLE``, ``session_header`` and the
 logging switches. Anything else that changed (the listen address, the index and key settings, the
@@ -35,6 +37,7 @@ RELOADABLE = (
     "auth",
     "routing.policy",
     "routing.policies",
+    "routing.keys.isolate_tenants",
     "routing.sessions.affinity",
     "routing.sessions.load_factor",
     "routing.sessions.load_slack",
@@ -94,6 +97,8 @@ class Plan:
         for key in self.applied:
             set_dotted(data, key, self.after[key])
         data["workers"] = new.model_dump()["workers"]
+        if not data["auth"]["api_keys"]:  # no client keys: left out (an explicit empty list is refused)
+            del data["auth"]["api_keys"]
         return Config.model_validate(data)
 
     def changes(self) -> str:

@@ -14,6 +14,10 @@
   Identification (``/v1/models`` every ``health.models_interval_s``) still runs in every process. Should
   process 0 die, the supervisor restarts it; meanwhile the others keep their last view and their passive
   health checks.
+- What the token units learn (``routing/units.py``: a model's key bytes in engine tokens, from each
+  report's ``usage.prompt_tokens``) is sent to the other processes the same way (``Router.on_units_sample``,
+  ``Router.learn_units``): every process learns from every report, so they value a match alike and warm up
+  together (each used to learn from its own reports only: a match valued 800 tokens in one, 686 in another).
 
 Worker configs travel with their API key: the channel's sockets live in a private directory (0700) of
 the user running the router, and the key never leaves these processes' memory otherwise.
@@ -37,7 +41,7 @@ from prefix_router.proxy.context import AdminChange, AppContext
 from prefix_router.replication import LocalReplication
 
 log = logging.getLogger("prefix_router.processes")
-ADMIN, PROBE, SCRAPE = b"A", b"P", b"E"
+ADMIN, PROBE, SCRAPE, UNITS = b"A", b"P", b"E", b"U"
 MAX_NAMES = 4096
 PER_MESSAGE = 256  # registers per admin message
 RELAY_DELAY_S = 0.05  # probe and scrape results gathered this long go out in one message
@@ -82,7 +86,7 @@ class SharedPool:
         self.registers: dict[str, Registers] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._identifying: set[str] = set()  # bounded by the pool
-        self._relay: dict[bytes, list[dict[str, Any]]] = {PROBE: [], SCRAPE: []}
+        self._relay: dict[bytes, list[Any]] = {PROBE: [], SCRAPE: [], UNITS: []}
         self._relay_timer: asyncio.TimerHandle | None = None
 
     def install(self) -> None:
@@ -90,6 +94,8 @@ class SharedPool:
         self.channel.subscribe(ADMIN, self._on_admin)
         self.channel.subscribe(PROBE, self._on_probe)
         self.channel.subscribe(SCRAPE, self._on_scrape)
+        self.channel.subscribe(UNITS, self._on_units)
+        self.context.router.on_units_sample = self._sampled
         self.context.on_admin = self.admin_changed
         monitor.probe_and_scrape = self.leader
         if self.leader:
@@ -176,7 +182,16 @@ class SharedPool:
     def _scraped(self, worker: Worker, load: EngineLoad) -> None:
         self._queue(SCRAPE, {"n": worker.name, "l": dataclasses.asdict(load)})
 
-    def _queue(self, topic: bytes, item: dict[str, Any]) -> None:
+    def _sampled(self, model: str, worker: str, nominal: int, reported: int, counts: Any) -> None:
+        self._queue(UNITS, [model, worker, nominal, reported, counts])
+
+    def _on_units(self, payload: bytes) -> None:
+        """Another process's token-unit samples, learned here too (every process values matches alike)."""
+        router = self.context.router
+        for model, worker, nominal, reported, counts in orjson.loads(payload):
+            router.learn_units(model, worker, int(nominal), int(reported), tuple(counts) if counts else None)
+
+    def _queue(self, topic: bytes, item: Any) -> None:
         """One message per ``RELAY_DELAY_S`` (a probe round of hundreds of workers is one datagram, not
         hundreds: a process's receive queue holds only a few)."""
         pending = self._relay[topic]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -22,7 +23,7 @@ from prefix_router.pool import (
 )
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge import handlers, http_errors
+from prefix_router.proxy.edge import handlers
 from prefix_router.proxy.edge.auth import KeySet
 from prefix_router.proxy.ops import admin, logs
 from prefix_router.proxy.ops.metrics import ProxyMetrics
@@ -33,6 +34,7 @@ from prefix_router.routing import Router
 from prefix_router.settings import ConfigError
 
 log = logging.getLogger("prefix_router.proxy")
+EVENTS_SYNC_S = 1.0
 
 
 def create_app(
@@ -48,17 +50,32 @@ def create_app(
     Serve it with ``handler_cancellation=True`` (see ``prefix_router.proxy.run.server``) so that a client
     disconnect cancels the upstream request at once.
     """
-    state = build_state(config, upstream, fetcher, clock, rng or random.Random())
-    app = web.Application(client_max_size=config.limits.max_body_bytes)
-    app[CONTEXT] = state
+    app = build_app(config, upstream, fetcher, clock, rng or random.Random())
     handlers.add_routes(app)
     admin.add_routes(app)
-    http_errors.add_catch_all(app)  # last: what no route above takes
+    handlers.add_catch_all(app)  # last: what no route above takes
+    return app
+
+
+def build_app(
+    config: Config,
+    upstream: Upstream | None,
+    fetcher: Fetcher | None,
+    clock: Callable[[], float],
+    rng: random.Random,
+) -> web.Application:
+    """The router's state and its life, without routes: start-up probes, the monitor, discovery,
+    replication and the health hooks. ``create_app`` adds the proxy's routes; ``prefix_router.epp`` its
+    control routes beside its gRPC edge (one routing core behind both)."""
+    state = build_state(config, upstream, fetcher, clock, rng)
+    app = web.Application(client_max_size=config.limits.max_body_bytes)
+    app[CONTEXT] = state
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
     _install_replication(app, state)
     _install_discovery(app, state)
+    _install_events(app, state)
     state.pool.on_health_change(_log_health)
     state.pool.on_health_change(_ejection_cutter(state))
     return app
@@ -167,6 +184,39 @@ async def _cleanup(app: web.Application) -> None:
     fetcher = state.monitor.fetcher
     if isinstance(fetcher, AiohttpFetcher):
         await fetcher.close()
+
+
+def _install_events(app: web.Application, state: AppContext) -> None:
+    """KV cache event subscriptions (precise mode) for the workers with ``kv_events``, kept in step with
+    the pool every ``EVENTS_SYNC_S`` (admin and discovery changes); started after the first
+    identification (a worker's model names its blocks), stopped on cleanup."""
+    from prefix_router.pool import EventSubscriptions, KvEventsCollector
+    from prefix_router.proxy.edge.render import RenderCollector, Renders
+
+    subs = EventSubscriptions(state.pool, state.router, state.clock)
+    state.events = subs
+    state.metrics.registry.register(KvEventsCollector(subs))
+    state.renders = Renders(state.config.routing.precise.max_rendered)
+    state.metrics.registry.register(RenderCollector(state.renders))
+
+    async def keep_in_step() -> None:
+        while True:
+            await asyncio.sleep(EVENTS_SYNC_S)
+            try:
+                await subs.sync()
+            except Exception:
+                log.exception("kv events: sync with the pool failed")
+
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
+        await subs.sync()
+        task = asyncio.create_task(keep_in_step())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await subs.close()
+
+    app.cleanup_ctx.append(lifetime)
 
 
 def _log_health(worker: Worker, healthy: bool) -> None:

@@ -21,43 +21,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run the OpenAI-compatible routing proxy",
         description="Run the router. Sources, later winning: --config FILE, PREFIX_ROUTER_* variables, flags",
     )
-    serve.add_argument(
-        "--worker", action="append", metavar="URL", help="engine base URL (repeat); NAME=URL names it"
-    )
-    serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    serve.add_argument(
-        "--policy", help=f"routing policy: {', '.join(POLICY_NAMES)} (default: {DEFAULT_POLICY})"
-    )
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    add_config_flags(serve)
     serve.add_argument(
         "--processes",
         type=int,
         help="serving processes sharing the port and the prefix view (0: one per core)",
     )
-    serve.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
-    serve.add_argument(
+    serve.set_defaults(func=run_serve)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags ``serve`` and ``epp`` share: workers, discovery, routing, replication, the config file,
+    the HTTP listener (``epp``: its metrics and admin API)."""
+    parser.add_argument(
+        "--worker", action="append", metavar="URL", help="engine base URL (repeat); NAME=URL names it"
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    parser.add_argument(
+        "--policy", help=f"routing policy: {', '.join(POLICY_NAMES)} (default: {DEFAULT_POLICY})"
+    )
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default 8000)")
+    parser.add_argument("--record", metavar="FILE", help="append one Mooncake-format trace line per request")
+    parser.add_argument(
         "--replication",
         metavar="URL",
         help="share the prefix view with other router replicas through Redis: redis://HOST:PORT/DB",
     )
-    serve.add_argument(
+    parser.add_argument(
         "--discover-dns", metavar="NAME:PORT", help="workers: every address NAME resolves to (re-resolved)"
     )
-    serve.add_argument(
+    parser.add_argument(
         "--discover-k8s-service",
         metavar="[NAMESPACE/]NAME",
         help="workers: the ready endpoints of this Kubernetes Service (watched)",
     )
-    serve.add_argument(
+    parser.add_argument(
+        "--discover-inference-pool",
+        metavar="[NAMESPACE/]NAME",
+        help="workers: the ready pods this InferencePool (inference.networking.k8s.io/v1) selects (watched)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="any config key, e.g. routing.policies.prefix.load_factor=1.5",
     )
-    serve.add_argument("--print-config", action="store_true", help="print the merged config (YAML) and exit")
-    serve.set_defaults(func=run_serve)
+    parser.add_argument("--print-config", action="store_true", help="print the merged config (YAML) and exit")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,7 +89,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "port": args.port,
         "record.file": args.record,
         "replication.url": args.replication,
-        "processes": args.processes,
+        "processes": getattr(args, "processes", None),
     }
     out.update({k: v for k, v in flags.items() if v is not None})
     out.update(discovery_flags(args))
@@ -87,8 +98,15 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def discovery_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``--discover-dns NAME:PORT`` / ``--discover-k8s-service [NAMESPACE/]NAME`` as ``discovery.*`` keys."""
-    if args.discover_dns and args.discover_k8s_service:
-        raise ConfigError("invalid config: --discover-dns and --discover-k8s-service: choose one")
+    given = [args.discover_dns, args.discover_k8s_service, args.discover_inference_pool]
+    if sum(1 for g in given if g) > 1:
+        raise ConfigError(
+            "invalid config: --discover-dns, --discover-k8s-service and --discover-inference-pool: choose one"
+        )
+    if args.discover_inference_pool:
+        namespace, _, pool = args.discover_inference_pool.rpartition("/")
+        found = {"discovery.kind": "inferencepool", "discovery.service": pool}
+        return found | ({"discovery.namespace": namespace} if namespace else {})
     if args.discover_dns:
         name, sep, port = args.discover_dns.rpartition(":")
         if not sep or not name or not port.isdigit():

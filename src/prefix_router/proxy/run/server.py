@@ -29,10 +29,13 @@ log = logging.getLogger("prefix_router")
 
 
 class ProxyRunner(web.AppRunner):
-    """aiohttp's application runner, serving connections with ``OpenAIRequestHandler`` and its limits."""
+    """aiohttp's application runner, serving connections with ``OpenAIRequestHandler`` and its limits,
+    without aiohttp's decoding of request bodies (the router decodes them with a bound: ``edge.decoding``)."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
-        super().__init__(app, handler_cancellation=True, access_log=None, **HANDLER_LIMITS, **kwargs)
+        super().__init__(
+            app, handler_cancellation=True, access_log=None, auto_decompress=False, **HANDLER_LIMITS, **kwargs
+        )
 
     async def _make_server(self) -> web.Server:
         # aiohttp builds its Server in this (internal) step, with no way to pass a handler class: the

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from prefix_router.routing.types import WorkerSnapshot
 
 T = TypeVar("T")
@@ -50,6 +52,9 @@ def under_cap(worker: WorkerSnapshot, cap: float) -> bool:
     return worker.in_flight + 1 <= cap * worker.weight
 
 
+@mypyc_attr(
+    allow_interpreted_subclasses=True
+)  # compiled (setup.py), the Python-only policies still subclass it
 class NoHooks:
     """No-op hooks for policies without state of their own."""
 

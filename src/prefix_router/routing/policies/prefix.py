@@ -20,7 +20,8 @@ what the peers do instead: docs/routing.md, "The prefix cost model".
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
-Knobs (``routing.policies.prefix``, ``PrefixSettings``; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
+Knobs (``routing.policies.prefix``, ``PrefixSettings`` in ``prefix_settings.py``, a pydantic class
+kept out of this module, which the release build compiles; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
 ``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
 ``saturation_weight`` 1.0, ``hit_cap_factor`` 2.0 (1: the cap binds every request), ``hit_cap_share``
 0.9; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
@@ -32,26 +33,12 @@ import math
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
-from pydantic import Field
-
 from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
+from prefix_router.routing.policies.prefix_settings import PrefixSettings
 from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
-from prefix_router.settings import Section
 
-
-class PrefixSettings(Section):
-    """``routing.policies.prefix``: the bounded-load cap, the load penalties and the weights of the future."""
-
-    load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
-    load_slack: int = Field(default=2, ge=0)  # ... + load_slack requests
-    queue_penalty_tokens: int = Field(default=512, ge=0)  # per request waiting in the engine's queue
-    in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request in flight there
-    recompute_weight: float = Field(default=1.0, ge=0)  # a full cache: what an evicted token costs later
-    saturation_weight: float = Field(default=1.0, ge=0)  # x the requests a token of prefill delays
-    hit_cap_factor: float = Field(default=2.0, ge=1)  # a cheap hit may go up to this x the cap; 1: never
-    hit_cap_share: float = Field(default=0.9, gt=0, le=1)  # cheap: this share of the prompt held, and
-    # no more prefill work left than the fleet's mean request
+__all__ = ["PrefixPolicy", "PrefixSettings", "delayed_requests"]
 
 
 class PrefixPolicy(NoHooks):

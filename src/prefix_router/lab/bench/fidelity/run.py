@@ -39,7 +39,7 @@ from prefix_router.lab.bench.fidelity.corpus import Case, corpus
 from prefix_router.lab.bench.fidelity.cost import Cost, measure_cost
 from prefix_router.lab.bench.fidelity.models import ModelDir, all_model_dirs, smollm2_gguf
 from prefix_router.lab.bench.fidelity.truth import Oracle
-from prefix_router.routing import KeySettings, Outcome, Router, RoutingSettings, UnitSettings
+from prefix_router.routing import KeyBuilder, KeySettings, Outcome, Router, RoutingSettings, UnitSettings
 
 MODES = ("exact", "default", "default-fixed", "default-tok")
 FOLDS = 2
@@ -112,13 +112,21 @@ def calibrate(router: Router, oracle: Oracle, bodies: Iterable[dict[str, Any]]) 
     router.remove_worker("calibration")
 
 
+def default_keys(model: ModelDir, **settings: Any) -> KeySettings:
+    """The default key's settings for a layout: the bodies name their model "m", so whether tools come
+    before the system text (``keys.tools_before_system``) is decided by the layout's name, as a served
+    name would be by the default patterns."""
+    tools_first = KeyBuilder(KeySettings()).tools_first(model.name)
+    return KeySettings(tools_before_system=["m"] if tools_first else [], **settings)
+
+
 def calibrated(
     model: ModelDir, cases: Sequence[Case], oracle: Oracle, units: UnitSettings
 ) -> dict[int, Router]:
     """Per fold, a router whose units learned from the cases of the other folds."""
     routers = {}
     for k in range(FOLDS):
-        router = Router(RoutingSettings(units=units))
+        router = Router(RoutingSettings(units=units, keys=default_keys(model)))
         others = [c for c in applicable(model, cases) if fold(c) != k]
         calibrate(router, oracle, (body for c in others for body in (c.first, c.second)))
         routers[k] = router
@@ -139,9 +147,9 @@ def measure(
     learned = calibrated(model, cases, oracle, units or UnitSettings())
     routers = {
         "exact": Router(RoutingSettings(keys=KeySettings(exact_models={"m": str(model.path)}))),
-        "default-fixed": Router(RoutingSettings(units=UnitSettings(learn=False))),
+        "default-fixed": Router(RoutingSettings(units=UnitSettings(learn=False), keys=default_keys(model))),
         "default-tok": Router(
-            RoutingSettings(keys=KeySettings(tokenizer_path=str(model.path / "tokenizer.json")))
+            RoutingSettings(keys=default_keys(model, tokenizer_path=str(model.path / "tokenizer.json")))
         ),
     }
     rows: list[Row] = []

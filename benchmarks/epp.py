@@ -1,0 +1,320 @@
+"""prefix-router as an endpoint picker behind a real Envoy, side by side with its own proxy and with
+sglang-router, in one run (issue 25).
+
+Part 1, the data path (an instant worker, ``bench.instant_worker``: simulated, it answers at once): rounds
+interleaved over
+
+- ``direct``: no proxy (the yardstick of added latency);
+- ``prefix-router``: ``serve --processes 1 --policy prefix``, as shipped;
+- ``envoy+epp``: Envoy (``lab.launch.envoy``, ``--envoy-threads`` workers) -> ``prefix-router epp``
+  (policy prefix), the worker addressed by the picker's ``x-gateway-destination-endpoint``; the request
+  body FULL_DUPLEX_STREAMED as the reference gateways send it;
+- ``envoy+epp buffered``: the same with the request body BUFFERED (one message, nothing streamed back);
+- ``sglang-router``: ``cache_aware`` from its own venv (``--peer-python``; left out when missing).
+
+Printed per case (non-streamed, streamed with 8 SSE events): the best round's req/s, the median latency
+added over direct, and the CPU per request of each component (user+system of its process tree): for
+``envoy+epp`` Envoy's, the picker's and their sum.
+
+Part 2, routing on simulated engines (``engine-sim``, ``--engines`` of them): the same workload
+(``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each
+fresh, each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported
+hit rate of each, its difference in points, requests per worker, and the router's CPU per request (the
+picker's alone, and with Envoy).
+
+    python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from prefix_router.lab.bench import loadgen
+from prefix_router.lab.bench.overhead import (
+    PEER_ENV,
+    PEER_PYTHON,
+    bodies,
+    cpu_seconds,
+    peer_argv,
+    processes,
+    router_argv,
+    wait_listening,
+)
+from prefix_router.lab.launch.engine_sim import start_engines
+from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, envoy_argv
+from prefix_router.lab.launch.net import free_port
+from prefix_router.proxy import loop_factory
+
+CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
+DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"
+BUFFERED = "envoy+epp buffered"  # the request body BUFFERED instead of FULL_DUPLEX_STREAMED
+MODES = {GATEWAY: "FULL_DUPLEX_STREAMED", BUFFERED: "BUFFERED"}
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    pids: dict[str, int]  # component -> pid
+
+
+@dataclass
+class Sample:
+    rate: float
+    p50_s: float
+    cpu_s: dict[str, float]  # component -> CPU seconds per request
+    errors: int
+
+
+@dataclass
+class Runs:
+    samples: dict[tuple[str, str], list[Sample]] = field(default_factory=dict)  # (kind, target)
+
+    def best(self, kind: str, target: str) -> Sample:
+        runs = self.samples[kind, target]
+        components = runs[0].cpu_s
+        return Sample(
+            max(s.rate for s in runs),
+            min(s.p50_s for s in runs),
+            {c: min(s.cpu_s[c] for s in runs) for c in components},
+            sum(s.errors for s in runs),
+        )
+
+
+def epp_argv(workers: list[str], grpc_port: int, http_port: int, *extra: str) -> list[str]:
+    argv = [*CLI, "epp", "--grpc-port", str(grpc_port), "--port", str(http_port), "--policy", "prefix"]
+    for url in workers:
+        argv += ["--worker", url]
+    return [*argv, *extra]
+
+
+def serve_argv(workers: list[str], port: int, *extra: str) -> list[str]:
+    argv = [*CLI, "serve", "--port", str(port), "--processes", "1", "--policy", "prefix"]
+    for url in workers:
+        argv += ["--worker", url]
+    return [*argv, *extra]
+
+
+Spawn = Callable[[list[str], dict[str, str] | None], int]  # processes()'s: (argv, env) -> pid
+
+
+def spawn_gateway(
+    spawn: Spawn, workers: list[str], directory: Path, threads: int, name: str = GATEWAY
+) -> Target:
+    grpc_port, http_port, listen = free_port(), free_port(), free_port()
+    epp = spawn(epp_argv(workers, grpc_port, http_port, "--set", "log_level=warning"), None)
+    ports = EnvoyPorts(listen=listen, admin=free_port(), epp=grpc_port)
+    options = EnvoyOptions(request_body_mode=MODES[name])
+    envoy = spawn(envoy_argv(directory, ports, options, threads), None)
+    return Target(name, listen, {"envoy": envoy, "epp": epp})
+
+
+async def measure(target: Target, sent: list[bytes], concurrency: int) -> Sample:
+    before = {c: cpu_seconds(pid) for c, pid in target.pids.items()}
+    result = await loadgen.run(target.port, sent, concurrency)
+    after = {c: cpu_seconds(pid) for c, pid in target.pids.items()}
+    cpu = {c: (after[c] - before[c]) / len(sent) for c in target.pids}
+    return Sample(result.rate, result.percentile(0.5), cpu, result.errors)
+
+
+async def data_path(args: argparse.Namespace, console: Console, directory: Path) -> tuple[Runs, list[str]]:
+    runs = Runs()
+    with processes() as spawn:
+        worker_port = free_port()
+        worker = [sys.executable, "-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker_port)]
+        targets = [Target(DIRECT, worker_port, {"worker": spawn([*worker, "--chunks", "8"], None)})]
+        url = f"http://127.0.0.1:{worker_port}"
+        port = free_port()
+        targets.append(
+            Target(SERVE, port, {"serve": spawn(router_argv(worker_port, port, "uvloop", 1), None)})
+        )
+        targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads))
+        targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads, BUFFERED))
+        if Path(args.peer_python).exists():
+            port = free_port()
+            targets.append(
+                Target(
+                    SGLANG, port, {"sglang": spawn(peer_argv(args.peer_python, worker_port, port), PEER_ENV)}
+                )
+            )
+        for target in targets:
+            await wait_listening(target.port)
+        sent = {
+            "plain": bodies(args.requests, args.prompt_chars, False),
+            "stream": bodies(max(1, args.requests // 2), args.prompt_chars, True),
+        }
+        for target in targets:  # warm-up, unmeasured
+            await loadgen.run(target.port, sent["plain"][: args.requests // 4], args.concurrency)
+        for round_ in range(args.rounds):
+            order = targets[round_ % len(targets) :] + targets[: round_ % len(targets)]
+            for kind, requests in sent.items():
+                for target in order:
+                    runs.samples.setdefault((kind, target.name), []).append(
+                        await measure(target, requests, args.concurrency)
+                    )
+            console.print(f"round {round_ + 1}/{args.rounds} done")
+    return runs, [t.name for t in targets]
+
+
+def report_data_path(runs: Runs, names: list[str], args: argparse.Namespace, console: Console) -> None:
+    for kind in ("plain", "stream"):
+        unit = "req/s" if kind == "plain" else "streams/s"
+        title = (
+            f"{args.prompt_chars}-char chat prompts, concurrency {args.concurrency}, "
+            f"{'non-streamed' if kind == 'plain' else 'streamed (8 SSE events)'}, "
+            f"instant worker (simulated): best of {args.rounds} rounds"
+        )
+        table = Table(title=title)
+        for column in ("target", unit, "x prefix-router", "p50 ms", "added p50 ms", "CPU us/req",
+                       "of which", "errors"):  # fmt: skip
+            table.add_column(column, justify="right")
+        direct, ours = runs.best(kind, DIRECT), runs.best(kind, SERVE)
+        for name in names:
+            f = runs.best(kind, name)
+            total = sum(f.cpu_s.values())
+            parts = " + ".join(f"{c} {v * 1e6:.0f}" for c, v in f.cpu_s.items()) if len(f.cpu_s) > 1 else ""
+            table.add_row(
+                name, f"{f.rate:,.0f}", f"{f.rate / ours.rate:.2f}", f"{f.p50_s * 1e3:.2f}",
+                f"{(f.p50_s - direct.p50_s) * 1e3:.2f}", f"{total * 1e6:.0f}", parts, str(f.errors),
+            )  # fmt: skip
+        console.print(table)
+
+
+def bench_router(
+    url: str, engines: list[str], label: str, args: argparse.Namespace, out: Path
+) -> dict[str, object]:
+    argv = [*CLI, "bench", "--workers", *engines, "--router", url, "--label", label, "--simulated"]
+    argv += ["--workload", args.workload, "--requests", str(args.hit_requests), "--seed", str(args.seed)]
+    argv += ["--concurrency", str(args.hit_concurrency), "--no-progress", "--json", str(out)]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    document = json.loads(out.read_text())
+    row: dict[str, object] = document["policies"][label]
+    return row
+
+
+async def wait_http(url: str, timeout_s: float = 60.0) -> None:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in time")
+
+
+async def routing(
+    args: argparse.Namespace, console: Console, directory: Path
+) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
+    rows = []
+    with start_engines(args.engines, profile="cpu-demo", time_scale=args.time_scale) as engines:
+        for label in (SERVE, GATEWAY, BUFFERED):
+            with processes() as spawn:
+                if label == SERVE:
+                    port = free_port()
+                    pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
+                    await wait_http(f"http://127.0.0.1:{port}/ready")
+                    url = f"http://127.0.0.1:{port}"
+                else:
+                    target = spawn_gateway(spawn, engines, directory, args.envoy_threads, label)
+                    pids = target.pids
+                    await wait_http(f"http://127.0.0.1:{target.port}/v1/models")
+                    url = f"http://127.0.0.1:{target.port}"
+                before = {c: cpu_seconds(p) for c, p in pids.items()}
+                row = bench_router(url, engines, label, args, directory / f"{label}.json")
+                after = {c: cpu_seconds(p) for c, p in pids.items()}
+                requests = int(row.get("requests") or 1)  # type: ignore[call-overload]
+                rows.append((label, row, {c: (after[c] - before[c]) / requests for c in pids}, requests))
+            console.print(f"{label}: done")
+    return rows
+
+
+def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], int]], args: argparse.Namespace,
+                   console: Console) -> None:  # fmt: skip
+    table = Table(
+        title=f"{args.workload} workload, {args.hit_requests} requests, concurrency {args.hit_concurrency}, "
+        f"{args.engines} engine-sim engines (simulated): the same routing core behind both edges"
+    )
+    for column in ("edge", "requests", "errors", "hit rate", "predicted", "requests per worker",
+                   "router CPU us/req", "of which"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for label, row, cpu, _ in rows:
+        parts = " + ".join(f"{c} {v * 1e6:.0f}" for c, v in cpu.items()) if len(cpu) > 1 else ""
+        table.add_row(
+            label, str(row.get("requests")), str(row.get("errors")), f"{float(row['hit_rate'] or 0):.4f}",  # type: ignore[arg-type]
+            str(row.get("predicted_hit_rate")), str(row.get("requests_per_worker")),
+            f"{sum(cpu.values()) * 1e6:.0f}", parts,
+        )  # fmt: skip
+    console.print(table)
+    serve = rows[0][1]
+    for label, row, cpu, _ in rows[1:]:
+        diff = (float(row["hit_rate"] or 0) - float(serve["hit_rate"] or 0)) * 100  # type: ignore[arg-type]
+        console.print(
+            f"{label}: hit rate minus serve's {diff:+.2f} points (target: within 1); the picker's CPU per "
+            f"request / serve's: {cpu['epp'] / rows[0][2]['serve']:.2f} (target: at or below 1)"
+        )
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=2000, help="non-streamed requests per measurement")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-chars", type=int, default=2000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--envoy-threads", type=int, default=2, help="Envoy's --concurrency")
+    p.add_argument(
+        "--peer-python", default=PEER_PYTHON if Path(PEER_PYTHON).exists() else "/tmp/peers/bin/python"
+    )
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--time-scale", type=float, default=0.02, help="engine-sim wall seconds per model second")
+    p.add_argument("--workload", default="multi-turn")
+    p.add_argument("--hit-requests", type=int, default=400)
+    p.add_argument("--hit-concurrency", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-data-path", action="store_true")
+    p.add_argument("--skip-routing", action="store_true")
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    console = Console(width=170, force_terminal=False)
+    console.print(
+        f"epp benchmark: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        loop = loop_factory("uvloop")()
+        try:
+            if not args.skip_data_path:
+                runs, names = loop.run_until_complete(data_path(args, console, directory))
+                report_data_path(runs, names, args, console)
+            if not args.skip_routing:
+                rows = loop.run_until_complete(routing(args, console, directory))
+                report_routing(rows, args, console)
+        finally:
+            loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

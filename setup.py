@@ -1,0 +1,100 @@
+"""Build switch: pure Python by default; ``PREFIX_ROUTER_COMPILE=1`` compiles the routing core.
+
+Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the hot routing
+modules, from the same typed source) and the C loop ``prefix_router.routing._chain`` (chained xxh3 block
+hashes in one pass, through the system's libxxhash). Pure (the default, and what an editable developer
+install gets, where compiled modules would shadow edits): no extension at all. A part that cannot be built
+(no C compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python module stands in:
+every compiled module ships its source beside it, and ``hashing`` uses the C loop only when it imports.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+ROUTING = "src/prefix_router/routing"
+CHAIN = "prefix_router.routing._chain"
+# The hot path of a routed request (profiled with benchmarks/route_core.py). Pydantic settings classes stay
+# in uncompiled modules (routing/settings.py, the policies' *Settings): compiled, their constraints are lost.
+COMPILED = [
+    f"{ROUTING}/{name}.py"
+    for name in (
+        "bounded",
+        "hashing",
+        "index",
+        "keys",
+        "canonical",
+        "units",
+        "load",
+        "backlog",
+        "router",
+        "types",
+        "policies/base",
+        "policies/prefix",
+    )
+]
+
+
+def compiling() -> bool:
+    return os.environ.get("PREFIX_ROUTER_COMPILE", "") == "1"
+
+
+def chain_extension() -> Extension:
+    # libxxhash0 (Debian/Ubuntu: also a dependency of apt) ships the shared library; its header is not
+    # needed: _chain.c declares the one published function it calls.
+    return Extension(
+        CHAIN,
+        sources=[f"{ROUTING}/_chain.c"],
+        extra_compile_args=["-O2"],
+        extra_link_args=["-l:libxxhash.so.0"],
+    )
+
+
+def ext_modules() -> list[Extension]:
+    if not compiling():
+        return []
+    extensions = [chain_extension()]
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("prefix-router: mypyc not installed, the routing core stays pure Python", file=sys.stderr)
+        return extensions
+    return extensions + list(mypycify(COMPILED, opt_level="3", multi_file=False))
+
+
+class OptionalBuildExt(build_ext):
+    """Builds each part it can. A failed part (no compiler, no libxxhash) leaves its pure module; the mypyc
+    modules are all or nothing (they share one runtime library, built first)."""
+
+    def run(self) -> None:
+        self.mypyc_failed = False
+        try:
+            super().run()
+        except Exception as error:  # a failed compile must not fail the install
+            self.warn_or_raise(f"compiled core not built ({error}); pure Python")
+
+    def build_extension(self, ext: Extension) -> None:
+        mypyc = ext.name != CHAIN
+        if mypyc and self.mypyc_failed:
+            return
+        try:
+            super().build_extension(ext)
+        except Exception as error:
+            self.mypyc_failed = self.mypyc_failed or mypyc
+            self.warn_or_raise(f"{ext.name} not built ({error}); the pure modules stand in")
+
+    def warn_or_raise(self, message: str) -> None:
+        print(f"prefix-router: {message}", file=sys.stderr)
+        if os.environ.get("PREFIX_ROUTER_COMPILE_STRICT", "") == "1":  # the test's build: all or fail
+            raise RuntimeError(message)
+
+
+if __name__ == "__main__":  # setuptools runs it so; tests/test_build.py reads COMPILED only
+    os.chdir(ROOT)
+    setup(ext_modules=ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,429 @@
+"""One request as the endpoint picker sees it, over one ext_proc stream.
+
+The gateway streams the request's headers and body (``FULL_DUPLEX_STREAMED``). The picker buffers the
+body to its end, parses it as ``serve`` does (``parse_request``), asks the same routing core for a worker
+among the eligible ones, answers the headers with the destination (and fallbacks), then streams the body
+back. A gateway that sends the body ``BUFFERED`` (its ``protocol_config``) gets the headers answered at
+once and the destination with the body's answer.
+
+The response is read as it passes (``STREAMED``, or one ``BUFFERED`` message for a request that is not
+streamed, ``EppSettings.buffer_whole``). The first body bytes of a 2xx are the first token; the usage
+(cached tokens) and the generated text settle the flight as the HTTP proxy settles one (``settle``). A
+stream that ends early is a client gone.
+
+Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
+or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 413 (body over
+``limits.max_body_bytes``), 429 (shedding: the in-flight caps), 500 (a bug, logged), 503 (no eligible
+endpoint, or shutting down).
+
+Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
+list, least loaded first) and ``buffer_whole``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from multidict import CIMultiDict
+
+import prefix_router.epp.extproc as extproc
+from prefix_router.epp.settings import EppSettings
+from prefix_router.pool import Worker
+from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER, Endpoint
+from prefix_router.proxy import (
+    CLIENT_GONE,
+    PASSTHROUGH_POLICY,
+    AppContext,
+    FailureKind,
+    Flight,
+    Parsed,
+    ProxyError,
+    ReplyAccumulator,
+    RequestNote,
+    bad_request,
+    body_model,
+    check_client,
+    is_event_stream,
+    overloaded,
+    parse_request,
+    passthrough_route,
+    request_closed,
+    request_id,
+    safe_path,
+    salted_body,
+    session_id,
+    settle,
+    shutting_down,
+    takes_cache_salt,
+    tenant_of,
+    tenant_salt,
+    too_large,
+    unavailable,
+)
+from prefix_router.routing import Decision, Outcome, RouteRequest
+
+log = logging.getLogger(__name__)
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+Answers = list[ext.ProcessingResponse]
+
+
+def address_of(worker: Worker) -> str:
+    """A worker's ``host:port`` as the gateway dials it (``ORIGINAL_DST``: workers named by IP)."""
+    parts = urlsplit(worker.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(slots=True)
+class Edge:
+    """What every stream of one picker shares: the router's state (``proxy.app.build_app``) and the
+    picker's knobs."""
+
+    state: AppContext
+    settings: EppSettings
+    streams: int = 0  # open ext_proc streams
+
+    def addresses(self) -> dict[str, str]:
+        """``host:port`` -> worker name, for the pool as it is now."""
+        return {address_of(w): w.name for w in self.state.pool}
+
+
+@dataclass(slots=True)
+class Pick:
+    """The request's flight on the worker chosen, and how its response is read."""
+
+    flight: Flight
+    reply: ReplyAccumulator
+    stream: bool
+    status: int = 0
+    body: list[bytes] = field(default_factory=list)  # a whole (not SSE) response, up to the buffer cap
+    size: int = 0
+    first: bool = False
+    connect_failed: bool = False  # the gateway could not connect to the worker
+    buffered: bool = False  # the response body comes whole, in one message (``EppSettings.buffer_whole``)
+
+
+class PickerStream:
+    """One ext_proc stream: ``answer(message)`` returns what to send back, in order; ``close()`` when the
+    stream ends, however it ends."""
+
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+        self.state = edge.state
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.body_streamed = False
+        self.buffered = False  # the gateway sends the request body BUFFERED (its protocol_config says)
+        self.subset: list[str] | None = None
+        self.note: RequestNote | None = None
+        self.pick: Pick | None = None
+        self.done = False  # an immediate response was sent, or the response settled
+        self.final_status = CLIENT_GONE
+        self.started = self.state.clock()
+
+    # ------------------------------------------------------------------ the request
+
+    async def answer(self, message: ext.ProcessingRequest) -> Answers:
+        kind = message.WhichOneof("request")
+        if self.done and kind not in ("response_body", "response_trailers", "response_headers"):
+            return []
+        try:
+            if kind == "request_headers":
+                return await self.request_headers(message)
+            if kind == "request_body":
+                return await self.request_body(message.request_body)
+            if kind == "request_trailers":
+                return [*await self.decide(trailers=True), extproc.continue_trailers(False)]
+        except ProxyError as err:
+            return [self.refuse(err)]
+        except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
+            log.exception("unexpected error on request %s", self.note.request_id if self.note else "-")
+            return [
+                self.refuse(
+                    ProxyError(500, "internal router error", type="server_error", code="internal_error")
+                )
+            ]
+        if kind == "response_headers":
+            return [self.response_headers(message)]
+        if kind == "response_body":
+            return self.response_body(message.response_body)
+        if kind == "response_trailers":
+            self.settle()
+            return [extproc.continue_trailers(True)]
+        return []
+
+    async def request_headers(self, message: ext.ProcessingRequest) -> Answers:
+        self.headers = CIMultiDict(extproc.header_map(message.request_headers))
+        self.subset = extproc.subset_hint(message)
+        rid = request_id(self.headers) or self.state.next_request_id()
+        path = self.headers.get(":path", "")
+        self.note = RequestNote(rid, self.headers.get(":method", "GET"), path.split("?", 1)[0], self.started)
+        self.admit()
+        length = self.headers.get("content-length")
+        limit = self.state.config.limits.max_body_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise too_large(limit)
+        if message.request_headers.end_of_stream:
+            return await self.decide()
+        if extproc.buffered_request(message):  # the body comes whole next; the choice goes with its answer
+            self.buffered = True
+            return [extproc.continue_headers(False)]
+        return []
+
+    async def request_body(self, body: ext.HttpBody) -> Answers:
+        self.body_streamed = True
+        self.chunks.append(body.body)
+        self.size += len(body.body)
+        limit = self.state.config.limits.max_body_bytes
+        if self.size > limit:
+            raise too_large(limit)
+        if body.end_of_stream:
+            return await self.decide()
+        return []
+
+    def admit(self) -> None:
+        """Shutdown, client key and the global in-flight cap, before the body is buffered (``serve``'s)."""
+        state = self.state
+        if state.deadlines.stopping:
+            raise shutting_down(state.config.limits.retry_after_s)
+        check_client(state.client_keys, self.headers)
+        if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
+            raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
+
+    async def decide(self, trailers: bool = False) -> Answers:
+        """The whole body is here: parse, choose, answer the headers, stream the body back (its end said
+        by the trailers that follow, with ``trailers``)."""
+        if self.pick is not None:
+            return []
+        raw = b"".join(self.chunks)
+        self.chunks = []
+        path = self.headers.get(":path", "")
+        if not path.startswith("/v1/"):
+            raise ProxyError(404, f"no route for {path.split('?', 1)[0][:64]!r}", code="not_found")
+        if not safe_path(path):
+            raise ProxyError(400, "invalid request path", code="invalid_path")
+        endpoint = ENDPOINTS.get(path.split("?", 1)[0]) if self.headers.get(":method") == "POST" else None
+        parsed = await self.parse(endpoint, raw) if endpoint is not None else None
+        if parsed is not None:
+            model = parsed.body.get("model")
+            model = model if isinstance(model, str) else None
+        else:
+            model = body_model(raw, self.headers.get("content-type", ""))
+        policy = self.policy() if parsed is not None else PASSTHROUGH_POLICY
+        route = parsed.route if parsed is not None else passthrough_route(self.state)
+        self.check_model(model)
+        worker, decision, others = self.choose(route, model, policy, parsed is not None)
+        assert self.note is not None
+        flight = Flight(self.state, worker, route, decision, parsed, self.started)
+        limits = self.state.config.limits
+        self.pick = Pick(
+            flight,
+            ReplyAccumulator(endpoint, limits.max_generated_chars, limits.max_sse_line_bytes),
+            parsed.stream if parsed is not None else False,
+        )
+        answer = extproc.destination([address_of(worker), *others], remove=(POLICY_HEADER,))
+        self.upstream_headers(answer, worker)
+        salted = self.salted(parsed, worker)
+        if salted is not None:  # the body changed: its length too
+            raw = salted
+            header = extproc.mutation({"content-length": str(len(raw))}).set_headers[0]
+            answer.request_headers.response.header_mutation.set_headers.append(header)
+        if self.edge.settings.buffer_whole and parsed is not None and not parsed.stream:
+            extproc.buffer_response(answer)
+            self.pick.buffered = True
+        if self.buffered:  # BUFFERED: the choice answers the body message, the body changed only if salted
+            return [extproc.as_body_answer(answer, raw if salted is not None else None)]
+        if not self.body_streamed:  # the headers ended the request: nothing to stream back
+            return [answer]
+        return [answer, *extproc.body_chunks(raw, end=not trailers)]
+
+    async def parse(self, endpoint: Endpoint, raw: bytes) -> Parsed:
+        state = self.state
+        tenant = tenant_of(self.headers) if state.config.routing.keys.isolate_tenants else None
+        session = session_id(self.headers.get(state.config.session_header), tenant)
+        args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
+        limits = state.config.limits
+        threshold = (
+            limits.exact_parse_in_thread_bytes
+            if state.router.keys.templates
+            else limits.parse_in_thread_bytes
+        )
+        if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
+            return await asyncio.to_thread(parse_request, *args)
+        return parse_request(*args)
+
+    def policy(self) -> str | None:
+        name = self.headers.get(POLICY_HEADER)
+        if name is None:
+            return None
+        if name not in self.state.policies:
+            choices = ", ".join(sorted(self.state.policies))
+            raise bad_request(f"unknown routing policy {name[:64]!r} (one of {choices})", param=POLICY_HEADER)
+        return name
+
+    def check_model(self, model: str | None) -> None:
+        assert self.note is not None
+        if model is not None and not self.state.pool.knows_model(model):
+            raise ProxyError(
+                404, f"the model {model!r} does not exist", param="model", code="model_not_found"
+            )
+        if model is not None:
+            self.note.model = model
+
+    def choose(
+        self, route: RouteRequest, model: str | None, policy: str | None, routed: bool
+    ) -> tuple[Worker, Decision, list[str]]:
+        """The routing core's choice among the eligible workers (the pool's candidates, within the subset
+        hint), and the fallbacks after it."""
+        state, limits = self.state, self.state.config.limits
+        names = state.pool.candidates(model, limits.max_in_flight_per_worker)
+        by_address = self.edge.addresses()
+        if self.subset is not None:
+            allowed = {by_address[a] for a in self.subset if a in by_address}
+            names = [n for n in names if n in allowed]
+            if not any(state.pool.require(n).available for n in allowed):
+                raise unavailable("no eligible endpoint in the gateway's subset", limits.retry_after_s)
+        if not names:
+            if state.pool.any_available(model) and self.subset is None:
+                raise overloaded("every worker for this model is at its in-flight cap", limits.retry_after_s)
+            if self.subset is not None:
+                raise overloaded("every eligible worker is at its in-flight cap", limits.retry_after_s)
+            raise unavailable("no healthy worker available", limits.retry_after_s)
+        decision = state.router.route(route, names, state.clock(), policy)
+        note = self.note
+        assert note is not None
+        label = policy or state.config.routing.policy
+        note.worker, note.attempts, note.policy = decision.worker, 1, label if routed else PASSTHROUGH_POLICY
+        if routed:
+            state.metrics.branches.inc((label, decision.branch))
+            state.metrics.predicted.observe(decision.predicted_tokens)
+            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
+        others = sorted((n for n in names if n != decision.worker), key=state.pool.in_flight)
+        fallbacks = [address_of(state.pool.require(n)) for n in others[: self.edge.settings.fallbacks]]
+        return state.pool.require(decision.worker), decision, fallbacks
+
+    def salted(self, parsed: Parsed | None, worker: Worker) -> bytes | None:
+        """``tenants.cache_salt``: the body with the client's ``cache_salt`` for the chosen worker (a vLLM
+        one; a client with a key), so that the engine's prefix cache is not shared across tenants, as
+        ``serve`` sends it (``salted_body``). None: the body goes unchanged."""
+        if parsed is None or not self.state.config.tenants.cache_salt or not takes_cache_salt(worker):
+            return None
+        salt = tenant_salt(self.headers)
+        return None if salt is None else salted_body(parsed.body, salt)
+
+    def upstream_headers(self, answer: ext.ProcessingResponse, worker: Worker) -> None:
+        """The worker's own key replaces the client's (or the client's is dropped, as ``serve`` does
+        unless ``auth.forward_client_auth``); the request's id goes upstream."""
+        assert self.note is not None
+        mutation = answer.request_headers.response.header_mutation
+        if worker.api_key is not None:
+            key = f"Bearer {worker.api_key.get_secret_value()}"
+            mutation.set_headers.append(extproc.mutation({"authorization": key}).set_headers[0])
+        elif not self.state.config.auth.forward_client_auth and "authorization" in self.headers:
+            mutation.remove_headers.append("authorization")
+        mutation.set_headers.append(
+            extproc.mutation({REQUEST_ID_HEADER: self.note.request_id}).set_headers[0]
+        )
+
+    def refuse(self, err: ProxyError) -> ext.ProcessingResponse:
+        """An immediate OpenAI error answer; counted as ``serve`` counts its refusals."""
+        self.state.metrics.rejected.inc((str(err.status),))
+        self.done, self.final_status = True, err.status
+        headers = {} if err.retry_after is None else {"retry-after": str(err.retry_after)}
+        if self.note is not None:
+            headers[REQUEST_ID_HEADER] = self.note.request_id
+        return extproc.immediate(err.status, err.body(), headers, f"prefix_router_{err.code or err.status}")
+
+    # ------------------------------------------------------------------ the response
+
+    def response_headers(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        pick = self.pick
+        if pick is None:
+            return extproc.continue_headers(True)
+        headers = CIMultiDict(extproc.header_map(message.response_headers))
+        status = headers.get(":status", "0")
+        pick.status = int(status) if status.isdigit() else 0
+        self.served(extproc.served_endpoint(message))
+        pick.connect_failed = extproc.connect_failed(message)
+        pick.stream = is_event_stream(headers)
+        if message.response_headers.end_of_stream:
+            self.settle()
+        answer = extproc.continue_headers(True)
+        if self.state.config.tenants.decision_headers:
+            shown = {WORKER_HEADER: pick.flight.worker.name}
+            if pick.flight.parsed is not None:
+                shown[MATCH_HEADER] = str(pick.flight.decision.predicted_tokens)
+            answer.response_headers.response.header_mutation.CopyFrom(extproc.mutation(shown))
+        return answer
+
+    def served(self, endpoint: str | None) -> None:
+        """The gateway used ``endpoint``: when it is not the worker chosen (a fallback), the flight moves
+        to the worker it names (its prediction void: nothing was matched there)."""
+        pick = self.pick
+        if pick is None or endpoint is None or endpoint == address_of(pick.flight.worker):
+            return
+        name = self.edge.addresses().get(endpoint)
+        worker = self.state.pool.get(name) if name is not None else None
+        if worker is None:
+            return
+        old = pick.flight
+        old.finish(0, Outcome(ok=False))
+        decision = Decision(worker.name, old.decision.branch)
+        pick.flight = Flight(self.state, worker, old.route, decision, old.parsed, old.started)
+        if self.note is not None:
+            self.note.worker, self.note.attempts = worker.name, self.note.attempts + 1
+
+    def response_body(self, body: ext.HttpBody) -> Answers:
+        pick = self.pick
+        data = body.body
+        if pick is not None and data:
+            if not pick.first:
+                pick.first = True
+                assert self.note is not None
+                self.note.ttft_s = pick.flight.first_byte(pick.status)
+            if pick.stream:
+                pick.reply.feed(data)
+            elif pick.size <= self.state.config.limits.max_response_buffer_bytes:
+                pick.body.append(data)
+                pick.size += len(data)
+        answers = [extproc.body_continue()]  # STREAMED or BUFFERED: read, passed on unchanged
+        if body.end_of_stream or (pick is not None and pick.buffered):
+            self.settle()
+        return answers
+
+    def settle(self) -> None:
+        """The response is over: learn from it as ``serve`` does (a 2xx only), once."""
+        pick = self.pick
+        if pick is None or self.done:
+            return
+        self.done = True
+        status, flight = pick.status, pick.flight
+        self.final_status = status
+        if status >= 500:
+            kind = FailureKind.CONNECT if pick.connect_failed else FailureKind.STATUS
+            flight.fail(kind, status, f"HTTP {status}")
+            return
+        ok = 200 <= status < 300
+        if ok and not pick.stream and flight.parsed is not None and pick.size <= self.cap:
+            pick.reply.feed_body(b"".join(pick.body))
+        settle(self.state, flight, pick.reply, status, ok=ok)
+
+    @property
+    def cap(self) -> int:
+        return self.state.config.limits.max_response_buffer_bytes
+
+    def close(self) -> None:
+        """The stream ended: a response not settled is a client gone (or the gateway's stream cut)."""
+        if self.pick is not None and not self.done:
+            self.done = True
+            self.pick.flight.finish(CLIENT_GONE, Outcome(ok=False))
+            self.final_status = CLIENT_GONE
+        if self.note is not None:
+            request_closed(self.state, self.note, self.final_status)
+            self.note = None

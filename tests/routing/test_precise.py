@@ -1,0 +1,225 @@
+"""The event-fed view: router keys recomputed from the events' token ids, removals through the engine
+hash map, tiers, restarts, gaps, silence, speculative entries, bounds; held to a plain reference."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored
+from prefix_router.routing.precise import (
+    PreciseSettings,
+    PreciseView,
+    SeqVerdict,
+    Staleness,
+    precise_chain,
+    precise_seed,
+)
+
+BS = 4
+MODEL = "m"
+
+
+def view(**knobs: object) -> PreciseView:
+    v = PreciseView(PreciseSettings(block_tokens=BS, **knobs))  # type: ignore[arg-type]
+    v.add_worker("a", MODEL)
+    v.add_worker("b", MODEL)
+    return v
+
+
+def stored(hashes: list[int], tokens: list[int], parent: int | None = None, **more: object) -> BlockStored:
+    return BlockStored(tuple(hashes), parent, tuple(tokens), BS, **more)  # type: ignore[arg-type]
+
+
+def keys(tokens: list[int], salt: str | None = None, model: str = MODEL) -> tuple[int, ...]:
+    return precise_chain(tokens, BS, precise_seed(model, None, salt))
+
+
+PROMPT = list(range(100, 114))  # 3 full blocks and 2 tokens
+
+
+def test_request_keys_match_the_blocks_an_engine_stored_in_any_split() -> None:
+    v = view()
+    v.apply("a", [stored([901], PROMPT[:4]), stored([902, 903], PROMPT[4:12], parent=901)], 0.0)
+    m = v.match(keys(PROMPT), 0.0)
+    assert m.confirmed == {"a": 3} and m.steered == {"a": 3}
+    assert v.match(keys([*PROMPT[:8], 7, 7, 7, 7]), 0.0).confirmed == {"a": 2}  # diverges in block 3
+
+
+def test_salt_and_model_seed_the_chain() -> None:
+    v = view()
+    v.apply("a", [stored([1], PROMPT[:4], extra_keys=(("tenant-a",),))], 0.0)
+    assert v.match(keys(PROMPT, "tenant-a"), 0.0).confirmed == {"a": 1}
+    assert v.match(keys(PROMPT), 0.0).confirmed == {}
+    assert v.match(keys(PROMPT, "tenant-a", model="other"), 0.0).confirmed == {}
+
+
+def test_lora_blocks_match_requests_naming_the_adapter() -> None:
+    v = view()
+    event = stored([1, 2], PROMPT[:8], lora_name="ad", lora_id=1, extra_keys=(("ad",), ("ad",)))
+    v.apply("a", [event], 0.0)
+    assert v.match(keys(PROMPT, model="ad"), 0.0).confirmed == {"a": 2}
+    assert v.match(keys(PROMPT), 0.0).confirmed == {}
+
+
+def test_media_in_extra_keys_never_match_a_text_request() -> None:
+    v = view()
+    v.apply("a", [stored([1, 2], PROMPT[:8], extra_keys=(None, (("img", 0),)))], 0.0)
+    assert v.match(keys(PROMPT), 0.0).confirmed == {"a": 1}
+
+
+def test_removal_by_engine_hash_and_tiers() -> None:
+    v = view()
+    v.apply("a", [stored([1, 2], PROMPT[:8])], 0.0)
+    v.apply("a", [stored([2], PROMPT[4:8], parent=1, medium="CPU")], 0.0)  # offloaded copy
+    v.apply("a", [BlockRemoved((2,), "GPU")], 0.0)
+    assert v.match(keys(PROMPT), 0.0).confirmed == {"a": 2}  # still on the CPU tier
+    v.apply("a", [BlockRemoved((2,), "CPU"), BlockRemoved((77,))], 0.0)
+    assert v.match(keys(PROMPT), 0.0).confirmed == {"a": 1}
+    assert v.stats("a").unknown_removals == 1
+
+
+def test_orphans_are_not_held() -> None:
+    v = view()
+    v.apply("a", [stored([5], PROMPT[4:8], parent=999)], 0.0)
+    assert v.held_blocks("a") == 0 and v.stats("a").orphan_blocks == 1
+
+
+def test_all_blocks_cleared_and_restart_forget_one_worker_only() -> None:
+    v = view()
+    for w in "ab":
+        v.observe_seq(w, 0, 0.0)
+        v.apply(w, [stored([1, 2], PROMPT[:8])], 0.0)
+    v.apply("a", [AllBlocksCleared()], 0.0)
+    assert v.match(keys(PROMPT), 0.0).confirmed == {"b": 2}
+    assert v.observe_seq("b", 1, 0.0) == SeqVerdict.NEXT
+    assert v.observe_seq("b", 0, 0.0) == SeqVerdict.RESTART  # a new process counts from 0 again
+    assert v.match(keys(PROMPT), 0.0).confirmed == {}
+    assert v.stats("b").restarts == 1 and v.stats("a").clears == 1
+
+
+def test_gap_marked_stale_then_fresh_again() -> None:
+    v = view(stale_hold_s=5.0)
+    v.observe_seq("a", 0, 0.0)
+    v.apply("a", [stored([1], PROMPT[:4])], 0.0)
+    assert v.observe_seq("a", 3, 1.0) == SeqVerdict.GAP
+    v.mark_stale("a", 1.0)
+    assert v.staleness("a", 2.0) == Staleness.GAP and "a" not in v.match(keys(PROMPT), 2.0).fresh
+    assert v.fresh("a", 6.5) and v.match(keys(PROMPT), 6.5).confirmed == {"a": 1}
+
+
+def test_silence_after_a_dispatch_that_should_store_blocks() -> None:
+    v = view(silence_s=3.0)
+    v.speculate("a", keys(PROMPT), 0, 10.0)
+    assert v.fresh("a", 12.0) and not v.fresh("a", 13.5)
+    assert v.staleness("a", 13.5) == Staleness.SILENT
+    v.observe_seq("a", 0, 14.0)  # any message: publishing again
+    assert v.fresh("a", 14.0)
+    v.speculate("b", keys(PROMPT[:3]), 0, 10.0)  # no full block: nothing expected
+    assert v.fresh("b", 100.0)
+
+
+def test_wrong_block_size_is_stale_and_visible() -> None:
+    v = view()
+    v.apply("a", [BlockStored((1,), None, tuple(range(16)), 16)], 0.0)
+    assert v.staleness("a", 0.0) == Staleness.BLOCK_SIZE
+    assert v.summary("a", 0.0)["state"] == "block_size"
+
+
+def test_speculative_entries_steer_expire_and_are_confirmed() -> None:
+    v = view(speculative_ttl_s=2.0)
+    blocks = keys(PROMPT)
+    v.speculate("a", blocks, 0, 0.0)
+    m = v.match(blocks, 1.0)
+    assert m.steered == {"a": 3} and m.confirmed == {}
+    v.apply("a", [stored([1], PROMPT[:4])], 1.0)
+    assert v.stats("a").speculative_confirmed == 1 and v.speculative_blocks("a") == 2
+    m = v.match(blocks, 2.5)
+    assert m.steered == {"a": 1} and m.confirmed == {"a": 1}
+    assert v.speculative_blocks("a") == 0 and v.stats("a").speculative_expired == 2
+
+
+def test_bounds_hold() -> None:
+    v = view(max_blocks_per_worker=10, max_speculative_per_worker=5)
+    rng = random.Random(1)
+    parent = None
+    for i in range(40):
+        tokens = [rng.randrange(1000) for _ in range(BS)]
+        v.apply("a", [stored([i], tokens, parent)], 0.0)
+        parent = i
+        v.speculate("b", keys([rng.randrange(1000) for _ in range(BS * 3)]), 0, 0.0)
+    assert v.mapped_hashes("a") == 10 and v.held_blocks("a") == 10
+    assert v.stats("a").evicted_mappings == 30
+    assert v.speculative_blocks("b") == 5
+
+
+def test_removed_worker_leaves_nothing_behind() -> None:
+    v = view()
+    v.apply("a", [stored([1], PROMPT[:4])], 0.0)
+    v.speculate("a", keys(PROMPT), 1, 0.0)
+    v.remove_worker("a")
+    v.add_worker("a", MODEL)
+    assert v.match(keys(PROMPT), 0.0).steered == {}
+
+
+# ---------------------------------------------------------------- held to a plain reference
+
+
+_worker, _media = st.sampled_from("ab"), st.sampled_from(["GPU", "CPU"])
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), _worker, st.integers(0, 5), st.integers(1, 3), _media),
+        st.tuples(st.just("remove"), _worker, st.integers(0, 5), st.integers(0, 3), _media),
+        st.tuples(st.just("clear"), st.sampled_from("ab"), st.just(0), st.just(0), st.just("GPU")),
+    ),
+    max_size=40,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops, st.integers(0, 2**32 - 1))
+def test_matches_a_plain_reference_of_held_prefixes(
+    ops: list[tuple[str, str, int, int, str]], seed: int
+) -> None:
+    """Reference: per worker, the set of (prefix length, tiers) of one random token sequence per
+    start; a request's confirmed match is its longest run of held leading prefixes."""
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(50) for _ in range(BS * 6)] for _ in range(2)]
+    v = view(max_blocks_per_worker=10_000)
+    ref: dict[str, dict[tuple[int, int], set[str]]] = {"a": {}, "b": {}}
+    for op, worker, depth, count, medium in ops:
+        s = depth % 2
+        if op == "store":  # blocks depth..depth+count of sequence s, parent held or a chain's start
+            start = depth if depth and (s, depth) in ref[worker] else 0
+            hashes = [1000 * s + start + i + 1 for i in range(count)]
+            parent = 1000 * s + start if start else None
+            v.apply(
+                worker,
+                [stored(hashes, seqs[s][start * BS : (start + count) * BS], parent, medium=medium)],
+                0.0,
+            )
+            for i in range(count):
+                ref[worker].setdefault((s, start + i + 1), set()).add(medium)
+        elif op == "remove":
+            hashes = tuple(1000 * s + depth + i + 1 for i in range(count))
+            v.apply(worker, [BlockRemoved(hashes, medium)], 0.0)
+            for i in range(count):
+                tiers = ref[worker].get((s, depth + i + 1))
+                if tiers is not None:
+                    tiers.discard(medium)
+                    if not tiers:
+                        del ref[worker][(s, depth + i + 1)]
+        else:
+            v.apply(worker, [AllBlocksCleared()], 0.0)
+            ref[worker].clear()
+    for s in range(2):
+        expected = {}
+        for worker in "ab":
+            d = 0
+            while (s, d + 1) in ref[worker]:
+                d += 1
+            if d:
+                expected[worker] = d
+        assert v.match(keys(seqs[s][: 6 * BS]), 0.0).confirmed == expected

@@ -1,0 +1,136 @@
+"""The router on event-fed views: a hybrid fleet, predictions from confirmed blocks, a burst steered by
+speculative entries, the approximate view while a worker's events are stale, no request routed on an old
+view after a restart's first message, and the agreement counted against the engines' reports."""
+
+from __future__ import annotations
+
+import random
+
+from prefix_router.events import AllBlocksCleared, BlockStored
+from prefix_router.routing.precise import precise_chain, precise_seed
+from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing.types import Outcome, RouteRequest
+
+BS = 8  # the engines' block size; the index's is 4 (keys.block_tokens)
+WORKERS = ["a", "b", "c"]
+
+
+def make_router() -> Router:
+    cfg = RoutingSettings.model_validate(
+        {"keys": {"block_tokens": 4}, "precise": {"block_tokens": BS, "silence_s": 5, "speculative_ttl_s": 2}}
+    )
+    router = Router(cfg, rng=random.Random(3))
+    for w in WORKERS:
+        router.add_worker(w)
+    router.add_event_worker("a", "m")
+    router.add_event_worker("b", "m")  # "c" publishes nothing: the approximate view (hybrid)
+    return router
+
+
+def request(rid: str, tokens: list[int]) -> RouteRequest:
+    approx = tuple(hash(("approx", tuple(tokens[: (i + 1) * 4]))) for i in range(len(tokens) // 4))
+    precise = precise_chain(tokens, BS, precise_seed("m", None, None))
+    return RouteRequest(
+        route_id=rid,
+        blocks=approx,
+        block_tokens=4,
+        key_tokens=len(tokens),
+        hash_key=approx[0],
+        exact=True,
+        precise_blocks=precise,
+        precise_tokens=len(tokens),
+    )
+
+
+def stored(tokens: list[int], base: int) -> BlockStored:
+    full = len(tokens) - len(tokens) % BS
+    return BlockStored(tuple(base + i for i in range(full // BS)), None, tuple(tokens[:full]), BS)
+
+
+PROMPT = list(range(1, 43))  # 5 engine blocks and 2 tokens
+
+
+def test_routes_to_the_worker_whose_events_hold_the_prefix_and_predicts_its_blocks() -> None:
+    router = make_router()
+    router.precise.apply("b", [stored(PROMPT[:24], 10)], 0.0)  # b holds 3 of the 5 blocks
+    decision = router.route(request("r", PROMPT), WORKERS, 1.0)
+    assert decision.worker == "b"
+    assert decision.predicted_tokens == 24 and decision.matched_blocks == 6  # 24 tokens of index blocks
+
+
+def test_a_burst_of_one_new_prefix_stays_on_one_worker_before_the_first_event() -> None:
+    router = make_router()
+    chosen = set()
+    long = list(range(1, 4003))  # worth more than the policy's in-flight penalty
+    for i in range(6):
+        req = request(f"r{i}", long)
+        decision = router.route(req, ["a", "b"], 1.0 + i * 0.01)
+        router.dispatched(req, decision, 1.0 + i * 0.01)
+        chosen.add(decision.worker)
+        assert decision.predicted_tokens == 0  # speculative entries steer, never predict
+    assert len(chosen) == 1
+
+
+def test_speculative_entries_expire_without_an_event() -> None:
+    router = make_router()
+    req = request("r", PROMPT)
+    decision = router.route(req, ["a", "b"], 1.0)
+    router.dispatched(req, decision, 1.0)
+    assert router.precise.speculative_blocks(decision.worker) == 5
+    router.route(request("r2", [99, *PROMPT]), ["a", "b"], 3.5)  # any later decision expires them
+    assert router.precise.speculative_blocks(decision.worker) == 0
+
+
+def test_a_silent_worker_is_routed_on_the_approximate_view_visibly() -> None:
+    router = make_router()
+    req = request("r", PROMPT)
+    router.dispatched(req, router.route(req, ["a"], 1.0), 1.0)  # a is expected to store 5 blocks
+    router.finished(req, "a", Outcome(cached_tokens=0, reported_prompt_tokens=42), 2.0)
+    assert router.precise.fresh("a", 5.0) and not router.precise.fresh("a", 7.0)
+    decision = router.route(request("r2", PROMPT), ["a", "b"], 7.0)
+    assert decision.worker == "a"  # the approximate index holds what was dispatched there
+    assert decision.predicted_tokens == 40  # in the index's blocks: 10 of 4 tokens
+    assert router.summary(7.0)["workers"]["a"]["precise"]["state"] == "silent"  # type: ignore[index]
+
+
+def test_no_request_routed_on_the_old_view_after_a_restarts_first_message() -> None:
+    router = make_router()
+    router.precise.observe_seq("b", 0, 0.0)
+    router.precise.apply("b", [stored(PROMPT, 10)], 0.0)
+    assert router.route(request("r1", PROMPT), ["a", "b"], 1.0).worker == "b"
+    router.precise.observe_seq("b", 0, 2.0)  # the new process's first message
+    decision = router.route(request("r2", PROMPT), ["a", "b"], 2.0)
+    assert decision.predicted_tokens == 0
+    router.precise.apply("a", [stored(PROMPT, 50)], 2.0)
+    assert router.route(request("r3", PROMPT), ["a", "b"], 2.0).worker == "a"
+
+
+def test_cleared_engine_predicts_nothing() -> None:
+    router = make_router()
+    router.precise.apply("a", [stored(PROMPT, 10)], 0.0)
+    router.precise.apply("a", [AllBlocksCleared()], 0.0)
+    assert router.route(request("r", PROMPT), ["a"], 1.0).predicted_tokens == 0
+
+
+def test_agreement_with_the_engines_reports_is_counted_and_learns_no_capacity() -> None:
+    router = make_router()
+    router.precise.apply("a", [stored(PROMPT, 10)], 0.0)
+    capacity = router.index.capacity_blocks("a")
+    for i, reported in enumerate([40, 32, 0]):
+        req = request(f"r{i}", PROMPT)
+        decision = router.route(req, ["a"], 1.0)
+        router.dispatched(req, decision, 1.0)
+        router.finished(req, "a", Outcome(cached_tokens=reported, reported_prompt_tokens=42), 1.5)
+    stats = router.precise.stats("a")
+    assert (stats.reports, stats.within_block, stats.above_report, stats.above_prompt) == (3, 2, 2, 0)
+    assert router.index.capacity_blocks("a") == capacity
+
+
+def test_ejected_worker_forgets_its_event_fed_view() -> None:
+    router = make_router()
+    router.precise.apply("a", [stored(PROMPT, 10)], 0.0)
+    router.forget_cache("a")
+    assert router.precise.held_blocks("a") == 0
+    router.remove_worker("b")
+    assert "b" not in router.precise

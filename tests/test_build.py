@@ -1,0 +1,102 @@
+"""The compiled build (``setup.py`` with ``PREFIX_ROUTER_COMPILE=1``) against the pure one.
+
+The compiled core is built once per source by ``scripts/build-compiled.sh`` (cached under ``build/compiled``;
+``make test`` builds it first and passes it in ``PREFIX_ROUTER_COMPILED_LIB``); each build runs in a
+subprocess with its package first on the path. Checked: every module ``setup.py`` compiles is an extension
+module there (a build that fell back to pure fails here), the C block-hash loop gives the Python loop's
+hashes, and both builds make the same decisions, keys and summaries on recorded traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import compiled
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "tests" / "support" / "trace.py"
+
+pytestmark = pytest.mark.timeout(1200)  # a cold build: about 4 minutes on a busy 2-core machine
+
+
+def compiled_modules() -> list[str]:
+    """The module names setup.py compiles (its ``COMPILED`` paths)."""
+    namespace: dict[str, object] = {"__name__": "setup_modules", "__file__": str(ROOT / "setup.py")}
+    exec(compile((ROOT / "setup.py").read_text(), "setup.py", "exec"), namespace)
+    paths = namespace["COMPILED"]
+    assert isinstance(paths, list)
+    return [p.removeprefix("src/").removesuffix(".py").replace("/", ".") for p in paths]
+
+
+@pytest.fixture(scope="module")
+def compiled_lib() -> Path:
+    return compiled.compiled_lib()
+
+
+def run(lib: Path, argv: list[str], timeout: float = 300) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(lib)}
+    proc = subprocess.run(
+        [sys.executable, *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_every_listed_module_is_compiled(compiled_lib: Path) -> None:
+    modules = compiled_modules()
+    assert "prefix_router.routing.index" in modules and "prefix_router.routing.router" in modules
+    script = (
+        "import importlib, json, sys\n"
+        "from prefix_router.routing import hashing\n"
+        "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))\n"
+        "print(hashing._chain is not None)\n"
+    )
+    out = run(compiled_lib, ["-c", script, *modules]).splitlines()
+    files = json.loads(out[0])
+    assert all(f.startswith(str(compiled_lib)) and f.endswith(".so") for f in files.values()), files
+    assert out[1] == "True"  # the C loop imported
+    pure = run(ROOT / "src", ["-c", script, *modules]).splitlines()
+    assert all(f.endswith(".py") for f in json.loads(pure[0]).values()) and pure[1] == "False"
+
+
+def test_the_c_chain_loop_gives_the_python_loops_hashes(compiled_lib: Path) -> None:
+    script = """
+import random
+from prefix_router.routing import hashing
+rng, cases = random.Random(7), 0
+for _ in range(3000):
+    data = rng.randbytes(rng.choice([0, 1, 15, 16, 17, 63, 64, 65, 1000, 4096, 20000]))
+    block = rng.choice([1, 3, 16, 64, 256, 1000])
+    seed = rng.choice([0, 1, -1, 2**63, 2**64 - 1, 2**64 + 5, rng.getrandbits(64)])
+    limit = rng.choice([None, -5, 0, 1, 64, 100, 5000, 10**6])
+    end = len(data) - len(data) % block
+    if limit is not None:
+        end = min(end, limit - limit % block)
+    fast = hashing.chain_blocks(data, block, seed, limit)
+    assert fast == hashing.chain_blocks_py(data, block, seed, end), (len(data), block, seed, limit)
+    cases += bool(fast)
+print(cases)
+"""
+    assert int(run(compiled_lib, ["-c", script])) > 1000  # most cases hash at least one block
+
+
+def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(compiled_lib: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    run(ROOT / "src", [str(TRACE), "record", str(trace), "--seed", "11", "--trials", "12", "--steps", "400"])
+    pure = run(ROOT / "src", [str(TRACE), "replay", str(trace)]).splitlines()
+    compiled = run(compiled_lib, [str(TRACE), "replay", str(trace)]).splitlines()
+    assert len(pure) == len(compiled)
+    differing = [i for i, (a, b) in enumerate(zip(pure, compiled, strict=True)) if a != b]
+    first = differing[:1]
+    assert not differing, f"{len(differing)} steps differ, first: {[pure[i] for i in first]} vs " + str(
+        [compiled[i] for i in first]
+    )
+    decisions = [json.loads(line) for line in pure if line.startswith('["route"')]
+    assert len(decisions) > 1500
+    assert {d[2] for d in decisions} >= {"prefix_hit", "load_balance", "load_fallback"}
