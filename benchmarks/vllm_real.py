@@ -18,7 +18,8 @@ streaming), closed loop at ``--concurrency`` sessions, seeded.
 
 Cells (``CELLS``; ``--plan`` says which routers run in which cell): ``shared`` (6 tenants' ~1.2k-token
 system prompts, uniform popularity, short questions), ``multiturn`` (synthetic conversations, each turn
-carrying its history), ``unique`` (the negative control: no shared prefix). Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
+carrying its history), ``unique`` (the negative control: no shared prefix).
+Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
 (``vllm:prefix_cache_hits_total`` / ``queries_total`` between the run's scrapes), each engine's busy
 time (CPU seconds of its processes over the run) and the router's CPU seconds; the machine's load
 average at start and end. Results: ``OUT/runs.json`` and ``OUT/table.md`` (the docs quote them).
@@ -104,7 +105,8 @@ def router_command(
         flags = [arg for w in workers for arg in ("--worker", w)]
         return [PR, "serve", *flags, "--policy", router.policy, "--port", str(port), "--processes", "1",
                 "--set", "log_level=warning"]  # fmt: skip
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", router.policy,
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+              "--policy", router.policy,
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
     if router.kind == "sglang-router":
         return [
@@ -153,7 +155,8 @@ def running_router(router: Router, workers: Sequence[str], port: int, log: Path,
 def bench_command(cell: Cell, router: Router, workers: Sequence[str], port: int, out: Path,
                   args: argparse.Namespace) -> list[str]:  # fmt: skip
     opts = [arg for o in cell.options for arg in ("--workload-opt", o)]
-    return [PR, "bench", "--workers", *workers, "--router", f"http://127.0.0.1:{port}", "--label", router.label,
+    return [PR, "bench", "--workers", *workers, "--router", f"http://127.0.0.1:{port}",
+            "--label", router.label,
             "--workload", cell.workload, *opts, "--requests", str(args.requests or cell.requests),
             "--concurrency", str(args.concurrency), "--seed", str(args.seed), "--real", "--no-progress",
             "--timeout", "300", "--json", str(out)]  # fmt: skip
@@ -174,10 +177,18 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
             rc = subprocess.call(cmd, stdout=sink, stderr=subprocess.STDOUT)
         router_cpu = cpu_seconds(pid) - router_before
     wall = time.monotonic() - started
-    engines = [cpu_seconds(i.process.pid) - b for i, b in zip(fleet.instances, engines_before, strict=True)]
-    row: dict[str, Any] = {"cell": cell.name, "router": router.label, "rc": rc, "wall_s": round(wall, 1),
-                           "router_cpu_s": round(router_cpu, 2), "engine_cpu_s": [round(e, 1) for e in engines],
-                           "load_avg_start": round(load_start, 2), "load_avg_end": round(os.getloadavg()[0], 2)}  # fmt: skip
+    pairs = zip(fleet.instances, engines_before, strict=True)
+    engines = [round(cpu_seconds(i.process.pid) - b, 1) for i, b in pairs]
+    row: dict[str, Any] = {
+        "cell": cell.name,
+        "router": router.label,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "router_cpu_s": round(router_cpu, 2),
+        "engine_cpu_s": engines,
+        "load_avg_start": round(load_start, 2),
+        "load_avg_end": round(os.getloadavg()[0], 2),
+    }
     try:
         document = json.loads((out_dir / f"{slug}.json").read_text())
     except (OSError, ValueError):
@@ -203,9 +214,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         t = r.get("ttft_ms") or {}
         hit = r.get("engine_hit_rate")
         per = r.get("requests_per_worker") or {}
+        busy = " + ".join(str(e) for e in r["engine_cpu_s"])
         lines.append(
-            f"| {r['cell']} | {r['router']} | {t.get('p50')} | {t.get('p90')} | {t.get('p99')} | {t.get('mean')} "
-            f"| {'n/a' if hit is None else f'{hit * 100:.1f} %'} | {' + '.join(str(e) for e in r['engine_cpu_s'])} "
+            f"| {r['cell']} | {r['router']} | {t.get('p50')} | {t.get('p90')} | {t.get('p99')} "
+            f"| {t.get('mean')} | {'n/a' if hit is None else f'{hit * 100:.1f} %'} | {busy} "
             f"| {r['router_cpu_s']} | {' / '.join(str(v) for v in per.values())} "
             f"| {r['load_avg_start']} -> {r['load_avg_end']} |"
         )

@@ -94,9 +94,11 @@ def test_written_config_names_the_instances_and_their_event_endpoints(tmp_path: 
         "bind": True,
         "topic": "kv",
     }
-    without = {"workers": [{k: v for k, v in w.items() if k != "kv_events"} for w in data["workers"]]}
-    config = load_config(env={}, overrides=without)
+    config = load_config(env={}, overrides=data)  # the router takes the file as written, events included
     assert [(w.resolved_name(), w.engine) for w in config.workers] == [("vllm-0", "vllm"), ("vllm-1", "vllm")]
+    events = [w.kv_events for w in config.workers]
+    assert [(e.endpoint, e.bind, e.topic) for e in events if e] == [
+        ("tcp://127.0.0.1:19000", True, "kv"), ("tcp://127.0.0.1:19001", True, "kv")]  # fmt: skip
     for instance in fleet.instances:
         instance.log.close()
 
