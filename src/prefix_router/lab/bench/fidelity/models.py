@@ -18,9 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from prefix_router.lab.launch.gguf_model import build_tokenizer, read_meta
 from prefix_router.lab.launch.llama_cpp import default_venv, find_model
-
-_CONTROL = 3  # GGUF token type of control (special) tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,61 +87,15 @@ def smollm2_gguf() -> Path | None:
     return find_model(default_venv())
 
 
-def _read_gguf(path: Path) -> dict[str, Any]:
-    import gguf  # the ``fidelity`` extra
-
-    reader = gguf.GGUFReader(str(path))
-
-    def value(key: str) -> Any:
-        field = reader.get_field(key)
-        return None if field is None else field.contents()
-
-    return {
-        "tokens": value("tokenizer.ggml.tokens"),
-        "types": value("tokenizer.ggml.token_type"),
-        "merges": value("tokenizer.ggml.merges"),
-        "bos": value("tokenizer.ggml.bos_token_id"),
-        "eos": value("tokenizer.ggml.eos_token_id"),
-        "template": value("tokenizer.chat_template"),
-        "model": value("tokenizer.ggml.model"),
-    }
-
-
-def _tokenizer(meta: dict[str, Any], extra: tuple[str, ...], split: str | None) -> Any:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    if meta["model"] != "gpt2":
-        raise ValueError(f"only GPT-2 style BPE vocabularies are converted, not {meta['model']!r}")
-    vocab = {tok: i for i, tok in enumerate(meta["tokens"])}
-    merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    if split is None:
-        steps = [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    else:
-        steps = [
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
-    control = [t for t, kind in zip(meta["tokens"], meta["types"], strict=True) if kind == _CONTROL]
-    names = list(dict.fromkeys([*control, *extra]))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in names])
-    return tok
-
-
 def gguf_model_dir(gguf_path: Path, out: Path, layout: Layout | None = None) -> Path:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` for the GGUF's own chat template, or for a
     bundled ``layout``, into ``out``; returns ``out``."""
-    return _write_model_dir(_read_gguf(gguf_path), out, layout)
+    return _write_model_dir(read_meta(gguf_path), out, layout)
 
 
 def _write_model_dir(meta: dict[str, Any], out: Path, layout: Layout | None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    _tokenizer(meta, layout.specials if layout else (), layout.split if layout else None).save(
+    build_tokenizer(meta, layout.specials if layout else (), layout.split if layout else None).save(
         str(out / "tokenizer.json")
     )
     if layout is None:
@@ -160,7 +113,7 @@ def _write_model_dir(meta: dict[str, Any], out: Path, layout: Layout | None) -> 
 
 def all_model_dirs(gguf_path: Path, root: Path) -> list[ModelDir]:
     """SmolLM2 itself and every bundled layout over its vocabulary (the GGUF is read once)."""
-    meta = _read_gguf(gguf_path)
+    meta = read_meta(gguf_path)
     dirs = [ModelDir("smollm2", _write_model_dir(meta, root / "smollm2", None), True, False, False)]
     for lay in LAYOUTS:
         path = _write_model_dir(meta, root / lay.name, lay)
