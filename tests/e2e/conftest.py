@@ -56,9 +56,11 @@ def llama_fleet() -> Iterator[LlamaCppFleet]:
         yield fleet
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
-    """Two real vLLM instances (``support.vllm``), started once per test session and shared."""
+    """Two real vLLM instances (``support.vllm``), started once for the module that uses them and stopped
+    after it: idle, their workers still take CPU (about a quarter of a core each on this build), which
+    the timing-sensitive tests after them must not share."""
     fleet = start_fleet(vllm_log_dir(tmp_path_factory))
     try:
         yield fleet
