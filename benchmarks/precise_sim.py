@@ -67,7 +67,7 @@ def cell(workload: str, instances: int, capacity: int, faults: str, args: argpar
     for label, hit, ttft, mis_n, after_n in rows:
         share = hit / oracle if oracle else 0.0
         lines.append(
-            f"    {label:11s} hit {hit:6.1%}  {share:6.1%} of oracle  vs approximate {hit - approx:+6.1%}  "
+            f"    {label:11s} hit {hit:6.1%}  {share:6.1%} of oracle  vs approximate {hit - approx:+7.2%}  "
             f"TTFT mean {ttft:8.1f} ms  misrouted {mis_n:5d}  after the last fault {after_n:4d}"
         )
     return lines

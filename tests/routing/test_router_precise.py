@@ -134,3 +134,20 @@ def test_ejected_worker_forgets_its_event_fed_view() -> None:
     assert router.precise.held_blocks("a") == 0
     router.remove_worker("b")
     assert "b" not in router.precise
+
+
+def test_an_engine_that_says_its_cache_is_empty_empties_its_approximate_index_too() -> None:
+    """A restart or AllBlocksCleared: the worker's index entries go (its fill drives the cost model and
+    its view is used whenever the events are not fresh); the other workers' stay."""
+    router = make_router()
+    for i, worker in enumerate(WORKERS):
+        req = request(f"r{i}", [i * 100 + t for t in PROMPT])
+        router.dispatched(req, router.route(req, [worker], 1.0), 1.0)
+    before = {w: router.index.blocks_of(w) for w in WORKERS}
+    assert all(before.values())
+    router.precise.observe_seq("a", 0, 2.0)
+    router.precise.apply("a", [AllBlocksCleared()], 2.0)
+    assert router.index.blocks_of("a") == 0 and router.index.blocks_of("b") == before["b"]
+    router.precise.observe_seq("b", 5, 3.0)
+    router.precise.observe_seq("b", 0, 3.1)  # backwards: a new engine process
+    assert router.index.blocks_of("b") == 0 and router.index.blocks_of("c") == before["c"]

@@ -1,7 +1,10 @@
-"""Identifying each worker: the models it lists (``GET /v1/models``) and the engine it runs."""
+"""Identifying each worker: the models it lists (``GET /v1/models``), the engine it runs, and, for an
+SGLang worker without ``kv_events``, where it publishes its KV cache events (``kv_discovery``: its
+``/server_info``; read again at every identification, so a restarted engine's new advert replaces it)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -10,9 +13,13 @@ from prefix_router.pool.engines import detect, get_adapter
 from prefix_router.pool.engines.base import EngineAdapter
 from prefix_router.pool.health import auth_headers
 from prefix_router.pool.http import Fetcher, FetchError
+from prefix_router.pool.kv_discovery import SERVER_INFO_PATHS, advertised
 from prefix_router.pool.worker import Worker
 
+log = logging.getLogger(__name__)
+
 MODELS_MAX_BYTES = 4 * 1024 * 1024
+SERVER_INFO_MAX_BYTES = 4 * 1024 * 1024
 METRICS_PATH = "/metrics"
 
 
@@ -34,6 +41,21 @@ class Identifier:
                 worker.identity_stale = False
         if worker.adapter is None:
             worker.adapter = await self._adapter(worker, body)
+        if worker.adapter.name == "sglang" and (worker.kv_events is None or worker.kv_events_advertised):
+            await self._discover_events(worker)
+
+    async def _discover_events(self, worker: Worker) -> None:
+        """``worker.kv_events`` from its server info (unchanged when none answers)."""
+        for path in SERVER_INFO_PATHS:
+            info = await self._get_json(worker, path, SERVER_INFO_MAX_BYTES)
+            if info is not None:
+                break
+        else:
+            return
+        advert = advertised(info, worker.url)
+        if advert.settings != worker.kv_events:
+            log.info("kv events of %s: %s", worker.name, advert.reason)
+            worker.kv_events, worker.kv_events_advertised = advert.settings, advert.settings is not None
 
     async def _adapter(self, worker: Worker, models_body: dict[str, Any] | None) -> EngineAdapter:
         if worker.engine != "auto":

@@ -208,7 +208,12 @@ class EventSubscriptions:
 
     async def sync(self) -> None:
         wanted = {w.name: w for w in self.pool if w.kv_events is not None}
-        for name in [n for n, s in self.subscribers.items() if n not in wanted or s.worker is not wanted[n]]:
+        gone = [
+            n
+            for n, s in self.subscribers.items()
+            if n not in wanted or s.worker is not wanted[n] or s.settings != wanted[n].kv_events
+        ]
+        for name in gone:
             await self.subscribers.pop(name).stop()
         for name, worker in wanted.items():
             if name not in self.subscribers and worker.kv_events is not None:

@@ -41,6 +41,7 @@ class Worker:
     configured_models: frozenset[str] = frozenset()
     listed_models: dict[str, dict[str, Any]] | None = None  # from the worker's ``/v1/models``
     kv_events: KvEventsSettings | None = None  # where its KV cache events come from (precise mode)
+    kv_events_advertised: bool = False  # kv_events read from the engine's server info, not configured
     adapter: EngineAdapter | None = None
     health: HealthState = field(default_factory=HealthState)
     health_path: str | None = None

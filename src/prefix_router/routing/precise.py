@@ -16,6 +16,8 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
   matches (its media are not hashed by the router): under-predicted, never over.
 - Sequence: ``observe_seq`` judges each message's sequence number: ``NEXT``; ``GAP`` (the caller replays
   or calls ``mark_stale``); ``RESTART`` (not above the last: a new engine process) clears the view.
+- Clears (a restart or ``AllBlocksCleared``): ``on_clear(name)`` is told (the router drops that worker's
+  approximate index too: the engine said its cache is empty, and the index's fill steers the cost model).
 - Speculative entries: at dispatch (``speculate``) a request's blocks are held for ``speculative_ttl_s``
   (so a burst of one new prefix does not scatter before the first event), confirmed (dropped from the
   speculative table) by a BlockStored of the same key, else they expire. They steer routing; predictions
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -154,6 +156,7 @@ class PreciseView:
         self._name: dict[int, str] = {}
         self._confirmed: dict[int, int] = {}  # router key -> bits of the workers holding it
         self._spec: dict[int, int] = {}  # router key -> bits of the workers it is speculated on
+        self.on_clear: Callable[[str], None] | None = None  # the engine said its cache is empty
 
     # ------------------------------------------------------------ workers
 
@@ -218,7 +221,7 @@ class PreciseView:
             return SeqVerdict.NEXT
         if seq <= last:
             worker.stats.restarts += 1
-            self._forget(worker)
+            self._cleared(name, worker)
             return SeqVerdict.RESTART
         worker.stats.gaps += 1
         return SeqVerdict.GAP
@@ -241,7 +244,7 @@ class PreciseView:
                 self._removed(worker, event)
             elif isinstance(event, AllBlocksCleared):
                 worker.stats.clears += 1
-                self._forget(worker)
+                self._cleared(name, worker)
 
     def _stored(self, worker: _Worker, event: BlockStored) -> None:
         if event.block_size != self.cfg.block_tokens:
@@ -308,6 +311,11 @@ class PreciseView:
         else:
             del worker.held[key]
             self._unmask(self._confirmed, key, worker.bit)
+
+    def _cleared(self, name: str, worker: _Worker) -> None:
+        self._forget(worker)
+        if self.on_clear is not None:
+            self.on_clear(name)
 
     def _forget(self, worker: _Worker) -> None:
         for key in worker.held:

@@ -133,6 +133,7 @@ class Router:
         # told of every report the token units learned from (``serve --processes``: the others learn it too)
         self.on_units_sample: SampleHook | None = None
         self.precise = PreciseView(cfg.precise)
+        self.precise.on_clear = self._engine_cleared
 
     def retune(self, cfg: RoutingSettings) -> None:
         """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
@@ -183,6 +184,12 @@ class Router:
         self._engine_blocks.pop(name, None)
         for policy in self.policies.values():
             policy.on_worker_removed(name)
+
+    def _engine_cleared(self, name: str) -> None:
+        """An event-fed worker's engine said its cache is empty (restart, ``AllBlocksCleared``): its
+        approximate index goes too, so the cost model's fill (and the view used while the events are not
+        fresh) starts from what the engine holds."""
+        self.index.forget_older(name, math.inf)
 
     def forget_cache(self, name: str) -> None:
         """Drop ``name``'s index entries and sessions; its load, capacity and feedback stats stay."""

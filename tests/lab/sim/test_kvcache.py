@@ -70,15 +70,25 @@ def test_extension_blocks_are_cached_in_place_of_private_ones() -> None:
     assert cache.used_blocks == 5
 
 
-def test_reset_drops_free_blocks_only() -> None:
+def test_reset_drops_every_cached_block_held_ones_when_released() -> None:
+    """After a reset nothing is a hit (the engine's AllBlocksCleared is true): blocks a running request
+    holds stay in memory until it ends, then are freed, not cached."""
     cache = PrefixCache(capacity_blocks=20, block_tokens=16)
     assert cache.allocate(blocks(1, 3), 3) is not None
     cache.mark_computed(blocks(1, 3))
     cache.release(blocks(1, 3), 0)
     assert cache.allocate(blocks(2, 2), 2) is not None
-    assert cache.reset() == 3
-    assert cache.cached_blocks == 2
-    assert cache.match(blocks(1, 3)) == 0
+    cache.mark_computed(blocks(2, 2))
+    assert cache.reset() == 5
+    assert cache.cached_blocks == 0 and cache.used_blocks == 2  # the running request's two blocks
+    assert cache.match(blocks(1, 3)) == 0 and cache.match(blocks(2, 2)) == 0
+    assert cache.allocate(blocks(2, 2), 2) is not None  # the same prefix again: a copy, computed anew
+    assert cache.used_blocks == 4 and cache.match(blocks(2, 2)) == 0
+    cache.release(blocks(2, 2), 0)  # the first holder ends: its detached copy is freed
+    assert cache.used_blocks == 2 and cache.match(blocks(2, 2)) == 0
+    cache.mark_computed(blocks(2, 2))
+    cache.release(blocks(2, 2), 0)
+    assert cache.used_blocks == 2 and cache.cached_blocks == 2 and cache.match(blocks(2, 2)) == 2
 
 
 ops = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 8), st.integers(0, 3), st.booleans()), max_size=60)

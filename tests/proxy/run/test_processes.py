@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.proxy.run import processes
+from prefix_router.proxy.run.event_fanout import FanoutPlan
 from prefix_router.proxy.run.processes import process_count, usable_cores
 
 PATH = "/v1/chat/completions"
@@ -238,7 +239,7 @@ async def test_sighup_reaches_every_process(fake_engine: Any, serve_process: Any
     assert await asyncio.wait_for(proc.wait(), 30) == 0
 
 
-def _mark(index: int, directory: Path) -> None:
+def _mark(index: int, directory: Path, plan: FanoutPlan) -> None:
     (directory / f"served-{index}").write_text("")
 
 
@@ -247,7 +248,9 @@ def test_a_process_whose_supervisor_died_before_it_started_does_not_serve(tmp_pa
     child must not go on serving (an orphan holding the port). Here: a parent pid that is not the child's."""
     context = multiprocessing.get_context("fork")
     for supervisor, served in ((os.getpid(), True), (os.getpid() + 1_000_000, False)):
-        child = context.Process(target=processes._child, args=(_mark, 0, tmp_path, supervisor))
+        child = context.Process(
+            target=processes._child, args=(_mark, 0, tmp_path, processes.FanoutPlan(), supervisor)
+        )
         child.start()
         child.join(30)
         assert child.exitcode == 0

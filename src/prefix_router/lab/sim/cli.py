@@ -52,6 +52,19 @@ def add_engine_sim_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per model second")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish KV cache events over ZMQ, as vLLM's option of that name: "
+        '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": ..., "topic": ...}',
+    )
+    p.add_argument(
+        "--kv-events-layout",
+        choices=("tagged", "positional"),
+        default="tagged",
+        help="events as tagged maps (vLLM >= 0.26, default) or positional arrays (older vLLM, SGLang)",
+    )
 
 
 def engine_sim_parser() -> argparse.ArgumentParser:
@@ -66,6 +79,11 @@ def run_engine_sim(args: argparse.Namespace) -> int:
     if args.time_scale <= 0:
         print("--time-scale must be positive", file=sys.stderr)
         return 2
+    try:
+        events = _kv_events(args.kv_events_config, args.kv_events_layout)
+    except ValueError as exc:
+        print(f"--kv-events-config: {exc}", file=sys.stderr)
+        return 2
     cfg = EngineSimSettings(
         host=args.host,
         port=args.port,
@@ -75,9 +93,16 @@ def run_engine_sim(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_events=events,
     )
     asyncio.run(serve_forever(cfg))
     return 0
+
+
+def _kv_events(text: str | None, layout: str) -> Any:
+    from prefix_router.lab.sim.kv_publisher import KvEventsConfig
+
+    return None if text is None else KvEventsConfig.from_json(text, tagged=layout == "tagged")
 
 
 # ---------------------------------------------------------------------- simulate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefix_router.lab.sim.engine import EngineEvent, EngineModel, EngineRequest
@@ -42,6 +43,7 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._origin = 0.0
+        self.on_step: Callable[[], None] | None = None  # after every engine step (the KV events' flush)
 
     def now(self) -> float:
         """Current virtual engine time (seconds)."""
@@ -87,7 +89,7 @@ class EngineDriver:
     def _catch_up(self) -> None:
         now = self.now()
         while (end := self.engine.next_time()) is not None and end <= now:
-            self._deliver(self.engine.advance())
+            self._advance()
 
     async def _run(self) -> None:
         while True:
@@ -101,7 +103,12 @@ class EngineDriver:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
-            self._deliver(self.engine.advance())
+            self._advance()
+
+    def _advance(self) -> None:
+        self._deliver(self.engine.advance())
+        if self.on_step is not None:
+            self.on_step()
 
     def _deliver(self, events: list[EngineEvent]) -> None:
         for event in events:

@@ -6,7 +6,10 @@ leading blocks that are resident and already computed. Blocks no running request
 free queue and are evicted least recently used first; a finished request returns its blocks tail first,
 so the deepest blocks of a prefix go before its head (as vLLM's ``KVCacheManager.free``). Tokens that do
 not fill a block (the partial tail of the prompt, the output being generated) occupy "private" blocks
-that are freed, not cached, unless the engine hands their hashes in when the request finishes.
+that are freed, not cached, unless the engine hands their hashes in when the request finishes. A reset
+(``/reset_prefix_cache``, a restarted process) drops every cached block: the ones running requests hold
+stay theirs until they end ("detached": they occupy memory but are hits for no one and are not cached
+again), so that the engine's ``AllBlocksCleared`` is true.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class PrefixCache:
         self._free: OrderedDict[int, None] = OrderedDict()  # ref 0, cached; first = next victim
         self._pending: set[int] = set()  # allocated, not computed yet: not a hit for anyone
         self._private = 0
+        self._detached: dict[int, int] = {}  # held when the cache was reset -> requests holding it
         self.evictions = 0
         self.listener: CacheListener | None = None
 
@@ -48,13 +52,13 @@ class PrefixCache:
 
     @property
     def used_blocks(self) -> int:
-        """Blocks occupied: every resident hashed block plus private blocks."""
-        return len(self._ref) + self._private
+        """Blocks occupied: every resident hashed block plus private and detached blocks."""
+        return len(self._ref) + self._private + len(self._detached)
 
     @property
     def active_blocks(self) -> int:
         """Blocks held by running requests (what vLLM reports as KV-cache usage)."""
-        return len(self._ref) - len(self._free) + self._private
+        return len(self._ref) - len(self._free) + self._private + len(self._detached)
 
     @property
     def cached_blocks(self) -> int:
@@ -170,8 +174,15 @@ class PrefixCache:
         return held
 
     def _return(self, blocks: Sequence[int]) -> None:
-        ref, free, pending = self._ref, self._free, self._pending
+        ref, free, pending, detached = self._ref, self._free, self._pending, self._detached
         for block in reversed(blocks):
+            held = detached.get(block)
+            if held is not None:  # held since before a reset: freed, not cached
+                if held > 1:
+                    detached[block] = held - 1
+                else:
+                    del detached[block]
+                continue
             count = ref[block] - 1
             if count > 0:
                 ref[block] = count
@@ -183,11 +194,17 @@ class PrefixCache:
                 free[block] = None
 
     def reset(self) -> int:
-        """Drop every cached block no request holds (vLLM's ``/reset_prefix_cache``); returns how many."""
-        dropped = len(self._free)
-        for block in self._free:
-            del self._ref[block]
+        """Drop every cached block (vLLM's ``/reset_prefix_cache``, or a restarted engine process): the
+        free ones at once, the held ones when their requests end (detached until then); returns how many
+        were cached."""
+        dropped = len(self._ref)
+        detached = self._detached
+        for block, count in self._ref.items():
+            if count:
+                detached[block] = detached.get(block, 0) + count
+        self._ref.clear()
         self._free.clear()
+        self._pending.clear()
         if self.listener is not None:
             self.listener("cleared", 0)
         return dropped

@@ -23,6 +23,7 @@ from prefix_router.lab.sim.text import (
     natural_length,
     render_chat,
     text_blocks,
+    text_ids,
     token_count,
 )
 from prefix_router.protocol import Endpoint
@@ -55,6 +56,11 @@ class Generation:
     request: EngineRequest
     output: tuple[int, ...]
     finish_reason: str
+    full: str | tuple[int, ...] = ""  # prompt + reply as the engine caches it (the extension's content)
+
+    def full_ids(self) -> list[int]:
+        """The token ids of ``full``: block ``i`` of ``request.extension`` holds ids ``[i*B, (i+1)*B)``."""
+        return text_ids(self.full) if isinstance(self.full, str) else list(self.full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,7 @@ class ApiRequest:
     generations: tuple[Generation, ...]
     stream: bool
     include_usage: bool
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +116,9 @@ def parse(endpoint: Endpoint, body: Any, limits: EngineLimits, request_id: str) 
         _generation(endpoint, prompt, seed, checked.max_tokens, limits, f"{request_id}-{i}")
         for i, prompt in enumerate(checked.prompts)
     )
-    return ApiRequest(endpoint, checked.model, gens, checked.stream, checked.include_usage)
+    return ApiRequest(
+        endpoint, checked.model, gens, checked.stream, checked.include_usage, checked.cache_salt
+    )
 
 
 def _model(body: Mapping[str, Any], limits: EngineLimits) -> str:
@@ -251,9 +260,9 @@ def _generation(
     else:
         count, reason = max_tokens, "length"
     output = generate_ids(reply_seed, count)
-    blocks, extension = _blocks(endpoint, prompt, output, limits.block_tokens, seed)
+    blocks, extension, full = _blocks(endpoint, prompt, output, limits.block_tokens, seed)
     request = EngineRequest(request_id, prompt_tokens, count, blocks, extension)
-    return Generation(request, tuple(output), reason)
+    return Generation(request, tuple(output), reason, full)
 
 
 def _prompt_hash(prompt: str | list[int], seed: int) -> int:
@@ -263,12 +272,14 @@ def _prompt_hash(prompt: str | list[int], seed: int) -> int:
 
 def _blocks(
     endpoint: Endpoint, prompt: str | list[int], output: list[int], block_tokens: int, seed: int
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
+) -> tuple[tuple[int, ...], tuple[int, ...], str | tuple[int, ...]]:
+    """(the prompt's blocks, the blocks of prompt + reply, prompt + reply)."""
     if isinstance(prompt, list):
-        return id_blocks(prompt, block_tokens, seed), id_blocks(prompt + output, block_tokens, seed)
+        ids = prompt + output
+        return id_blocks(prompt, block_tokens, seed), id_blocks(ids, block_tokens, seed), tuple(ids)
     tail = END if endpoint == "chat" else ""
     full = prompt + ids_text(output) + tail
-    return text_blocks(prompt, block_tokens, seed), text_blocks(full, block_tokens, seed)
+    return text_blocks(prompt, block_tokens, seed), text_blocks(full, block_tokens, seed), full
 
 
 # ---------------------------------------------------------------------- responses

@@ -4,7 +4,9 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE streamin
 ``GET /v1/models``, ``GET /health``, ``POST /reset_prefix_cache``, ``GET /metrics`` (vLLM names), vLLM's
 ``POST /v1/chat/completions/render``, ``POST /v1/completions/render`` and ``POST /tokenize`` (prompt token
 ids, for routers that route on them; see ``render_api``), plus ``/server_info`` and ``/model_info`` for
-routers that probe them. Client disconnect aborts generation.
+routers that probe them. Client disconnect aborts generation. With ``kv_events`` its cache publishes KV
+cache events over ZMQ while the app runs (``kv_publisher``: the token ids of the render endpoints, so a
+router's precise mode keys requests and events alike).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp import web
 
 from prefix_router.lab.sim.driver import EngineDriver, Ticket
 from prefix_router.lab.sim.engine import EngineModel, RequestRejected
+from prefix_router.lab.sim.kv_publisher import KvEventPublisher, KvEventsConfig
 from prefix_router.lab.sim.metrics import metrics_registry, render
 from prefix_router.lab.sim.openai_api import ApiError, ApiRequest, EngineLimits, parse
 from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
@@ -45,6 +48,7 @@ class EngineSimSettings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     tick_s: float = 0.01
+    kv_events: KvEventsConfig | None = None
 
     def engine_profile(self) -> EngineProfile:
         base = get_profile(self.profile)
@@ -63,6 +67,8 @@ class SimContext:
     driver: EngineDriver
     limits: EngineLimits
     finished: Counter[str] = field(default_factory=Counter)  # requests by vLLM finished_reason
+    kv_events: KvEventsConfig | None = None
+    events: KvEventPublisher | None = None  # while the app runs, with kv_events
 
 
 CONTEXT = web.AppKey("engine_sim_context", SimContext)
@@ -75,7 +81,8 @@ def build_context(cfg: EngineSimSettings) -> SimContext:
         profile, capacity_tokens=cfg.kv_capacity_tokens, max_span_s=cfg.tick_s / cfg.time_scale
     )
     limits = EngineLimits(model, engine.block_tokens, profile.max_model_len)
-    return SimContext(model, profile, engine, EngineDriver(engine, cfg.time_scale), limits)
+    driver = EngineDriver(engine, cfg.time_scale)
+    return SimContext(model, profile, engine, driver, limits, kv_events=cfg.kv_events)
 
 
 def build_app(cfg: EngineSimSettings) -> web.Application:
@@ -100,10 +107,21 @@ def build_app(cfg: EngineSimSettings) -> web.Application:
 
 
 async def _driver_lifecycle(app: web.Application) -> AsyncIterator[None]:
-    driver = app[CONTEXT].driver
-    await driver.start()
-    yield
-    await driver.stop()
+    ctx = app[CONTEXT]
+    if ctx.kv_events is not None:
+        ctx.events = KvEventPublisher(ctx.kv_events, ctx.engine.block_tokens)
+        ctx.engine.cache.listener = ctx.events.listener
+        ctx.driver.on_step = ctx.events.flush
+        ctx.events.start_replays()
+    await ctx.driver.start()
+    try:
+        yield
+    finally:
+        await ctx.driver.stop()
+        if ctx.events is not None:
+            ctx.engine.cache.listener, ctx.driver.on_step = None, None
+            await ctx.events.close()
+            ctx.events = None
 
 
 # ---------------------------------------------------------------------- generation
@@ -169,6 +187,10 @@ async def _json_body(request: web.Request) -> Any:
 def _submit(ctx: SimContext, api: ApiRequest) -> list[Ticket]:
     changed = asyncio.Event()
     tickets: list[Ticket] = []
+    if ctx.events is not None:
+        for generation in api.generations:
+            req = generation.request
+            ctx.events.book.remember(req.extension or req.blocks, generation.full_ids(), api.cache_salt)
     try:
         for generation in api.generations:
             tickets.append(ctx.driver.submit(generation.request, changed))
@@ -200,7 +222,10 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _reset(request: web.Request) -> web.Response:
-    request.app[CONTEXT].engine.reset_prefix_cache()
+    ctx = request.app[CONTEXT]
+    ctx.engine.reset_prefix_cache()
+    if ctx.events is not None:
+        ctx.events.flush()
     return web.Response(status=200)
 
 

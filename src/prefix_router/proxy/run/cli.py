@@ -6,6 +6,7 @@ import argparse
 import os
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,12 +182,22 @@ def print_config(config: Config) -> int:
 Group = tuple[Path, int, int]  # ``serve --processes``: the channel's directory, this process, how many
 
 
-def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: Group | None = None) -> int:
+def serve(
+    config: Config,
+    args: argparse.Namespace,
+    early: EarlyHangup,
+    group: Group | None = None,
+    adjust: Callable[[Config], Config] | None = None,
+) -> int:
+    """Serve ``config`` (``adjust``: applied to it and to every reloaded one, e.g. a serving process's
+    fanned-out KV event endpoints)."""
     from prefix_router.proxy.context import CONTEXT
     from prefix_router.proxy.ops import lifecycle, logs, reload
     from prefix_router.proxy.run.app import create_app
     from prefix_router.proxy.run.server import Hooks, ListenError, run
 
+    adjusted = adjust or (lambda c: c)
+    config = adjusted(config)
     logs.configure(config.log_level, config.log_format, config.access_log)
     app = create_app(config)
     if group is not None:
@@ -196,7 +207,7 @@ def serve(config: Config, args: argparse.Namespace, early: EarlyHangup, group: G
     source = args.config or "environment and flags"
 
     async def reloaded() -> None:
-        await reload.reload(app[CONTEXT], lambda: build_config(args), source)
+        await reload.reload(app[CONTEXT], lambda: adjusted(build_config(args)), source)
 
     hooks = Hooks(
         serving=lambda addresses: lifecycle.summary(app, addresses),
@@ -227,6 +238,7 @@ def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int
     address are checked here first: a bad one is one line and an exit, not ``count`` failing children."""
     from prefix_router.proxy.ops import logs
     from prefix_router.proxy.run.app import create_app
+    from prefix_router.proxy.run.event_fanout import FanoutPlan, fanned_out
     from prefix_router.proxy.run.processes import supervise
     from prefix_router.proxy.run.server import ListenError, bind
 
@@ -239,8 +251,8 @@ def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int
         return 1
     logs.configure(config.log_level, config.log_format, config.access_log)
 
-    def serve_one(index: int, directory: Path) -> None:
+    def serve_one(index: int, directory: Path, plan: FanoutPlan) -> None:
         early = EarlyHangup()
-        sys.exit(serve(config, args, early, (directory, index, count)))
+        sys.exit(serve(config, args, early, (directory, index, count), lambda c: fanned_out(c, plan)))
 
     return supervise(config, count, serve_one)

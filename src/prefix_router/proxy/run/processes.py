@@ -9,7 +9,9 @@ new connections across them) and joins the local channel (``replication.local``)
 in-flight counts reach the other processes within about 10 ms (50 ms), and every ``/metrics`` scrape,
 whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
 worker pool is shared too (``proxy.shared_pool``): admin changes reach every process, and process 0
-alone probes and scrapes the engines, for all of them.
+alone probes and scrapes the engines, for all of them. Workers whose KV events the router binds
+(``kv_events.bind``) get one more process, started first: the fan-out (``event_fanout``), which binds
+those endpoints once and forwards every message to every serving process; it is restarted as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
@@ -36,12 +39,15 @@ from aiohttp import web
 from prefix_router.proxy.config import Config
 from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.ops.shared_pool import SharedPool
+from prefix_router.proxy.run.event_fanout import FanoutPlan, run_fanout, wanted
 from prefix_router.replication import LocalReplication, ReplicationCollector
 
 log = logging.getLogger("prefix_router.processes")
 MAX_RESTARTS = 10
 PR_SET_PDEATHSIG = 1  # Linux prctl option
 METRICS_INTERVAL_S = 1.0
+FANOUT = -1  # the fan-out process's index among the children
+FANOUT_START_S = 10.0  # the longest the supervisor waits for the fan-out's plan
 
 
 def process_count(configured: int) -> int:
@@ -89,19 +95,39 @@ async def _publish(state: AppContext, local: LocalReplication, shared: SharedPoo
         shared.publish()
 
 
-def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]) -> int:
-    """Run ``serve_one(index, directory)`` in ``count`` forked processes until they all stop."""
+def supervise(config: Config, count: int, serve_one: Callable[[int, Path, FanoutPlan], None]) -> int:
+    """Run ``serve_one(index, directory, plan)`` in ``count`` forked processes until they all stop (after
+    the fan-out process, when some worker's KV events are bound by the router: ``plan``)."""
     directory = Path(tempfile.mkdtemp(prefix="prefix-router-"))
     context = multiprocessing.get_context("fork")
     children: dict[int, BaseProcess] = {}
     stopping = False
+    endpoints = wanted(config, directory)
+    plan = FanoutPlan()
 
     def start(index: int) -> None:
+        if index == FANOUT:
+            start_fanout()
+            return
         child = context.Process(
-            target=_child, args=(serve_one, index, directory, os.getpid()), name=f"prefix-router-{index}"
+            target=_child,
+            args=(serve_one, index, directory, plan, os.getpid()),
+            name=f"prefix-router-{index}",
         )
         child.start()
         children[index] = child
+
+    def start_fanout() -> FanoutPlan:
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(
+            target=_fanout_child, args=(endpoints, send, os.getpid()), name="prefix-router-kv-events"
+        )
+        child.start()
+        send.close()
+        children[FANOUT] = child
+        got = receive.recv() if receive.poll(FANOUT_START_S) else FanoutPlan()
+        receive.close()
+        return got if isinstance(got, FanoutPlan) else FanoutPlan()
 
     def tell(signum: int) -> None:
         for child in children.values():
@@ -116,6 +142,8 @@ def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda signum, _: tell(signal.SIGHUP))
     try:
+        if endpoints:
+            plan = start_fanout()
         for index in range(count):
             start(index)
         log.info("serving with %d processes on %s:%d", count, config.host, config.port)
@@ -126,9 +154,25 @@ def supervise(config: Config, count: int, serve_one: Callable[[int, Path], None]
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _child(serve_one: Callable[[int, Path], None], index: int, directory: Path, supervisor: int) -> None:
+def _child(
+    serve_one: Callable[[int, Path, FanoutPlan], None],
+    index: int,
+    directory: Path,
+    plan: FanoutPlan,
+    supervisor: int,
+) -> None:
     """A serving process: gets SIGTERM should the supervisor die (no orphan keeps the port), and does not
     start at all when the supervisor died between the fork and the request for that signal."""
+    _tied_to(supervisor)
+    serve_one(index, directory, plan)
+
+
+def _fanout_child(endpoints: dict[str, tuple[str, int]], report: Connection, supervisor: int) -> None:
+    _tied_to(supervisor)
+    run_fanout(endpoints, report)
+
+
+def _tied_to(supervisor: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -137,7 +181,6 @@ def _child(serve_one: Callable[[int, Path], None], index: int, directory: Path, 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the supervisor's: ``serve_one`` installs its own
-    serve_one(index, directory)
 
 
 def _watch(
