@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/prefix-router demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
