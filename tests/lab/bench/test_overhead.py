@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from prefix_router.lab.bench import overhead
@@ -71,3 +74,16 @@ def test_a_compiled_build_that_is_not_one_is_named(
     assert "--compiled-lib" in capsys.readouterr().out
     assert overhead.run_bench(args(builds="compiled", compiled_lib=str(tmp_path))) == 2  # the pure one there
     assert "holds no compiled routing core" in capsys.readouterr().out
+
+
+def test_spawned_servers_are_stopped_with_their_workers(tmp_path: Path) -> None:
+    """A server that leaves a worker behind when told to stop (as granian's could) takes it along."""
+    record = tmp_path / "worker"
+    script = f'sleep 60 & echo $! > {record}; trap "exit 0" TERM; wait'
+    with overhead.processes() as spawn:
+        spawn(["sh", "-c", script], None)
+        deadline = time.monotonic() + 30
+        while not (record.exists() and record.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    with contextlib.suppress(psutil.NoSuchProcess):  # gone, or dying: a signal takes a moment
+        psutil.Process(int(record.read_text())).wait(timeout=10)  # alive after that: TimeoutExpired

@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from prefix_router.lab.launch import llama_cpp as launcher
+from prefix_router.lab.launch.fleet import LaunchError
 
 
 def fake_venv(tmp_path: Path, script: str, model: bool = True) -> Path:
@@ -38,12 +39,6 @@ def test_each_instance_gets_a_multi_prefix_ram_cache_and_no_interruptions(tmp_pa
     assert cmd[1:3] == ["-I", str(launcher.SHIM)] and launcher.SHIM.exists()
 
 
-def test_ports_follow_the_base_or_are_free_and_distinct() -> None:
-    assert launcher.ports_for(launcher.LlamaCppSettings(instances=3, port_base=9100)) == [9100, 9101, 9102]
-    free = launcher.ports_for(launcher.LlamaCppSettings(instances=3))
-    assert len(set(free)) == 3
-
-
 @pytest.mark.parametrize("count", [0, launcher.MAX_INSTANCES + 1])
 def test_instance_count_is_bounded(count: int) -> None:
     with pytest.raises(ValueError, match="instances"):
@@ -53,7 +48,7 @@ def test_instance_count_is_bounded(count: int) -> None:
 def test_a_dying_instance_fails_the_start_with_its_log(tmp_path: Path) -> None:
     venv = fake_venv(tmp_path, "echo boom; exit 3")
     fleet = launcher.LlamaCppFleet(launcher.LlamaCppSettings(instances=2, venv=venv))
-    with pytest.raises(launcher.LaunchError, match=r"exited with 3(.|\n)*boom"):
+    with pytest.raises(LaunchError, match=r"exited with 3(.|\n)*boom"):
         fleet.start()
     assert fleet.instances == []
 
@@ -61,11 +56,11 @@ def test_a_dying_instance_fails_the_start_with_its_log(tmp_path: Path) -> None:
 def test_a_silent_instance_times_out_and_every_process_is_stopped(tmp_path: Path) -> None:
     venv = fake_venv(tmp_path, "exec sleep 30")
     settings = launcher.LlamaCppSettings(instances=2, venv=venv, startup_timeout_s=0.5)
-    with pytest.raises(launcher.LaunchError, match="not ready"):
+    with pytest.raises(LaunchError, match="not ready"):
         launcher.LlamaCppFleet(settings).start()
     assert [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
 def test_missing_venv_is_a_launch_error(tmp_path: Path) -> None:
-    with pytest.raises(launcher.LaunchError, match="absent"):
+    with pytest.raises(LaunchError, match="absent"):
         launcher.LlamaCppFleet(launcher.LlamaCppSettings(venv=tmp_path / "none")).start()

@@ -14,14 +14,14 @@ import pytest
 import yaml
 
 from prefix_router.lab.launch import cli, gguf_model, vllm_cli
+from prefix_router.lab.launch.fleet import find_gguf
 from prefix_router.lab.launch.vllm import (
-    Instance,
     VllmFleet,
+    VllmInstance,
     VllmSettings,
     command,
     cpu_flags,
     environment,
-    find_gguf,
     resolved_dtype,
 )
 from prefix_router.proxy import load_config
@@ -108,7 +108,7 @@ def test_written_config_names_the_instances_and_their_event_endpoints(tmp_path: 
     for i in range(2):
         log = (tmp_path / f"{i}.log").open("wb")
         fleet.instances.append(
-            Instance(i, 18000 + i, f"http://127.0.0.1:{18000 + i}", 19000 + i, idle, tmp_path, log)
+            VllmInstance(i, 18000 + i, f"http://127.0.0.1:{18000 + i}", idle, tmp_path, log, 19000 + i)
         )
     path = tmp_path / "serve.yaml"
     vllm_cli.write_config(fleet, path)

@@ -167,7 +167,8 @@ def sim_options(args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def _llama_fleet(instances: int) -> Iterator[list[str]]:
     try:
-        from prefix_router.lab.launch.llama_cpp import LaunchError, LlamaCppFleet, LlamaCppSettings
+        from prefix_router.lab.launch.fleet import LaunchError
+        from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
     except ImportError as exc:  # pragma: no cover - the engines package is part of the project
         raise DemoError(f"the llama.cpp launcher is not available: {exc}") from None
     try:
@@ -183,7 +184,8 @@ def _llama_fleet(instances: int) -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def _vllm_fleet(count: int) -> Iterator[list[str]]:
-    from prefix_router.lab.launch.vllm import LaunchError, VllmFleet, VllmSettings
+    from prefix_router.lab.launch.fleet import LaunchError
+    from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
 
     try:
         fleet = VllmFleet(VllmSettings(instances=count, kv_cache_tokens=VLLM_CACHE_TOKENS, max_num_seqs=8))

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from prefix_router.lab.bench import loadgen, profile
+from prefix_router.lab.launch.fleet import signal_group
 from prefix_router.lab.launch.net import free_port
 from prefix_router.proxy import loop_factory
 
@@ -146,13 +148,18 @@ def children(pid: int) -> list[int]:
 
 @contextlib.contextmanager
 def processes() -> Iterator[Callable[[list[str], dict[str, str] | None], int]]:
-    """Spawn helper processes (stderr discarded: a failure shows as a port that never answers)."""
+    """Spawn helper processes (stderr discarded: a failure shows as a port that never answers), each in its
+    own process group, stopped as a group at the end (a server's workers too: SIGTERM, SIGKILL after 10 s)."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(argv: list[str], env: dict[str, str] | None = None) -> int:
         procs.append(
             subprocess.Popen(
-                argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
             )
         )
         return procs[-1].pid
@@ -161,13 +168,14 @@ def processes() -> Iterator[Callable[[list[str], dict[str, str] | None], int]]:
         yield spawn
     finally:
         for proc in procs:
-            proc.terminate()
+            signal_group(proc, signal.SIGTERM)
         for proc in procs:
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            signal_group(proc, signal.SIGKILL)  # workers that outlived their server
 
 
 async def wait_listening(port: int, timeout_s: float = 30.0) -> None:

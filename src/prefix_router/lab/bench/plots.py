@@ -10,10 +10,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+def _subplots(*args: Any, **kwargs: Any) -> Any:
+    """``pyplot.subplots`` on the Agg backend. matplotlib is imported on the first plot, not with this
+    module: the lab commands that never plot start without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def _close(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _suffix(simulated: bool) -> str:
@@ -21,7 +33,7 @@ def _suffix(simulated: bool) -> str:
 
 
 def ttft_cdf(ttfts_s: Mapping[str, Sequence[float]], path: Path, simulated: bool) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _subplots(figsize=(7, 4.5))
     for name, values in ttfts_s.items():
         ordered = sorted(v * 1000.0 for v in values)
         if ordered:
@@ -39,7 +51,7 @@ def ttft_cdf(ttfts_s: Mapping[str, Sequence[float]], path: Path, simulated: bool
 def hit_rates(policies: Mapping[str, Mapping[str, Any]], path: Path, simulated: bool) -> Path:
     names = list(policies)
     values = [(policies[n].get("hit_rate") or 0.0) * 100 for n in names]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots(figsize=(6, 4))
     bars = ax.bar(names, values, color="tab:blue")
     ax.bar_label(bars, fmt="%.1f%%")
     ax.set(ylabel="engine-reported prefix hit rate (%)", ylim=(0, 100), title="Hit rate" + _suffix(simulated))
@@ -49,7 +61,7 @@ def hit_rates(policies: Mapping[str, Mapping[str, Any]], path: Path, simulated: 
 def requests_per_worker(policies: Mapping[str, Mapping[str, Any]], path: Path, simulated: bool) -> Path:
     names = list(policies)
     workers = sorted({w for n in names for w in policies[n].get("requests_per_worker", {})})
-    fig, ax = plt.subplots(figsize=(max(6, len(names) * 1.6), 4))
+    fig, ax = _subplots(figsize=(max(6, len(names) * 1.6), 4))
     width = 0.8 / max(1, len(workers))
     for i, worker in enumerate(workers):
         xs = [p + i * width for p in range(len(names))]
@@ -86,7 +98,7 @@ def peer_matrix(matrix: Mapping[str, Any], path: Path) -> Path:
     cells = matrix["cells"]
     routers = list(dict.fromkeys(label for cell in cells for label in cell["document"]["policies"]))
     names = [f"{cell['workload']}\n{cell['load']}" for cell in cells]
-    fig, axes = plt.subplots(2, 1, figsize=(max(7, len(cells) * 1.9), 7.5), sharex=True)
+    fig, axes = _subplots(2, 1, figsize=(max(7, len(cells) * 1.9), 7.5), sharex=True)
     width = 0.8 / max(1, len(routers))
     for ax, stat in zip(axes, ("mean", "p99"), strict=True):
         for i, router in enumerate(routers):
@@ -109,5 +121,5 @@ def _ttft(cell: Mapping[str, Any], router: str, stat: str) -> float:
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _close(fig)
     return path

@@ -11,13 +11,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from prefix_router.lab.launch.llama_cpp import (
-    MAX_INSTANCES,
-    LaunchError,
-    LlamaCppFleet,
-    LlamaCppSettings,
-    default_venv,
-)
+from prefix_router.lab.launch.fleet import LaunchError
+from prefix_router.lab.launch.llama_cpp import MAX_INSTANCES, LlamaCppFleet, LlamaCppSettings, default_venv
 from prefix_router.lab.launch.net import get_text
 from prefix_router.lab.launch.vllm_cli import register_vllm
 from prefix_router.pool import detect

