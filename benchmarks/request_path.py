@@ -246,7 +246,7 @@ def main() -> None:
 
     build = "pure" if index_module.__file__ and index_module.__file__.endswith(".py") else "compiled"
     print(f"build: {build}; us of CPU per request (thread time), {args.cycles} cycles per row")
-    print("| prompt | kind | " + " | ".join(STAGES) + " | total | proxy (no key/route) |")
+    print("| prompt | kind | " + " | ".join(STAGES) + " | total | total without key, route |")
     print("|---:|---|" + "---:|" * (len(STAGES) + 2))
     for chars in (int(c) for c in args.prompt_chars.split(",")):
         for stream in (False, True):
