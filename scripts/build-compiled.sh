@@ -1,7 +1,8 @@
 #!/bin/sh
 # The compiled routing core (COMPILE_ROUTING_CORE=1, setup.py) built into build/compiled, once per source:
 # cached under a digest of setup.py and the routing package's sources. Prints the directory to put first on
-# PYTHONPATH (the whole package, compiled modules beside their sources). Fails if a part was not compiled.
+# PYTHONPATH (the whole package, compiled modules beside their sources, the uncompiled modules always the
+# tree's current ones). Fails if a part was not compiled.
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -15,4 +16,7 @@ if [ ! -f "$out/.built" ]; then
         || { tail -40 "$out/build.log" >&2; exit 1; }
     touch "$out/.built"
 fi
+# the rest of the package (the proxy, the lab, ...) is the tree's as it is now, refreshed on every call: the
+# cache is keyed by what is compiled only, and a package dir with a stale edge would run old proxy code
+tar -C src --exclude=__pycache__ -cf - prefix_router | tar -C "$out/lib" -xf -
 echo "$PWD/$out/lib"

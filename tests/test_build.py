@@ -65,6 +65,22 @@ def test_every_listed_module_is_compiled(compiled_lib: Path) -> None:
     assert all(f.endswith(".py") for f in json.loads(pure[0]).values()) and pure[1] == "False"
 
 
+def test_the_compiled_package_runs_the_trees_uncompiled_modules(compiled_lib: Path) -> None:
+    """The build is cached by what it compiles; every other module is the tree's as it is now (a stale
+    copy of the proxy in the compiled package would be measured and tested instead of the edit)."""
+    compiled_files = {m.replace(".", "/") + ".py" for m in compiled_modules()}
+    src = ROOT / "src"
+    sources = [p for p in src.rglob("*.py") if "__pycache__" not in p.parts]
+    assert len(sources) > 100
+    stale = [
+        str(p.relative_to(src))
+        for p in sources
+        if str(p.relative_to(src)) not in compiled_files
+        and (compiled_lib / p.relative_to(src)).read_bytes() != p.read_bytes()
+    ]
+    assert stale == []
+
+
 def test_the_c_chain_loop_gives_the_python_loops_hashes(compiled_lib: Path) -> None:
     script = """
 import random

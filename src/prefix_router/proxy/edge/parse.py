@@ -40,15 +40,18 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
     encoding = request.headers.get("Content-Encoding")
+    content = request.content
+    if content.is_eof() and not decoding.decodes(encoding):
+        # all of it came with the head: nothing to wait for (no timer: arming one costs about 10 us), one join
+        raw = content.read_nowait()
+        if len(raw) > limit:
+            raise too_large(limit)
+        return raw
     try:
         async with asyncio.timeout(timeout_s):
             if decoding.decodes(encoding):
-                return await read_decoded(request.content, decoding.Bounded(encoding or "", limit), limit)
-            content = request.content
-            if content.is_eof():  # all of it came with the head: nothing to wait for, one join
-                raw = content.read_nowait()
-            else:
-                raw = await request.read()
+                return await read_decoded(content, decoding.Bounded(encoding or "", limit), limit)
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(limit) from None
     except TimeoutError:

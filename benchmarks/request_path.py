@@ -1,0 +1,265 @@
+"""The proxy's own request path, stage by stage, in-process (issue 26): what each step of a request's trip
+costs in CPU, apart from the HTTP server, the sockets and the routing core's per-block work.
+
+The same objects ``serve`` builds (``proxy.build_state`` on the default config, one worker serving the
+benchmark's model), fed the benchmark's own requests (``bench.overhead.bodies``: a shared system prompt of
+``--prompt-chars``, a question of each request's own) and the instant worker's answers. Every cycle runs
+the proxy's calls for one request, each stage timed with ``time.thread_time_ns`` (the thread's CPU time:
+preemption by the rest of the machine does not count):
+
+- ``validation``: the request id, the ``RequestNote``, ``admit`` (shutdown, client key, in-flight cap), the
+  session header, the policy header, the path check, the model check;
+- ``json``: the body's JSON parse and its ``stream`` flag;
+- ``key``: the routing key (``keys.build``; the routing core: compiled in the compiled build);
+- ``route``: the decision (``Router.route`` over the worker) and the branch metrics;
+- ``headers``: the upstream request's headers and URL, the response's headers;
+- ``deadlines``: the first-byte ``Deadlines.watch`` entered and left (and, for streams, the idle watch and
+  its pushes), inside a running event loop;
+- ``read_body``: the body taken from aiohttp's ``StreamReader`` (all of it came with the head, as a
+  2 KB or 32 KB body on loopback does) with its limits and its timeout;
+- ``accounting``: the ``Flight`` (``dispatched``), its first byte, the reply read back
+  (``ReplyAccumulator.feed_body``, or ``feed`` and ``EventHold`` over the stream's events: the SSE
+  reader) and ``settle`` (the extension key and ``finished``: routing core calls inside);
+- ``metrics``: the request's and the attempt's counters and latency histograms;
+- ``access_log``: the access line, written by the serving process's ``LineHandler`` to ``/dev/null``.
+
+The process does nothing else, so its caches are hot: a lower bound of the same calls inside a server.
+What this leaves out (the HTTP server, the upstream client's I/O, the kernel) ``benchmarks/floor.py``
+measures with forward-only servers on the same stack.
+
+    python benchmarks/request_path.py --prompt-chars 2000,32000 --cycles 3000
+    PYTHONPATH=$(scripts/build-compiled.sh) python benchmarks/request_path.py   # the compiled core
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import logging
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import orjson
+from aiohttp import StreamReader
+from aiohttp.base_protocol import BaseProtocol
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from prefix_router.lab.bench.instant_worker import MODEL, _event, _whole
+from prefix_router.lab.bench.overhead import bodies
+from prefix_router.proxy import (
+    Config,
+    Parsed,
+    ReplyAccumulator,
+    RequestNote,
+    build_app,
+    loop_factory,
+    request_id,
+    settle,
+)
+from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.proxy.edge import forward
+from prefix_router.proxy.edge.access import log_access
+from prefix_router.proxy.edge.accounting import Flight
+from prefix_router.proxy.edge.exchange import EventHold
+from prefix_router.proxy.edge.handlers import admit
+from prefix_router.proxy.edge.parse import read_body
+from prefix_router.proxy.ops.logs import LineHandler
+
+STAGES = (
+    "validation",
+    "read_body",
+    "json",
+    "key",
+    "route",
+    "headers",
+    "deadlines",
+    "accounting",
+    "metrics",
+    "access_log",
+)
+REQUEST_HEADERS = {
+    "Host": "127.0.0.1:9000",
+    "Content-Type": "application/json",
+    "Content-Length": "2100",
+    "Accept": "application/json",
+    "User-Agent": "OpenAI/Python 1.0",
+    "Authorization": "Bearer unused",
+}
+WORKER_HEADERS = {"Content-Type": "application/json", "Content-Length": "180", "Date": "x", "Server": "y"}
+
+
+PROTOCOL: BaseProtocol | None = None
+
+
+class _Request:
+    """What the stages read of an aiohttp request: its headers and its body's stream, fed whole."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.headers = CIMultiDictProxy(CIMultiDict(REQUEST_HEADERS))
+        self.content_length = len(raw)
+        self.content = StreamReader(PROTOCOL, 2**16, loop=asyncio.get_running_loop())
+        self.content.feed_data(raw)
+        self.content.feed_eof()
+
+
+def state_for() -> AppContext:
+    config = Config.model_validate(
+        {
+            "workers": [{"url": "http://127.0.0.1:9", "name": "w0", "models": [MODEL]}],
+            "routing": {"policy": "prefix"},
+        }
+    )
+    app = build_app(config, None, None, time.monotonic, random.Random(0))
+    state = app[CONTEXT]
+    for worker in state.pool:
+        state.pool.report(worker, True, "")
+    handler = LineHandler(io.TextIOWrapper(open("/dev/null", "wb")))  # noqa: SIM115 (lives with the run)
+    logging.root.handlers[:] = [handler]
+    logging.root.setLevel(logging.INFO)
+    state.log_handler = handler
+    return state
+
+
+class Timer:
+    """CPU time per stage; the timer's own cost (an empty stage, measured first) taken off each use."""
+
+    def __init__(self, overhead_ns: float = 0.0) -> None:
+        self.ns = dict.fromkeys(STAGES, 0.0)
+        self.overhead_ns = overhead_ns
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.thread_time_ns()
+        yield
+        self.ns[name] += time.thread_time_ns() - start - self.overhead_ns
+
+
+def timer_overhead(n: int = 20_000) -> float:
+    """Mean CPU ns of an empty ``Timer.stage``."""
+    t = Timer()
+    for _ in range(n):
+        with t.stage("json"):
+            pass
+    return t.ns["json"] / n
+
+
+async def cycle(state: AppContext, raw: bytes, stream: bool, t: Timer) -> None:
+    request = _Request(raw)
+    loop = asyncio.get_running_loop()
+    with t.stage("validation"):
+        headers = request.headers
+        rid = request_id(headers) or state.next_request_id()
+        note = RequestNote(rid, "POST", "/v1/chat/completions", state.clock())
+        admit(state, request)  # type: ignore[arg-type]
+        forward.safe_path("/v1/chat/completions")
+        state.pool.knows_model(MODEL)
+        note.model = MODEL
+    with t.stage("read_body"):
+        limits = state.config.limits
+        got = await read_body(request, limits.max_body_bytes, state.config.timeouts.client_body_s)  # type: ignore[arg-type]
+    with t.stage("json"):
+        body = orjson.loads(got)
+        body.get("stream")
+    with t.stage("key"):
+        route = state.router.keys.build("chat", body, route_id=state.next_id())
+    parsed = Parsed("chat", raw, body, route, stream, None)
+    with t.stage("route"):
+        names = [w.name for w in state.pool]
+        decision = state.router.route(route, names, state.clock(), None)
+        state.metrics.branches.inc(("prefix", decision.branch))
+        state.metrics.predicted.observe(decision.predicted_tokens)
+        worker = state.pool.require(decision.worker)
+    with t.stage("accounting"):
+        flight = Flight(state, worker, route, decision, parsed, state.clock())
+    with t.stage("headers"):
+        up = forward.upstream_headers(headers, worker, False, rid)
+        forward.upstream_url(worker, "/v1/chat/completions")
+    with t.stage("deadlines"):
+        async with state.deadlines.watch(worker.name, loop.time() + 60.0):
+            pass
+    with t.stage("accounting"):
+        note.ttft_s = flight.first_byte(200)
+    with t.stage("headers"):
+        worker_headers = CIMultiDictProxy(CIMultiDict(WORKER_HEADERS))
+        forward.downstream_headers(worker_headers, worker.name, decision.predicted_tokens, None, rid)
+    reply = ReplyAccumulator(
+        "chat", state.config.limits.max_generated_chars, state.config.limits.max_sse_line_bytes
+    )
+    if stream:
+        await relay_stream(state, worker.name, reply, t)
+    else:
+        with t.stage("accounting"):
+            reply.feed_body(WHOLE)
+    with t.stage("accounting"):
+        settle(state, flight, reply, 200, ok=True)
+    with t.stage("metrics"):
+        state.metrics.request_done(note.worker, note.model, note.policy, 200)
+    with t.stage("access_log"):
+        log_access(note, 200, state.clock(), state.log_handler)
+    del up
+
+
+WHOLE = _whole(True)
+EVENTS = [_event(True)] * 8 + [b"data: [DONE]\n\n"]
+
+
+async def relay_stream(state: AppContext, worker: str, reply: ReplyAccumulator, t: Timer) -> None:
+    loop = asyncio.get_running_loop()
+    with t.stage("deadlines"):
+        watch = state.deadlines.watch(worker, loop.time() + 60.0, 60.0)
+        await watch.__aenter__()
+    held = EventHold(state.config.limits.max_sse_line_bytes)
+    for event in EVENTS:
+        with t.stage("accounting"):
+            reply.feed(event)
+            held.whole_events(event)
+        with t.stage("deadlines"):
+            watch.when  # noqa: B018 (push_idle's read)
+    with t.stage("deadlines"):
+        await watch.__aexit__(None, None, None)
+
+
+async def run(state: AppContext, sent: list[bytes], stream: bool, warm: int) -> dict[str, float]:
+    global PROTOCOL
+    PROTOCOL = BaseProtocol(asyncio.get_running_loop())
+    raws = [orjson.dumps(orjson.loads(r.split(b"\r\n\r\n", 1)[1])) for r in sent]
+    t = Timer()
+    for raw in raws[:warm]:
+        await cycle(state, raw, stream, t)
+    t = Timer(timer_overhead())
+    for raw in raws[warm:]:
+        await cycle(state, raw, stream, t)
+    n = len(raws) - warm
+    return {stage: ns / n / 1e3 for stage, ns in t.ns.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompt-chars", default="2000,32000")
+    p.add_argument("--cycles", type=int, default=3000, help="timed request cycles per setting")
+    p.add_argument("--warm", type=int, default=300)
+    args = p.parse_args()
+    from prefix_router.routing import index as index_module
+
+    build = "pure" if index_module.__file__ and index_module.__file__.endswith(".py") else "compiled"
+    print(f"build: {build}; us of CPU per request (thread time), {args.cycles} cycles per row")
+    print("| prompt | kind | " + " | ".join(STAGES) + " | total | total without key, route |")
+    print("|---:|---|" + "---:|" * (len(STAGES) + 2))
+    for chars in (int(c) for c in args.prompt_chars.split(",")):
+        for stream in (False, True):
+            state = state_for()
+            sent = bodies(args.cycles + args.warm, chars, stream)
+            with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
+                found = runner.run(run(state, sent, stream, args.warm))
+            total = sum(found.values())
+            own = total - found["key"] - found["route"]
+            cells = " | ".join(f"{found[s]:.1f}" for s in STAGES)
+            kind = "stream" if stream else "plain"
+            print(f"| {chars:,} | {kind} | {cells} | {total:.1f} | {own:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
