@@ -10,19 +10,24 @@ interleaved over
   (policy prefix), the worker addressed by the picker's ``x-gateway-destination-endpoint``; the request
   body FULL_DUPLEX_STREAMED as the reference gateways send it;
 - ``envoy+epp buffered``: the same with the request body BUFFERED (one message, nothing streamed back);
+- ``envoy+epp lean``: FULL_DUPLEX_STREAMED, the response headers skipped (the filter's
+  ``response_header_mode: SKIP``, the picker without decision headers): 2 messages fewer per request;
 - ``sglang-router``: ``cache_aware`` from its own venv (``--peer-python``; left out when missing).
 
 Printed per case (non-streamed, streamed with 8 SSE events): the best round's req/s, the median latency
 added over direct, and the CPU per request of each component (user+system of its process tree): for
 ``envoy+epp`` Envoy's, the picker's and their sum.
 
-Part 2, routing on simulated engines (``engine-sim``, ``--engines`` of them): the same workload
+Part 2, routing on engines (``--engines sim``: ``engine-sim``, simulated, ``--instances`` of them, 4 by
+default; ``--engines vllm``: real vLLM CPU engines, ``lab.launch.vllm.VllmFleet``, 2 by default, the model
+and weights as ``launch.vllm`` finds them): the same workload
 (``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each
 fresh, each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported
 hit rate of each, its difference in points, requests per worker, and the router's CPU per request (the
 picker's alone, and with Envoy).
 
     python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
+    python benchmarks/epp.py --skip-data-path --engines vllm --hit-requests 200 --hit-concurrency 4
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,12 +62,19 @@ from prefix_router.lab.bench.overhead import (
 from prefix_router.lab.launch.engine_sim import start_engines
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, envoy_argv
 from prefix_router.lab.launch.net import free_port
+from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
 from prefix_router.proxy import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"
 BUFFERED = "envoy+epp buffered"  # the request body BUFFERED instead of FULL_DUPLEX_STREAMED
-MODES = {GATEWAY: "FULL_DUPLEX_STREAMED", BUFFERED: "BUFFERED"}
+LEAN = "envoy+epp lean"  # no response headers to the picker (and so no decision headers)
+OPTIONS = {
+    GATEWAY: EnvoyOptions(),
+    BUFFERED: EnvoyOptions(request_body_mode="BUFFERED"),
+    LEAN: EnvoyOptions(response_header_mode="SKIP"),
+}
+NO_DECISION_HEADERS = ("--set", "tenants.decision_headers=false")
 
 
 @dataclass
@@ -115,10 +128,10 @@ def spawn_gateway(
     spawn: Spawn, workers: list[str], directory: Path, threads: int, name: str = GATEWAY
 ) -> Target:
     grpc_port, http_port, listen = free_port(), free_port(), free_port()
-    epp = spawn(epp_argv(workers, grpc_port, http_port, "--set", "log_level=warning"), None)
+    extra = NO_DECISION_HEADERS if name == LEAN else ()
+    epp = spawn(epp_argv(workers, grpc_port, http_port, "--set", "log_level=warning", *extra), None)
     ports = EnvoyPorts(listen=listen, admin=free_port(), epp=grpc_port)
-    options = EnvoyOptions(request_body_mode=MODES[name])
-    envoy = spawn(envoy_argv(directory, ports, options, threads), None)
+    envoy = spawn(envoy_argv(directory, ports, OPTIONS[name], threads), None)
     return Target(name, listen, {"envoy": envoy, "epp": epp})
 
 
@@ -143,6 +156,7 @@ async def data_path(args: argparse.Namespace, console: Console, directory: Path)
         )
         targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads))
         targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads, BUFFERED))
+        targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads, LEAN))
         if Path(args.peer_python).exists():
             port = free_port()
             targets.append(
@@ -151,7 +165,7 @@ async def data_path(args: argparse.Namespace, console: Console, directory: Path)
                 )
             )
         for target in targets:
-            await wait_listening(target.port)
+            await wait_listening(target.port, 120)  # a loaded machine starts them slowly
         sent = {
             "plain": bodies(args.requests, args.prompt_chars, False),
             "stream": bodies(max(1, args.requests // 2), args.prompt_chars, True),
@@ -193,12 +207,56 @@ def report_data_path(runs: Runs, names: list[str], args: argparse.Namespace, con
         console.print(table)
 
 
+@dataclass(frozen=True)
+class EnginePlan:
+    """Part 2's engines: ``kind`` sim (engine-sim, simulated) or vllm (real CPU engines), ``instances``."""
+
+    kind: str
+    instances: int
+    time_scale: float = 0.02  # engine-sim only
+
+    @property
+    def simulated(self) -> bool:
+        return self.kind == "sim"
+
+    def describe(self) -> str:
+        if self.simulated:
+            return f"{self.instances} engine-sim engines (simulated)"
+        return f"{self.instances} real vLLM CPU engines"
+
+    def vllm_settings(self, log_dir: Path | None = None) -> VllmSettings:
+        return VllmSettings(instances=self.instances, max_num_seqs=8, log_dir=log_dir)
+
+
+def engine_plan(args: argparse.Namespace) -> EnginePlan:
+    instances = args.instances if args.instances is not None else (4 if args.engines == "sim" else 2)
+    return EnginePlan(args.engines, instances, args.time_scale)
+
+
+@contextmanager
+def start_plan(plan: EnginePlan, directory: Path) -> Iterator[list[str]]:
+    """The engines' URLs while they run."""
+    if plan.simulated:
+        with start_engines(plan.instances, profile="cpu-demo", time_scale=plan.time_scale) as engines:
+            yield engines
+        return
+    with VllmFleet(plan.vllm_settings(directory / "engines")) as fleet:
+        yield fleet.urls
+
+
+def bench_argv(url: str, engines: list[str], label: str, args: argparse.Namespace, out: Path) -> list[str]:
+    """``prefix-router bench`` against ``url`` (``--simulated`` only in front of simulated engines)."""
+    argv = [*CLI, "bench", "--workers", *engines, "--router", url, "--label", label]
+    argv += ["--simulated"] if engine_plan(args).simulated else []
+    argv += ["--workload", args.workload, "--requests", str(args.hit_requests), "--seed", str(args.seed)]
+    argv += ["--concurrency", str(args.hit_concurrency), "--no-progress", "--json", str(out)]
+    return argv
+
+
 def bench_router(
     url: str, engines: list[str], label: str, args: argparse.Namespace, out: Path
 ) -> dict[str, object]:
-    argv = [*CLI, "bench", "--workers", *engines, "--router", url, "--label", label, "--simulated"]
-    argv += ["--workload", args.workload, "--requests", str(args.hit_requests), "--seed", str(args.seed)]
-    argv += ["--concurrency", str(args.hit_concurrency), "--no-progress", "--json", str(out)]
+    argv = bench_argv(url, engines, label, args, out)
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, timeout=1800)
     document = json.loads(out.read_text())
     row: dict[str, object] = document["policies"][label]
@@ -225,8 +283,8 @@ async def routing(
     args: argparse.Namespace, console: Console, directory: Path
 ) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
     rows = []
-    with start_engines(args.engines, profile="cpu-demo", time_scale=args.time_scale) as engines:
-        for label in (SERVE, GATEWAY, BUFFERED):
+    with start_plan(engine_plan(args), directory) as engines:
+        for label in (SERVE, GATEWAY, BUFFERED, LEAN):
             with processes() as spawn:
                 if label == SERVE:
                     port = free_port()
@@ -251,7 +309,7 @@ def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], in
                    console: Console) -> None:  # fmt: skip
     table = Table(
         title=f"{args.workload} workload, {args.hit_requests} requests, concurrency {args.hit_concurrency}, "
-        f"{args.engines} engine-sim engines (simulated): the same routing core behind both edges"
+        f"{engine_plan(args).describe()}: the same routing core behind both edges"
     )
     for column in ("edge", "requests", "errors", "hit rate", "predicted", "requests per worker",
                    "router CPU us/req", "of which"):  # fmt: skip
@@ -273,7 +331,7 @@ def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], in
         )
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=2000, help="non-streamed requests per measurement")
     p.add_argument("--rounds", type=int, default=3)
@@ -283,7 +341,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--peer-python", default=PEER_PYTHON if Path(PEER_PYTHON).exists() else "/tmp/peers/bin/python"
     )
-    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--engines", choices=("sim", "vllm"), default="sim", help="part 2's engines")
+    p.add_argument("--instances", type=int, help="part 2's engines (default: 4 sim, 2 vllm)")
     p.add_argument("--time-scale", type=float, default=0.02, help="engine-sim wall seconds per model second")
     p.add_argument("--workload", default="multi-turn")
     p.add_argument("--hit-requests", type=int, default=400)
@@ -291,7 +350,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-data-path", action="store_true")
     p.add_argument("--skip-routing", action="store_true")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def main() -> int:

@@ -23,9 +23,23 @@ def chat(user: str, system: str = SYSTEM) -> list[Any]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gateways) -> None:
+WITHOUT_RESPONSE_HEADERS = {
+    "headers sent": (True, EnvoyOptions()),
+    # the picker asks for it (mode_override in its answer to the request headers)
+    "skipped by the picker": (False, EnvoyOptions(request_body_mode="BUFFERED")),
+    # the gateway's config (Envoy ignores the override under FULL_DUPLEX_STREAMED)
+    "skipped by the gateway": (False, EnvoyOptions(response_header_mode="SKIP")),
+}
+
+
+@pytest.mark.parametrize("case", list(WITHOUT_RESPONSE_HEADERS))
+async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gateways, case: str) -> None:
+    """Without the response headers the status and the endpoint come with the body (attributes), and the
+    feedback is the same."""
+    decision_headers, options = WITHOUT_RESPONSE_HEADERS[case]
     engine = await fake_engine("a", reply="one two three four", chunks=4, cached_tokens=7)
-    gateway = await gateways.start(engine)
+    settings = {"tenants.decision_headers": decision_headers}
+    gateway = await gateways.start(engine, settings=settings, envoy=options)
     client = gateway.openai()
     raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat("hi"))
     completion = raw.parse()
@@ -33,7 +47,7 @@ async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gatewa
     assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
     assert completion.usage.prompt_tokens_details.cached_tokens == 7
     assert raw.headers["server"] == "envoy" and raw.headers["x-engine"] == "a"
-    assert raw.headers[WORKER_HEADER] == "a"
+    assert raw.headers.get(WORKER_HEADER) == ("a" if decision_headers else None)
     stream = await client.chat.completions.create(
         model="m", messages=chat("again"), stream=True, stream_options={"include_usage": True}
     )
@@ -45,6 +59,8 @@ async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gatewa
     stats = gateway.state.router.feedback["a"]
     assert stats.reports == 3 and stats.reported_tokens == 21
     assert gateway.state.pool.total_in_flight() == 0
+    assert gateway.edge.messages["response_headers"] == (3 if decision_headers else 0)
+    assert gateway.edge.messages["response_body"] >= 3
 
 
 async def test_large_body_crosses_byte_for_byte(fake_engine: Any, gateways: Gateways) -> None:
@@ -193,10 +209,16 @@ async def test_killed_engine_is_ejected_within_the_health_interval(
         assert raw.headers[WORKER_HEADER] == "b"
 
 
-async def test_connect_failure_reported_by_envoy_ejects(fake_engine: Any, gateways: Gateways) -> None:
-    """Between probes, the gateway's own connect failure (``response.flags`` UF) is a passive check."""
+@pytest.mark.parametrize("case", list(WITHOUT_RESPONSE_HEADERS))
+async def test_connect_failure_reported_by_envoy_ejects(
+    fake_engine: Any, gateways: Gateways, case: str
+) -> None:
+    """Between probes, the gateway's own connect failure (``response.flags`` UF) is a passive check
+    (read from the response headers, or from the body's attributes when the headers are skipped)."""
+    decision_headers, options = WITHOUT_RESPONSE_HEADERS[case]
     a = await fake_engine("a")
-    gateway = await gateways.start(a, settings={"health.fail_threshold": 1})
+    settings = {"health.fail_threshold": 1, "tenants.decision_headers": decision_headers}
+    gateway = await gateways.start(a, settings=settings, envoy=options)
     assert a.running is not None
     await a.running.stop()
     with pytest.raises(APIStatusError) as caught:
@@ -306,12 +328,13 @@ async def test_a_buffered_request_body_gets_the_choice_with_its_answer(
     assert sum(gateway.state.router.feedback[n].reports for n in ("a", "b")) == 5
 
 
-async def test_whole_responses_stream_through_without_buffer_whole(
+async def test_a_large_whole_response_is_learned_from_all_its_chunks(
     fake_engine: Any, gateways: Gateways
 ) -> None:
-    """``buffer_whole`` off: a whole answer passes chunk by chunk (no gateway buffer limit), learned alike."""
+    """A whole (not streamed) answer passes chunk by chunk (no gateway buffer limit); its usage, at the
+    end, is read once the last chunk is in."""
     engine = await fake_engine("a", reply="r" * 300_000, cached_tokens=3)
-    gateway = await gateways.start(engine, epp={"buffer_whole": False})
+    gateway = await gateways.start(engine)
     reply = await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
     assert reply.choices[0].message.content == "r" * 300_000
     assert gateway.state.router.feedback["a"].reports == 1

@@ -194,3 +194,71 @@ async def test_grpc_health_liveness_and_readiness() -> None:
             assert await status("readiness") == serving and await status(EXT_PROC_SERVICE) == serving
     finally:
         await running.stop()
+
+
+def body_response(payload: dict[str, Any], attributes: dict[str, Any]) -> ext.ProcessingRequest:
+    """A response body message as Envoy sends it when the response headers are skipped: the response
+    attributes ride on it."""
+    message = ext.ProcessingRequest(
+        response_body=ext.HttpBody(body=orjson.dumps(payload), end_of_stream=True)
+    )
+    struct = struct_pb2.Struct()
+    struct.update(attributes)
+    message.attributes[extproc.EXT_PROC_ATTRIBUTES].CopyFrom(struct)
+    return message
+
+
+async def test_response_headers_are_skipped_unless_the_picker_adds_to_them() -> None:
+    mode = type(extproc.RESPONSE_MODES[False])
+    for decision_headers in (False, True):
+        picker = PickerStream(edge(**{"tenants.decision_headers": decision_headers}))
+        await picker.answer(headers_message(POST))
+        answer = (await picker.answer(body_message(BODY, end=True)))[0]
+        override = answer.mode_override
+        assert override.response_header_mode == (mode.SEND if decision_headers else mode.SKIP)
+        assert override.response_body_mode == mode.STREAMED and override.response_trailer_mode == mode.SEND
+        assert override.request_body_mode == mode.NONE  # the request body was already sent
+        picker.close()
+
+
+async def test_a_buffered_request_body_keeps_its_mode_in_the_override() -> None:
+    picker = PickerStream(edge(**{"tenants.decision_headers": False}))
+    message = headers_message(POST)
+    message.protocol_config.request_body_mode = extproc.BUFFERED  # type: ignore[assignment]
+    (answer,) = await picker.answer(message)
+    mode = answer.mode_override
+    assert answer.HasField("request_headers") and mode.request_body_mode == extproc.BUFFERED
+    assert mode.response_header_mode == mode.SKIP and mode.response_body_mode == mode.STREAMED
+    (chosen,) = await picker.answer(body_message(BODY, end=True))
+    assert chosen.HasField("request_body") and not chosen.HasField("mode_override")
+    picker.close()
+
+
+async def test_without_headers_the_body_attributes_give_status_and_endpoint() -> None:
+    shared = edge(fallbacks=1, **{"tenants.decision_headers": False})
+    picker = PickerStream(shared)
+    await picker.answer(headers_message(POST))
+    header, _ = destination_of((await picker.answer(body_message(BODY, end=True)))[0])
+    chosen, fallback = header.split(",")
+    names = {w.url.removeprefix("http://"): w.name for w in shared.state.pool}
+    usage = {"usage": {"prompt_tokens": 80, "prompt_tokens_details": {"cached_tokens": 16}}}
+    attributes = {extproc.RESPONSE_CODE: 200, extproc.UPSTREAM_ADDRESS: fallback, extproc.RESPONSE_FLAGS: 0}
+    (echo,) = await picker.answer(body_response(usage, attributes))
+    assert echo.HasField("response_body") and not echo.response_body.response.HasField("body_mutation")
+    assert shared.state.router.feedback[names[fallback]].reports == 1
+    assert shared.state.router.feedback[names[chosen]].reports == 0
+    assert shared.state.pool.total_in_flight() == 0 and picker.final_status == 200
+    assert shared.messages["response_body"] == 1 and shared.messages["response_headers"] == 0
+    picker.close()
+
+
+async def test_without_headers_a_connect_failure_is_a_passive_health_failure() -> None:
+    shared = edge(**{"tenants.decision_headers": False, "health.fail_threshold": 1})
+    picker = PickerStream(shared)
+    await picker.answer(headers_message(POST))
+    header, _ = destination_of((await picker.answer(body_message(BODY, end=True)))[0])
+    name = {w.url.removeprefix("http://"): w.name for w in shared.state.pool}[header]
+    flags = {extproc.RESPONSE_CODE: 503, extproc.RESPONSE_FLAGS: extproc.UPSTREAM_CONNECTION_FAILURE}
+    await picker.answer(body_response({"error": "upstream connect error"}, flags))
+    assert picker.final_status == 503 and not shared.state.pool.require(name).available
+    picker.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from prefix_router.epp import EppSettings, RunningEpp, create_control_app, start_epp
+from prefix_router.epp import Edge, EppSettings, RunningEpp, create_control_app, start_epp
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, EnvoyProcess, start_envoy
 from prefix_router.lab.launch.net import free_port
 from prefix_router.proxy.config import load_config
@@ -28,9 +28,13 @@ class Gateway:
         return self.envoy.url
 
     @property
-    def state(self) -> AppContext:
+    def edge(self) -> Edge:
         assert self.epp is not None
-        return self.epp.edge.state
+        return self.epp.edge
+
+    @property
+    def state(self) -> AppContext:
+        return self.edge.state
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)

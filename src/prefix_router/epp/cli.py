@@ -29,13 +29,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="other endpoints listed after the choice, least loaded first (default 0: plain Envoy reads one)",
     )
     epp.add_argument("--max-streams", type=int, default=4096, help="ext_proc streams served at once")
-    epp.add_argument(
-        "--buffer-whole",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a response that is not streamed comes to the picker in one message (the gateway buffers it;"
-        " --no-buffer-whole: chunk by chunk, for gateways whose buffer limits are too small)",
-    )
     epp.set_defaults(func=run_epp)
 
 
@@ -54,7 +47,6 @@ def run_epp(args: argparse.Namespace) -> int:
                 grpc_port=args.grpc_port,
                 fallbacks=args.fallbacks,
                 max_streams=args.max_streams,
-                buffer_whole=args.buffer_whole,
                 grace_s=config.timeouts.shutdown_s,
             )
         except ValidationError as exc:
@@ -66,12 +58,14 @@ def run_epp(args: argparse.Namespace) -> int:
         print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 2
     from prefix_router.epp.server import serve_epp
-    from prefix_router.proxy import configure_logs, flush_logs
+    from prefix_router.proxy import configure_logs, flush_logs, loop_factory, tune_gc
 
     configure_logs(config.log_level, config.log_format, config.access_log)
     try:
         source = args.config or "environment and flags"
-        asyncio.run(serve_epp(config, settings, lambda: build_config(args), source))
+        tune_gc()
+        with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+            runner.run(serve_epp(config, settings, lambda: build_config(args), source))
     except OSError as exc:
         print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 1

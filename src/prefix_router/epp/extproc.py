@@ -32,6 +32,7 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # the key Envoy files requested attributes under
 UPSTREAM_ADDRESS = "upstream.address"
 RESPONSE_FLAGS = "response.flags"
+RESPONSE_CODE = "response.code"  # the status, for a response whose headers the picker does not see
 UPSTREAM_CONNECTION_FAILURE = 0x20  # Envoy's response flag UF
 # the most the picker sends back in one body message: under gRPC's 64 KiB default frame budget
 CHUNK_BYTES = 62_000
@@ -100,6 +101,12 @@ def connect_failed(request: ext.ProcessingRequest) -> bool:
     return isinstance(flags, float | int) and bool(int(flags) & UPSTREAM_CONNECTION_FAILURE)
 
 
+def response_status(request: ext.ProcessingRequest) -> int:
+    """The response's status from the ``response.code`` attribute (0: not sent)."""
+    code = _attribute(request, RESPONSE_CODE)
+    return int(code) if isinstance(code, float | int) else 0
+
+
 def served_endpoint(request: ext.ProcessingRequest) -> str | None:
     """The endpoint the proxy used: its ``envoy.lb`` report, else the ``upstream.address`` attribute."""
     reported = endpoints_of(_metadata(request, LB_NAMESPACE, SERVED_KEY))
@@ -122,31 +129,52 @@ def mutation(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> ext.
     )
 
 
-def destination(endpoints: list[str], remove: Iterable[str] = ()) -> ext.ProcessingResponse:
-    """The request-headers answer: the destination header and the same value in ``envoy.lb``."""
-    value = ",".join(endpoints)
-    metadata = struct_pb2.Struct()
-    metadata.update({LB_NAMESPACE: {DESTINATION_HEADER: value}})
-    common = ext.CommonResponse(header_mutation=mutation({DESTINATION_HEADER: value}, remove))
-    return ext.ProcessingResponse(
-        request_headers=ext.HeadersResponse(response=common), dynamic_metadata=metadata
-    )
-
-
-def buffer_response(answer: ext.ProcessingResponse) -> None:
-    """Ask the gateway (``allow_mode_override``) for the response body in one message (``BUFFERED``): a
-    whole answer needs no streaming back; the picker reads it and lets it through unchanged."""
-    mode = processing_mode_pb2.ProcessingMode
-    answer.mode_override.CopyFrom(
-        mode(
-            response_header_mode=mode.SEND, response_body_mode=mode.BUFFERED, response_trailer_mode=mode.SKIP
+def destination(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> ext.ProcessingResponse:
+    """The request-headers answer: ``set_headers`` (the destination header among them) and the destination
+    in ``envoy.lb`` too."""
+    answer = ext.ProcessingResponse(
+        request_headers=ext.HeadersResponse(
+            response=ext.CommonResponse(header_mutation=mutation(set_headers, remove))
         )
     )
+    fields = answer.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
+    fields[DESTINATION_HEADER].string_value = set_headers[DESTINATION_HEADER]
+    return answer
+
+
+_MODE = processing_mode_pb2.ProcessingMode
+# the response side as the picker asks for it (``mode_override``, the filter's ``allow_mode_override``), by
+# whether it needs the response headers (to add decision headers). Without them, the status, the endpoint
+# served and the flags come as attributes with the first body message: 2 messages fewer per request. The
+# body STREAMED: each chunk read as it passes (whether the request streams is not known yet when the
+# gateway sends the body BUFFERED). Trailers SEND: a response that has them ends with them (none from an
+# HTTP/1.1 engine: no message).
+RESPONSE_MODES = {
+    headers: _MODE(
+        response_header_mode=_MODE.SEND if headers else _MODE.SKIP,
+        response_body_mode=_MODE.STREAMED,
+        response_trailer_mode=_MODE.SEND,
+    )
+    for headers in (False, True)
+}
+
+
+def response_mode(answer: ext.ProcessingResponse, headers: bool, request_body: int = 0) -> None:
+    """Ask the gateway for the response side in ``RESPONSE_MODES[headers]``, in the answer to the request
+    headers: Envoy 1.40 applies it when the request body is BUFFERED (its debug log: "Processing mode
+    overridden by server"), not in a body's answer and not under FULL_DUPLEX_STREAMED (there the filter's
+    own ``processing_mode`` decides). The override is the whole mode: a request body still to come keeps
+    its mode (``request_body``, else NONE: not sent)."""
+    answer.mode_override.CopyFrom(RESPONSE_MODES[headers])
+    answer.mode_override.request_body_mode = request_body
 
 
 def body_continue() -> ext.ProcessingResponse:
-    """A buffered response body let through unchanged."""
+    """A response body message let through unchanged."""
     return ext.ProcessingResponse(response_body=ext.BodyResponse(response=ext.CommonResponse()))
+
+
+BUFFERED = _MODE.BUFFERED
 
 
 def buffered_request(request: ext.ProcessingRequest) -> bool:

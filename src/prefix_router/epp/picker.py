@@ -7,7 +7,7 @@ back. A gateway that sends the body ``BUFFERED`` (its ``protocol_config``) gets 
 once and the destination with the body's answer.
 
 The response is read as it passes (``STREAMED``, or one ``BUFFERED`` message for a request that is not
-streamed, ``EppSettings.buffer_whole``). The first body bytes of a 2xx are the first token; the usage
+streamed: the gateway's choice). The first body bytes of a 2xx are the first token; the usage
 (cached tokens) and the generated text settle the flight as the HTTP proxy settles one (``settle``). A
 stream that ends early is a client gone.
 
@@ -17,12 +17,13 @@ or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 413 
 endpoint, or shutting down).
 
 Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
-list, least loaded first) and ``buffer_whole``.
+list, least loaded first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -67,13 +68,20 @@ from prefix_router.proxy import (
 from prefix_router.routing import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
+ADDRESSES_CACHED = 4096  # worker URL -> host:port, parsed once (more workers: parsed again, not kept)
+MESSAGE_KINDS = tuple(f.name for f in ext.ProcessingRequest.DESCRIPTOR.oneofs_by_name["request"].fields)
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 Answers = list[ext.ProcessingResponse]
 
 
 def address_of(worker: Worker) -> str:
     """A worker's ``host:port`` as the gateway dials it (``ORIGINAL_DST``: workers named by IP)."""
-    parts = urlsplit(worker.url)
+    return _address(worker.url)
+
+
+@functools.lru_cache(maxsize=ADDRESSES_CACHED)
+def _address(url: str) -> str:
+    parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host = parts.hostname or ""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -87,6 +95,8 @@ class Edge:
     state: AppContext
     settings: EppSettings
     streams: int = 0  # open ext_proc streams
+    # ext_proc messages received, by kind (the six of ``ProcessingRequest``): the picker's cost driver
+    messages: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MESSAGE_KINDS, 0))
 
     def addresses(self) -> dict[str, str]:
         """``host:port`` -> worker name, for the pool as it is now."""
@@ -105,7 +115,7 @@ class Pick:
     size: int = 0
     first: bool = False
     connect_failed: bool = False  # the gateway could not connect to the worker
-    buffered: bool = False  # the response body comes whole, in one message (``EppSettings.buffer_whole``)
+    began: bool = False  # the response's first message (headers, or a body without them) was read
 
 
 class PickerStream:
@@ -131,6 +141,8 @@ class PickerStream:
 
     async def answer(self, message: ext.ProcessingRequest) -> Answers:
         kind = message.WhichOneof("request")
+        if kind is not None:
+            self.edge.messages[kind] += 1
         if self.done and kind not in ("response_body", "response_trailers", "response_headers"):
             return []
         try:
@@ -152,7 +164,7 @@ class PickerStream:
         if kind == "response_headers":
             return [self.response_headers(message)]
         if kind == "response_body":
-            return self.response_body(message.response_body)
+            return self.response_body(message)
         if kind == "response_trailers":
             self.settle()
             return [extproc.continue_trailers(True)]
@@ -173,7 +185,9 @@ class PickerStream:
             return await self.decide()
         if extproc.buffered_request(message):  # the body comes whole next; the choice goes with its answer
             self.buffered = True
-            return [extproc.continue_headers(False)]
+            answer = extproc.continue_headers(False)
+            self.response_mode(answer, request_body=extproc.BUFFERED)
+            return [answer]
         return []
 
     async def request_body(self, body: ext.HttpBody) -> Answers:
@@ -227,16 +241,15 @@ class PickerStream:
             ReplyAccumulator(endpoint, limits.max_generated_chars, limits.max_sse_line_bytes),
             parsed.stream if parsed is not None else False,
         )
-        answer = extproc.destination([address_of(worker), *others], remove=(POLICY_HEADER,))
-        self.upstream_headers(answer, worker)
+        set_headers = {extproc.DESTINATION_HEADER: ",".join([address_of(worker), *others])}
+        removed = [POLICY_HEADER, *self.upstream_headers(set_headers, worker)]
         salted = self.salted(parsed, worker)
         if salted is not None:  # the body changed: its length too
             raw = salted
-            header = extproc.mutation({"content-length": str(len(raw))}).set_headers[0]
-            answer.request_headers.response.header_mutation.set_headers.append(header)
-        if self.edge.settings.buffer_whole and parsed is not None and not parsed.stream:
-            extproc.buffer_response(answer)
-            self.pick.buffered = True
+            set_headers["content-length"] = str(len(raw))
+        answer = extproc.destination(set_headers, removed)
+        if not self.buffered:  # the answer to the request headers: the response side can be chosen here
+            self.response_mode(answer)
         if self.buffered:  # BUFFERED: the choice answers the body message, the body changed only if salted
             return [extproc.as_body_answer(answer, raw if salted is not None else None)]
         if not self.body_streamed:  # the headers ended the request: nothing to stream back
@@ -283,8 +296,8 @@ class PickerStream:
         hint), and the fallbacks after it."""
         state, limits = self.state, self.state.config.limits
         names = state.pool.candidates(model, limits.max_in_flight_per_worker)
-        by_address = self.edge.addresses()
         if self.subset is not None:
+            by_address = self.edge.addresses()
             allowed = {by_address[a] for a in self.subset if a in by_address}
             names = [n for n in names if n in allowed]
             if not any(state.pool.require(n).available for n in allowed):
@@ -317,19 +330,23 @@ class PickerStream:
         salt = tenant_salt(self.headers)
         return None if salt is None else salted_body(parsed.body, salt)
 
-    def upstream_headers(self, answer: ext.ProcessingResponse, worker: Worker) -> None:
+    def upstream_headers(self, set_headers: dict[str, str], worker: Worker) -> list[str]:
         """The worker's own key replaces the client's (or the client's is dropped, as ``serve`` does
-        unless ``auth.forward_client_auth``); the request's id goes upstream."""
+        unless ``auth.forward_client_auth``); the request's id goes upstream. Returns the headers to
+        remove."""
         assert self.note is not None
-        mutation = answer.request_headers.response.header_mutation
+        removed = []
         if worker.api_key is not None:
-            key = f"Bearer {worker.api_key.get_secret_value()}"
-            mutation.set_headers.append(extproc.mutation({"authorization": key}).set_headers[0])
+            set_headers["authorization"] = f"Bearer {worker.api_key.get_secret_value()}"
         elif not self.state.config.auth.forward_client_auth and "authorization" in self.headers:
-            mutation.remove_headers.append("authorization")
-        mutation.set_headers.append(
-            extproc.mutation({REQUEST_ID_HEADER: self.note.request_id}).set_headers[0]
-        )
+            removed.append("authorization")
+        set_headers[REQUEST_ID_HEADER] = self.note.request_id
+        return removed
+
+    def response_mode(self, answer: ext.ProcessingResponse, request_body: int = 0) -> None:
+        """The response side this request needs (``extproc.RESPONSE_MODES``): its headers only when the
+        picker adds to them (``tenants.decision_headers``)."""
+        extproc.response_mode(answer, self.state.config.tenants.decision_headers, request_body)
 
     def refuse(self, err: ProxyError) -> ext.ProcessingResponse:
         """An immediate OpenAI error answer; counted as ``serve`` counts its refusals."""
@@ -348,9 +365,7 @@ class PickerStream:
             return extproc.continue_headers(True)
         headers = CIMultiDict(extproc.header_map(message.response_headers))
         status = headers.get(":status", "0")
-        pick.status = int(status) if status.isdigit() else 0
-        self.served(extproc.served_endpoint(message))
-        pick.connect_failed = extproc.connect_failed(message)
+        self.response_began(message, int(status) if status.isdigit() else 0)
         pick.stream = is_event_stream(headers)
         if message.response_headers.end_of_stream:
             self.settle()
@@ -361,6 +376,15 @@ class PickerStream:
                 shown[MATCH_HEADER] = str(pick.flight.decision.predicted_tokens)
             answer.response_headers.response.header_mutation.CopyFrom(extproc.mutation(shown))
         return answer
+
+    def response_began(self, message: ext.ProcessingRequest, status: int) -> None:
+        """The first message of the response (its headers, or its first body message when the headers are
+        skipped): its status, the endpoint that served it, whether the connection to it failed."""
+        pick = self.pick
+        assert pick is not None
+        pick.status, pick.began = status, True
+        self.served(extproc.served_endpoint(message))
+        pick.connect_failed = extproc.connect_failed(message)
 
     def served(self, endpoint: str | None) -> None:
         """The gateway used ``endpoint``: when it is not the worker chosen (a fallback), the flight moves
@@ -379,8 +403,14 @@ class PickerStream:
         if self.note is not None:
             self.note.worker, self.note.attempts = worker.name, self.note.attempts + 1
 
-    def response_body(self, body: ext.HttpBody) -> Answers:
-        pick = self.pick
+    def response_body(self, message: ext.ProcessingRequest) -> Answers:
+        """A response body message. Without its headers (skipped, ``extproc.RESPONSE_MODES``) the first
+        one carries the status and the endpoint as attributes; the body is then read as the request asked
+        (an event stream for a streamed 2xx, else whole)."""
+        pick, body = self.pick, message.response_body
+        if pick is not None and not pick.began:
+            self.response_began(message, extproc.response_status(message))
+            pick.stream = pick.stream and 200 <= pick.status < 300
         data = body.body
         if pick is not None and data:
             if not pick.first:
@@ -393,7 +423,7 @@ class PickerStream:
                 pick.body.append(data)
                 pick.size += len(data)
         answers = [extproc.body_continue()]  # STREAMED or BUFFERED: read, passed on unchanged
-        if body.end_of_stream or (pick is not None and pick.buffered):
+        if body.end_of_stream:
             self.settle()
         return answers
 

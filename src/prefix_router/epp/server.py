@@ -21,7 +21,7 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2_grpc
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from prefix_router.epp.picker import Edge
@@ -66,13 +66,20 @@ def create_control_app(
 
 
 class StreamsCollector(Collector):
-    """``prefix_router_epp_streams``: ext_proc streams open now (at most ``EppSettings.max_streams``)."""
+    """``prefix_router_epp_streams``: ext_proc streams open now (at most ``EppSettings.max_streams``);
+    ``prefix_router_epp_messages_total{kind}``: ext_proc messages received (``Edge.messages``)."""
 
     def __init__(self, edge: Edge) -> None:
         self.edge = edge
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("prefix_router_epp_streams", "ext_proc streams open", value=self.edge.streams)
+        messages = CounterMetricFamily(
+            "prefix_router_epp_messages", "ext_proc messages received, by kind", labels=["kind"]
+        )
+        for kind, count in self.edge.messages.items():
+            messages.add_metric([kind], count)
+        yield messages
 
 
 @dataclass

@@ -13,9 +13,7 @@ class EppSettings(BaseModel):
     other endpoints follow the choice in the destination list (least loaded first; 0: the choice alone,
     what plain Envoy's ``ORIGINAL_DST`` cluster reads). ``max_streams``: ext_proc streams served at once
     (one per request in flight through the gateway; more wait in gRPC's queue). ``grace_s``: on SIGTERM,
-    how long streams in flight may finish. ``buffer_whole``: a request that is not streamed asks the gateway
-    (``mode_override``, the filter's ``allow_mode_override``) for its response body in one message instead
-    of streamed through the picker chunk by chunk (fewer messages; the gateway's buffer limits apply)."""
+    how long streams in flight may finish."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -24,4 +22,3 @@ class EppSettings(BaseModel):
     fallbacks: int = Field(default=0, ge=0, le=16)
     max_streams: int = Field(default=4096, ge=1, le=1_000_000)
     grace_s: float = Field(default=10.0, ge=0, le=3600)
-    buffer_whole: bool = True

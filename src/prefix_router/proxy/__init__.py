@@ -32,7 +32,7 @@ from prefix_router.proxy.ops.logs import flush as flush_logs
 from prefix_router.proxy.ops.reload import reload as reload_config
 from prefix_router.proxy.run.app import build_app, create_app
 from prefix_router.proxy.run.cli import add_config_flags, build_config, merged_config, print_config
-from prefix_router.proxy.run.server import Reloader, Running, bind, loop_factory, start
+from prefix_router.proxy.run.server import Reloader, Running, bind, loop_factory, start, tune_gc
 from prefix_router.proxy.upstream.http_client import HttpUpstream
 from prefix_router.proxy.upstream.seam import (
     FailureKind,
@@ -98,6 +98,7 @@ __all__ = [
     "tenant_of",
     "tenant_salt",
     "too_large",
+    "tune_gc",
     "unavailable",
     "validate",
 ]

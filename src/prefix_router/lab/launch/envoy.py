@@ -15,6 +15,7 @@ Knobs:
 - ``subset``: a static subset hint, set as ``envoy.lb.subset_hint`` metadata before the picker runs, as a
   gateway would;
 - ``request_body_mode``: FULL_DUPLEX_STREAMED, or BUFFERED;
+- ``response_header_mode``: SEND, or SKIP (fewer messages, no decision headers);
 - ``timeout_s``: per request and per ext_proc message.
 """
 
@@ -57,6 +58,11 @@ class EnvoyOptions:
     # the request body as the reference gateways send it (FULL_DUPLEX_STREAMED), or BUFFERED: whole, in
     # one message, the picker's choice in its answer (fewer, smaller messages; no trailers)
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
+    # SKIP: the response headers are not sent to the picker (2 messages fewer per request; the status and
+    # the endpoint come as attributes with the body) and it adds no decision headers. With the request
+    # body BUFFERED the picker asks for that itself (``mode_override``); Envoy 1.40 ignores the override
+    # under FULL_DUPLEX_STREAMED, so there only this setting does it
+    response_header_mode: str = "SEND"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,7 +82,7 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "message_timeout": f"{options.timeout_s:g}s",
             "processing_mode": {
                 "request_header_mode": "SEND",
-                "response_header_mode": "SEND",
+                "response_header_mode": options.response_header_mode,
                 "request_body_mode": options.request_body_mode,
                 "response_body_mode": "STREAMED",
                 "request_trailer_mode": "SEND"
@@ -85,7 +91,7 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
                 "response_trailer_mode": "SEND",
             },
             "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
-            "response_attributes": ["upstream.address", "response.flags"],
+            "response_attributes": ["upstream.address", "response.flags", "response.code"],
         },
     }
 
