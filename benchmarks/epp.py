@@ -225,7 +225,8 @@ class EnginePlan:
         return f"{self.instances} real vLLM CPU engines"
 
     def vllm_settings(self, log_dir: Path | None = None) -> VllmSettings:
-        return VllmSettings(instances=self.instances, max_num_seqs=8, log_dir=log_dir)
+        # 4,096-token caches (32 blocks of 128), as benchmarks/vllm_real.py: routing decides the hits
+        return VllmSettings(instances=self.instances, kv_cache_tokens=4096, max_num_seqs=8, log_dir=log_dir)
 
 
 def engine_plan(args: argparse.Namespace) -> EnginePlan:
