@@ -72,16 +72,24 @@ class _Zlib:
 
 
 class _Brotli:
+    """``can_accept_more_data()`` is False only while *input* is left unconsumed; a step that consumed all
+    of its input may still hold output (brotli 1.2: a stream that compresses extremely well fills the room
+    in one step; input that ends mid-stream gives ~32 KiB a call). So a step that gave output counts as
+    more to come: the decoder is stepped on empty input until a step gives nothing."""
+
     def __init__(self) -> None:
         self._d = brotli.Decompressor()
+        self._gave = False
 
     def step(self, data: bytes, room: int) -> bytes:
         if data and not self._d.can_accept_more_data():
             raise AssertionError("fed while output is pending")
-        return bytes(self._d.process(data, output_buffer_limit=room))
+        out = bytes(self._d.process(data, output_buffer_limit=room))
+        self._gave = bool(out)
+        return out
 
     def more(self) -> bool:
-        return not self._d.is_finished() and not self._d.can_accept_more_data()
+        return not self._d.is_finished() and (self._gave or not self._d.can_accept_more_data())
 
     def done(self) -> bool:
         return bool(self._d.is_finished())
