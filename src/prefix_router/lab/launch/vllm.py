@@ -23,6 +23,9 @@ the benchmarks use between runs). Knobs:
   fight for cores; default: instance i on core ``i mod cpu_count``; ``"auto"`` leaves it to vLLM.
 - ``kv_events``: each instance publishes KV cache events over ZMQ to ``tcp://HOST:EVENT_PORT`` (topic
   ``kv``). vLLM's publisher connects to a non-wildcard endpoint, so the subscriber (the router) binds it.
+  Each instance also binds a replay socket on ``tcp://HOST:REPLAY_PORT`` (``events_port_base +
+  MAX_INSTANCES + i``, or a free port), which the router asks for the batches it missed (a connecting
+  PUB drops what it sends before the router's subscription reaches it).
 - ``optimization_level``: vLLM's ``-O``; 0 (the default) runs the model eagerly: no torch.compile, whose
   C++ builds took 3-4 minutes per instance on a loaded 2-core machine (``-O1`` and up compile, cached in
   ``~/.cache/vllm`` per configuration).
@@ -79,7 +82,7 @@ class VllmSettings:
     max_num_seqs: int = 16
     optimization_level: int = 0  # vLLM's -O: 0 skips torch.compile (start-up in about a minute, not 4-5)
     kv_events: bool = False
-    events_port_base: int = 0  # 0: free ports; else instance i publishes to base+i
+    events_port_base: int = 0  # 0: free ports; else instance i publishes to base+i, replays on base+16+i
     cores: tuple[int, ...] | Literal["auto"] | None = None  # None: instance i on core i mod cpu_count
     weights: Weights = "real"
     model_alias: str = DEFAULT_ALIAS
@@ -151,7 +154,9 @@ def events_endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
-def command(settings: VllmSettings, model: Path, port: int, events_port: int | None) -> list[str]:
+def command(
+    settings: VllmSettings, model: Path, port: int, events_port: int | None, replay_port: int | None = None
+) -> list[str]:
     argv = [
         str(venv_python(settings.venv)), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", settings.model_alias,
@@ -175,6 +180,8 @@ def command(settings: VllmSettings, model: Path, port: int, events_port: int | N
             "endpoint": events_endpoint(settings.host, events_port),
             "topic": EVENTS_TOPIC,
         }
+        if replay_port is not None:
+            config["replay_endpoint"] = events_endpoint(settings.host, replay_port)
         argv += ["--kv-events-config", json.dumps(config)]
     return argv
 
@@ -203,11 +210,18 @@ class Instance:
     process: subprocess.Popen[bytes]
     log_path: Path
     log: IO[bytes]
+    replay_port: int | None = None
 
     @property
     def events_endpoint(self) -> str | None:
-        host = self.url.split("://", 1)[1].rsplit(":", 1)[0]
-        return None if self.events_port is None else events_endpoint(host, self.events_port)
+        return None if self.events_port is None else events_endpoint(self._host(), self.events_port)
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        return None if self.replay_port is None else events_endpoint(self._host(), self.replay_port)
+
+    def _host(self) -> str:
+        return self.url.split("://", 1)[1].rsplit(":", 1)[0]
 
 
 class VllmFleet:
@@ -242,21 +256,23 @@ class VllmFleet:
             raise LaunchError(reason)
         try:
             self._model = model_dir(self.settings)
-            for index, (port, events) in enumerate(zip(*self._ports(), strict=True)):
-                self.instances.append(self._spawn(index, port, events))
+            for index, (port, events, replay) in enumerate(zip(*self._ports(), strict=True)):
+                self.instances.append(self._spawn(index, port, events, replay))
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
 
-    def _ports(self) -> tuple[list[int], list[int | None]]:
+    def _ports(self) -> tuple[list[int], list[int | None], list[int | None]]:
+        """The instances' HTTP, event and replay ports."""
         s, n = self.settings, self.settings.instances
         ports = [s.port_base + i for i in range(n)] if s.port_base else [free_port(s.host) for _ in range(n)]
         if not s.kv_events:
-            return ports, [None] * n
+            return ports, [None] * n, [None] * n
         if s.events_port_base:
-            return ports, [s.events_port_base + i for i in range(n)]
-        return ports, [free_port(s.host) for _ in range(n)]
+            base = s.events_port_base
+            return ports, [base + i for i in range(n)], [base + MAX_INSTANCES + i for i in range(n)]
+        return ports, [free_port(s.host) for _ in range(n)], [free_port(s.host) for _ in range(n)]
 
     def _log_dir(self) -> Path:
         if self.settings.log_dir is not None:
@@ -266,12 +282,12 @@ class VllmFleet:
             self._tmp = tempfile.TemporaryDirectory(prefix="prefix-router-vllm-")
         return Path(self._tmp.name)
 
-    def _spawn(self, index: int, port: int, events_port: int | None) -> Instance:
+    def _spawn(self, index: int, port: int, events_port: int | None, replay_port: int | None) -> Instance:
         assert self._model is not None
         log_path = self._log_dir() / f"vllm-{port}.log"
         log = log_path.open("ab")
         process = subprocess.Popen(
-            command(self.settings, self._model, port, events_port),
+            command(self.settings, self._model, port, events_port, replay_port),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -279,7 +295,7 @@ class VllmFleet:
             start_new_session=True,
         )
         url = f"http://{self.settings.host}:{port}"
-        return Instance(index, port, url, events_port, process, log_path, log)
+        return Instance(index, port, url, events_port, process, log_path, log, replay_port)
 
     def wait_ready(self, instances: list[Instance] | None = None) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
@@ -305,7 +321,7 @@ class VllmFleet:
         """Start instance ``index`` again on its ports (after ``kill``) and wait until it answers."""
         old = self.instances[index]
         _stop_one(old, grace_s=5.0)
-        new = self._spawn(old.index, old.port, old.events_port)
+        new = self._spawn(old.index, old.port, old.events_port, old.replay_port)
         self.instances[index] = new
         self.wait_ready([new])
 

@@ -23,6 +23,7 @@ import yaml
 from prefix_router.lab.launch.vllm import (
     EVENTS_TOPIC,
     MAX_INSTANCES,
+    Instance,
     LaunchError,
     VllmFleet,
     VllmSettings,
@@ -104,9 +105,17 @@ def serve_config(fleet: VllmFleet) -> dict[str, Any]:
             "models": [fleet.settings.model_alias],
         }
         if instance.events_endpoint is not None:
-            worker["kv_events"] = {"endpoint": instance.events_endpoint, "bind": True, "topic": EVENTS_TOPIC}
+            worker["kv_events"] = events_config(instance)
         workers.append(worker)
     return {"workers": workers}
+
+
+def events_config(instance: Instance) -> dict[str, Any]:
+    """``workers[].kv_events`` of an instance that publishes: the router binds, asks its replay socket."""
+    config: dict[str, Any] = {"endpoint": instance.events_endpoint, "bind": True, "topic": EVENTS_TOPIC}
+    if instance.replay_endpoint is not None:
+        config["replay_endpoint"] = instance.replay_endpoint
+    return config
 
 
 def checked_config(config: dict[str, Any]) -> dict[str, Any]:
