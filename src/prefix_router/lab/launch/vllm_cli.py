@@ -50,7 +50,7 @@ def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser], wait
         "--events-port-base",
         type=int,
         default=0,
-        help="instance i publishes events to base+i (default: port-base + 1000 + i)",
+        help="instance i publishes events to base+i, replays on base+16+i (default base: port-base + 1000)",
     )
     p.add_argument(
         "--cores",
