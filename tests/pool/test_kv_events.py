@@ -139,6 +139,7 @@ async def test_a_first_batch_sent_before_the_subscription_arrived_is_replayed(
         stats, sub = router.precise.stats("w"), subs.subscribers["w"].stats
         assert (stats.orphan_blocks, stats.gaps, sub.replay_requests, sub.replay_failures) == (0, 0, 1, 0)
         assert sub.replayed_batches >= 1 and router.precise.fresh("w", 100.0)
+        assert sub.applied == stats.messages  # live messages, each after the replay it asked for
     finally:
         await pub.close()
         await subs.close()

@@ -161,6 +161,7 @@ async def ask(router: RouterHandle, messages: list[dict[str, Any]], **more: Any)
 
 
 def event_messages(router: RouterHandle) -> int:
-    """Event messages the router's event-fed views have taken, all workers."""
-    precise = router.state.router.precise
-    return sum(precise.stats(w).messages for w in precise.workers())
+    """Event messages the router has applied to its views (after the replays they asked for), all
+    workers."""
+    subscribers = router.state.events.subscribers if router.state.events is not None else {}
+    return sum(sub.stats.applied for sub in subscribers.values())

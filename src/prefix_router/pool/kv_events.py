@@ -54,6 +54,7 @@ class SubscriberStats:
     replayed_batches: int = 0
     replay_failures: int = 0
     unresolved_model: int = 0  # messages before the worker's model was known (not applied)
+    applied: int = 0  # messages applied to the view, after the replays they asked for
     lag_s: float = 0.0  # wall clock at receipt minus the batch's timestamp, last message
     socket_error: str | None = None
 
@@ -143,6 +144,7 @@ class EventSubscriber:
             # PUB drops what it sends before its peer's subscription arrives; a router that starts late)
             await self._replay(0, message.seq, from_buffer_start=True)
         self._apply(message)
+        self.stats.applied += 1
 
     def _apply(self, message: EventMessage) -> None:
         batch = message.batch
