@@ -50,6 +50,7 @@ def fleet_settings(log_dir: Path) -> VllmSettings:
         max_num_seqs=8,
         kv_events=True,
         log_dir=log_dir,
+        startup_timeout_s=600.0,  # seen past 7 minutes on 2 cores shared with un-niced engines
     )
 
 

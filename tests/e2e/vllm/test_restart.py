@@ -19,7 +19,7 @@ from support.routers import RouterFactory
 from support.vllm import ask, chat, post_json, precise_router, prose, reset_caches, workers_config
 from support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)  # a restart: up to the fleet's start-up timeout
 
 
 async def test_an_engine_restarted_mid_run_is_ejected_readmitted_and_its_old_view_dropped(
