@@ -5,20 +5,27 @@ real vLLM engines (the CPU build, SmolLM2-135M with its own weights), driven by 
     .venv/bin/python benchmarks/vllm_real.py --plan shared:random,prefix --requests 20
 
 Engines: 2 instances (``prefix_router.lab.launch.vllm``), pinned to one core each
-(``VLLM_CPU_OMP_THREADS_BIND``), ``--kv-cache-tokens`` each (default 4,096: 32 blocks of 128, room for
-3 of the shared-prefix workload's 6 system prompts per engine: cache pressure, where the two engines hold
-all six only if each keeps its own half). Started once; their prefix caches are flushed before every
+(``VLLM_CPU_OMP_THREADS_BIND``), float32 on a CPU without native bfloat16 (the launcher's ``dtype``
+auto), ``--kv-cache-tokens`` each (default 4,096: 32 blocks of 128, room for 4 of the shared-prefix
+workload's 8 system prompts of about 800 tokens per engine: cache pressure, where the two engines hold
+all eight only if each keeps its own half, and a router that ignores prefixes hits about half the time).
+Started once; their prefix caches are flushed before every
 run (``POST /reset_prefix_cache``, by ``bench``).
 
 Routers, each its own process, started fresh per run: prefix-router ``serve --processes 1`` with
 ``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2 ``cache_aware`` and
 vllm-router 0.1.17 ``cache_aware`` with their defaults (installed into ``--peers-venv`` if missing,
 never into the project's venv). Client: ``prefix-router bench --router URL`` (the ``openai`` client,
-streaming), closed loop at ``--concurrency`` sessions, seeded.
+streaming), closed loop at ``--concurrency`` sessions (default 1: on one core per engine, a second request in
+flight queues behind a cold prefill and the TTFT measures the queue more than the routing), seeded.
 
-Cells (``CELLS``; ``--plan`` says which routers run in which cell): ``shared`` (6 tenants' ~1.2k-token
-system prompts, uniform popularity, short questions), ``multiturn`` (synthetic conversations, each turn
-carrying its history), ``unique`` (the negative control: no shared prefix).
+Cells (``CELLS``; ``--plan`` says which routers run in which cell): ``shared`` (8 tenants' system prompts
+of ``system_tokens=1200`` workload units, about 800 SmolLM2 tokens, uniform popularity, short questions),
+``multiturn`` (ShareGPT conversations, each turn
+carrying its history: about 150 tokens a request, so every router keeps them cached at one session in
+flight), ``conversations`` (the same with longer turns and replies, meant for several sessions in flight,
+``--concurrency 3``: histories of several hundred tokens that one engine's cache cannot hold together),
+``unique`` (the negative control: no shared prefix).
 Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
 (``vllm:prefix_cache_hits_total`` / ``queries_total`` between the run's scrapes), each engine's busy
 time (CPU seconds of its processes over the run) and the router's CPU seconds; the machine's load
@@ -61,12 +68,15 @@ class Cell:
     requests: int
 
 
-CHAT = ("tenants=6", "system_tokens=1200", "zipf_s=0", "question_tokens=16", "output_tokens=8")
+CHAT = ("tenants=8", "system_tokens=1200", "zipf_s=0", "question_tokens=16", "output_tokens=8")
 TURNS = ("max_turns=5", "max_user_tokens=150", "min_output_tokens=16", "max_output_tokens=24",
          "synthetic_fallback=true")  # fmt: skip
+TALKS = ("max_turns=8", "max_user_tokens=512", "min_output_tokens=32", "max_output_tokens=64",
+         "synthetic_fallback=true")  # fmt: skip
 CELLS: dict[str, Cell] = {
-    "shared": Cell("shared", "chatbots", CHAT, 30),
+    "shared": Cell("shared", "chatbots", CHAT, 40),
     "multiturn": Cell("multiturn", "multi-turn", TURNS, 30),
+    "conversations": Cell("conversations", "multi-turn", TALKS, 40),
     "unique": Cell("unique", "unique", ("prompt_tokens=600", "output_tokens=8"), 12),
 }
 
@@ -239,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/prefix-router-vllm-real"))
     p.add_argument("--plan", default=DEFAULT_PLAN, help="CELL:ROUTER,ROUTER;CELL:... (default: %(default)s)")
     p.add_argument("--requests", type=int, help="requests per run (default: the cell's)")
-    p.add_argument("--concurrency", type=int, default=2, help="sessions in flight (default 2)")
+    p.add_argument("--concurrency", type=int, default=1, help="sessions in flight (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-cache-tokens", type=int, default=4096, help="per engine (default 4,096: 32 blocks)")
     p.add_argument("--optimization-level", type=int, default=0, help="vLLM's -O (0: eager, fast start-up)")

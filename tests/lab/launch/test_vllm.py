@@ -14,7 +14,16 @@ import pytest
 import yaml
 
 from prefix_router.lab.launch import cli, gguf_model, vllm_cli
-from prefix_router.lab.launch.vllm import Instance, VllmFleet, VllmSettings, command, environment, find_gguf
+from prefix_router.lab.launch.vllm import (
+    Instance,
+    VllmFleet,
+    VllmSettings,
+    command,
+    cpu_flags,
+    environment,
+    find_gguf,
+    resolved_dtype,
+)
 from prefix_router.proxy import load_config
 
 
@@ -64,6 +73,22 @@ def test_event_and_replay_ports_follow_the_base() -> None:
     free = VllmFleet(VllmSettings(instances=2, kv_events=True))._ports()
     assert len({*free[0], *free[1], *free[2]}) == 6  # type: ignore[arg-type]
     assert VllmFleet(VllmSettings(instances=2))._ports()[1:] == ([None, None], [None, None])
+
+
+def test_bfloat16_only_where_the_cpu_computes_it(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "sse", "avx", "avx2", "fma"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+    assert resolved_dtype("auto", cpu_flags(cpuinfo)) == "float32"  # AVX2 only: bfloat16 is emulated
+    assert resolved_dtype("auto", frozenset({"avx512f", "avx512_bf16"})) == "bfloat16"
+    assert resolved_dtype("auto", frozenset({"amx_bf16"})) == "bfloat16"
+    assert resolved_dtype("bfloat16", frozenset()) == "bfloat16"  # an explicit choice wins
+    argv = command(VllmSettings(dtype="float32", venv=tmp_path), tmp_path, 18001, None)
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    flags = parser().parse_args(["engines", "vllm", "--dtype", "bfloat16"])
+    assert vllm_cli.settings_from(flags).dtype == "bfloat16"
+    assert vllm_cli.settings_from(parser().parse_args(["engines", "vllm"])).dtype == "auto"
 
 
 def test_each_instance_gets_its_core() -> None:

@@ -62,6 +62,12 @@ def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser], wait
         action="store_true",
         help="--load-format dummy instead of the GGUF's dequantized weights",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="compute type (default auto: bfloat16 where the CPU has avx512_bf16 or amx_bf16, else float32)",
+    )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--venv", type=Path, default=None, help=f"vLLM venv (default {default_venv()})")
     p.add_argument("--log-dir", type=Path, default=None, help="instance logs (default: a temporary folder)")
@@ -88,6 +94,7 @@ def settings_from(args: argparse.Namespace) -> VllmSettings:
         events_port_base=events_base,
         cores=parse_cores(args.cores),  # type: ignore[arg-type]
         weights="dummy" if args.random_weights else "real",
+        dtype=args.dtype,
         max_model_len=args.max_model_len,
         venv=args.venv or default_venv(),
         log_dir=args.log_dir,
