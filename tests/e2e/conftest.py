@@ -1,5 +1,5 @@
-"""Real-engine end-to-end fixtures: llama.cpp instances from the llama venv (scripts/install-llama-cpp.sh)
-and vLLM instances from the vLLM venv (scripts/install-vllm.sh), one fleet per test session."""
+"""Real-engine end-to-end fixtures: llama.cpp instances from the llama venv (scripts/install-llama-cpp.sh),
+one fleet per module that uses it. The vLLM fleet is the ``vllm/`` package's (its conftest)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ from types import ModuleType
 import pytest
 
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, unavailable_reason
-from prefix_router.lab.launch.vllm import VllmFleet
-from support.vllm import log_dir as vllm_log_dir
-from support.vllm import start_fleet
 
 
 def load_harness() -> ModuleType:
@@ -54,15 +51,3 @@ def llama_fleet() -> Iterator[LlamaCppFleet]:
     require_llama_venv()
     with LlamaCppFleet(load_harness().fleet_settings(instances=3)) as fleet:
         yield fleet
-
-
-@pytest.fixture(scope="module")
-def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
-    """Two real vLLM instances (``support.vllm``), started once for the module that uses them and stopped
-    after it: idle, their workers still take CPU (about a quarter of a core each on this build), which
-    the timing-sensitive tests after them must not share."""
-    fleet = start_fleet(vllm_log_dir(tmp_path_factory))
-    try:
-        yield fleet
-    finally:
-        fleet.stop()

@@ -107,13 +107,88 @@ async def test_a_gap_is_replayed_from_the_engines_router_socket(ctx: zmq.asyncio
     pub.serve_replays(ctx, replay)
     try:
         await joined(pub, subs)
+        replayed = subs.subscribers["w"].stats.replayed_batches  # the probes ZMQ dropped, if any
         await pub.publish([store(0, 1, None)], skip=True)  # lost on the way
         await pub.publish([store(1, 2, 100)])
         await wait_until(lambda: confirmed(router) == 3)
         stats = router.precise.stats("w")
         assert (stats.gaps, stats.replays, stats.orphan_blocks) == (1, 1, 0)
-        assert subs.subscribers["w"].stats.replayed_batches == 1
+        assert subs.subscribers["w"].stats.replayed_batches == replayed + 1
         assert router.precise.fresh("w", 100.0)
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_first_batch_sent_before_the_subscription_arrived_is_replayed(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    """A connecting PUB (vLLM's, to an endpoint the router binds) drops what it sends before the router's
+    subscription reaches it: the first message heard has a sequence above 0, and the batches before it
+    come from the replay socket."""
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint, replay)
+    await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    pub.serve_replays(ctx, replay)
+    try:
+        await pub.publish([store(0, 1, None)], skip=True)  # the engine's first step, before the join
+        await joined(pub, subs)  # empty batches until one arrives: ZMQ drops those sent before
+        await pub.publish([store(1, 2, 100)])
+        await wait_until(lambda: confirmed(router) == 3)
+        stats, sub = router.precise.stats("w"), subs.subscribers["w"].stats
+        assert (stats.orphan_blocks, stats.gaps, sub.replay_requests, sub.replay_failures) == (0, 0, 1, 0)
+        assert sub.replayed_batches >= 1 and router.precise.fresh("w", 100.0)
+        assert sub.applied == stats.messages  # live messages, each after the replay it asked for
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_restarted_engines_first_batch_lost_on_the_way_is_replayed(ctx: zmq.asyncio.Context) -> None:
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint, replay)
+    await subs.sync()
+    old = FakePublisher(ctx, endpoint, bind=False)
+    try:
+        await joined(old, subs)
+        for _ in range(5):
+            await old.publish([])
+        await old.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+    finally:
+        await old.close()
+    new = FakePublisher(ctx, endpoint, bind=False)  # its sequence starts at 0 again, its cache empty
+    new.serve_replays(ctx, replay)
+    try:
+        await new.publish([store(0, 1, None)], skip=True)
+        await joined(new, subs)
+        await new.publish([store(1, 1, 100)])
+        await wait_until(lambda: router.precise.stats("w").restarts == 1)
+        await wait_until(lambda: confirmed(router) == 2)
+        assert router.precise.stats("w").orphan_blocks == 0
+    finally:
+        await new.close()
+        await subs.close()
+
+
+async def test_a_router_started_after_its_engine_takes_what_the_engine_still_buffers(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint, replay)
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    pub.serve_replays(ctx, replay)
+    try:
+        for _ in range(3):
+            await pub.publish([], skip=True)  # no router yet
+        await pub.publish([store(0, 2, None)], skip=True)
+        del pub.sent[0], pub.sent[1]  # out of the engine's replay buffer (buffer_steps)
+        await subs.sync()
+        await joined(pub, subs)
+        await wait_until(lambda: confirmed(router) == 2)
+        sub = subs.subscribers["w"].stats
+        assert (sub.replay_requests, sub.replay_failures) == (1, 0) and router.precise.fresh("w", 100.0)
     finally:
         await pub.close()
         await subs.close()

@@ -1,25 +1,45 @@
-"""Real vLLM engines for the end-to-end tests: one fleet per test session (``vllm_fleet`` fixture in
-tests/e2e/conftest.py), shared by every test that needs it.
+"""Real vLLM engines for the end-to-end tests (``tests/e2e/vllm/``): one fleet for that whole package
+(its ``vllm_fleet`` fixture), stopped as soon as the package's tests are done.
 
-Two instances of the CPU build (``make vllm``), one core each, small caches (``CACHE_TOKENS``: 64 blocks
-of 128 tokens, so a test can fill one) and KV cache events on (so the precise-mode tests can subscribe
-to the same engines; the config a router needs is ``workers_config``). SmolLM2-135M with its own weights
-(dequantized from the GGUF). A missing venv fails the tests that need it: ``make test`` installs it.
+Two instances of the CPU build (``make vllm``), one core each, small caches (``CACHE_TOKENS``: 24 blocks
+of 128 tokens, so that a test fills one with a few prompts) and KV cache events on, with a replay socket
+each (so the precise-mode tests subscribe to the same engines; the config a router needs is
+``workers_config``). SmolLM2-135M with its own weights (dequantized from the GGUF). A missing venv fails
+the tests that need it: ``make test`` installs it.
+
+The helpers below are what the package's modules share: prompts (``prose``, ``chat``), plain HTTP
+(``post_json``, ``reset_caches``), and a precise-mode router with its per-request readings
+(``precise_router``, ``ask``). Prompts stay at a few hundred tokens: on the CPU build a cold prompt
+costs its whole prefill (about 1,000 tokens/s on an idle core; 10-15 tokens/s seen on a core shared
+with un-niced engines, where a 1,000-token prompt took 76-98 s).
 """
 
 from __future__ import annotations
 
 import os
+import random
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
-from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, unavailable_reason
+from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, model_dir, unavailable_reason
+from support.routers import RouterFactory, RouterHandle
+from support.waiting import wait_until
 
 INSTANCES = 2
-CACHE_TOKENS = 8192
+BLOCK = 128  # the CPU backend's KV block
+CACHE_TOKENS = 24 * BLOCK
 MODEL = "smollm2-135m"
+VOCABULARY = (
+    "the river of light carries old stones past a quiet town where bakers wake before dawn and "
+    "children count boats on the water while a clock tower keeps the hours for farmers merchants "
+    "teachers and travellers who stop at the bridge to read the notices about markets weather and "
+    "trains that leave for the coast every morning at seven"
+)
+WORDS = VOCABULARY.split()
 
 
 def fleet_settings(log_dir: Path) -> VllmSettings:
@@ -30,6 +50,7 @@ def fleet_settings(log_dir: Path) -> VllmSettings:
         max_num_seqs=8,
         kv_events=True,
         log_dir=log_dir,
+        startup_timeout_s=600.0,  # seen past 7 minutes on 2 cores shared with un-niced engines
     )
 
 
@@ -47,12 +68,19 @@ def start_fleet(log_dir: Path) -> VllmFleet:
 
 
 def workers_config(fleet: VllmFleet, events: bool = False) -> list[dict[str, Any]]:
-    """``workers:`` entries for a router in front of the fleet (``events``: with ``kv_events``)."""
+    """``workers:`` entries for a router in front of the fleet (``events``: with ``kv_events``, the
+    engine's replay socket included, the model named)."""
     workers = []
     for instance in fleet.instances:
         worker: dict[str, Any] = {"url": instance.url, "name": f"vllm-{instance.index}", "engine": "vllm"}
         if events and instance.events_endpoint is not None:
-            worker["kv_events"] = {"endpoint": instance.events_endpoint, "bind": True, "topic": "kv"}
+            worker["kv_events"] = {
+                "endpoint": instance.events_endpoint,
+                "bind": True,
+                "topic": "kv",
+                "replay_endpoint": instance.replay_endpoint,
+                "model": MODEL,
+            }
         workers.append(worker)
     return workers
 
@@ -61,3 +89,80 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the engines' logs go (``PREFIX_ROUTER_VLLM_TEST_LOGS`` keeps them somewhere known)."""
     given = os.environ.get("PREFIX_ROUTER_VLLM_TEST_LOGS")
     return Path(given) if given else tmp_path_factory.mktemp("vllm-logs")
+
+
+# ---------------------------------------------------------------- prompts and plain HTTP
+
+
+def prose(seed: int, words: int) -> str:
+    """``words`` words of the vocabulary, a text of its own per seed (about 1.02 SmolLM2 tokens a word)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + "."
+
+
+def chat(system: str, question: str, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    return {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0, **extra}
+
+
+async def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+def reset_caches(fleet: VllmFleet) -> None:
+    """Empty every engine's prefix cache (``POST /reset_prefix_cache``): a test starts from nothing."""
+    for url in fleet.urls:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/reset_prefix_cache", method="POST"), timeout=60)
+
+
+# ---------------------------------------------------------------- precise mode
+
+
+async def precise_router(
+    start_router: RouterFactory, fleet: VllmFleet, *only: int, **settings: Any
+) -> RouterHandle:
+    """A router in precise mode (SmolLM2's template and tokenizer, the engines' 128-token blocks) in
+    front of the fleet's instances ``only`` (default all), subscribed to their events."""
+    workers = workers_config(fleet, events=True)
+    chosen = [workers[i] for i in only] if only else workers
+    precise = {
+        "routing.policy": "prefix",
+        "routing.keys.exact_models": {MODEL: str(model_dir(fleet.settings))},
+        "routing.precise.block_tokens": BLOCK,
+    }
+    router = await start_router(*chosen, settings=precise | settings)
+    subscribers = router.state.events.subscribers if router.state.events is not None else {}
+    assert len(subscribers) == len(chosen) and all(s.running for s in subscribers.values())
+    return router
+
+
+async def ask(router: RouterHandle, messages: list[dict[str, Any]], **more: Any) -> tuple[str, int, int, int]:
+    """(worker, predicted, cached, prompt) of one chat request; the reply is appended to ``messages``.
+    When the engine had new full blocks of the prompt to cache, returns once their event has arrived
+    (vLLM publishes them from the step that computed them, before the answer)."""
+    before = event_messages(router)
+    raw = await router.openai().chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0, **more
+    )
+    answer = raw.parse()
+    assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+    cached = answer.usage.prompt_tokens_details.cached_tokens or 0
+    prompt = answer.usage.prompt_tokens
+    messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+    if prompt // BLOCK > cached // BLOCK:
+        await wait_until(lambda: event_messages(router) > before, 10.0)
+    return (
+        raw.headers["x-prefix-router-worker"],
+        int(raw.headers["x-prefix-router-prefix-match"]),
+        cached,
+        prompt,
+    )
+
+
+def event_messages(router: RouterHandle) -> int:
+    """Event messages the router has applied to its views (after the replays they asked for), all
+    workers."""
+    subscribers = router.state.events.subscribers if router.state.events is not None else {}
+    return sum(sub.stats.applied for sub in subscribers.values())

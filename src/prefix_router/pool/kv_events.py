@@ -8,7 +8,11 @@ message is decoded (``prefix_router.events``) and applied to ``Router.precise``:
 - its sequence number judged first (``PreciseView.observe_seq``): a restart (not above the last) clears
   the worker's view; a gap asks the engine's replay socket (``replay_endpoint``, a DEALER) for the
   skipped batches, applied in order before the message, and marks the view stale when there is no replay
-  socket, the answer does not cover the gap or ``replay_timeout_s`` passes;
+  socket, the answer does not cover the gap or ``replay_timeout_s`` passes; an engine process's first
+  message heard (at start, or after a restart) with a sequence above 0 asks for the batches before it
+  too, as far back as the engine buffers them (a connecting PUB drops what it sends before the router's
+  subscription reaches it; a router that starts after its engines), kept as they are without a replay
+  socket (the view then lacks those blocks: it predicts less, never more);
 - a message that does not decode is rejected (counted, logged at most once a minute), the view kept.
 
 Each router process subscribes itself (events are per engine; nothing is re-replicated). ``bind`` with
@@ -50,6 +54,7 @@ class SubscriberStats:
     replayed_batches: int = 0
     replay_failures: int = 0
     unresolved_model: int = 0  # messages before the worker's model was known (not applied)
+    applied: int = 0  # messages applied to the view, after the replays they asked for
     lag_s: float = 0.0  # wall clock at receipt minus the batch's timestamp, last message
     socket_error: str | None = None
 
@@ -134,7 +139,12 @@ class EventSubscriber:
                 precise.mark_stale(name, self._clock())
             else:
                 precise.count_replay(name)
+        elif verdict in (SeqVerdict.FIRST, SeqVerdict.RESTART) and message.seq > 0:
+            # the first batches this process sent went before the subscription heard them (a connecting
+            # PUB drops what it sends before its peer's subscription arrives; a router that starts late)
+            await self._replay(0, message.seq, from_buffer_start=True)
         self._apply(message)
+        self.stats.applied += 1
 
     def _apply(self, message: EventMessage) -> None:
         batch = message.batch
@@ -151,9 +161,10 @@ class EventSubscriber:
         self.router.add_event_worker(name, model)
         return name in self.router.precise
 
-    async def _replay(self, start: int, end: int) -> bool:
+    async def _replay(self, start: int, end: int, from_buffer_start: bool = False) -> bool:
         """Ask the engine's replay socket for batches ``start`` up to (not including) ``end``; applied in
-        order. True when every one of them came."""
+        order. True when every one of them came (``from_buffer_start``: every one the engine still
+        buffers, its oldest possibly after ``start``: a long-running engine's first batches are gone)."""
         endpoint = self.settings.replay_endpoint
         if endpoint is None:
             return False
@@ -172,6 +183,8 @@ class EventSubscriber:
                 answer = decode_replay(await dealer.recv_multipart())
                 if answer is None:
                     break
+                if from_buffer_start and got < answer.seq < end:
+                    got = answer.seq  # the engine's buffer begins here
                 if answer.seq == got:
                     self._apply(answer)
                     self.stats.replayed_batches += 1

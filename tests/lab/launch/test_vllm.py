@@ -57,11 +57,22 @@ def test_command_has_what_the_router_needs(tmp_path: Path) -> None:
     events = json.loads(argv[argv.index("--kv-events-config") + 1])
     assert events == {"enable_kv_cache_events": True, "publisher": "zmq",
                       "endpoint": "tcp://127.0.0.1:19001", "topic": "kv"}  # fmt: skip
+    argv = command(settings, tmp_path / "model", 18001, 19001, 19017)
+    replayed = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert replayed == events | {"replay_endpoint": "tcp://127.0.0.1:19017"}
     assert "--load-format" not in argv
     small = VllmSettings(kv_cache_tokens=1000, weights="dummy", venv=tmp_path)
     argv = command(small, tmp_path, 18001, None)
     assert argv[argv.index("--max-model-len") + 1] == "896"  # 8 blocks: the cache less one block
     assert argv[argv.index("--load-format") + 1] == "dummy" and "--kv-events-config" not in argv
+
+
+def test_event_and_replay_ports_follow_the_base() -> None:
+    fleet = VllmFleet(VllmSettings(instances=3, kv_events=True, port_base=18000, events_port_base=19000))
+    assert fleet._ports() == ([18000, 18001, 18002], [19000, 19001, 19002], [19016, 19017, 19018])
+    free = VllmFleet(VllmSettings(instances=2, kv_events=True))._ports()
+    assert len({*free[0], *free[1], *free[2]}) == 6  # type: ignore[arg-type]
+    assert VllmFleet(VllmSettings(instances=2))._ports()[1:] == ([None, None], [None, None])
 
 
 def test_bfloat16_only_where_the_cpu_computes_it(tmp_path: Path) -> None:
@@ -107,9 +118,8 @@ def test_written_config_names_the_instances_and_their_event_endpoints(tmp_path: 
     idle.wait()
     for i in range(2):
         log = (tmp_path / f"{i}.log").open("wb")
-        fleet.instances.append(
-            VllmInstance(i, 18000 + i, f"http://127.0.0.1:{18000 + i}", idle, tmp_path, log, 19000 + i)
-        )
+        url = f"http://127.0.0.1:{18000 + i}"
+        fleet.instances.append(VllmInstance(i, 18000 + i, url, idle, tmp_path, log, 19000 + i, 19016 + i))
     path = tmp_path / "serve.yaml"
     vllm_cli.write_config(fleet, path)
     data = yaml.safe_load(path.read_text())
@@ -118,12 +128,14 @@ def test_written_config_names_the_instances_and_their_event_endpoints(tmp_path: 
         "endpoint": "tcp://127.0.0.1:19001",
         "bind": True,
         "topic": "kv",
+        "replay_endpoint": "tcp://127.0.0.1:19017",
     }
     config = load_config(env={}, overrides=data)  # the router takes the file as written, events included
     assert [(w.resolved_name(), w.engine) for w in config.workers] == [("vllm-0", "vllm"), ("vllm-1", "vllm")]
     events = [w.kv_events for w in config.workers]
-    assert [(e.endpoint, e.bind, e.topic) for e in events if e] == [
-        ("tcp://127.0.0.1:19000", True, "kv"), ("tcp://127.0.0.1:19001", True, "kv")]  # fmt: skip
+    assert [(e.endpoint, e.bind, e.topic, e.replay_endpoint) for e in events if e] == [
+        ("tcp://127.0.0.1:19000", True, "kv", "tcp://127.0.0.1:19016"),
+        ("tcp://127.0.0.1:19001", True, "kv", "tcp://127.0.0.1:19017")]  # fmt: skip
     for instance in fleet.instances:
         instance.log.close()
 

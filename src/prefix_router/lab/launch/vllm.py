@@ -23,6 +23,9 @@ the benchmarks use between runs). Knobs:
   fight for cores; default: instance i on core ``i mod cpu_count``; ``"auto"`` leaves it to vLLM.
 - ``kv_events``: each instance publishes KV cache events over ZMQ to ``tcp://HOST:EVENT_PORT`` (topic
   ``kv``). vLLM's publisher connects to a non-wildcard endpoint, so the subscriber (the router) binds it.
+  Each instance also binds a replay socket on ``tcp://HOST:REPLAY_PORT`` (``events_port_base +
+  MAX_INSTANCES + i``, or a free port), which the router asks for the batches it missed (a connecting
+  PUB drops what it sends before the router's subscription reaches it).
 - ``dtype``: the model's compute type; ``"auto"`` (the default) is ``bfloat16`` where the CPU has native
   bfloat16 matrix instructions (the ``avx512_bf16`` or ``amx_bf16`` flags) and ``float32`` elsewhere: on an
   AVX2-only CPU PyTorch emulates bfloat16 matmuls (measured here: 1.1 GFLOP/s against 79.5 in float32 on
@@ -92,7 +95,7 @@ class VllmSettings:
     dtype: Dtype = "auto"
     optimization_level: int = 0  # vLLM's -O: 0 skips torch.compile (start-up in about a minute, not 4-5)
     kv_events: bool = False
-    events_port_base: int = 0  # 0: free ports; else instance i publishes to base+i
+    events_port_base: int = 0  # 0: free ports; else instance i publishes to base+i, replays on base+16+i
     cores: tuple[int, ...] | Literal["auto"] | None = None  # None: instance i on core i mod cpu_count
     weights: Weights = "real"
     model_alias: str = DEFAULT_ALIAS
@@ -166,7 +169,9 @@ def events_endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
-def command(settings: VllmSettings, model: Path, port: int, events_port: int | None) -> list[str]:
+def command(
+    settings: VllmSettings, model: Path, port: int, events_port: int | None, replay_port: int | None = None
+) -> list[str]:
     argv = [
         str(venv_python(settings.venv)), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", settings.model_alias,
@@ -190,6 +195,8 @@ def command(settings: VllmSettings, model: Path, port: int, events_port: int | N
             "endpoint": events_endpoint(settings.host, events_port),
             "topic": EVENTS_TOPIC,
         }
+        if replay_port is not None:
+            config["replay_endpoint"] = events_endpoint(settings.host, replay_port)
         argv += ["--kv-events-config", json.dumps(config)]
     return argv
 
@@ -212,11 +219,18 @@ def environment(settings: VllmSettings, index: int) -> dict[str, str]:
 @dataclass(slots=True)
 class VllmInstance(Instance):
     events_port: int | None = None  # where it publishes KV cache events (None: it does not)
+    replay_port: int | None = None  # where it answers replay requests (None: no replay socket)
 
     @property
     def events_endpoint(self) -> str | None:
-        host = self.url.split("://", 1)[1].rsplit(":", 1)[0]
-        return None if self.events_port is None else events_endpoint(host, self.events_port)
+        return None if self.events_port is None else events_endpoint(self._host(), self.events_port)
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        return None if self.replay_port is None else events_endpoint(self._host(), self.replay_port)
+
+    def _host(self) -> str:
+        return self.url.split("://", 1)[1].rsplit(":", 1)[0]
 
 
 class VllmFleet(Fleet[VllmInstance]):
@@ -243,16 +257,21 @@ class VllmFleet(Fleet[VllmInstance]):
         s = self.settings
         served = ports(s.host, s.instances, s.port_base)
         events: list[int | None] = [None] * s.instances
+        replays: list[int | None] = [None] * s.instances
         if s.kv_events:
             events = list(ports(s.host, s.instances, s.events_port_base))
-        for index, (port, events_port) in enumerate(zip(served, events, strict=True)):
-            yield self._start_one(index, port, events_port)
+            replay_base = s.events_port_base + MAX_INSTANCES if s.events_port_base else 0
+            replays = list(ports(s.host, s.instances, replay_base))
+        for index, ports_of in enumerate(zip(served, events, replays, strict=True)):
+            yield self._start_one(index, *ports_of)
 
-    def _start_one(self, index: int, port: int, events_port: int | None) -> VllmInstance:
+    def _start_one(
+        self, index: int, port: int, events_port: int | None, replay_port: int | None
+    ) -> VllmInstance:
         assert self._model is not None
-        argv = command(self.settings, self._model, port, events_port)
+        argv = command(self.settings, self._model, port, events_port, replay_port)
         process, log_path, log = self._spawn(port, argv, environment(self.settings, index))
-        return VllmInstance(index, port, self.url(port), process, log_path, log, events_port)
+        return VllmInstance(index, port, self.url(port), process, log_path, log, events_port, replay_port)
 
     def kill(self, index: int) -> None:
         """SIGKILL instance ``index`` and its engine core (a crash, for tests)."""
@@ -264,6 +283,6 @@ class VllmFleet(Fleet[VllmInstance]):
         """Start instance ``index`` again on its ports (after ``kill``) and wait until it answers."""
         old = self.instances[index]
         stop_instance(old, grace_s=5.0)
-        new = self._start_one(old.index, old.port, old.events_port)
+        new = self._start_one(old.index, old.port, old.events_port, old.replay_port)
         self.instances[index] = new
         self.wait_ready([new])

@@ -21,7 +21,14 @@ from typing import Any
 import yaml
 
 from prefix_router.lab.launch.fleet import LaunchError
-from prefix_router.lab.launch.vllm import EVENTS_TOPIC, MAX_INSTANCES, VllmFleet, VllmSettings, default_venv
+from prefix_router.lab.launch.vllm import (
+    EVENTS_TOPIC,
+    MAX_INSTANCES,
+    VllmFleet,
+    VllmInstance,
+    VllmSettings,
+    default_venv,
+)
 from prefix_router.pool import WorkerSettings
 from prefix_router.proxy import validate
 from prefix_router.settings import ConfigError
@@ -43,7 +50,7 @@ def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser], wait
         "--events-port-base",
         type=int,
         default=0,
-        help="instance i publishes events to base+i (default: port-base + 1000 + i)",
+        help="instance i publishes events to base+i, replays on base+16+i (default base: port-base + 1000)",
     )
     p.add_argument(
         "--cores",
@@ -105,9 +112,17 @@ def serve_config(fleet: VllmFleet) -> dict[str, Any]:
             "models": [fleet.settings.model_alias],
         }
         if instance.events_endpoint is not None:
-            worker["kv_events"] = {"endpoint": instance.events_endpoint, "bind": True, "topic": EVENTS_TOPIC}
+            worker["kv_events"] = events_config(instance)
         workers.append(worker)
     return {"workers": workers}
+
+
+def events_config(instance: VllmInstance) -> dict[str, Any]:
+    """``workers[].kv_events`` of an instance that publishes: the router binds, asks its replay socket."""
+    config: dict[str, Any] = {"endpoint": instance.events_endpoint, "bind": True, "topic": EVENTS_TOPIC}
+    if instance.replay_endpoint is not None:
+        config["replay_endpoint"] = instance.replay_endpoint
+    return config
 
 
 def checked_config(config: dict[str, Any]) -> dict[str, Any]:
