@@ -254,16 +254,17 @@ class VllmFleet(Fleet[VllmInstance]):
 
     def _launch(self) -> Iterator[VllmInstance]:
         self._model = model_dir(self.settings)
-        s = self.settings
-        served = ports(s.host, s.instances, s.port_base)
-        events: list[int | None] = [None] * s.instances
-        replays: list[int | None] = [None] * s.instances
-        if s.kv_events:
-            events = list(ports(s.host, s.instances, s.events_port_base))
-            replay_base = s.events_port_base + MAX_INSTANCES if s.events_port_base else 0
-            replays = list(ports(s.host, s.instances, replay_base))
-        for index, ports_of in enumerate(zip(served, events, replays, strict=True)):
+        for index, ports_of in enumerate(zip(*self._ports(), strict=True)):
             yield self._start_one(index, *ports_of)
+
+    def _ports(self) -> tuple[list[int], list[int | None], list[int | None]]:
+        """The instances' HTTP, event and replay ports (replays on the event base + ``MAX_INSTANCES``)."""
+        s, n = self.settings, self.settings.instances
+        served = ports(s.host, n, s.port_base)
+        if not s.kv_events:
+            return served, [None] * n, [None] * n
+        replay_base = s.events_port_base + MAX_INSTANCES if s.events_port_base else 0
+        return served, list(ports(s.host, n, s.events_port_base)), list(ports(s.host, n, replay_base))
 
     def _start_one(
         self, index: int, port: int, events_port: int | None, replay_port: int | None
