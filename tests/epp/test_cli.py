@@ -18,6 +18,7 @@ from openai import APIStatusError, AsyncOpenAI
 from prefix_router.lab.launch.envoy import EnvoyPorts, start_envoy
 from prefix_router.lab.launch.net import free_port
 from support.serving import ServeProcess, wait_serving
+from support.waiting import wait_until
 
 MAIN = "import sys; from prefix_router.cli import main; main(sys.argv[1:])"
 
@@ -60,7 +61,10 @@ async def test_serves_then_the_gateway_fails_closed_when_it_is_killed(
     messages = [{"role": "user", "content": "hi"}]
     reply = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
     assert reply.choices[0].message.content == "through envoy"
-    assert "event=serving_epp" in epp.logs() and "worker=a" in epp.logs()  # the access line
+    assert "event=serving_epp" in epp.logs()
+    # the access line: written when the request's ext_proc stream closes, which can come after the
+    # client has read the whole answer
+    await wait_until(lambda: "worker=a" in epp.logs(), timeout_s=10.0)
     epp.process.send_signal(signal.SIGKILL)
     await epp.process.wait()
     with pytest.raises(APIStatusError) as caught:

@@ -49,8 +49,11 @@ async def test_replicas_share_affinity_over_http(redis_server: Any, fake_engine:
             # every load_interval_s): a stale remote count would rightly weigh against the holder
             names = [e.name for e in engines]
             load_b = state_b.router.load
-            await kit.wait_until(lambda: all(s.in_flight == 0 for s in load_b.snapshots(names, 0.0)))
+            settled = lambda: all(s.in_flight == 0 for s in load_b.snapshots(names, 0.0))  # noqa: E731
             for prompt, worker in zip(prompts, placed, strict=True):
+                # and its own previous request is accounted as finished: the client can read the whole
+                # answer before the router's accounting of it has run
+                await kit.wait_until(settled)
                 again, predicted = await chat(session, second.url, prompt + " and one more question")
                 assert again == worker and predicted > 0
             text = generate_latest(state_b.metrics.registry).decode()
