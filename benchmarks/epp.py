@@ -33,7 +33,6 @@ picker's alone, and with Envoy).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -61,7 +60,7 @@ from prefix_router.lab.bench.overhead import (
 )
 from prefix_router.lab.launch.engine_sim import start_engines
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, envoy_argv
-from prefix_router.lab.launch.net import free_port
+from prefix_router.lab.launch.net import free_port, wait_until_ok
 from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
 from prefix_router.proxy import loop_factory
 
@@ -264,23 +263,13 @@ def bench_router(
     return row
 
 
-async def wait_http(url: str, timeout_s: float = 60.0) -> None:
-    import aiohttp
-
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer in time")
+def wait_http(url: str, timeout_s: float = 60.0) -> None:
+    """Block until ``GET url`` answers 200 (the servers are other processes: nothing waits on this loop)."""
+    if not wait_until_ok(url, time.monotonic() + timeout_s, interval_s=0.1):
+        raise RuntimeError(f"{url} did not answer in time")
 
 
-async def routing(
+def routing(
     args: argparse.Namespace, console: Console, directory: Path
 ) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
     rows = []
@@ -290,12 +279,12 @@ async def routing(
                 if label == SERVE:
                     port = free_port()
                     pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
-                    await wait_http(f"http://127.0.0.1:{port}/ready")
+                    wait_http(f"http://127.0.0.1:{port}/ready")
                     url = f"http://127.0.0.1:{port}"
                 else:
                     target = spawn_gateway(spawn, engines, directory, args.envoy_threads, label)
                     pids = target.pids
-                    await wait_http(f"http://127.0.0.1:{target.port}/v1/models")
+                    wait_http(f"http://127.0.0.1:{target.port}/v1/models")
                     url = f"http://127.0.0.1:{target.port}"
                 before = {c: cpu_seconds(p) for c, p in pids.items()}
                 row = bench_router(url, engines, label, args, directory / f"{label}.json")
@@ -369,7 +358,7 @@ def main() -> int:
                 runs, names = loop.run_until_complete(data_path(args, console, directory))
                 report_data_path(runs, names, args, console)
             if not args.skip_routing:
-                rows = loop.run_until_complete(routing(args, console, directory))
+                rows = routing(args, console, directory)
                 report_routing(rows, args, console)
         finally:
             loop.close()
