@@ -4,6 +4,7 @@ a replay socket, restarts, rejected messages, a port in use, and the pool's memb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -57,6 +58,25 @@ def setup(bind: bool, endpoint: str, replay: str | None = None) -> tuple[Router,
     return router, EventSubscriptions(pool, router, clock), clock
 
 
+@contextlib.asynccontextmanager
+async def replaying_engine(
+    ctx: zmq.asyncio.Context, *, synced: bool = True
+) -> AsyncIterator[tuple[Router, EventSubscriptions, FakePublisher]]:
+    """A router that binds the events endpoint, and a connecting publisher answering on a replay socket
+    (vLLM's layout); ``synced``: the subscription is up before the publisher is made."""
+    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint, replay)
+    if synced:
+        await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    pub.serve_replays(ctx, replay)
+    try:
+        yield router, subs, pub
+    finally:
+        await pub.close()
+        await subs.close()
+
+
 async def joined(pub: FakePublisher, subs: EventSubscriptions) -> None:
     """Empty batches until one arrives (ZMQ drops what a PUB sends before the peer joined)."""
     sub = subs.subscribers["w"]
@@ -100,12 +120,7 @@ async def test_events_reach_the_view_in_both_directions(ctx: zmq.asyncio.Context
 
 
 async def test_a_gap_is_replayed_from_the_engines_router_socket(ctx: zmq.asyncio.Context) -> None:
-    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    router, subs, _ = setup(True, endpoint, replay)
-    await subs.sync()
-    pub = FakePublisher(ctx, endpoint, bind=False)
-    pub.serve_replays(ctx, replay)
-    try:
+    async with replaying_engine(ctx) as (router, subs, pub):
         await joined(pub, subs)
         replayed = subs.subscribers["w"].stats.replayed_batches  # the probes ZMQ dropped, if any
         await pub.publish([store(0, 1, None)], skip=True)  # lost on the way
@@ -115,9 +130,6 @@ async def test_a_gap_is_replayed_from_the_engines_router_socket(ctx: zmq.asyncio
         assert (stats.gaps, stats.replays, stats.orphan_blocks) == (1, 1, 0)
         assert subs.subscribers["w"].stats.replayed_batches == replayed + 1
         assert router.precise.fresh("w", 100.0)
-    finally:
-        await pub.close()
-        await subs.close()
 
 
 async def test_a_first_batch_sent_before_the_subscription_arrived_is_replayed(
@@ -126,12 +138,7 @@ async def test_a_first_batch_sent_before_the_subscription_arrived_is_replayed(
     """A connecting PUB (vLLM's, to an endpoint the router binds) drops what it sends before the router's
     subscription reaches it: the first message heard has a sequence above 0, and the batches before it
     come from the replay socket."""
-    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    router, subs, _ = setup(True, endpoint, replay)
-    await subs.sync()
-    pub = FakePublisher(ctx, endpoint, bind=False)
-    pub.serve_replays(ctx, replay)
-    try:
+    async with replaying_engine(ctx) as (router, subs, pub):
         await pub.publish([store(0, 1, None)], skip=True)  # the engine's first step, before the join
         await joined(pub, subs)  # empty batches until one arrives: ZMQ drops those sent before
         await pub.publish([store(1, 2, 100)])
@@ -140,9 +147,6 @@ async def test_a_first_batch_sent_before_the_subscription_arrived_is_replayed(
         assert (stats.orphan_blocks, stats.gaps, sub.replay_requests, sub.replay_failures) == (0, 0, 1, 0)
         assert sub.replayed_batches >= 1 and router.precise.fresh("w", 100.0)
         assert sub.applied == stats.messages  # live messages, each after the replay it asked for
-    finally:
-        await pub.close()
-        await subs.close()
 
 
 async def test_a_restarted_engines_first_batch_lost_on_the_way_is_replayed(ctx: zmq.asyncio.Context) -> None:
@@ -175,11 +179,7 @@ async def test_a_restarted_engines_first_batch_lost_on_the_way_is_replayed(ctx: 
 async def test_a_router_started_after_its_engine_takes_what_the_engine_still_buffers(
     ctx: zmq.asyncio.Context,
 ) -> None:
-    endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    router, subs, _ = setup(True, endpoint, replay)
-    pub = FakePublisher(ctx, endpoint, bind=False)
-    pub.serve_replays(ctx, replay)
-    try:
+    async with replaying_engine(ctx, synced=False) as (router, subs, pub):
         for _ in range(3):
             await pub.publish([], skip=True)  # no router yet
         await pub.publish([store(0, 2, None)], skip=True)
@@ -189,9 +189,6 @@ async def test_a_router_started_after_its_engine_takes_what_the_engine_still_buf
         await wait_until(lambda: confirmed(router) == 2)
         sub = subs.subscribers["w"].stats
         assert (sub.replay_requests, sub.replay_failures) == (1, 0) and router.precise.fresh("w", 100.0)
-    finally:
-        await pub.close()
-        await subs.close()
 
 
 async def test_a_gap_without_replay_leaves_the_view_stale_for_a_while(ctx: zmq.asyncio.Context) -> None:
