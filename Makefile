@@ -9,7 +9,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[lab,dev,k8s,exact]'
+	$(BIN)/pip install --quiet --no-compile -e '.[lab,dev,k8s,exact]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -43,15 +43,19 @@ redis:
 compiled: $(STAMP)
 	PY=$(BIN)/python scripts/build-compiled.sh
 
+# Two pytest workers (most tests wait on sockets and subprocesses, so one process leaves a core idle); each
+# test module runs whole on one worker, and the real-vLLM package on one (tests/conftest.py: the groups).
+# The slowest tests are listed at the end of the run.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
+
 pytest: $(STAMP) llama vllm redis compiled
-	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q
+	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST)
 
 pytest-compiled: compiled
-	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(BIN)/python -m pytest -q tests/routing
+	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST) tests/routing
 
-# The checks and what pytest needs are made two at a time (mypy and the compiled build are each one core
-# of work, about as long as each other cold), then the two pytest runs one after the other, sharing the CPU
-# with nothing (timing tests).
+# The checks and what pytest needs are made two at a time (the llama.cpp build is most of it: several
+# minutes of both cores), then the two pytest runs one after the other.
 test:
 	$(MAKE) -j2 --output-sync=target lint typecheck compiled llama vllm redis
 	$(MAKE) pytest

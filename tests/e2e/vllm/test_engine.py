@@ -45,6 +45,12 @@ async def router_for(
     return await start_router(*chosen, settings=settings)
 
 
+def test_the_package_is_one_pytest_xdist_group(request: pytest.FixtureRequest) -> None:
+    """Under ``make pytest``'s two workers the three modules run on one: the package's fleet starts once."""
+    groups = [mark.args for mark in request.node.iter_markers("xdist_group")]
+    assert groups == [("e2e/vllm",)]
+
+
 async def test_openai_client_plain_streamed_usage_and_tools(
     vllm_fleet: VllmFleet, start_router: RouterFactory
 ) -> None:

@@ -95,7 +95,8 @@ def test_demo_vllm_error_is_clear(
     args = _parser().parse_args(["demo", "--engine", "vllm", "--no-progress"])
     assert demo.instances(args) == 2 and demo.setting_for(args) is demo.VLLM_SETTING
     assert args.func(args) == 2
-    assert "make vllm" in capsys.readouterr().out
+    error = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("error:"))
+    assert str(tmp_path / "absent") in error and error.endswith("(run make vllm)")  # one line, however long
 
 
 def test_verdict_compares_prefix_with_random() -> None:

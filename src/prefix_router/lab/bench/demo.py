@@ -234,7 +234,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 plan = dataclasses.replace(plan, simulated=simulated)
             outcome = asyncio.run(run_bench(plan))
     except DemoError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)  # one line, whatever the width
         return 2
     _banner(console, outcome.document)
     emit(outcome, args, console)

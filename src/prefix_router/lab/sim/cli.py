@@ -155,7 +155,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         policies = _policies(args.policies)
         scenario = _scenario(args)
     except (KeyError, ValueError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line, whatever the width
         return 2
     with progress_bars(not args.no_progress) as progress:
         report = simulate(scenario, policies, progress)

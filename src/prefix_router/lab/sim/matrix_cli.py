@@ -62,7 +62,7 @@ def run_matrix(args: argparse.Namespace) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         knobs = routing_knobs(args.config, args.set)
     except (KeyError, ValueError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line, whatever the width
         return 2
     if args.calibrate:
         for w in workloads:
