@@ -67,7 +67,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # benchmarks/peers.py: process helpers
 
-from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
+from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, cpu_flags, resolved_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 PR = str(Path(sys.executable).with_name("prefix-router"))
@@ -269,6 +269,9 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
         "engine_cpu_s": engines,
         "load_avg_start": round(load_start, 2),
         "load_avg_end": round(os.getloadavg()[0], 2),
+        "dtype": resolved_dtype(fleet.settings.dtype, cpu_flags()),
+        "instances": len(fleet.instances),
+        "kv_cache_tokens": fleet.settings.kv_cache_tokens,
     }
     try:
         document = json.loads((out_dir / f"{slug}.json").read_text())
@@ -354,6 +357,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
                    help="per engine (default %(default)s: 28 blocks of 128)")  # fmt: skip
     p.add_argument("--optimization-level", type=int, default=0, help="vLLM's -O (0: eager, fast start-up)")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="engine compute type (auto: bfloat16 where the CPU has it natively)")  # fmt: skip
     p.add_argument("--port-base", type=int, default=18700, help="router port (engines from base+10)")
     p.add_argument("--peers-venv", type=Path, default=Path("/tmp/peers"))
     return p.parse_args(argv)
@@ -369,7 +374,7 @@ def parse_plan(text: str, instances: int) -> list[tuple[Cell, list[Router]]]:
 def fleet_settings(args: argparse.Namespace) -> VllmSettings:
     """The engines: ``--instances`` on ports from ``--port-base`` + 10, instance i on core i mod the CPUs."""
     return VllmSettings(instances=args.instances, port_base=args.port_base + 10,
-                        kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=8,
+                        kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=8, dtype=args.dtype,
                         optimization_level=args.optimization_level, log_dir=args.out / "engines")  # fmt: skip
 
 
