@@ -206,25 +206,35 @@ def records_path(out: Path) -> Path:
     return out.with_suffix(".records.jsonl")
 
 
-def prefix_groups(cell: Cell, requests: int, seed: int) -> dict[str, str]:
-    """Session id -> the group whose requests share a prefix: the tenant (``chatbots``), the conversation
-    (interleaved ``multi-turn``: ids ``CONVERSATION/turn-K``), else the session itself."""
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """Which requests share a prefix: ``of`` maps a session id to its group, the tenant (``chatbots``: one
+    system prompt), the conversation (interleaved ``multi-turn``: ids ``CONVERSATION/turn-K``) or the
+    session itself; ``tenants`` are the groups that are tenants."""
+
+    of: dict[str, str]
+    tenants: frozenset[str]
+
+
+def prefix_groups(cell: Cell, requests: int, seed: int) -> Groups:
+    """The groups of ``cell``'s workload (rebuilt from its options and seed, as ``bench`` builds it)."""
     from prefix_router.lab.workloads.registry import get_workload
 
     workload = get_workload(cell.workload, requests=requests, seed=seed, model="", **cell.workload_options())
-    return {s.session_id: s.tenant or s.session_id.partition("/turn-")[0] for s in workload.sessions}
+    of = {s.session_id: s.tenant or s.session_id.partition("/turn-")[0] for s in workload.sessions}
+    return Groups(of, frozenset(s.tenant for s in workload.sessions if s.tenant))
 
 
-def ideal_cached(records: Sequence[dict[str, Any]], groups: dict[str, str], block: int,
+def ideal_cached(records: Sequence[dict[str, Any]], groups: Groups, block: int,
                  cacheable: dict[str, int]) -> int:  # fmt: skip
     """Cached tokens if every prefix stayed cached after its first visit: a tenant's repeat visits hold
     ``cacheable[tenant]`` (the most any run's engine reported for it); a conversation's turn holds the
     whole blocks of its previous turn's prompt (its history is a prefix of this one's)."""
     total, last_prompt, seen = 0, dict[str, int](), set[str]()
     for r in sorted(records, key=lambda r: r["start_s"]):
-        group, prompt = groups.get(r["session_id"], r["session_id"]), int(r["prompt_tokens"] or 0)
-        if group in cacheable:
-            total += cacheable[group] if group in seen else 0
+        group, prompt = groups.of.get(r["session_id"], r["session_id"]), int(r["prompt_tokens"] or 0)
+        if group in groups.tenants:
+            total += cacheable.get(group, 0) if group in seen else 0
         else:
             total += min(prompt, last_prompt.get(group, 0) // block * block)
         seen.add(group)
@@ -232,13 +242,13 @@ def ideal_cached(records: Sequence[dict[str, Any]], groups: dict[str, str], bloc
     return total
 
 
-def tenant_cacheable(runs: Sequence[Sequence[dict[str, Any]]], groups: dict[str, str]) -> dict[str, int]:
-    """Per tenant (a group of several single-turn sessions), the most cached tokens any request reported."""
+def tenant_cacheable(runs: Sequence[Sequence[dict[str, Any]]], groups: Groups) -> dict[str, int]:
+    """Per tenant, the most cached tokens any request of any run reported (its prompt's whole blocks)."""
     best: dict[str, int] = {}
     for records in runs:
         for r in records:
-            group = groups.get(r["session_id"])
-            if group is not None and group != r["session_id"]:
+            group = groups.of.get(r["session_id"])
+            if group in groups.tenants:
                 best[group] = max(best.get(group, 0), int(r["cached_tokens"] or 0))
     return best
 
@@ -299,7 +309,7 @@ def read_records(path: str | None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def with_ideal(rows: list[dict[str, Any]], cell: Cell, groups: dict[str, str], block: int) -> None:
+def with_ideal(rows: list[dict[str, Any]], cell: Cell, groups: Groups, block: int) -> None:
     """Set ``ideal_hit_rate`` on ``cell``'s rows (tenants' cacheable prefixes from all of its runs)."""
     mine = [r for r in rows if r["cell"] == cell.name]
     runs = [read_records(r.get("records")) for r in mine]
@@ -361,6 +371,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="engine compute type (auto: bfloat16 where the CPU has it natively)")  # fmt: skip
     p.add_argument("--port-base", type=int, default=18700, help="router port (engines from base+10)")
     p.add_argument("--peers-venv", type=Path, default=Path("/tmp/peers"))
+    p.add_argument("--retable", action="store_true",
+                   help="start nothing: redo ideal hit rates and table.md from OUT/runs.json")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -378,8 +390,23 @@ def fleet_settings(args: argparse.Namespace) -> VllmSettings:
                         optimization_level=args.optimization_level, log_dir=args.out / "engines")  # fmt: skip
 
 
+def retable(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows of ``OUT/runs.json`` with their ideal hit rates recomputed (cells as in ``--plan``)."""
+    rows: list[dict[str, Any]] = json.loads((args.out / "runs.json").read_text())
+    for cell, _ in parse_plan(args.plan, args.instances):
+        groups = prefix_groups(cell, args.requests or cell.requests, args.seed)
+        with_ideal(rows, cell, groups, fleet_settings(args).block_size)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.retable:
+        rows = retable(args)
+        (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (args.out / "table.md").write_text(table(rows))
+        print(table(rows))
+        return 0
     plan = parse_plan(args.plan, args.instances)
     if any(r.kind != "prefix-router" for _, routers in plan for r in routers):
         ensure_peers(args.peers_venv)

@@ -57,26 +57,28 @@ def test_shared_cell_has_a_share_of_tenants_per_engine(bench: ModuleType) -> Non
 def test_shared_groups_are_tenants(bench: ModuleType) -> None:
     cell = bench.cells(2)["shared"]
     groups = bench.prefix_groups(cell, 40, seed=0)
-    assert len(groups) == 40 and set(groups.values()) == {f"tenant-{i}" for i in range(6)}
+    tenants = {f"tenant-{i}" for i in range(6)}
+    assert len(groups.of) == 40 and set(groups.of.values()) == tenants and groups.tenants == tenants
 
 
 def test_ideal_counts_repeat_visits_of_a_tenant(bench: ModuleType) -> None:
-    groups = {"a": "t0", "b": "t0", "c": "t1", "d": "t0"}
+    groups = bench.Groups({"a": "t0", "b": "t0", "c": "t1", "d": "t0"}, frozenset({"t0", "t1"}))
     records = [_record("b", 1.0, 900, 0), _record("a", 0.0, 900, 0), _record("c", 2.0, 900, 0),
                _record("d", 3.0, 900, 0)]  # fmt: skip
     assert bench.ideal_cached(records, groups, 128, {"t0": 768, "t1": 640}) == 2 * 768
 
 
 def test_ideal_counts_the_previous_turns_whole_blocks(bench: ModuleType) -> None:
-    groups = {"c/turn-0": "c", "c/turn-1": "c", "c/turn-2": "c", "x": "x"}
+    groups = bench.Groups({"c/turn-0": "c", "c/turn-1": "c", "c/turn-2": "c", "x": "x"}, frozenset())
     records = [_record("c/turn-0", 0.0, 300, 0), _record("x", 0.5, 500, 0),
                _record("c/turn-1", 1.0, 700, 0), _record("c/turn-2", 2.0, 1000, 0)]  # fmt: skip
     assert bench.ideal_cached(records, groups, 128, {}) == 256 + 640
+    assert bench.tenant_cacheable([[_record("c/turn-1", 1.0, 700, 512)]], groups) == {}
 
 
 def test_with_ideal_takes_each_tenants_best_report_from_any_run(bench: ModuleType, tmp_path: Path) -> None:
     cell = bench.cells(2)["shared"]
-    groups = {"a": "t0", "b": "t0"}
+    groups = bench.Groups({"a": "t0", "b": "t0"}, frozenset({"t0"}))
     rows = []
     for name, cached in (("blind", 0), ("aware", 768)):
         path = tmp_path / f"{name}.records.jsonl"
