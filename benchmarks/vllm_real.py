@@ -26,7 +26,7 @@ Cells (``cells(instances)``; ``--plan`` says which routers run in which cell):
   units, about 800 SmolLM2 tokens), uniform popularity, short questions. Each engine's cache holds 1/N of
   the prompts, so the fleet holds them all only if each engine keeps its own share: a prefix-aware router
   can reach the ideal (every prompt cached after its first visit), a prefix-blind one hits about 1/N.
-- ``interleaved``: 12 ShareGPT conversations (of 6 to 8 user turns) live at once, their turns sent in
+- ``interleaved``: 13 ShareGPT conversations (of 6 to 8 user turns) live at once, their turns sent in
   rotation at one request in flight, each request carrying its canned history (the recorded replies cut
   to 128 tokens: ``multiturn``'s ``interleave``). The live histories together exceed one engine's cache and
   fit in the fleet's: a router that keeps each conversation on one engine and spreads conversations keeps
@@ -93,7 +93,7 @@ TURNS = ("max_turns=5", "max_user_tokens=150", "min_output_tokens=16", "max_outp
          "synthetic_fallback=true")  # fmt: skip
 TALKS = ("max_turns=8", "max_user_tokens=512", "min_output_tokens=32", "max_output_tokens=64",
          "synthetic_fallback=true")  # fmt: skip
-WEAVE = ("interleave=12", "min_turns=6", "max_turns=8", "max_user_tokens=150", "history_reply_tokens=128",
+WEAVE = ("interleave=13", "min_turns=6", "max_turns=8", "max_user_tokens=150", "history_reply_tokens=128",
          "min_output_tokens=8", "max_output_tokens=8")  # fmt: skip
 
 
