@@ -97,10 +97,11 @@ WEAVE = ("interleave=13", "min_turns=6", "max_turns=8", "max_user_tokens=150", "
          "min_output_tokens=8", "max_output_tokens=8")  # fmt: skip
 
 
-def cells(instances: int) -> dict[str, Cell]:
-    """The cells for a fleet of ``instances`` engines (``shared`` has ``PROMPTS_PER_ENGINE`` tenants per
-    engine, so that each engine's cache holds its share of the prompts and no more)."""
-    tenants = f"tenants={PROMPTS_PER_ENGINE * instances}"
+def cells(instances: int, prompts_per_engine: int = PROMPTS_PER_ENGINE) -> dict[str, Cell]:
+    """The cells for a fleet of ``instances`` engines (``shared`` has ``prompts_per_engine`` tenants per
+    engine: as many as one engine's cache holds, so that the fleet holds them all only if each engine
+    keeps its own share)."""
+    tenants = f"tenants={prompts_per_engine * instances}"
     return {
         "shared": Cell("shared", "chatbots", (tenants, *CHAT), 90),
         "interleaved": Cell("interleaved", "multi-turn", WEAVE, 96),
@@ -361,6 +362,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("/tmp/prefix-router-vllm-real"))
     p.add_argument("--plan", default=DEFAULT_PLAN, help="CELL:ROUTER,ROUTER;CELL:... (default: %(default)s)")
     p.add_argument("--instances", type=int, default=3, help="vLLM engines (default 3; about 3.8 GB each)")
+    p.add_argument("--prompts-per-engine", type=int, default=PROMPTS_PER_ENGINE,
+                   help="shared: tenants per engine (default %(default)s: the default cache)")  # fmt: skip
     p.add_argument("--requests", type=int, help="requests per run (default: the cell's)")
     p.add_argument("--concurrency", type=int, default=1, help="sessions in flight (default 1)")
     p.add_argument("--seed", type=int, default=0)
@@ -376,9 +379,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def parse_plan(text: str, instances: int) -> list[tuple[Cell, list[Router]]]:
+def parse_plan(
+    text: str, instances: int, prompts_per_engine: int = PROMPTS_PER_ENGINE
+) -> list[tuple[Cell, list[Router]]]:
     """``CELL:ROUTER,ROUTER;CELL:...`` -> the cells (for ``instances`` engines) and their routers."""
-    known = cells(instances)
+    known = cells(instances, prompts_per_engine)
     return [(known[cell], [ROUTERS[r] for r in names.split(",")])
             for cell, _, names in (item.partition(":") for item in text.split(";"))]  # fmt: skip
 
@@ -393,7 +398,7 @@ def fleet_settings(args: argparse.Namespace) -> VllmSettings:
 def retable(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The rows of ``OUT/runs.json`` with their ideal hit rates recomputed (cells as in ``--plan``)."""
     rows: list[dict[str, Any]] = json.loads((args.out / "runs.json").read_text())
-    for cell, _ in parse_plan(args.plan, args.instances):
+    for cell, _ in parse_plan(args.plan, args.instances, args.prompts_per_engine):
         groups = prefix_groups(cell, args.requests or cell.requests, args.seed)
         with_ideal(rows, cell, groups, fleet_settings(args).block_size)
     return rows
@@ -407,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "table.md").write_text(table(rows))
         print(table(rows))
         return 0
-    plan = parse_plan(args.plan, args.instances)
+    plan = parse_plan(args.plan, args.instances, args.prompts_per_engine)
     if any(r.kind != "prefix-router" for _, routers in plan for r in routers):
         ensure_peers(args.peers_venv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,8 @@ def test_shared_cell_has_a_share_of_tenants_per_engine(bench: ModuleType) -> Non
         ((cell, routers),) = bench.parse_plan("shared:random,prefix,sglang", n)
         assert cell.workload_options()["tenants"] == str(bench.PROMPTS_PER_ENGINE * n)
         assert [r.kind for r in routers] == ["prefix-router", "prefix-router", "sglang-router"]
+    ((cell, _),) = bench.parse_plan("shared:random", 2, prompts_per_engine=4)
+    assert cell.workload_options()["tenants"] == "8"
     with pytest.raises(KeyError):
         bench.parse_plan("shared:nope", 3)
 
