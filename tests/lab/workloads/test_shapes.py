@@ -236,3 +236,11 @@ def test_multiturn_interleaved_more_slots_than_conversations(sharegpt_file: Path
     sessions = multiturn.build(opts, 100, seed=0)
     assert [s.session_id for s in sessions[:6]] == [f"sharegpt-c{c}/turn-0" for c in range(6)]
     assert len(sessions) == 21
+
+
+def test_multiturn_min_turns_skips_short_conversations(sharegpt_file: Path) -> None:
+    for interleave in (0, 2):
+        opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file), shuffle=False, min_turns=4,
+                                           interleave=interleave)  # fmt: skip
+        ids = {s.session_id.partition("/turn-")[0] for s in multiturn.build(opts, 100, seed=0)}
+        assert ids == {"sharegpt-c1", "sharegpt-c3", "sharegpt-c5"}
