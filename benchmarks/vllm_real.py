@@ -211,10 +211,13 @@ def records_path(out: Path) -> Path:
 class Groups:
     """Which requests share a prefix: ``of`` maps a session id to its group, the tenant (``chatbots``: one
     system prompt), the conversation (interleaved ``multi-turn``: ids ``CONVERSATION/turn-K``) or the
-    session itself; ``tenants`` are the groups that are tenants."""
+    session itself; ``tenants`` are the groups that are tenants. ``ideal_known``: False where sessions
+    have several turns (their history holds the engine's own replies, which the engine caches too: no
+    ideal is computed from the records then)."""
 
     of: dict[str, str]
     tenants: frozenset[str]
+    ideal_known: bool = True
 
 
 def prefix_groups(cell: Cell, requests: int, seed: int) -> Groups:
@@ -223,7 +226,8 @@ def prefix_groups(cell: Cell, requests: int, seed: int) -> Groups:
 
     workload = get_workload(cell.workload, requests=requests, seed=seed, model="", **cell.workload_options())
     of = {s.session_id: s.tenant or s.session_id.partition("/turn-")[0] for s in workload.sessions}
-    return Groups(of, frozenset(s.tenant for s in workload.sessions if s.tenant))
+    tenants = frozenset(s.tenant for s in workload.sessions if s.tenant)
+    return Groups(of, tenants, all(len(s.turns) == 1 for s in workload.sessions))
 
 
 def ideal_cached(records: Sequence[dict[str, Any]], groups: Groups, block: int,
@@ -313,6 +317,8 @@ def read_records(path: str | None) -> list[dict[str, Any]]:
 def with_ideal(rows: list[dict[str, Any]], cell: Cell, groups: Groups, block: int) -> None:
     """Set ``ideal_hit_rate`` on ``cell``'s rows (tenants' cacheable prefixes from all of its runs)."""
     mine = [r for r in rows if r["cell"] == cell.name]
+    if not groups.ideal_known:
+        return
     runs = [read_records(r.get("records")) for r in mine]
     cacheable = tenant_cacheable(runs, groups)
     for row, records in zip(mine, runs, strict=True):

@@ -90,3 +90,13 @@ def test_with_ideal_takes_each_tenants_best_report_from_any_run(bench: ModuleTyp
     rows.append({"cell": "unique", "records": None})
     bench.with_ideal(rows, cell, groups, 128)
     assert [r.get("ideal_hit_rate") for r in rows] == [0.384, 0.384, None]
+
+
+def test_no_ideal_where_sessions_carry_their_generated_replies(bench: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "r.records.jsonl"
+    path.write_text(json.dumps(_record("s", 0.0, 500, 0)) + "\n")
+    rows = [{"cell": "multiturn", "records": str(path)}]
+    bench.with_ideal(rows, bench.cells(2)["multiturn"], bench.Groups({"s": "s"}, frozenset(), False), 128)
+    assert "ideal_hit_rate" not in rows[0]
+    bench.with_ideal(rows, bench.cells(2)["multiturn"], bench.Groups({"s": "s"}, frozenset(), True), 128)
+    assert rows[0]["ideal_hit_rate"] == 0.0
