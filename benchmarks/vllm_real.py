@@ -1,7 +1,7 @@
 """Real vLLM benchmark: prefix-router's policies and the peers' cache_aware routers in front of the SAME
 real vLLM engines (the CPU build, SmolLM2-135M with its own weights), driven by the SAME client.
 
-    .venv/bin/python benchmarks/vllm_real.py                       # the default plan (~60 min on 2 cores)
+    .venv/bin/python benchmarks/vllm_real.py                       # the default plan (~15 min on 2 cores)
     .venv/bin/python benchmarks/vllm_real.py --plan shared:random,prefix --requests 20
     .venv/bin/python benchmarks/vllm_real.py --instances 2 --kv-cache-tokens 4096 --plan shared:random,prefix
 
