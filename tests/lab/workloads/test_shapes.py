@@ -202,3 +202,45 @@ def test_bursty_tenants_come_in_bursts_and_share_only_their_prompt() -> None:
     conversations = [s for s in sessions if len(s.turns) > 1]
     assert 0.3 < len(conversations) / len(sessions) < 0.7
     assert all(t.think_time_s > 0 for s in conversations for t in s.turns[1:])
+
+
+def _history(session: chatbots.Session) -> list[dict[str, object]]:
+    return [*session.preamble, *session.turns[0].messages]
+
+
+def test_multiturn_interleaved_rotates_live_conversations(sharegpt_file: Path) -> None:
+    opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file), shuffle=False, interleave=2)
+    sessions = multiturn.build(opts, 100, seed=0)
+    order = [s.session_id for s in sessions]
+    assert order[:8] == ["sharegpt-c0/turn-0", "sharegpt-c1/turn-0", "sharegpt-c0/turn-1",
+                         "sharegpt-c1/turn-1", "sharegpt-c0/turn-2", "sharegpt-c1/turn-2",
+                         "sharegpt-c2/turn-0", "sharegpt-c1/turn-3"]  # fmt: skip
+    assert len(sessions) == 21 and all(len(s.turns) == 1 for s in sessions)
+    assert len(multiturn.build(opts, 9, seed=0)) == 9
+
+
+def test_multiturn_interleaved_history_is_the_previous_request_and_its_recorded_reply(
+    sharegpt_file: Path,
+) -> None:
+    opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file), shuffle=False, interleave=3,
+                                       history_reply_tokens=10)  # fmt: skip
+    by_id = {s.session_id: s for s in multiturn.build(opts, 100, seed=0)}
+    first, second = by_id["sharegpt-c1/turn-0"], by_id["sharegpt-c1/turn-1"]
+    assert second.preamble == (*_history(first), {"role": "assistant", "content": ("answer " * 20)[:40]})
+    assert first.preamble == ({"role": "system", "content": opts.system_prompt},)
+    assert str(second.turns[0].messages[0]["content"]).startswith("conv 1 question 1")
+
+
+def test_multiturn_interleaved_more_slots_than_conversations(sharegpt_file: Path) -> None:
+    opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file), shuffle=False, interleave=50)
+    sessions = multiturn.build(opts, 100, seed=0)
+    assert [s.session_id for s in sessions[:6]] == [f"sharegpt-c{c}/turn-0" for c in range(6)]
+    assert len(sessions) == 21
+
+
+def test_multiturn_min_turns_skips_short_conversations(sharegpt_file: Path) -> None:
+    for interleave in (0, 2):
+        opts = multiturn.MultiTurnSettings(trace=str(sharegpt_file), shuffle=False, min_turns=4,
+                                           interleave=interleave)  # fmt: skip
+        ids = {s.session_id.partition("/turn-")[0] for s in multiturn.build(opts, 100, seed=0)}
+        assert ids == {"sharegpt-c1", "sharegpt-c3", "sharegpt-c5"}

@@ -1,0 +1,102 @@
+"""``benchmarks/vllm_real.py``'s plan, fleet settings and ideal hit rate; no engine is started."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from prefix_router.lab.launch import vllm
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "vllm_real.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location("vllm_real_benchmark", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def _record(session: str, start: float, prompt: int, cached: int) -> dict[str, Any]:
+    return {"session_id": session, "start_s": start, "prompt_tokens": prompt, "cached_tokens": cached}
+
+
+def test_n_engines_on_consecutive_ports_alternating_cores(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm.os, "cpu_count", lambda: 2)
+    settings = bench.fleet_settings(bench.parse_args(["--out", str(tmp_path), "--instances", "4"]))
+    assert settings.instances == 4 and settings.port_base == 18710
+    assert [vllm.core_for(settings, i) for i in range(4)] == ["0", "1", "0", "1"]
+    assert settings.blocks() == 28  # the default 3,584 tokens
+    assert bench.fleet_settings(bench.parse_args([])).instances == 3
+
+
+def test_shared_cell_has_a_share_of_tenants_per_engine(bench: ModuleType) -> None:
+    for n in (2, 3, 4):
+        ((cell, routers),) = bench.parse_plan("shared:random,prefix,sglang", n)
+        assert cell.workload_options()["tenants"] == str(bench.PROMPTS_PER_ENGINE * n)
+        assert [r.kind for r in routers] == ["prefix-router", "prefix-router", "sglang-router"]
+    ((cell, _),) = bench.parse_plan("shared:random", 2, prompts_per_engine=4)
+    assert cell.workload_options()["tenants"] == "8"
+    with pytest.raises(KeyError):
+        bench.parse_plan("shared:nope", 3)
+
+
+def test_shared_groups_are_tenants(bench: ModuleType) -> None:
+    cell = bench.cells(2)["shared"]
+    groups = bench.prefix_groups(cell, 40, seed=0)
+    tenants = {f"tenant-{i}" for i in range(6)}
+    assert len(groups.of) == 40 and set(groups.of.values()) == tenants and groups.tenants == tenants
+
+
+def test_ideal_counts_repeat_visits_of_a_tenant(bench: ModuleType) -> None:
+    groups = bench.Groups({"a": "t0", "b": "t0", "c": "t1", "d": "t0"}, frozenset({"t0", "t1"}))
+    records = [_record("b", 1.0, 900, 0), _record("a", 0.0, 900, 0), _record("c", 2.0, 900, 0),
+               _record("d", 3.0, 900, 0)]  # fmt: skip
+    assert bench.ideal_cached(records, groups, 128, {"t0": 768, "t1": 640}) == 2 * 768
+
+
+def test_ideal_counts_the_previous_turns_whole_blocks(bench: ModuleType) -> None:
+    groups = bench.Groups({"c/turn-0": "c", "c/turn-1": "c", "c/turn-2": "c", "x": "x"}, frozenset())
+    records = [_record("c/turn-0", 0.0, 300, 0), _record("x", 0.5, 500, 0),
+               _record("c/turn-1", 1.0, 700, 0), _record("c/turn-2", 2.0, 1000, 0)]  # fmt: skip
+    assert bench.ideal_cached(records, groups, 128, {}) == 256 + 640
+    assert bench.tenant_cacheable([[_record("c/turn-1", 1.0, 700, 512)]], groups) == {}
+
+
+def test_with_ideal_takes_each_tenants_best_report_from_any_run(bench: ModuleType, tmp_path: Path) -> None:
+    cell = bench.cells(2)["shared"]
+    groups = bench.Groups({"a": "t0", "b": "t0"}, frozenset({"t0"}))
+    rows = []
+    for name, cached in (("blind", 0), ("aware", 768)):
+        path = tmp_path / f"{name}.records.jsonl"
+        lines = [_record("a", 0.0, 1000, 0), _record("b", 1.0, 1000, cached)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        rows.append({"cell": "shared", "records": str(path)})
+    rows.append({"cell": "unique", "records": None})
+    bench.with_ideal(rows, cell, groups, 128)
+    assert [r.get("ideal_hit_rate") for r in rows] == [0.384, 0.384, None]
+
+
+def test_no_ideal_where_sessions_carry_their_generated_replies(bench: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "r.records.jsonl"
+    path.write_text(json.dumps(_record("s", 0.0, 500, 0)) + "\n")
+    rows = [{"cell": "multiturn", "records": str(path)}]
+    bench.with_ideal(rows, bench.cells(2)["multiturn"], bench.Groups({"s": "s"}, frozenset(), False), 128)
+    assert "ideal_hit_rate" not in rows[0]
+    bench.with_ideal(rows, bench.cells(2)["multiturn"], bench.Groups({"s": "s"}, frozenset(), True), 128)
+    assert rows[0]["ideal_hit_rate"] == 0.0
