@@ -9,11 +9,14 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+import zmq.asyncio
 from openai import APIStatusError
 
+from prefix_router.events import BlockStored
 from prefix_router.lab.launch.envoy import DESTINATION_HEADER, EnvoyOptions
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
 from support.gateway import Gateway, Gateways
+from support.kv_events import FakePublisher, free_port
 from support.waiting import wait_until
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
@@ -423,3 +426,57 @@ async def test_without_retries_the_list_is_not_followed(fake_engine: Any, gatewa
         await gateway.openai().chat.completions.create(model="m", messages=chat("q1"))
     assert caught.value.status_code == 503
     assert sum(len(e.generations) for e in engines) == 1  # only the first request, before the stop
+
+
+def fake_ids(body: dict[str, Any]) -> list[int]:
+    """The stand-in engine's tokenizer: one id per byte of the messages' contents."""
+    return list("".join(str(m["content"]) for m in body["messages"]).encode())
+
+
+async def decided(gateway: Gateway, body: dict[str, Any]) -> tuple[str, int]:
+    """The worker the picker chose for ``body`` and the cached tokens it predicted there."""
+    raw = await gateway.openai().chat.completions.with_raw_response.create(**body)
+    return raw.headers[WORKER_HEADER], int(raw.headers[MATCH_HEADER])
+
+
+async def test_precise_mode_keys_rendered_by_the_event_fed_engine(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """Precise mode as ``serve`` runs it: without a local template, the event-fed engine renders the
+    request's token ids (``routing.precise.render``); its KV events then decide the choice and the
+    prediction, and a second request finds the render cached."""
+    block = 16
+    a = await fake_engine("a", render_ids=fake_ids)
+    b = await fake_engine("b", render_ids=fake_ids)
+    port = free_port()
+    events = {"endpoint": f"tcp://127.0.0.1:{port}", "bind": True, "topic": "kv"}
+    entries: list[dict[str, Any]] = [
+        {"url": a.url, "name": "a", "models": ["m"]},
+        {"url": b.url, "name": "b", "models": ["m"], "kv_events": events},
+    ]
+    gateway = await gateways.start(*entries, settings={"routing.precise.block_tokens": block})
+    state = gateway.state
+    context = zmq.asyncio.Context()
+    publisher = FakePublisher(context, f"tcp://127.0.0.1:{port}", bind=False)
+    try:
+        subscriber = state.events.subscribers["b"]  # type: ignore[union-attr]
+        for _ in range(250):  # the subscriber connects when it will: publish until it has heard one
+            await publisher.publish([])
+            if subscriber.stats.decoded:
+                break
+            await asyncio.sleep(0.02)
+        assert subscriber.stats.decoded
+        body = {"model": "m", "messages": chat("Where is parcel 8?")}
+        ids = fake_ids(body)
+        held = len(ids) // block * block
+        stored = BlockStored(tuple(range(1, held // block + 1)), None, tuple(ids[:held]), block)
+        await publisher.publish([stored])
+        await wait_until(lambda: state.router.precise.held_blocks("b") == held // block)
+        assert await decided(gateway, body) == ("b", held)
+        assert await decided(gateway, body) == ("b", held)
+        renders = state.renders
+        assert renders is not None and (renders.stats.requests, renders.stats.cached) == (1, 1)
+        assert len([s for s in b.seen if s.path.endswith("/render")]) == 1 and not a.generations
+    finally:
+        await publisher.close()
+        context.term()
