@@ -28,7 +28,7 @@ and weights as ``launch.vllm`` finds them): the same workload
 (``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each
 fresh, each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported
 hit rate of each, its difference in points, requests per worker, and the router's CPU per request (the
-picker's alone, and with Envoy).
+picker's alone, and with Envoy). ``serve`` runs again last: how far the same edge moves between runs.
 
     python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
     python benchmarks/epp.py --skip-data-path --engines vllm --hit-requests 200 --hit-concurrency 4
@@ -70,6 +70,7 @@ from prefix_router.proxy import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"
+SERVE_AGAIN = "prefix-router again"  # part 2's last run: serve's own run-to-run spread, in the same run
 FLOOR = "envoy+grpc floor"  # the same Envoy in front of a do-nothing grpc.aio ext_proc server
 FLOOR_SERVER = Path(__file__).resolve().parent / "floor_servers" / "extproc_floor.py"
 BUFFERED = "envoy+epp buffered"  # the request body BUFFERED instead of FULL_DUPLEX_STREAMED
@@ -304,9 +305,9 @@ def routing(
 ) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
     rows = []
     with start_plan(engine_plan(args), directory) as engines:
-        for label in (SERVE, GATEWAY, BUFFERED, LEAN):
+        for label in (SERVE, GATEWAY, BUFFERED, LEAN, SERVE_AGAIN):
             with processes() as spawn:
-                if label == SERVE:
+                if label in (SERVE, SERVE_AGAIN):
                     port = free_port()
                     pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
                     wait_http(f"http://127.0.0.1:{port}/ready")
@@ -345,6 +346,9 @@ def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], in
     serve = rows[0][1]
     for label, row, cpu, _ in rows[1:]:
         diff = (float(row["hit_rate"] or 0) - float(serve["hit_rate"] or 0)) * 100  # type: ignore[arg-type]
+        if label == SERVE_AGAIN:
+            console.print(f"{label}: hit rate minus the first run's {diff:+.2f} points (the same edge twice)")
+            continue
         ratio = cpu["epp"] / rows[0][2]["serve"]
         console.print(
             f"{label}: hit rate minus serve's {diff:+.2f} points, target within 1: "

@@ -480,3 +480,36 @@ async def test_precise_mode_keys_rendered_by_the_event_fed_engine(
     finally:
         await publisher.close()
         context.term()
+
+
+async def test_the_control_listener_serves_probes_metrics_and_the_admin_api(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """The picker's HTTP listener, as ``serve``'s: probes, ``/metrics`` with the picker's series and the
+    routing core's, and the admin API behind ``auth.admin_token`` (a worker drained there gets no more
+    requests through the gateway)."""
+    a = await fake_engine("a")
+    b = await fake_engine("b")
+    token = "admin-token-for-epp-tests"
+    gateway = await gateways.start(a, b, settings={"auth.admin_token": token})
+    await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert gateway.epp is not None
+    control = gateway.epp.http.url
+    admin = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as http:
+        for path in ("/health", "/ready"):
+            async with http.get(control + path) as resp:
+                assert resp.status == 200, path
+        async with http.get(control + "/metrics") as resp:
+            metrics = await resp.text()
+        assert 'prefix_router_epp_messages_total{kind="request_headers"} 1.0' in metrics
+        assert "prefix_router_requests_total" in metrics
+        async with http.get(control + "/admin/workers") as resp:
+            assert resp.status == 401
+        async with http.post(control + "/admin/workers/a/drain", headers=admin) as resp:
+            assert resp.status == 200, await resp.text()
+    for i in range(6):
+        raw = await gateway.openai().chat.completions.with_raw_response.create(
+            model="m", messages=chat("y", system=f"{i} unrelated topic {i} " * 30)
+        )
+        assert raw.headers[WORKER_HEADER] == "b"
