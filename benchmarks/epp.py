@@ -12,11 +12,15 @@ interleaved over
 - ``envoy+epp buffered``: the same with the request body BUFFERED (one message, nothing streamed back);
 - ``envoy+epp lean``: FULL_DUPLEX_STREAMED, the response headers skipped (the filter's
   ``response_header_mode: SKIP``, the picker without decision headers): 2 messages fewer per request;
+- ``envoy+grpc floor``: the same Envoy as ``envoy+epp`` in front of ``floor_servers/extproc_floor.py``, a
+  grpc.aio ext_proc server on the picker's stack that answers every message with a prebuilt response
+  (one fixed destination, no routing): what any grpc.aio picker pays per request;
 - ``sglang-router``: ``cache_aware`` from its own venv (``--peer-python``; left out when missing).
 
 Printed per case (non-streamed, streamed with 8 SSE events): the best round's req/s, the median latency
 added over direct, and the CPU per request of each component (user+system of its process tree): for
-``envoy+epp`` Envoy's, the picker's and their sum.
+``envoy+epp`` Envoy's, the picker's and their sum. Then, per case, the ext_proc server's CPU per request
+against ``serve``'s, for the floor and for the picker, measured in the same rounds.
 
 Part 2, routing on engines (``--engines sim``: ``engine-sim``, simulated, ``--instances`` of them, 4 by
 default; ``--engines vllm``: real vLLM CPU engines, ``lab.launch.vllm.VllmFleet``, 2 by default, the model
@@ -24,7 +28,7 @@ and weights as ``launch.vllm`` finds them): the same workload
 (``--workload``, ``--seed``) through ``serve`` and through Envoy + ``epp`` (both body modes), each
 fresh, each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported
 hit rate of each, its difference in points, requests per worker, and the router's CPU per request (the
-picker's alone, and with Envoy).
+picker's alone, and with Envoy). ``serve`` runs again last: how far the same edge moves between runs.
 
     python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
     python benchmarks/epp.py --skip-data-path --engines vllm --hit-requests 200 --hit-concurrency 4
@@ -66,10 +70,14 @@ from prefix_router.proxy import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"
+SERVE_AGAIN = "prefix-router again"  # part 2's last run: serve's own run-to-run spread, in the same run
+FLOOR = "envoy+grpc floor"  # the same Envoy in front of a do-nothing grpc.aio ext_proc server
+FLOOR_SERVER = Path(__file__).resolve().parent / "floor_servers" / "extproc_floor.py"
 BUFFERED = "envoy+epp buffered"  # the request body BUFFERED instead of FULL_DUPLEX_STREAMED
 LEAN = "envoy+epp lean"  # no response headers to the picker (and so no decision headers)
 OPTIONS = {
     GATEWAY: EnvoyOptions(),
+    FLOOR: EnvoyOptions(),
     BUFFERED: EnvoyOptions(request_body_mode="BUFFERED"),
     LEAN: EnvoyOptions(response_header_mode="SKIP"),
 }
@@ -134,6 +142,15 @@ def spawn_gateway(
     return Target(name, listen, {"envoy": envoy, "epp": epp})
 
 
+def spawn_floor(spawn: Spawn, worker_port: int, directory: Path, threads: int) -> Target:
+    grpc_port, listen = free_port(), free_port()
+    argv = [sys.executable, str(FLOOR_SERVER), "--port", str(grpc_port)]
+    floor = spawn([*argv, "--destination", f"127.0.0.1:{worker_port}"], None)
+    ports = EnvoyPorts(listen=listen, admin=free_port(), epp=grpc_port)
+    envoy = spawn(envoy_argv(directory, ports, OPTIONS[FLOOR], threads), None)
+    return Target(FLOOR, listen, {"envoy": envoy, "floor": floor})
+
+
 async def measure(target: Target, sent: list[bytes], concurrency: int) -> Sample:
     before = {c: cpu_seconds(pid) for c, pid in target.pids.items()}
     result = await loadgen.run(target.port, sent, concurrency)
@@ -156,6 +173,7 @@ async def data_path(args: argparse.Namespace, console: Console, directory: Path)
         targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads))
         targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads, BUFFERED))
         targets.append(spawn_gateway(spawn, [url], directory, args.envoy_threads, LEAN))
+        targets.append(spawn_floor(spawn, worker_port, directory, args.envoy_threads))
         if Path(args.peer_python).exists():
             port = free_port()
             targets.append(
@@ -204,6 +222,19 @@ def report_data_path(runs: Runs, names: list[str], args: argparse.Namespace, con
                 f"{(f.p50_s - direct.p50_s) * 1e3:.2f}", f"{total * 1e6:.0f}", parts, str(f.errors),
             )  # fmt: skip
         console.print(table)
+        report_floor(runs, kind, console)
+
+
+def report_floor(runs: Runs, kind: str, console: Console) -> None:
+    """The ext_proc server's CPU per request against ``serve``'s: the floor's, then each picker's and what
+    it costs above the floor (the picker's own work), all from the same rounds."""
+    serve = runs.best(kind, SERVE).cpu_s["serve"]
+    floor = runs.best(kind, FLOOR).cpu_s["floor"]
+    parts = [f"grpc floor {floor * 1e6:.0f} us = {floor / serve:.2f}x serve ({serve * 1e6:.0f} us)"]
+    for name in (GATEWAY, BUFFERED, LEAN):
+        epp = runs.best(kind, name).cpu_s["epp"]
+        parts.append(f"{name} picker {epp * 1e6:.0f} us = {epp / serve:.2f}x ({(epp - floor) * 1e6:+.0f} us)")
+    console.print(f"{kind}: ext_proc server CPU per request: " + "; ".join(parts))
 
 
 @dataclass(frozen=True)
@@ -274,9 +305,9 @@ def routing(
 ) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
     rows = []
     with start_plan(engine_plan(args), directory) as engines:
-        for label in (SERVE, GATEWAY, BUFFERED, LEAN):
+        for label in (SERVE, GATEWAY, BUFFERED, LEAN, SERVE_AGAIN):
             with processes() as spawn:
-                if label == SERVE:
+                if label in (SERVE, SERVE_AGAIN):
                     port = free_port()
                     pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
                     wait_http(f"http://127.0.0.1:{port}/ready")
@@ -315,10 +346,19 @@ def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], in
     serve = rows[0][1]
     for label, row, cpu, _ in rows[1:]:
         diff = (float(row["hit_rate"] or 0) - float(serve["hit_rate"] or 0)) * 100  # type: ignore[arg-type]
+        if label == SERVE_AGAIN:
+            console.print(f"{label}: hit rate minus the first run's {diff:+.2f} points (the same edge twice)")
+            continue
+        ratio = cpu["epp"] / rows[0][2]["serve"]
         console.print(
-            f"{label}: hit rate minus serve's {diff:+.2f} points (target: within 1); the picker's CPU per "
-            f"request / serve's: {cpu['epp'] / rows[0][2]['serve']:.2f} (target: at or below 1)"
+            f"{label}: hit rate minus serve's {diff:+.2f} points, target within 1: "
+            f"{verdict(abs(diff) <= 1)}; the picker's CPU per request / serve's {ratio:.2f}, target at or "
+            f"below 1: {verdict(ratio <= 1)}"
         )
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT MET"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,17 +4,20 @@ is Envoy's, the choice the picker's (``x-gateway-destination-endpoint``), the le
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+import zmq.asyncio
 from openai import APIStatusError
 
-from prefix_router.lab.launch.envoy import EnvoyOptions
+from prefix_router.events import BlockStored
+from prefix_router.lab.launch.envoy import DESTINATION_HEADER, EnvoyOptions
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
-from support.gateway import Gateways
+from support.gateway import Gateway, Gateways
+from support.kv_events import FakePublisher, free_port
+from support.waiting import wait_until
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
 
@@ -158,14 +161,13 @@ async def test_shedding_is_429_and_no_worker_is_503(fake_engine: Any, gateways: 
     gateway = await gateways.start(engine, settings={"limits.max_in_flight_per_worker": 1})
     client = gateway.openai()
     hanging = asyncio.create_task(client.chat.completions.create(model="m", messages=chat("1")))
-    while gateway.state.pool.total_in_flight() < 1:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: gateway.state.pool.total_in_flight() >= 1)
     with pytest.raises(APIStatusError) as caught:
         await client.chat.completions.create(model="m", messages=chat("2"))
     assert caught.value.status_code == 429 and caught.value.response.headers["retry-after"]
     hanging.cancel()
-    while gateway.state.pool.total_in_flight():  # the client left: Envoy ends the stream, the flight ends
-        await asyncio.sleep(0.01)
+    # the client left: Envoy ends the stream, the flight ends
+    await wait_until(lambda: gateway.state.pool.total_in_flight() == 0)
     gateway.state.pool.report(gateway.state.pool.require("a"), False, "down")
     gateway.state.pool.report(gateway.state.pool.require("a"), False, "down")
     gateway.state.pool.report(gateway.state.pool.require("a"), False, "down")
@@ -182,10 +184,7 @@ async def test_client_gone_mid_stream_ends_the_flight(fake_engine: Any, gateways
     async for _ in stream:
         break
     await stream.close()
-    deadline = time.monotonic() + 5
-    while gateway.state.pool.total_in_flight() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert gateway.state.pool.total_in_flight() == 0
+    await wait_until(lambda: gateway.state.pool.total_in_flight() == 0)
     await asyncio.wait_for(engine.cancelled.wait(), 5)  # Envoy reset the engine's stream too
 
 
@@ -200,10 +199,8 @@ async def test_killed_engine_is_ejected_within_the_health_interval(
     client = gateway.openai()
     assert a.running is not None
     await a.running.stop()
-    killed = time.monotonic()
-    while gateway.state.pool.require("a").available:
-        assert time.monotonic() - killed < interval + 1.0, "not ejected within the health interval"
-        await asyncio.sleep(0.02)
+    # ejected within the health interval (and a second of slack for a loaded machine)
+    await wait_until(lambda: not gateway.state.pool.require("a").available, timeout_s=interval + 1.0)
     for i in range(8):
         raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat(f"k{i}"))
         assert raw.headers[WORKER_HEADER] == "b"
@@ -261,8 +258,7 @@ async def test_streams_beyond_max_streams_are_refused(fake_engine: Any, gateways
     gateway = await gateways.start(engine, epp={"max_streams": 1})
     client = gateway.openai()
     hanging = asyncio.create_task(client.chat.completions.create(model="m", messages=chat("1")))
-    while gateway.state.pool.total_in_flight() < 1:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: gateway.state.pool.total_in_flight() >= 1)
     assert gateway.epp is not None and gateway.epp.edge.streams == 1
     with pytest.raises(APIStatusError) as caught:  # gRPC's RESOURCE_EXHAUSTED: the gateway fails closed
         await client.chat.completions.create(model="m", messages=chat("2"))
@@ -338,3 +334,183 @@ async def test_a_large_whole_response_is_learned_from_all_its_chunks(
     reply = await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
     assert reply.choices[0].message.content == "r" * 300_000
     assert gateway.state.router.feedback["a"].reports == 1
+
+
+async def dead_owner(
+    fake_engine: Any, gateways: Gateways, retries: int, system: str = SYSTEM
+) -> tuple[Any, Any, list[Any]]:
+    """Three engines behind an override_host cluster, the picker listing all of them (``--fallbacks 2``);
+    the engine that owns the shared prefix (``system``) is then stopped. The picker still counts it
+    healthy (its probes are an hour apart), so it stays the first choice for that prefix."""
+    engines = [
+        await fake_engine(name, reply="one two three", chunks=3, cached_tokens=2) for name in ("a", "b", "c")
+    ]
+    options = EnvoyOptions(endpoints=[address_of_engine(e) for e in engines], retries=retries)
+    gateway = await gateways.start(*engines, epp={"fallbacks": 2}, envoy=options)
+    client = gateway.openai()
+    first = await client.chat.completions.with_raw_response.create(model="m", messages=chat("q0", system))
+    owner = next(e for e in engines if e.name == first.headers[WORKER_HEADER])
+    assert owner.running is not None
+    await owner.running.stop()
+    return gateway, owner, engines
+
+
+async def envoy_stats(gateway: Gateway, prefix: str) -> dict[str, int]:
+    """Envoy's counters under ``prefix`` (its admin ``/stats``), the prefix removed."""
+    async with aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{gateway.envoy.ports.admin}/stats"
+        async with http.get(url, params={"filter": f"^{prefix}"}) as resp:
+            text = await resp.text()
+    pairs = (line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    return {k.removeprefix(prefix): int(v) for k, v in pairs if v.isdigit()}
+
+
+def listed_by_the_picker(engine: Any) -> list[str]:
+    """The picker's ordered list, as the engine that served the last request received it."""
+    return str(engine.generations[-1].headers[DESTINATION_HEADER]).split(",")
+
+
+LARGE = "".join(f"token{i} " for i in range(90_000))  # ~650 KB: many ext_proc chunks, kept for a retry
+
+
+async def send(gateway: Gateway, kind: str) -> tuple[str, str]:
+    """One request of ``kind`` (plain, streamed, large: a ``LARGE`` shared prefix) sharing the first
+    request's prefix: the engine that answered it (``x-engine``) and the answer's text."""
+    client = gateway.openai()
+    if kind == "streamed":
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=chat("q1"), stream=True, stream_options={"include_usage": True}
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
+        return raw.headers["x-engine"], text
+    if kind == "plain":
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=chat("q1"))
+        return raw.headers["x-engine"], str(raw.parse().choices[0].message.content)
+    body = orjson.dumps({"model": "m", "messages": chat("q1", LARGE)})
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateway.url + "/v1/chat/completions", data=body)
+        assert resp.status == 200, await resp.text()
+        reply = orjson.loads(await resp.read())
+    return resp.headers["x-engine"], reply["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("kind", ["plain", "streamed", "large"])
+async def test_envoy_falls_back_to_the_next_endpoint_of_the_pickers_list(
+    fake_engine: Any, gateways: Gateways, kind: str
+) -> None:
+    """The ordered fallback list through Envoy's override_host policy: the first choice refuses
+    connections, Envoy's retry lands on the list's second entry, and the picker moves the flight there
+    (the served endpoint Envoy reports in ``envoy.lb``) and learns the answer's usage on it."""
+    system = LARGE if kind == "large" else SYSTEM
+    gateway, owner, engines = await dead_owner(fake_engine, gateways, retries=2, system=system)
+    name, text = await send(gateway, kind)
+    server = next(e for e in engines if e.name == name)
+    listed = listed_by_the_picker(server)
+    assert listed[0] == address_of_engine(owner) and len(listed) == 3
+    assert listed[1] == address_of_engine(server) and text == "one two three"
+    if kind == "large":
+        assert len(server.generations[-1].body) > 600_000  # arrived whole on the second attempt
+    # Envoy's own count: refused once, retried once
+    stats = await envoy_stats(gateway, "cluster.endpoints.")
+    assert stats["upstream_cx_connect_fail"] == 1 and stats["upstream_rq_retry"] == 1
+    # the flight moved to the endpoint that served it: the usage learned there, the flight ended there
+    # (settled when the picker sees the body's end, which may come after the client's last event)
+    await wait_until(lambda: gateway.state.router.feedback[server.name].reports == 1)
+    assert gateway.state.router.feedback[owner.name].reports == 1  # the first request, before the stop
+    await wait_until(lambda: gateway.state.pool.total_in_flight() == 0)
+
+
+async def test_without_retries_the_list_is_not_followed(fake_engine: Any, gateways: Gateways) -> None:
+    """The control: the same gateway without Envoy retries answers the dead first choice's 503."""
+    gateway, _, engines = await dead_owner(fake_engine, gateways, retries=0)
+    with pytest.raises(APIStatusError) as caught:
+        await gateway.openai().chat.completions.create(model="m", messages=chat("q1"))
+    assert caught.value.status_code == 503
+    assert sum(len(e.generations) for e in engines) == 1  # only the first request, before the stop
+
+
+def fake_ids(body: dict[str, Any]) -> list[int]:
+    """The stand-in engine's tokenizer: one id per byte of the messages' contents."""
+    return list("".join(str(m["content"]) for m in body["messages"]).encode())
+
+
+async def decided(gateway: Gateway, body: dict[str, Any]) -> tuple[str, int]:
+    """The worker the picker chose for ``body`` and the cached tokens it predicted there."""
+    raw = await gateway.openai().chat.completions.with_raw_response.create(**body)
+    return raw.headers[WORKER_HEADER], int(raw.headers[MATCH_HEADER])
+
+
+async def test_precise_mode_keys_rendered_by_the_event_fed_engine(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """Precise mode as ``serve`` runs it: without a local template, the event-fed engine renders the
+    request's token ids (``routing.precise.render``); its KV events then decide the choice and the
+    prediction, and a second request finds the render cached."""
+    block = 16
+    a = await fake_engine("a", render_ids=fake_ids)
+    b = await fake_engine("b", render_ids=fake_ids)
+    port = free_port()
+    events = {"endpoint": f"tcp://127.0.0.1:{port}", "bind": True, "topic": "kv"}
+    entries: list[dict[str, Any]] = [
+        {"url": a.url, "name": "a", "models": ["m"]},
+        {"url": b.url, "name": "b", "models": ["m"], "kv_events": events},
+    ]
+    gateway = await gateways.start(*entries, settings={"routing.precise.block_tokens": block})
+    state = gateway.state
+    context = zmq.asyncio.Context()
+    publisher = FakePublisher(context, f"tcp://127.0.0.1:{port}", bind=False)
+    try:
+        subscriber = state.events.subscribers["b"]  # type: ignore[union-attr]
+        for _ in range(250):  # the subscriber connects when it will: publish until it has heard one
+            await publisher.publish([])
+            if subscriber.stats.decoded:
+                break
+            await asyncio.sleep(0.02)
+        assert subscriber.stats.decoded
+        body = {"model": "m", "messages": chat("Where is parcel 8?")}
+        ids = fake_ids(body)
+        held = len(ids) // block * block
+        stored = BlockStored(tuple(range(1, held // block + 1)), None, tuple(ids[:held]), block)
+        await publisher.publish([stored])
+        await wait_until(lambda: state.router.precise.held_blocks("b") == held // block)
+        assert await decided(gateway, body) == ("b", held)
+        assert await decided(gateway, body) == ("b", held)
+        renders = state.renders
+        assert renders is not None and (renders.stats.requests, renders.stats.cached) == (1, 1)
+        assert len([s for s in b.seen if s.path.endswith("/render")]) == 1 and not a.generations
+    finally:
+        await publisher.close()
+        context.term()
+
+
+async def test_the_control_listener_serves_probes_metrics_and_the_admin_api(
+    fake_engine: Any, gateways: Gateways
+) -> None:
+    """The picker's HTTP listener, as ``serve``'s: probes, ``/metrics`` with the picker's series and the
+    routing core's, and the admin API behind ``auth.admin_token`` (a worker drained there gets no more
+    requests through the gateway)."""
+    a = await fake_engine("a")
+    b = await fake_engine("b")
+    token = "admin-token-for-epp-tests"
+    gateway = await gateways.start(a, b, settings={"auth.admin_token": token})
+    await gateway.openai().chat.completions.create(model="m", messages=chat("x"))
+    assert gateway.epp is not None
+    control = gateway.epp.http.url
+    admin = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as http:
+        for path in ("/health", "/ready"):
+            async with http.get(control + path) as resp:
+                assert resp.status == 200, path
+        async with http.get(control + "/metrics") as resp:
+            metrics = await resp.text()
+        assert 'prefix_router_epp_messages_total{kind="request_headers"} 1.0' in metrics
+        assert "prefix_router_requests_total" in metrics
+        async with http.get(control + "/admin/workers") as resp:
+            assert resp.status == 401
+        async with http.post(control + "/admin/workers/a/drain", headers=admin) as resp:
+            assert resp.status == 200, await resp.text()
+    for i in range(6):
+        raw = await gateway.openai().chat.completions.with_raw_response.create(
+            model="m", messages=chat("y", system=f"{i} unrelated topic {i} " * 30)
+        )
+        assert raw.headers[WORKER_HEADER] == "b"

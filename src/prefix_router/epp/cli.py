@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--fallbacks",
         type=int,
         default=0,
-        help="other endpoints listed after the choice, least loaded first (default 0: plain Envoy reads one)",
+        help="other endpoints listed after the choice, least loaded first, for a gateway whose override_host"
+        " policy retries down the list (default 0: ORIGINAL_DST reads one address)",
     )
     epp.add_argument("--max-streams", type=int, default=4096, help="ext_proc streams served at once")
     epp.set_defaults(func=run_epp)

@@ -1,7 +1,7 @@
 """One request as the endpoint picker sees it, over one ext_proc stream.
 
 The gateway streams the request's headers and body (``FULL_DUPLEX_STREAMED``). The picker buffers the
-body to its end, parses it as ``serve`` does (``parse_request``), asks the same routing core for a worker
+body to its end, keys it as ``serve`` does (``parse_routed``), asks the same routing core for a worker
 among the eligible ones, answers the headers with the destination (and fallbacks), then streams the body
 back. A gateway that sends the body ``BUFFERED`` (its ``protocol_config``) gets the headers answered at
 once and the destination with the body's answer.
@@ -22,7 +22,6 @@ list, least loaded first).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -50,17 +49,15 @@ from prefix_router.proxy import (
     check_client,
     is_event_stream,
     overloaded,
-    parse_request,
+    parse_routed,
     passthrough_route,
     request_closed,
     request_id,
     safe_path,
     salted_body,
-    session_id,
     settle,
     shutting_down,
     takes_cache_salt,
-    tenant_of,
     tenant_salt,
     too_large,
     unavailable,
@@ -257,19 +254,8 @@ class PickerStream:
         return [answer, *extproc.body_chunks(raw, end=not trailers)]
 
     async def parse(self, endpoint: Endpoint, raw: bytes) -> Parsed:
-        state = self.state
-        tenant = tenant_of(self.headers) if state.config.routing.keys.isolate_tenants else None
-        session = session_id(self.headers.get(state.config.session_header), tenant)
-        args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session)
-        limits = state.config.limits
-        threshold = (
-            limits.exact_parse_in_thread_bytes
-            if state.router.keys.templates
-            else limits.parse_in_thread_bytes
-        )
-        if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
-            return await asyncio.to_thread(parse_request, *args)
-        return parse_request(*args)
+        """Keyed as ``serve`` keys it (``parse_routed``: tenant, session, cache salt, precise render)."""
+        return await parse_routed(self.state, endpoint, raw, self.headers)
 
     def policy(self) -> str | None:
         name = self.headers.get(POLICY_HEADER)

@@ -10,8 +10,9 @@ GRPC_PORT = 9002  # the reference picker's (llm-d) default
 
 class EppSettings(BaseModel):
     """``grpc_host``/``grpc_port``: where the ext_proc and health services listen. ``fallbacks``: how many
-    other endpoints follow the choice in the destination list (least loaded first; 0: the choice alone,
-    what plain Envoy's ``ORIGINAL_DST`` cluster reads). ``max_streams``: ext_proc streams served at once
+    other endpoints follow the choice in the destination list (least loaded first), which Envoy's
+    ``override_host`` policy tries in order on retries (0: the choice alone, what an ``ORIGINAL_DST``
+    cluster reads; a list breaks it). ``max_streams``: ext_proc streams served at once
     (one per request in flight through the gateway; more wait in gRPC's queue). ``grace_s``: on SIGTERM,
     how long streams in flight may finish."""
 

@@ -23,6 +23,7 @@ from prefix_router.proxy.edge.handlers import closed as request_closed
 from prefix_router.proxy.edge.handlers import health as health_route
 from prefix_router.proxy.edge.handlers import metrics as metrics_route
 from prefix_router.proxy.edge.handlers import ready as ready_route
+from prefix_router.proxy.edge.keying import parse_routed
 from prefix_router.proxy.edge.parse import Parsed, body_model, session_id, too_large
 from prefix_router.proxy.edge.parse import parse as parse_request
 from prefix_router.proxy.edge.sse import ReplyAccumulator
@@ -81,6 +82,7 @@ __all__ = [
     "metrics_route",
     "overloaded",
     "parse_request",
+    "parse_routed",
     "passthrough_route",
     "print_config",
     "read_up_to",

@@ -9,13 +9,37 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, bootstrap, envoy_binary, render
+from prefix_router.lab.launch.envoy import (
+    EnvoyOptions,
+    EnvoyPorts,
+    bootstrap,
+    envoy_binary,
+    render,
+    upstream_cluster,
+)
 
-SHIPPED = Path(__file__).resolve().parents[3] / "deploy" / "envoy" / "envoy.yaml"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "envoy"
+# deploy/envoy/envoy-fallbacks.yaml: the override_host cluster for the picker's ordered list
+FALLBACKS = EnvoyOptions(endpoints=["127.0.0.1:8001", "127.0.0.1:8002"])
 
 
-def test_the_shipped_bootstrap_is_the_generators_default() -> None:
-    assert yaml.safe_load(SHIPPED.read_text()) == bootstrap()
+def test_the_shipped_bootstraps_are_the_generators() -> None:
+    assert yaml.safe_load((DEPLOY / "envoy.yaml").read_text()) == bootstrap()
+    assert yaml.safe_load((DEPLOY / "envoy-fallbacks.yaml").read_text()) == bootstrap(options=FALLBACKS)
+
+
+def test_the_override_host_cluster_lists_the_endpoints_and_the_route_retries() -> None:
+    cluster = upstream_cluster(["10.0.0.11:8000", "[fd00::5]:8000"])
+    hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["address"]["socket_address"] for h in hosts] == [
+        {"address": "10.0.0.11", "port_value": 8000},
+        {"address": "fd00::5", "port_value": 8000},
+    ]
+    route = bootstrap(options=EnvoyOptions(endpoints=["10.0.0.11:8000"], retries=3))["static_resources"]
+    action = route["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
+    retry = action["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
+    assert retry == {"retry_on": "5xx", "num_retries": 3}
+    assert "retry_policy" not in str(bootstrap())  # ORIGINAL_DST has one address: nothing to retry on
 
 
 @pytest.mark.parametrize(
@@ -25,8 +49,10 @@ def test_the_shipped_bootstrap_is_the_generators_default() -> None:
         EnvoyOptions(fail_open=True, fallback_endpoint="127.0.0.1:8001"),
         EnvoyOptions(subset=["127.0.0.1:8001", "127.0.0.1:8002"]),
         EnvoyOptions(request_body_mode="BUFFERED"),
+        FALLBACKS,
+        EnvoyOptions(endpoints=["[::1]:8001"], fail_open=True, request_body_mode="BUFFERED"),
     ],
-    ids=["fail-closed", "fail-open", "subset", "buffered"],
+    ids=["fail-closed", "fail-open", "subset", "buffered", "fallbacks", "fallbacks-v6-fail-open"],
 )
 def test_envoy_accepts_the_bootstrap(options: EnvoyOptions, tmp_path: Path) -> None:
     config = tmp_path / "envoy.yaml"

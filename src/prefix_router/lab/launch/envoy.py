@@ -4,19 +4,29 @@ bootstrap, as the Gateway API Inference Extension's gateways configure Envoy, an
 The bootstrap (``bootstrap``; ``deploy/envoy/envoy.yaml`` is ``render`` of the defaults) has one listener.
 Its HTTP filters are the ext_proc filter, then the router. The ext_proc filter sends request and
 response headers, streams the request body (FULL_DUPLEX_STREAMED), sends response bodies STREAMED and
-trailers, allows ``mode_override``, forwards the ``envoy.lb`` metadata to the picker, and asks for the
-``upstream.address`` and ``response.flags`` response attributes (the endpoint served, a connect
-failure). The upstream cluster is ``ORIGINAL_DST``, reading the picker's ``x-gateway-destination-endpoint``
-header.
+trailers, allows ``mode_override``, forwards the ``envoy.lb`` metadata to the picker and accepts the
+picker's (its choice), and asks for the ``upstream.address`` and ``response.flags`` response attributes
+(the endpoint served, a connect failure). The upstream cluster is ``ORIGINAL_DST``, reading the
+picker's ``x-gateway-destination-endpoint`` header: one address, no retry elsewhere.
+
+With ``endpoints`` (the pool's ``ip:port`` list, as a gateway's EDS names an InferencePool's pods) the
+cluster is instead ``STATIC`` with those hosts and Envoy's ``override_host`` load-balancing policy: it reads
+the picker's ordered list (``envoy.lb`` / ``x-gateway-destination-endpoint`` metadata) and sends the
+request to the first entry and each retry to the next (``retries``, on a connect failure or a 5xx before
+the response began); past the list's end, or with no list, round robin. It writes the endpoint used to
+``envoy.lb`` / ``x-gateway-destination-endpoint-served``, which the ext_proc filter forwards to the picker
+with the response.
 
 Knobs:
 - ``fail_open``: the picker unreachable is ``failure_mode_allow``, and requests then go to
-  ``fallback_endpoint``; else 503;
+  ``fallback_endpoint`` (with ``endpoints``: round robin, the policy's fallback); else 503;
 - ``subset``: a static subset hint, set as ``envoy.lb.subset_hint`` metadata before the picker runs, as a
   gateway would;
 - ``request_body_mode``: FULL_DUPLEX_STREAMED, or BUFFERED;
 - ``response_header_mode``: SEND, or SKIP (fewer messages, no decision headers);
-- ``timeout_s``: per request and per ext_proc message.
+- ``timeout_s``: per request and per ext_proc message;
+- ``endpoints``, ``retries``: the override_host cluster above, and how many times a request is retried
+  on the next endpoint of the picker's list (the picker's ``--fallbacks`` says how long the list is).
 """
 
 from __future__ import annotations
@@ -38,6 +48,11 @@ EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.Extern
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 SET_METADATA = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
+OVERRIDE_HOST = "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
+ROUND_ROBIN = "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+LB_NAMESPACE = "envoy.lb"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+RETRY_ON = "5xx"  # a connect failure, a refused stream, a reset or a 5xx answer, before the response began
 HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -63,6 +78,10 @@ class EnvoyOptions:
     # body BUFFERED the picker asks for that itself (``mode_override``); Envoy 1.40 ignores the override
     # under FULL_DUPLEX_STREAMED, so there only this setting does it
     response_header_mode: str = "SEND"
+    # the pool's ``ip:port`` endpoints: a STATIC cluster of them with the override_host policy, which reads
+    # the picker's ordered fallback list (None: ORIGINAL_DST, the picker's first address only)
+    endpoints: Sequence[str] | None = None
+    retries: int = 2  # with ``endpoints``: attempts after the first, each on the list's next endpoint
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -90,7 +109,11 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
                 else "SKIP",
                 "response_trailer_mode": "SEND",
             },
-            "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]}},
+            "metadata_options": {
+                "forwarding_namespaces": {"untyped": [LB_NAMESPACE, "envoy.lb.subset_hint"]},
+                # the picker's choice in ``envoy.lb`` (unset: Envoy drops the metadata the picker sends)
+                "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+            },
             "response_attributes": ["upstream.address", "response.flags", "response.code"],
         },
     }
@@ -109,6 +132,8 @@ def subset_filter(subset: Sequence[str]) -> dict[str, Any]:
 
 def route(options: EnvoyOptions) -> dict[str, Any]:
     action: dict[str, Any] = {"cluster": "endpoints", "timeout": f"{options.timeout_s:g}s"}
+    if options.endpoints is not None and options.retries:
+        action["retry_policy"] = {"retry_on": RETRY_ON, "num_retries": options.retries}
     out: dict[str, Any] = {"match": {"prefix": "/"}, "route": action}
     if options.fail_open and options.fallback_endpoint:
         # applied by the router filter after the picker: only when it set no destination
@@ -142,13 +167,7 @@ def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOpt
             }
         ],
     }
-    endpoints = {
-        "name": "endpoints",
-        "type": "ORIGINAL_DST",
-        "lb_policy": "CLUSTER_PROVIDED",
-        "connect_timeout": "1s",
-        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
-    }
+    endpoints = upstream_cluster(options.endpoints)
     epp = {
         "name": "epp",
         "type": "STATIC",
@@ -166,6 +185,48 @@ def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOpt
         "static_resources": {"listeners": [listener], "clusters": [endpoints, epp]},
     }
     return config | options.extra
+
+
+def _metadata_key(key: str) -> dict[str, Any]:
+    return {"key": LB_NAMESPACE, "path": [{"key": key}]}
+
+
+def _policy(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {"policies": [{"typed_extension_config": {"name": name, "typed_config": config}}]}
+
+
+def upstream_cluster(endpoints: Sequence[str] | None) -> dict[str, Any]:
+    """The engines' cluster: ``ORIGINAL_DST`` on the picker's header (``endpoints`` None), or ``STATIC``
+    with ``endpoints`` and ``override_host`` reading the picker's ordered list from ``envoy.lb``."""
+    if endpoints is None:
+        return {
+            "name": "endpoints",
+            "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": "1s",
+            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        }
+    override = {
+        "@type": OVERRIDE_HOST,
+        # one source: the header and the metadata carry the same list, and every source found is appended
+        "override_host_sources": [{"metadata": _metadata_key(DESTINATION_HEADER)}],
+        "selected_host_key": _metadata_key(SERVED_KEY),
+        "fallback_policy": _policy("envoy.load_balancing_policies.round_robin", {"@type": ROUND_ROBIN}),
+    }
+    hosts = [{"endpoint": {"address": _socket(e)}} for e in endpoints]
+    return {
+        "name": "endpoints",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "endpoints", "endpoints": [{"lb_endpoints": hosts}]},
+        "load_balancing_policy": _policy("envoy.load_balancing_policies.override_host", override),
+    }
+
+
+def _socket(endpoint: str) -> dict[str, Any]:
+    """``ip:port`` (``[v6]:port``) as an Envoy socket address."""
+    host, _, port = endpoint.rpartition(":")
+    return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
 
 
 def render(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> str:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -17,11 +16,11 @@ from prefix_router.proxy.edge import http_errors
 from prefix_router.proxy.edge import parse as parsing
 from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
 from prefix_router.proxy.edge.accounting import CLIENT_GONE
-from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
+from prefix_router.proxy.edge.auth import check_client
 from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
 from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
-from prefix_router.proxy.edge.render import render_worker
+from prefix_router.proxy.edge.keying import parse_routed
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,42 +101,12 @@ async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) ->
     state = request.app[CONTEXT]
     admit(state, request)
     raw = await read_body(state, request)
-    tenant = tenant_of(request.headers) if state.config.routing.keys.isolate_tenants else None
-    session = parsing.session_id(request.headers.get(state.config.session_header), tenant)
-    salt = tenant_salt(request.headers) if state.config.tenants.cache_salt else None  # as the engine sees it
-    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session, salt)
-    limits = state.config.limits
-    threshold = (
-        limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
-    )
-    if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
-        parsed = await asyncio.to_thread(parsing.parse, *args)
-    else:
-        parsed = parsing.parse(*args)
-    parsed = await rendered(state, parsed, salt)
+    parsed = await parse_routed(state, endpoint, raw, request.headers)
     policy = policy_override(state, request)
     model = parsed.body.get("model")
     return await Exchange(
         state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
     ).run()
-
-
-async def rendered(state: AppContext, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
-    """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
-    settings = state.config.routing.precise
-    if (
-        state.renders is None
-        or not settings.render
-        or parsed.route.precise_blocks
-        or not state.router.precise
-    ):
-        return parsed
-    model = parsed.body.get("model")
-    workers = [w for w in state.pool if w.available and isinstance(model, str) and w.serves(model)]
-    worker = render_worker(state.router, workers, state.clock())
-    return await state.renders.precise(
-        state.router, state.upstream, worker, parsed, settings.render_timeout_s, salt
-    )
 
 
 @guarded

@@ -1,0 +1,96 @@
+"""Floor server for ``benchmarks/epp.py``: the least an ext_proc endpoint picker on grpc.aio can do per
+request. It serves ``envoy.service.ext_proc.v3.ExternalProcessor`` on the same stack as ``prefix-router
+epp`` (grpcio's asyncio server on uvloop, ``tune_gc``), and answers each message with a prebuilt
+response: the request headers with one fixed destination (``--destination ip:port``, header and
+``envoy.lb`` metadata), the response's messages passed on. A ``FULL_DUPLEX_STREAMED`` request body is
+buffered to its end and streamed back in chunks, as the protocol requires. No parsing, no routing, no
+accounting, no logging: a measuring instrument, not product code. What the picker costs above it is
+the picker's own work.
+
+    python benchmarks/floor_servers/extproc_floor.py --port 9102 --destination 127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+
+from prefix_router.epp.extproc import (
+    DESTINATION_HEADER,
+    body_chunks,
+    body_continue,
+    continue_headers,
+    continue_trailers,
+    destination,
+)
+from prefix_router.proxy import loop_factory, tune_gc
+
+Answers = Iterator[ext.ProcessingResponse]
+
+
+class FloorProcessor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Every answer prebuilt but the request body's echo; one list of chunks per stream."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.chosen = destination({DESTINATION_HEADER: endpoint})
+        self.response_headers = continue_headers(True)
+        self.response_body = body_continue()
+        self.request_trailers = continue_trailers(False)
+        self.response_trailers = continue_trailers(True)
+
+    async def Process(
+        self, requests: AsyncIterator[ext.ProcessingRequest], context: Any
+    ) -> AsyncIterator[ext.ProcessingResponse]:
+        chunks: list[bytes] = []
+        async for message in requests:
+            for answer in self.answer(message, chunks):
+                yield answer
+
+    def answer(self, message: ext.ProcessingRequest, chunks: list[bytes]) -> Answers:
+        kind = message.WhichOneof("request")
+        if kind == "response_body":
+            yield self.response_body
+        elif kind == "request_body":
+            chunks.append(message.request_body.body)
+            if message.request_body.end_of_stream:
+                yield self.chosen
+                yield from body_chunks(b"".join(chunks))
+        elif kind == "response_headers":
+            yield self.response_headers
+        elif kind == "request_headers" and message.request_headers.end_of_stream:
+            yield self.chosen
+        elif kind == "request_trailers":
+            yield self.chosen
+            yield from body_chunks(b"".join(chunks), end=False)
+            yield self.request_trailers
+        elif kind == "response_trailers":
+            yield self.response_trailers
+
+
+async def serve(host: str, port: int, endpoint: str) -> None:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    ext_grpc.add_ExternalProcessorServicer_to_server(FloorProcessor(endpoint), server)
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--destination", required=True, help="the one engine's ip:port")
+    args = p.parse_args()
+    tune_gc()
+    with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
+        runner.run(serve(args.host, args.port, args.destination))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""A routed request's body (chat or completions) keyed as both edges key it: parsed with the tenant, the
+session and the cache salt the engine will see, off the event loop when long, then, in precise mode
+without a local template, its token ids rendered by an event-fed engine (``render``). ``serve``'s
+handlers and the endpoint picker (``prefix_router.epp``) both call ``parse_routed``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from prefix_router.protocol import Endpoint
+from prefix_router.proxy.context import AppContext
+from prefix_router.proxy.edge import parse as parsing
+from prefix_router.proxy.edge.auth import tenant_of, tenant_salt
+from prefix_router.proxy.edge.render import render_worker
+
+
+async def parse_routed(
+    state: AppContext, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]
+) -> parsing.Parsed:
+    """``raw`` parsed and keyed for the routing core (``ProxyError`` 400 when it is not a valid body);
+    ``headers`` are the client's (tenant, session, cache salt)."""
+    tenant = tenant_of(headers) if state.config.routing.keys.isolate_tenants else None
+    session = parsing.session_id(headers.get(state.config.session_header), tenant)
+    salt = tenant_salt(headers) if state.config.tenants.cache_salt else None  # as the engine sees it
+    args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session, salt)
+    limits = state.config.limits
+    threshold = (
+        limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
+    )
+    if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
+        parsed = await asyncio.to_thread(parsing.parse, *args)
+    else:
+        parsed = parsing.parse(*args)
+    return await rendered(state, parsed, salt)
+
+
+async def rendered(state: AppContext, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
+    """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
+    settings = state.config.routing.precise
+    if (
+        state.renders is None
+        or not settings.render
+        or parsed.route.precise_blocks
+        or not state.router.precise
+    ):
+        return parsed
+    model = parsed.body.get("model")
+    workers = [w for w in state.pool if w.available and isinstance(model, str) and w.serves(model)]
+    worker = render_worker(state.router, workers, state.clock())
+    return await state.renders.precise(
+        state.router, state.upstream, worker, parsed, settings.render_timeout_s, salt
+    )
