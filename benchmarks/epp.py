@@ -400,24 +400,36 @@ def edges(args: argparse.Namespace) -> list[str]:
     return [e for e in EDGES if e in chosen]
 
 
-def routing(args: argparse.Namespace, console: Console, directory: Path) -> list[RoutingRow]:
-    rows: list[RoutingRow] = []
+def rotated(names: list[str], round_: int) -> list[str]:
+    """``names`` started ``round_`` places later, wrapping: each round puts another row first."""
+    k = round_ % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def routing(args: argparse.Namespace, console: Console, directory: Path) -> list[list[RoutingRow]]:
+    """Per round (``--hit-rounds``, each in another order), one row per edge, in ``EDGES``'s order."""
+    rounds: list[list[RoutingRow]] = []
+    chosen = edges(args)
     with start_plan(engine_plan(args), directory) as engines:
-        for label in edges(args):
-            if label == DIRECT:
-                row = asyncio.run(direct_row(engines, args))
-                rows.append((label, row, {}, int(row.get("requests") or 1)))  # type: ignore[call-overload]
-                console.print(f"{label}: done")
-                continue
-            with processes() as spawn:
-                url, pids = start_edge(spawn, label, engines, args, directory)
-                before = {c: cpu_seconds(p) for c, p in pids.items()}
-                row = bench_router(url, engines, label, args, directory / f"{label}.json")
-                after = {c: cpu_seconds(p) for c, p in pids.items()}
-                requests = int(row.get("requests") or 1)  # type: ignore[call-overload]
-                rows.append((label, row, {c: (after[c] - before[c]) / requests for c in pids}, requests))
-            console.print(f"{label}: done")
-    return rows
+        for round_ in range(args.hit_rounds):
+            rows = [edge_row(label, engines, args, directory) for label in rotated(chosen, round_)]
+            rounds.append(sorted(rows, key=lambda r: EDGES.index(r[0])))
+            console.print(f"round {round_ + 1}/{args.hit_rounds} done ({', '.join(rotated(chosen, round_))})")
+    return rounds
+
+
+def edge_row(label: str, engines: list[str], args: argparse.Namespace, directory: Path) -> RoutingRow:
+    """One edge's run of the workload: its ``bench`` row and its components' CPU seconds per request."""
+    if label == DIRECT:
+        row = asyncio.run(direct_row(engines, args))
+        return label, row, {}, int(row.get("requests") or 1)  # type: ignore[call-overload]
+    with processes() as spawn:
+        url, pids = start_edge(spawn, label, engines, args, directory)
+        before = {c: cpu_seconds(p) for c, p in pids.items()}
+        row = bench_router(url, engines, label, args, directory / f"{label}.json")
+        after = {c: cpu_seconds(p) for c, p in pids.items()}
+    requests = int(row.get("requests") or 1)  # type: ignore[call-overload]
+    return label, row, {c: (after[c] - before[c]) / requests for c in pids}, requests
 
 
 def p50_ms(row: dict[str, object], key: str) -> float | None:
@@ -493,10 +505,13 @@ def verdicts(rows: list[RoutingRow]) -> list[str]:
     return lines
 
 
-def report_routing(rows: list[RoutingRow], args: argparse.Namespace, console: Console) -> None:
+def report_routing(
+    rows: list[RoutingRow], args: argparse.Namespace, console: Console, round_: int = 1
+) -> None:
     table = Table(
-        title=f"{args.workload} workload, {args.hit_requests} requests, closed loop at concurrency "
-        f"{args.hit_concurrency}, {engine_plan(args).describe()}: the same engines for every row"
+        title=f"round {round_}/{args.hit_rounds}: {args.workload} workload, {args.hit_requests} requests, "
+        f"closed loop at concurrency {args.hit_concurrency}, {engine_plan(args).describe()}: "
+        "the same engines for every row"
     )
     for column in ("edge", "requests", "errors", "req/s", "TTFT p50 ms", "added", "latency p50 ms", "added",
                    "hit rate (engines)", "hit rate (usage)", "requests per worker", "router CPU us/req",
@@ -529,6 +544,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", default="multi-turn")
     p.add_argument("--hit-requests", type=int, default=400)
     p.add_argument("--hit-concurrency", type=int, default=16)
+    p.add_argument("--hit-rounds", type=int, default=1, help="part 2's rounds, each in another order")
     p.add_argument("--hit-workload-opt", action="append", metavar="KEY=VALUE", help="part 2's workload")
     p.add_argument(
         "--edges", default=",".join(EDGES), help=f"part 2's rows, comma-separated: {', '.join(EDGES)}"
@@ -555,8 +571,8 @@ def main() -> int:
                 runs, names = loop.run_until_complete(data_path(args, console, directory))
                 report_data_path(runs, names, args, console)
             if not args.skip_routing:
-                rows = routing(args, console, directory)
-                report_routing(rows, args, console)
+                for round_, rows in enumerate(routing(args, console, directory), 1):
+                    report_routing(rows, args, console, round_)
         finally:
             loop.close()
     console.print(f"load average at the end: {os.getloadavg()[0]:.2f}")

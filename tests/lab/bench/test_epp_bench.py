@@ -126,3 +126,11 @@ def test_workload_options_reach_bench(bench: ModuleType, tmp_path: Path) -> None
     assert argv[-4:] == ["--workload-opt", "tenants=8", "--workload-opt", "zipf_s=0"]
     sglang = bench.sglang_argv("py", ["http://a", "http://b"], 9)
     assert sglang[sglang.index("--worker-urls") + 1 :][:2] == ["http://a", "http://b"]
+
+
+def test_each_round_starts_with_another_edge(bench: ModuleType) -> None:
+    names = ["a", "b", "c"]
+    assert [bench.rotated(names, r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"],
+    ]  # fmt: skip
+    assert bench.rotated([], 2) == []
