@@ -34,7 +34,8 @@ picker's alone, and with Envoy). ``serve`` runs again last: how far the same edg
 each engine its share of the concurrency). Per row also: requests per second of the closed loop, TTFT and
 latency p50 and what each adds over ``direct``'s, and the engines' own hit rate (their prefix-cache
 counters between the row's scrapes). At real-engine speeds a row lasts tens of seconds, so a router's CPU
-per request includes its background work (health checks, metrics) over that time.
+per request includes its background work (health checks, metrics) over that time. ``--hit-rounds N``
+runs the rows N times, each round in another order, and prints one table per round.
 
     python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
     python benchmarks/epp.py --skip-data-path --engines vllm --hit-requests 200 --hit-concurrency 4
