@@ -29,14 +29,24 @@ and weights as ``launch.vllm`` finds them): the same workload
 fresh, each engine's cache flushed before (``prefix-router bench --router URL``): the engine-reported
 hit rate of each, its difference in points, requests per worker, and the router's CPU per request (the
 picker's alone, and with Envoy). ``serve`` runs again last: how far the same edge moves between runs.
+``--edges`` picks the rows; beside those, ``sglang-router`` (``cache_aware`` on every engine, from
+``--peer-python``) and ``direct`` (no router: the client sends its sessions to the engines round robin,
+each engine its share of the concurrency). Per row also: requests per second of the closed loop, TTFT and
+latency p50 and what each adds over ``direct``'s, and the engines' own hit rate (their prefix-cache
+counters between the row's scrapes). At real-engine speeds a row lasts tens of seconds, so a router's CPU
+per request includes its background work (health checks, metrics) over that time. ``--hit-rounds N``
+runs the rows N times, each round in another order, and prints one table per round.
 
     python benchmarks/epp.py --requests 2000 --rounds 3 --workload multi-turn --hit-requests 400
     python benchmarks/epp.py --skip-data-path --engines vllm --hit-requests 200 --hit-concurrency 4
+    python benchmarks/epp.py --skip-data-path --engines vllm --workload chatbots --hit-requests 60 \
+        --hit-concurrency 4 --edges "direct,prefix-router,envoy+epp,sglang-router,prefix-router again"
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -51,7 +61,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from prefix_router.lab.bench import loadgen
+from prefix_router.lab.bench import loadgen, workers
+from prefix_router.lab.bench.harness import BenchPlan, warm_up
 from prefix_router.lab.bench.overhead import (
     PEER_ENV,
     PEER_PYTHON,
@@ -62,10 +73,15 @@ from prefix_router.lab.bench.overhead import (
     router_argv,
     wait_listening,
 )
+from prefix_router.lab.bench.runner import RunnerSettings, RunResult, run_workload
+from prefix_router.lab.bench.summary import summarize
 from prefix_router.lab.launch.engine_sim import start_engines
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, envoy_argv
 from prefix_router.lab.launch.net import free_port, wait_until_ok
 from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
+from prefix_router.lab.workloads.arrivals import Arrivals
+from prefix_router.lab.workloads.registry import get_workload
+from prefix_router.lab.workloads.types import Workload
 from prefix_router.proxy import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
@@ -82,6 +98,9 @@ OPTIONS = {
     LEAN: EnvoyOptions(response_header_mode="SKIP"),
 }
 NO_DECISION_HEADERS = ("--set", "tenants.decision_headers=false")
+EDGES = (SERVE, GATEWAY, BUFFERED, LEAN, SGLANG, DIRECT, SERVE_AGAIN)  # part 2's rows, in this order
+PICKERS = (GATEWAY, BUFFERED, LEAN)
+RoutingRow = tuple[str, dict[str, object], dict[str, float], int]  # label, bench row, CPU s/req, requests
 
 
 @dataclass
@@ -244,6 +263,7 @@ class EnginePlan:
     kind: str
     instances: int
     time_scale: float = 0.02  # engine-sim only
+    port_base: int = 0  # vllm only: the engines' ports from here (0: free ports)
 
     @property
     def simulated(self) -> bool:
@@ -256,12 +276,13 @@ class EnginePlan:
 
     def vllm_settings(self, log_dir: Path | None = None) -> VllmSettings:
         # 4,096-token caches (32 blocks of 128), as benchmarks/vllm_real.py: routing decides the hits
-        return VllmSettings(instances=self.instances, kv_cache_tokens=4096, max_num_seqs=8, log_dir=log_dir)
+        return VllmSettings(instances=self.instances, kv_cache_tokens=4096, max_num_seqs=8, log_dir=log_dir,
+                            port_base=self.port_base)  # fmt: skip
 
 
 def engine_plan(args: argparse.Namespace) -> EnginePlan:
     instances = args.instances if args.instances is not None else (4 if args.engines == "sim" else 2)
-    return EnginePlan(args.engines, instances, args.time_scale)
+    return EnginePlan(args.engines, instances, args.time_scale, args.port_base)
 
 
 @contextmanager
@@ -281,6 +302,8 @@ def bench_argv(url: str, engines: list[str], label: str, args: argparse.Namespac
     argv += ["--simulated"] if engine_plan(args).simulated else []
     argv += ["--workload", args.workload, "--requests", str(args.hit_requests), "--seed", str(args.seed)]
     argv += ["--concurrency", str(args.hit_concurrency), "--no-progress", "--json", str(out)]
+    for option in args.hit_workload_opt or ():
+        argv += ["--workload-opt", option]
     return argv
 
 
@@ -300,61 +323,206 @@ def wait_http(url: str, timeout_s: float = 60.0) -> None:
         raise RuntimeError(f"{url} did not answer in time")
 
 
-def routing(
-    args: argparse.Namespace, console: Console, directory: Path
-) -> list[tuple[str, dict[str, object], dict[str, float], int]]:
-    rows = []
+def sglang_argv(python: str, engines: list[str], port: int) -> list[str]:
+    """sglang-router's ``cache_aware`` over every engine on loopback (router and its metrics), quiet."""
+    return [
+        python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *engines, "--policy", "cache_aware",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def bench_workload(args: argparse.Namespace) -> Workload:
+    """The workload ``bench_argv`` has ``prefix-router bench`` replay, built the same way here."""
+    options = dict(option.split("=", 1) for option in args.hit_workload_opt or ())
+    arrivals = Arrivals("closed", concurrency=args.hit_concurrency)
+    return get_workload(args.workload, requests=args.hit_requests, seed=args.seed, model="",
+                        arrivals=arrivals, **options)  # fmt: skip
+
+
+def round_robin(workload: Workload, parts: int) -> list[Workload]:
+    """``workload``'s sessions dealt to ``parts`` workloads in turn, each with its share of the closed
+    loop's concurrency (at least 1); a part may be empty when there are fewer sessions than parts."""
+    width = max(1, (workload.concurrency or parts) // parts)
+    return [
+        Workload(workload.name, workload.sessions[i::parts], workload.description, width)
+        for i in range(parts)
+    ]
+
+
+async def direct_row(engines: list[str], args: argparse.Namespace) -> dict[str, object]:
+    """``direct``: the workload sent straight to the engines round robin (no router), the caches flushed
+    first as ``bench`` does, summarised in ``bench``'s schema with the engines' own hit rate."""
+    infos = await workers.describe_all(engines)
+    model = next((i.model for i in infos if i.model), None) or "default"
+    workload = bench_workload(args)
+    await warm_up(BenchPlan(tuple(engines), (DIRECT,), workload, model=model))  # as bench does
+    await workers.reset_all(infos)
+    await asyncio.sleep(0.2)
+    before = await workers.counters_all(infos)
+    dealt = zip(engines, round_robin(workload, len(engines)), strict=True)
+    shares = [(url, part) for url, part in dealt if part.sessions]
+    results = await asyncio.gather(
+        *(run_workload(part, RunnerSettings(base_url=url, model=model, progress=False, label=DIRECT))
+          for url, part in shares)
+    )  # fmt: skip
+    after = await workers.counters_all(infos)
+    merged = RunResult([r for result in results for r in result.records], max(r.wall_s for r in results))
+    row = summarize(merged, {url: len(r.records) for (url, _), r in zip(shares, results, strict=True)})
+    row["engine_metrics_hit_rate"] = workers.engine_hit_rate(before, after)
+    return row
+
+
+def start_edge(spawn: Spawn, label: str, engines: list[str], args: argparse.Namespace,
+               directory: Path) -> tuple[str, dict[str, int]]:  # fmt: skip
+    """Start the router of row ``label`` (not ``direct``): its URL once it answers, and its pids."""
+    port = free_port()
+    if label in (SERVE, SERVE_AGAIN):
+        pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
+        wait_http(f"http://127.0.0.1:{port}/ready")
+    elif label == SGLANG:
+        pids = {"sglang": spawn(sglang_argv(args.peer_python, engines, port), PEER_ENV)}
+        wait_http(f"http://127.0.0.1:{port}/health", 120)
+    else:
+        target = spawn_gateway(spawn, engines, directory, args.envoy_threads, label)
+        port, pids = target.port, target.pids
+        wait_http(f"http://127.0.0.1:{port}/v1/models")
+    return f"http://127.0.0.1:{port}", pids
+
+
+def edges(args: argparse.Namespace) -> list[str]:
+    """``--edges`` checked and in ``EDGES``'s order; ``sglang-router`` dropped when its venv is missing."""
+    chosen = [e.strip() for e in args.edges.split(",") if e.strip()]
+    unknown = sorted(set(chosen) - set(EDGES))
+    if unknown:
+        raise SystemExit(f"unknown edges {unknown}; known: {', '.join(EDGES)}")
+    if SGLANG in chosen and not Path(args.peer_python).exists():
+        chosen.remove(SGLANG)
+    return [e for e in EDGES if e in chosen]
+
+
+def rotated(names: list[str], round_: int) -> list[str]:
+    """``names`` started ``round_`` places later, wrapping: each round puts another row first."""
+    k = round_ % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def routing(args: argparse.Namespace, console: Console, directory: Path) -> list[list[RoutingRow]]:
+    """Per round (``--hit-rounds``, each in another order), one row per edge, in ``EDGES``'s order."""
+    rounds: list[list[RoutingRow]] = []
+    chosen = edges(args)
     with start_plan(engine_plan(args), directory) as engines:
-        for label in (SERVE, GATEWAY, BUFFERED, LEAN, SERVE_AGAIN):
-            with processes() as spawn:
-                if label in (SERVE, SERVE_AGAIN):
-                    port = free_port()
-                    pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
-                    wait_http(f"http://127.0.0.1:{port}/ready")
-                    url = f"http://127.0.0.1:{port}"
-                else:
-                    target = spawn_gateway(spawn, engines, directory, args.envoy_threads, label)
-                    pids = target.pids
-                    wait_http(f"http://127.0.0.1:{target.port}/v1/models")
-                    url = f"http://127.0.0.1:{target.port}"
-                before = {c: cpu_seconds(p) for c, p in pids.items()}
-                row = bench_router(url, engines, label, args, directory / f"{label}.json")
-                after = {c: cpu_seconds(p) for c, p in pids.items()}
-                requests = int(row.get("requests") or 1)  # type: ignore[call-overload]
-                rows.append((label, row, {c: (after[c] - before[c]) / requests for c in pids}, requests))
-            console.print(f"{label}: done")
-    return rows
+        for round_ in range(args.hit_rounds):
+            rows = [edge_row(label, engines, args, directory) for label in rotated(chosen, round_)]
+            rounds.append(sorted(rows, key=lambda r: EDGES.index(r[0])))
+            console.print(f"round {round_ + 1}/{args.hit_rounds} done ({', '.join(rotated(chosen, round_))})")
+    return rounds
 
 
-def report_routing(rows: list[tuple[str, dict[str, object], dict[str, float], int]], args: argparse.Namespace,
-                   console: Console) -> None:  # fmt: skip
-    table = Table(
-        title=f"{args.workload} workload, {args.hit_requests} requests, concurrency {args.hit_concurrency}, "
-        f"{engine_plan(args).describe()}: the same routing core behind both edges"
-    )
-    for column in ("edge", "requests", "errors", "hit rate", "predicted", "requests per worker",
-                   "router CPU us/req", "of which"):  # fmt: skip
-        table.add_column(column, justify="right")
+def edge_row(label: str, engines: list[str], args: argparse.Namespace, directory: Path) -> RoutingRow:
+    """One edge's run of the workload: its ``bench`` row and its components' CPU seconds per request."""
+    if label == DIRECT:
+        row = asyncio.run(direct_row(engines, args))
+        return label, row, {}, int(row.get("requests") or 1)  # type: ignore[call-overload]
+    with processes() as spawn:
+        url, pids = start_edge(spawn, label, engines, args, directory)
+        before = {c: cpu_seconds(p) for c, p in pids.items()}
+        row = bench_router(url, engines, label, args, directory / f"{label}.json")
+        after = {c: cpu_seconds(p) for c, p in pids.items()}
+    requests = int(row.get("requests") or 1)  # type: ignore[call-overload]
+    return label, row, {c: (after[c] - before[c]) / requests for c in pids}, requests
+
+
+def p50_ms(row: dict[str, object], key: str) -> float | None:
+    """The p50 in ms of ``row[key]`` (``ttft_ms`` or ``e2e_ms`` of ``bench``'s schema), None if missing."""
+    value = row.get(key)
+    p50 = value.get("p50") if isinstance(value, dict) else None
+    return float(p50) if p50 is not None else None
+
+
+def added(value: float | None, base: float | None) -> str:
+    """``value - base`` in ms, signed, or n/a without both."""
+    return "n/a" if value is None or base is None else f"{value - base:+.0f}"
+
+
+def rate(value: object) -> str:
+    """A 0-1 rate as a percentage with one decimal, or n/a."""
+    return "n/a" if value is None else f"{float(value) * 100:.1f} %"  # type: ignore[arg-type]
+
+
+def routing_cells(rows: list[RoutingRow]) -> list[list[str]]:
+    """The routing table's cells per row: latency added over the ``direct`` row's p50 (n/a without one),
+    the engines' hit rate, and the router's CPU per request with each component's share."""
+    base = next((row for label, row, _, _ in rows if label == DIRECT), {})
+    base_ttft, base_e2e = p50_ms(base, "ttft_ms"), p50_ms(base, "e2e_ms")
+    out = []
     for label, row, cpu, _ in rows:
-        parts = " + ".join(f"{c} {v * 1e6:.0f}" for c, v in cpu.items()) if len(cpu) > 1 else ""
-        table.add_row(
-            label, str(row.get("requests")), str(row.get("errors")), f"{float(row['hit_rate'] or 0):.4f}",  # type: ignore[arg-type]
-            str(row.get("predicted_hit_rate")), str(row.get("requests_per_worker")),
-            f"{sum(cpu.values()) * 1e6:.0f}", parts,
-        )  # fmt: skip
-    console.print(table)
-    serve = rows[0][1]
-    for label, row, cpu, _ in rows[1:]:
-        diff = (float(row["hit_rate"] or 0) - float(serve["hit_rate"] or 0)) * 100  # type: ignore[arg-type]
-        if label == SERVE_AGAIN:
-            console.print(f"{label}: hit rate minus the first run's {diff:+.2f} points (the same edge twice)")
+        ttft, e2e = p50_ms(row, "ttft_ms"), p50_ms(row, "e2e_ms")
+        parts = " + ".join(f"{c} {v * 1e6:,.0f}" for c, v in cpu.items()) if len(cpu) > 1 else ""
+        out.append([
+            label, str(row.get("requests")), str(row.get("errors")), f"{float(row['throughput_rps']):.2f}",  # type: ignore[arg-type]
+            "n/a" if ttft is None else f"{ttft:.0f}", added(ttft, base_ttft),
+            "n/a" if e2e is None else f"{e2e:.0f}", added(e2e, base_e2e),
+            rate(row.get("engine_metrics_hit_rate")), rate(row.get("hit_rate")),
+            per_worker(row.get("requests_per_worker")), f"{sum(cpu.values()) * 1e6:,.0f}" if cpu else "-",
+            parts,
+        ])  # fmt: skip
+    return out
+
+
+def per_worker(counts: object) -> str:
+    """Requests per worker as ``a / b``, the workers in address order (``http://`` or not), or n/a."""
+    if not isinstance(counts, dict) or not counts:
+        return "n/a"
+    by_address = {str(url).removeprefix("http://"): n for url, n in counts.items()}
+    return " / ".join(str(by_address[a]) for a in sorted(by_address))
+
+
+def engines_hit(row: dict[str, object]) -> float:
+    """The engines' own hit rate of a row (0 when they reported none)."""
+    return float(row.get("engine_metrics_hit_rate") or 0)  # type: ignore[arg-type]
+
+
+def verdicts(rows: list[RoutingRow]) -> list[str]:
+    """Each picker row's hit rate against the first ``serve`` row's (the engines' counters) and its
+    picker's CPU per request against ``serve``'s; ``serve again``'s spread; nothing without ``serve``."""
+    serve = next(((row, cpu) for label, row, cpu, _ in rows if label == SERVE), None)
+    if serve is None:
+        return []
+    lines = []
+    for label, row, cpu, _ in rows:
+        if label not in (*PICKERS, SERVE_AGAIN):
             continue
-        ratio = cpu["epp"] / rows[0][2]["serve"]
-        console.print(
+        diff = (engines_hit(row) - engines_hit(serve[0])) * 100
+        if label == SERVE_AGAIN:
+            lines.append(f"{label}: hit rate minus the first run's {diff:+.2f} points (the same edge twice)")
+            continue
+        ratio = cpu["epp"] / serve[1]["serve"]
+        lines.append(
             f"{label}: hit rate minus serve's {diff:+.2f} points, target within 1: "
-            f"{verdict(abs(diff) <= 1)}; the picker's CPU per request / serve's {ratio:.2f}, target at or "
-            f"below 1: {verdict(ratio <= 1)}"
+            f"{verdict(abs(diff) <= 1)}; the picker's CPU per request / serve's {ratio:.2f}, "
+            f"target at or below 1: {verdict(ratio <= 1)}"
         )
+    return lines
+
+
+def report_routing(
+    rows: list[RoutingRow], args: argparse.Namespace, console: Console, round_: int = 1
+) -> None:
+    table = Table(
+        title=f"round {round_}/{args.hit_rounds}: {args.workload} workload, {args.hit_requests} requests, "
+        f"closed loop at concurrency {args.hit_concurrency}, {engine_plan(args).describe()}: "
+        "the same engines for every row"
+    )
+    for column in ("edge", "requests", "errors", "req/s", "TTFT p50 ms", "added", "latency p50 ms", "added",
+                   "hit rate (engines)", "hit rate (usage)", "requests per worker", "router CPU us/req",
+                   "of which"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for cells in routing_cells(rows):
+        table.add_row(*cells)
+    console.print(table)
+    for line in verdicts(rows):
+        console.print(line)
 
 
 def verdict(met: bool) -> str:
@@ -377,7 +545,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", default="multi-turn")
     p.add_argument("--hit-requests", type=int, default=400)
     p.add_argument("--hit-concurrency", type=int, default=16)
+    p.add_argument("--hit-rounds", type=int, default=1, help="part 2's rounds, each in another order")
+    p.add_argument("--hit-workload-opt", action="append", metavar="KEY=VALUE", help="part 2's workload")
+    p.add_argument(
+        "--edges", default=",".join(EDGES), help=f"part 2's rows, comma-separated: {', '.join(EDGES)}"
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port-base", type=int, default=0, help="real vLLM engines' first port (0: free ports)")
     p.add_argument("--skip-data-path", action="store_true")
     p.add_argument("--skip-routing", action="store_true")
     return p.parse_args(argv)
@@ -398,10 +572,11 @@ def main() -> int:
                 runs, names = loop.run_until_complete(data_path(args, console, directory))
                 report_data_path(runs, names, args, console)
             if not args.skip_routing:
-                rows = routing(args, console, directory)
-                report_routing(rows, args, console)
+                for round_, rows in enumerate(routing(args, console, directory), 1):
+                    report_routing(rows, args, console, round_)
         finally:
             loop.close()
+    console.print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     return 0
 
 
