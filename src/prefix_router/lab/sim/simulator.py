@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prefix_router.lab.sim.engine import EngineEvent, EngineModel, RequestRejected
 from prefix_router.lab.sim.events import (
@@ -58,6 +59,16 @@ class _Live:
     first_token: float | None = None
 
 
+class Record(NamedTuple):
+    """One finished request: when it arrived, the worker it went to, the cached tokens the router
+    predicted there and those the engine reported."""
+
+    arrival: float
+    instance: int
+    predicted: int
+    cached: int
+
+
 @dataclass(slots=True)
 class RunResult:
     stats: SimStats
@@ -79,9 +90,11 @@ class ClusterSimulation:
         keep_arrivals: bool = False,
         precise: bool = False,
         faults: Sequence[tuple[float, Fault]] = (),
+        event_lag_s: float = 0.0,
     ) -> None:
         """``precise``: every engine publishes KV cache events to the router's event-fed views
-        (``precise_feed.py``); ``faults``: (time, fault) pairs, restarts and cache resets."""
+        (``precise_feed.py``), each reaching the router ``event_lag_s`` of simulated time after it was
+        published; ``faults``: (time, fault) pairs, restarts and cache resets."""
         self.spec = spec
         self.policy = policy
         self.source = source
@@ -94,12 +107,12 @@ class ClusterSimulation:
                 update={"precise": routing.precise.model_copy(update={"block_tokens": block})}
             )
         self.router = self._router(routing)
-        self.feed = EventFeed(self.router, self.names, block) if precise else None
+        self.feed = EventFeed(self.router, self.names, block, lag_s=event_lag_s) if precise else None
         if self.feed is not None:
             for i, engine in enumerate(self.engines):
                 self.feed.attach(i, engine.cache)
         self.faults = list(faults)
-        self.records: list[tuple[float, int, int]] = []  # (arrival, predicted, cached) per finished request
+        self.records: list[Record] = []  # one per finished request
         self.queue = EventQueue()
         self.stats = SimStats(spec.instances)
         self._scheduled: list[float | None] = [None] * spec.instances
@@ -139,6 +152,7 @@ class ClusterSimulation:
         while queue:
             now, event = queue.pop()
             if feed is not None:
+                feed.deliver(now)
                 feed.now = now
             event.handle(self, now)
         self._report_progress()
@@ -201,11 +215,14 @@ class ClusterSimulation:
             self.queue.push(now + self.spec.scrape_interval_s, MetricsScrape())
 
     def on_fault(self, fault: Fault, now: float) -> None:
-        """A restart (a new engine process: its event sequence starts again) or a cache reset; either way
-        the engine's cached blocks no request holds are gone."""
+        """A restart (a new engine process: its event sequence starts again, and it announces nothing
+        until its first event) or a cache reset (announced: ``AllBlocksCleared``); either way the
+        engine's cached blocks no request holds are gone."""
+        engine = self.engines[fault.instance]
         if fault.kind == "restart" and self.feed is not None:
-            self.feed.restart(fault.instance)
-        self.engines[fault.instance].reset_prefix_cache()
+            self.feed.restart(fault.instance, engine.reset_prefix_cache)
+        else:
+            engine.reset_prefix_cache()
 
     # ------------------------------------------------------------------ engine events
 
@@ -218,7 +235,7 @@ class ClusterSimulation:
         request = live.request
         outcome = Outcome(True, event.cached_tokens, request.extension_blocks, request.engine.prompt_tokens)
         self.router.finished(request.route, self.names[live.instance], outcome, event.time)
-        self.records.append((request.arrival, live.predicted, event.cached_tokens))
+        self.records.append(Record(request.arrival, live.instance, live.predicted, event.cached_tokens))
         first = live.first_token if live.first_token is not None else event.time
         self.stats.finished(
             request.arrival,
