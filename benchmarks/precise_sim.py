@@ -179,8 +179,9 @@ def main() -> None:
     ]
     for spec in args.cells.split(","):
         workload, instances, capacity, faults = spec.split(":")
-        lines += cell(workload, int(instances), int(capacity), faults, args)
-        print("\n".join(lines[-6:]), flush=True)
+        block = cell(workload, int(instances), int(capacity), faults, args)
+        lines += block
+        print("\n".join(block), flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)

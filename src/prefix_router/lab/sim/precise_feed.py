@@ -72,11 +72,21 @@ class EventFeed:
     def with_precise(self, route: RouteRequest, engine: EngineRequest) -> RouteRequest:
         """``route`` with the precise key of ``engine``'s blocks (and their parents remembered)."""
         self._remember(engine.extension or engine.blocks)
-        ids: list[int] = []
-        for block in engine.blocks:
-            ids += pseudo_tokens(block, self.block_tokens)
-        precise = precise_chain(ids, self.block_tokens, self._seed)
+        precise = self.chain(engine.blocks)
         return dataclasses.replace(route, precise_blocks=precise, precise_tokens=engine.prompt_tokens)
+
+    def extension(self, engine: EngineRequest) -> tuple[int, ...]:
+        """The precise key of ``engine``'s prompt and reply as its next turn carries them (empty: no
+        reply blocks), what the proxy computes in exact mode."""
+        if len(engine.extension) <= len(engine.blocks):
+            return ()
+        return self.chain(engine.extension)
+
+    def chain(self, blocks: Sequence[int]) -> tuple[int, ...]:
+        ids: list[int] = []
+        for block in blocks:
+            ids += pseudo_tokens(block, self.block_tokens)
+        return precise_chain(ids, self.block_tokens, self._seed)
 
     def restart(self, instance: int, reset: Callable[[], object]) -> None:
         """The engine process restarted: ``reset`` drops its cache, and the new process says nothing of it

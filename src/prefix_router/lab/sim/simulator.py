@@ -10,6 +10,7 @@ deterministic for a fixed seed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,7 @@ from prefix_router.lab.sim.precise_feed import EventFeed
 from prefix_router.lab.sim.profiles import EngineProfile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.stats import SimStats
-from prefix_router.routing import Outcome, Router, RoutingSettings
+from prefix_router.routing import Outcome, Router, RouteRequest, RoutingSettings
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks
@@ -56,6 +57,7 @@ class _Live:
     request: SimRequest
     instance: int
     predicted: int
+    route: RouteRequest  # as routed (with its precise key in precise mode)
     first_token: float | None = None
 
 
@@ -187,7 +189,7 @@ class ClusterSimulation:
             return
         if len(self._live) >= self.spec.max_live_requests:
             raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
-        self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens)
+        self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens, route)
         self.stats.dispatched(instance, str(decision.branch))
         self._reschedule(instance)
 
@@ -234,7 +236,11 @@ class ClusterSimulation:
         live = self._live.pop(event.request_id)
         request = live.request
         outcome = Outcome(True, event.cached_tokens, request.extension_blocks, request.engine.prompt_tokens)
-        self.router.finished(request.route, self.names[live.instance], outcome, event.time)
+        if self.feed is not None:
+            outcome = dataclasses.replace(
+                outcome, precise_extension_blocks=self.feed.extension(request.engine)
+            )
+        self.router.finished(live.route, self.names[live.instance], outcome, event.time)
         self.records.append(Record(request.arrival, live.instance, live.predicted, event.cached_tokens))
         first = live.first_token if live.first_token is not None else event.time
         self.stats.finished(
