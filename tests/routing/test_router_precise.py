@@ -151,3 +151,49 @@ def test_an_engine_that_says_its_cache_is_empty_empties_its_approximate_index_to
     router.precise.observe_seq("b", 5, 3.0)
     router.precise.observe_seq("b", 0, 3.1)  # backwards: a new engine process
     assert router.index.blocks_of("b") == 0 and router.index.blocks_of("c") == before["c"]
+
+
+def test_the_reply_blocks_of_a_finished_turn_are_held_speculatively_until_their_events_arrive() -> None:
+    router = make_router()
+    router.precise.apply("b", [stored(PROMPT[:40], 10)], 0.0)
+    first = request("t0", PROMPT)
+    decision = router.route(first, ["a", "b"], 1.0)
+    router.dispatched(first, decision, 1.0)
+    turn = PROMPT + list(range(100, 130))  # the next turn: the prompt and the reply, 9 engine blocks
+    extension = precise_chain(turn[:72], BS, precise_seed("m", None, None))
+    router.finished(first, "b", Outcome(True, 40, precise_extension_blocks=extension), 2.0)
+    assert router.precise.speculative_blocks("b") == 4  # the reply's blocks, not reported yet
+    follow = request("t1", turn)
+    match = router.precise.match(follow.precise_blocks, 2.001)
+    assert match.steered["b"] == 9 and match.confirmed["b"] == 5  # steered by them, never predicted
+    decision = router.route(follow, ["a", "b"], 2.001)
+    assert decision.worker == "b" and decision.predicted_tokens == 40
+    assert decision.expected_cached_tokens == 72  # the load is charged with what the engine will reuse
+    router.precise.apply("b", [BlockStored((20, 21, 22, 23), 14, tuple(turn[40:72]), BS)], 2.005)
+    assert router.precise.speculative_blocks("b") == 0 and router.precise.held_blocks("b") == 9
+
+
+def test_a_reply_whose_blocks_were_all_reported_expects_no_more_events() -> None:
+    router = make_router()
+    turn = PROMPT + list(range(100, 130))
+    router.precise.apply("b", [stored(turn[:72], 10)], 0.0)
+    first = request("t0", PROMPT)
+    decision = router.route(first, ["b"], 1.0)
+    router.dispatched(first, decision, 1.0)
+    extension = precise_chain(turn[:72], BS, precise_seed("m", None, None))
+    router.finished(first, "b", Outcome(True, 40, precise_extension_blocks=extension), 2.0)
+    assert router.precise.speculative_blocks("b") == 0
+    assert router.precise.fresh("b", 100.0)  # an idle engine that owes nothing is not silent
+
+
+def test_the_load_is_charged_with_the_blocks_speculated_on_the_chosen_worker() -> None:
+    router = make_router()
+    long = list(range(1, 4003))
+    first = request("r0", long)
+    router.dispatched(first, router.route(first, ["a"], 1.0), 1.0)
+    second = request("r1", long)
+    decision = router.route(second, ["a"], 1.01)  # its prefix is being computed there
+    assert decision.predicted_tokens == 0 and decision.expected_cached_tokens == 4000
+    before = router.load.snapshot("a", 1.01).prefill_backlog
+    router.dispatched(second, decision, 1.01)
+    assert router.load.snapshot("a", 1.01).prefill_backlog - before < 100  # 2 uncached tokens, not 4002

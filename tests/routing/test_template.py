@@ -92,6 +92,28 @@ def test_the_extension_stops_before_the_end_of_turn_token(model_dirs: dict[str, 
     assert keys.extension("chat", body, reply) == ext
 
 
+def test_the_precise_extension_is_the_next_turn_precise_key_up_to_the_reply_end(
+    model_dirs: dict[str, Any],
+) -> None:
+    keys = builder(model_dirs["smollm2"].path)
+    keys.precise_block_tokens = 32  # a worker publishes KV events (engine blocks of 32 tokens)
+    body = chat([SYSTEM, {"role": "user", "content": "hello"}], cache_salt="s1")
+    reply = {"role": "assistant", "content": "Hi there, the cluster is healthy today. " * 5}
+    req = keys.build("chat", body, route_id="r", engine_salt="t")
+    ext = keys.precise_extension(req, "chat", body, reply, engine_salt="t")
+    assert ext[: len(req.precise_blocks)] == req.precise_blocks and len(ext) > len(req.precise_blocks)
+    nxt = keys.build(
+        "chat",
+        chat([*body["messages"], reply, {"role": "user", "content": "thanks"}], cache_salt="s1"),
+        route_id="n",
+        engine_salt="t",
+    )
+    assert nxt.precise_blocks[: len(ext)] == ext  # what the next turn's engine blocks are
+    assert keys.precise_extension(req, "chat", body, reply) != ext  # another salt: other blocks
+    thinking = {"role": "assistant", "content": "Hi " * 80, "reasoning_content": "let me think " * 40}
+    assert keys.precise_extension(req, "chat", body, thinking) == ()
+
+
 def test_a_reply_with_reasoning_extends_nothing(model_dirs: dict[str, Any]) -> None:
     keys = builder(model_dirs["qwen3"].path)
     body = chat([SYSTEM, {"role": "user", "content": "hello"}])

@@ -265,10 +265,17 @@ class KeyBuilder:
     ) -> tuple[int, ...]:
         """The prompt and the reply up to (not including) its end-of-turn token, when the next turn renders
         the prompt unchanged; otherwise the prompt alone."""
+        ids = self._next_turn_ids(req, endpoint, body, generated)
+        return req.blocks if ids is None else self._blocks(_token_bytes(ids), True, req.namespace)
+
+    def _next_turn_ids(
+        self, req: RouteRequest, endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any]
+    ) -> list[int] | None:
+        """The token ids of ``_exact_extension`` (None: the prompt alone)."""
         template = self.template_for(endpoint, body)
         bt = self.cfg.block_tokens
         if template is None or len(req.blocks) * bt < req.key_tokens - req.key_tokens % bt:
-            return req.blocks  # no template, or a key cut by the prefix cap: nothing to add
+            return None  # no template, or a key cut by the prefix cap: nothing to add
         try:
             if endpoint == "chat":
                 ids = template.chat_ids(body, reply=generated)
@@ -277,15 +284,31 @@ class KeyBuilder:
                 text = str(generated.get("text") or "")
                 ids = template.completion_ids(prompt + text) if isinstance(prompt, str) else []
         except TemplateError:
-            return req.blocks
+            return None
         data = _token_bytes(ids)
         blocks = self._blocks(data, True, req.namespace)
         full = len(req.blocks)
         same_prompt = blocks[:full] == req.blocks and data[full * bt * 4 : req.key_tokens * 4] == req.tail
         if len(ids) <= req.key_tokens or not same_prompt:
-            return req.blocks
-        end = _first(ids, template.eos_id, req.key_tokens)
-        return self._blocks(data[: end * 4], True, req.namespace)
+            return None
+        return ids[: _first(ids, template.eos_id, req.key_tokens)]
+
+    def precise_extension(
+        self,
+        req: RouteRequest,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        generated: Mapping[str, Any],
+        *,
+        tenant: str | None = None,
+        engine_salt: str | None = None,
+    ) -> tuple[int, ...]:
+        """``extend``'s blocks in precise keys (``Outcome.precise_extension_blocks``): for an exact-mode
+        request with a precise key whose next turn carries its reply; empty otherwise."""
+        if not (req.exact and req.precise_blocks) or _stops(endpoint, body, generated):
+            return ()
+        ids = self._next_turn_ids(req, endpoint, body, generated)
+        return () if ids is None else self.precise_blocks(ids, body, tenant, engine_salt)
 
     # ------------------------------------------------------------ requests
 

@@ -19,9 +19,11 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
 - Clears (a restart or ``AllBlocksCleared``): ``on_clear(name)`` is told (the router drops that worker's
   approximate index too: the engine said its cache is empty, and the index's fill steers the cost model).
 - Speculative entries: at dispatch (``speculate``) a request's blocks are held for ``speculative_ttl_s``
-  (so a burst of one new prefix does not scatter before the first event), confirmed (dropped from the
-  speculative table) by a BlockStored of the same key, else they expire. They steer routing; predictions
-  count confirmed blocks only.
+  (so a burst of one new prefix does not scatter before the first event), and so are, when it finishes,
+  the blocks of its reply that the next turn will carry (the engine caches them as it generates; their
+  events may still be on the wire when that turn comes); confirmed (dropped from the speculative table)
+  by a BlockStored of the same key, else they expire. They steer routing, and the router charges the
+  load with them; predictions count confirmed blocks only.
 - Freshness (``fresh``): a worker's view is used only while no gap left it stale (``stale_hold_s``), its
   events' block size is the configured one, and it has not gone silent: a dispatch that should have stored
   new blocks and no message for ``silence_s`` since. Otherwise the router uses its approximate index for
@@ -333,14 +335,15 @@ class PreciseView:
     # ------------------------------------------------------------ speculation
 
     def speculate(self, name: str, blocks: Sequence[int], confirmed: int, now: float) -> None:
-        """A request of ``blocks`` was sent to ``name``, ``confirmed`` of them held: the rest held
-        speculatively until confirmed or ``speculative_ttl_s`` passes; new full blocks are expected."""
+        """A request of ``blocks`` was sent to ``name`` (or finished there: its prompt and reply),
+        ``confirmed`` of them held: the rest not held yet are held speculatively until confirmed or
+        ``speculative_ttl_s`` passes; when there are any, new full blocks are expected."""
         worker = self._workers.get(name)
         if worker is None or len(blocks) <= confirmed:
             return
         self._expire(worker, now)
         until = now + self.cfg.speculative_ttl_s
-        bit = 1 << worker.bit
+        bit, expected = 1 << worker.bit, False
         for key in blocks[confirmed:]:
             if key in worker.held:
                 continue
@@ -348,10 +351,11 @@ class PreciseView:
                 self._spec[key] = self._spec.get(key, 0) | bit
             worker.spec[key] = until
             worker.spec.move_to_end(key)
+            expected = True
         extra = len(worker.spec) - self.cfg.max_speculative_per_worker
         if extra > 0:
             self._drop_spec(worker, extra)
-        if worker.expect_since is None:
+        if expected and worker.expect_since is None:
             worker.expect_since = now
 
     def _expire(self, worker: _Worker, now: float) -> None:

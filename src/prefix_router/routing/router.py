@@ -236,14 +236,21 @@ class Router:
         scale = prompt / req.key_tokens if req.text_model is not None and req.key_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
         if precise is not None and decision.worker in precise.fresh:
-            depth = precise.confirmed.get(decision.worker, 0)
-            tokens = min(depth * self.cfg.precise.block_tokens, req.precise_tokens)
-            return Decision(
-                decision.worker, decision.branch, self._index_blocks(req, depth), tokens, req.precise_tokens
-            )
+            return self._precise_decision(req, decision, precise)
         matched = matches.get(decision.worker, 0)
         predicted = self._engine_whole(decision.worker, self._match_value(req, matched, prompt), prompt)
         return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
+
+    def _precise_decision(self, req: RouteRequest, decision: Decision, precise: PreciseMatch) -> Decision:
+        """``decision`` on a fresh event-fed worker: predicted on the blocks its engine confirmed, its
+        prefill charged to the load on those and the ones speculated there (being computed, or stored
+        and not reported yet): what the policy chose it for."""
+        block, worker = self.cfg.precise.block_tokens, decision.worker
+        depth = precise.confirmed.get(worker, 0)
+        tokens = min(depth * block, req.precise_tokens)
+        expected = min(precise.steered.get(worker, 0) * block, req.precise_tokens)
+        matched = self._index_blocks(req, depth)
+        return Decision(worker, decision.branch, matched, tokens, req.precise_tokens, max(tokens, expected))
 
     def _steered(self, req: RouteRequest, matches: dict[str, int], precise: PreciseMatch) -> dict[str, int]:
         """The index's matches with each fresh event-fed worker's replaced by its event-fed view's (held
@@ -332,8 +339,11 @@ class Router:
             if decision.estimated_prompt_tokens is None
             else decision.estimated_prompt_tokens
         )
-        uncached = prompt - decision.predicted_tokens
-        work = prefill_work(uncached, decision.predicted_tokens, self.cfg.trackers.attention_tokens)
+        cached = decision.predicted_tokens
+        if decision.expected_cached_tokens is not None:
+            cached = decision.expected_cached_tokens
+        uncached = prompt - cached
+        work = prefill_work(uncached, cached, self.cfg.trackers.attention_tokens)
         self.load.start(req.route_id, worker, uncached, now, work)
         if req.session:
             self._sessions.set(req.session, worker)
@@ -368,6 +378,9 @@ class Router:
             self.on_units_sample(req.text_model, worker, req.key_tokens, reported, counts)
         if outcome.extension_blocks:
             self._insert(worker, outcome.extension_blocks, now)
+        if outcome.precise_extension_blocks and self.precise.fresh(worker, now):
+            confirmed = len(req.precise_blocks)  # the prompt's: speculated at dispatch or held
+            self.precise.speculate(worker, outcome.precise_extension_blocks, confirmed, now)
 
     def learn_units(
         self, model: str, worker: str, nominal: int, reported: int, counts: Counts | None

@@ -92,13 +92,16 @@ class Branch(StrEnum):
 class Decision:
     """A policy's choice. ``branch`` names the routing branch taken, for metrics. ``Router.route`` adds
     the prediction and the prompt's estimated engine tokens (``estimated_prompt_tokens``; None: not
-    estimated yet, ``Router.dispatched`` then estimates it)."""
+    estimated yet, ``Router.dispatched`` then estimates it). ``expected_cached_tokens``: the cached
+    tokens the load tracker charges the request's prefill with, when not the prediction (precise mode:
+    the prediction counts the blocks the engine confirmed, the load also those speculated there)."""
 
     worker: str
     branch: Branch
     matched_blocks: int = 0
     predicted_tokens: int = 0
     estimated_prompt_tokens: int | None = None
+    expected_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,11 @@ class Outcome:
     engine does not report it); ``reported_prompt_tokens`` the engine-reported prompt length, when known
     (the bound of ``cached_tokens``). ``extension_blocks`` is the full chained block list of the prompt
     extended with the generated assistant turn as the next request of the conversation will carry it
-    (empty when unknown); the index then learns that the worker caches those blocks too. ``ok`` False:
+    (empty when unknown); the index then learns that the worker caches those blocks too.
+    ``precise_extension_blocks``: the same in precise keys (exact tokens at the engines' block size;
+    empty when unknown): on an event-fed worker the blocks not reported yet are held speculatively until
+    the engine's events confirm them, so that the next turn, sent before they arrive, still finds its
+    whole history there. ``ok`` False:
     the request failed or was aborted (before or after its first token: the router knows which).
     """
 
@@ -117,6 +124,7 @@ class Outcome:
     cached_tokens: int | None = None
     extension_blocks: tuple[int, ...] = ()
     reported_prompt_tokens: int | None = None
+    precise_extension_blocks: tuple[int, ...] = ()
 
 
 class CacheView(Protocol):

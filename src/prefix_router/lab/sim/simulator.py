@@ -10,10 +10,12 @@ deterministic for a fixed seed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prefix_router.lab.sim.engine import EngineEvent, EngineModel, RequestRejected
 from prefix_router.lab.sim.events import (
@@ -28,7 +30,7 @@ from prefix_router.lab.sim.precise_feed import EventFeed
 from prefix_router.lab.sim.profiles import EngineProfile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.stats import SimStats
-from prefix_router.routing import Outcome, Router, RoutingSettings
+from prefix_router.routing import Outcome, Router, RouteRequest, RoutingSettings
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks
@@ -55,7 +57,18 @@ class _Live:
     request: SimRequest
     instance: int
     predicted: int
+    route: RouteRequest  # as routed (with its precise key in precise mode)
     first_token: float | None = None
+
+
+class Record(NamedTuple):
+    """One finished request: when it arrived, the worker it went to, the cached tokens the router
+    predicted there and those the engine reported."""
+
+    arrival: float
+    instance: int
+    predicted: int
+    cached: int
 
 
 @dataclass(slots=True)
@@ -79,9 +92,11 @@ class ClusterSimulation:
         keep_arrivals: bool = False,
         precise: bool = False,
         faults: Sequence[tuple[float, Fault]] = (),
+        event_lag_s: float = 0.0,
     ) -> None:
         """``precise``: every engine publishes KV cache events to the router's event-fed views
-        (``precise_feed.py``); ``faults``: (time, fault) pairs, restarts and cache resets."""
+        (``precise_feed.py``), each reaching the router ``event_lag_s`` of simulated time after it was
+        published; ``faults``: (time, fault) pairs, restarts and cache resets."""
         self.spec = spec
         self.policy = policy
         self.source = source
@@ -94,12 +109,12 @@ class ClusterSimulation:
                 update={"precise": routing.precise.model_copy(update={"block_tokens": block})}
             )
         self.router = self._router(routing)
-        self.feed = EventFeed(self.router, self.names, block) if precise else None
+        self.feed = EventFeed(self.router, self.names, block, lag_s=event_lag_s) if precise else None
         if self.feed is not None:
             for i, engine in enumerate(self.engines):
                 self.feed.attach(i, engine.cache)
         self.faults = list(faults)
-        self.records: list[tuple[float, int, int]] = []  # (arrival, predicted, cached) per finished request
+        self.records: list[Record] = []  # one per finished request
         self.queue = EventQueue()
         self.stats = SimStats(spec.instances)
         self._scheduled: list[float | None] = [None] * spec.instances
@@ -139,6 +154,7 @@ class ClusterSimulation:
         while queue:
             now, event = queue.pop()
             if feed is not None:
+                feed.deliver(now)
                 feed.now = now
             event.handle(self, now)
         self._report_progress()
@@ -173,7 +189,7 @@ class ClusterSimulation:
             return
         if len(self._live) >= self.spec.max_live_requests:
             raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
-        self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens)
+        self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens, route)
         self.stats.dispatched(instance, str(decision.branch))
         self._reschedule(instance)
 
@@ -201,11 +217,14 @@ class ClusterSimulation:
             self.queue.push(now + self.spec.scrape_interval_s, MetricsScrape())
 
     def on_fault(self, fault: Fault, now: float) -> None:
-        """A restart (a new engine process: its event sequence starts again) or a cache reset; either way
-        the engine's cached blocks no request holds are gone."""
+        """A restart (a new engine process: its event sequence starts again, and it announces nothing
+        until its first event) or a cache reset (announced: ``AllBlocksCleared``); either way the
+        engine's cached blocks no request holds are gone."""
+        engine = self.engines[fault.instance]
         if fault.kind == "restart" and self.feed is not None:
-            self.feed.restart(fault.instance)
-        self.engines[fault.instance].reset_prefix_cache()
+            self.feed.restart(fault.instance, engine.reset_prefix_cache)
+        else:
+            engine.reset_prefix_cache()
 
     # ------------------------------------------------------------------ engine events
 
@@ -217,8 +236,12 @@ class ClusterSimulation:
         live = self._live.pop(event.request_id)
         request = live.request
         outcome = Outcome(True, event.cached_tokens, request.extension_blocks, request.engine.prompt_tokens)
-        self.router.finished(request.route, self.names[live.instance], outcome, event.time)
-        self.records.append((request.arrival, live.predicted, event.cached_tokens))
+        if self.feed is not None:
+            outcome = dataclasses.replace(
+                outcome, precise_extension_blocks=self.feed.extension(request.engine)
+            )
+        self.router.finished(live.route, self.names[live.instance], outcome, event.time)
+        self.records.append(Record(request.arrival, live.instance, live.predicted, event.cached_tokens))
         first = live.first_token if live.first_token is not None else event.time
         self.stats.finished(
             request.arrival,

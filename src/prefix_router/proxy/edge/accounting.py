@@ -83,8 +83,10 @@ def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: i
         return
     cached = cached_tokens(reply.usage_body, flight.worker.adapter)
     prompt = count(dig(reply.usage_body or {}, "usage", "prompt_tokens"))
-    extension = extension_blocks(state, parsed, reply.generated()) if ok else ()
-    flight.finish(status, Outcome(ok, cached, extension, prompt))  # the router judges the report
+    generated = reply.generated() if ok else None
+    extension = extension_blocks(state, parsed, generated)
+    precise = precise_extension(state, parsed, generated)
+    flight.finish(status, Outcome(ok, cached, extension, prompt, precise))  # the router judges the report
     if state.recorder is not None:
         state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.keys.chars_per_token))
 
@@ -107,6 +109,24 @@ def extension_blocks(state: AppContext, parsed: Parsed, generated: dict[str, Any
         )
     except Exception as exc:  # learning is best effort; never fail a served request
         log.debug("extension blocks failed: %s", type(exc).__name__)
+        return ()
+
+
+def precise_extension(state: AppContext, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
+    """The reply's blocks as the next turn carries them, in precise keys (exact mode only)."""
+    if generated is None or not parsed.route.precise_blocks:
+        return ()
+    try:
+        return state.router.keys.precise_extension(
+            parsed.route,
+            parsed.endpoint,
+            parsed.body,
+            generated,
+            tenant=parsed.tenant,
+            engine_salt=parsed.engine_salt,
+        )
+    except Exception as exc:  # learning is best effort; never fail a served request
+        log.debug("precise extension failed: %s", type(exc).__name__)
         return ()
 
 

@@ -30,6 +30,7 @@ class Parsed:
     route: RouteRequest
     stream: bool
     tenant: str | None
+    engine_salt: str | None = None  # the cache_salt the proxy adds for the engine (precise keys)
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
@@ -147,7 +148,7 @@ def parse(
     body = parse_json(raw)
     stream = stream_flag(body)
     route = route_request(endpoint, body, builder, request_id, tenant, session, engine_salt)
-    return Parsed(endpoint, raw, body, route, stream, tenant)
+    return Parsed(endpoint, raw, body, route, stream, tenant, engine_salt)
 
 
 def session_id(value: str | None, tenant: str | None = None) -> str | None:
