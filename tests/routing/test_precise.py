@@ -172,6 +172,16 @@ def test_last_homes_are_the_latest_removal_and_stay_bounded() -> None:
     assert v.home(keys(others[-1])[0]) == "a" and v.home(chain[0]) is None  # the oldest went first
 
 
+def test_a_home_that_turned_its_cache_over_since_is_no_home() -> None:
+    v = view()
+    v.apply("a", [stored([1], PROMPT[:4]), stored([2], [7, 7, 7, 7])], 0.0)
+    v.apply("a", [BlockRemoved((1,))], 1.0)
+    v.apply("a", [stored([3], [8, 8, 8, 8])], 2.0)  # 1 stored since, 2 held: its place is still there
+    assert v.home(keys(PROMPT)[0]) == "a"
+    v.apply("a", [stored([4], [9, 9, 9, 9]), BlockRemoved((2, 3))], 3.0)  # 2 stored since, 1 held
+    assert v.home(keys(PROMPT)[0]) is None
+
+
 def test_removed_worker_leaves_nothing_behind() -> None:
     v = view()
     v.apply("a", [stored([1], PROMPT[:4])], 0.0)

@@ -139,6 +139,16 @@ def test_a_last_home_over_the_load_cap_is_passed_over() -> None:
     assert decision.worker == "b" and decision.branch != Branch.HOME
 
 
+def test_a_home_that_stored_a_cache_worth_since_leaves_the_choice_to_the_policy() -> None:
+    """a's working set is larger than its cache: it stored more blocks since the eviction than it holds
+    now, so PROMPT goes where the cost model sends it (b, the emptier) and a's tenants spread."""
+    router = make_router()
+    lived_on_a_then_evicted(router, 2)
+    router.precise.apply("a", [BlockRemoved((100,))], 1.5)  # 2 stored since, 1 held
+    decision = router.route(request("again", PROMPT), ["a", "b"], 2.0)
+    assert decision.worker == "b" and decision.branch != Branch.HOME
+
+
 def test_a_prefix_held_somewhere_goes_where_it_is_held_not_home() -> None:
     router = make_router()
     lived_on_a_then_evicted(router, 0)

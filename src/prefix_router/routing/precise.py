@@ -27,10 +27,13 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
   new blocks and no message for ``silence_s`` since. Otherwise the router uses its approximate index for
   that worker (kept up to date all along), and ``summary`` says why.
 - Last homes (``home``): for each block a BlockRemoved took from a worker, that worker (the latest
-  removal wins). When a request's next block is held nowhere, the router prefers the engine that held it
-  last, under a load cap (``home_load_factor``, ``home_load_slack``; ``Router._home``): a tenant whose
-  prefix was evicted everywhere re-fills where it lived instead of displacing another tenant's prefix
-  elsewhere, which would then move too (approximate mode's stale entries do the same).
+  removal wins), until the worker has stored more blocks since than it holds now (a cache's worth: its
+  place there is taken, as an approximate index forgets an entry after a capacity of newer ones). When a
+  request's next block is held nowhere, the router prefers that engine, under a load cap
+  (``home_load_factor``, ``home_load_slack``; ``Router._home``): a tenant whose prefix was evicted
+  everywhere re-fills where it lived instead of displacing another tenant's prefix elsewhere, which would
+  then move too; a home that turned its cache over since (more working set than cache) is no home, so an
+  overloaded engine's tenants still spread.
 - Bounds: ``max_blocks_per_worker`` engine hashes (the oldest stored goes first, with its key),
   ``max_speculative_per_worker`` speculative keys (the oldest go first), ``max_homes`` last homes (the
   least recently removed go first).
@@ -168,7 +171,8 @@ class PreciseView:
         self._name: dict[int, str] = {}
         self._confirmed: dict[int, int] = {}  # router key -> bits of the workers holding it
         self._spec: dict[int, int] = {}  # router key -> bits of the workers it is speculated on
-        self._homes: BoundedLRU[int, str] = BoundedLRU(cfg.max_homes)  # removed key -> last holder
+        # removed key -> (last holder, its stored_blocks count at the removal)
+        self._homes: BoundedLRU[int, tuple[str, int]] = BoundedLRU(cfg.max_homes)
         self.on_clear: Callable[[str], None] | None = None  # the engine said its cache is empty
 
     # ------------------------------------------------------------ workers
@@ -188,7 +192,8 @@ class PreciseView:
             return
         self._forget(worker)
         self._drop_spec(worker, len(worker.spec))
-        self._homes.drop_values(name)
+        for key in [k for k, (home, _at) in self._homes.items() if home == name]:
+            self._homes.pop(key)
         del self._name[worker.bit]
 
     def __contains__(self, name: object) -> bool:
@@ -315,7 +320,7 @@ class PreciseView:
             entry[1].discard(tier)
             if not entry[1]:
                 self._unhold(worker, engine_hash)
-                self._homes.set(entry[0], self._name[worker.bit])
+                self._homes.set(entry[0], (self._name[worker.bit], worker.stats.stored_blocks))
                 worker.stats.removed_blocks += 1
 
     def _unhold(self, worker: _Worker, engine_hash: BlockHash) -> None:
@@ -418,9 +423,17 @@ class PreciseView:
         return result
 
     def home(self, key: int) -> str | None:
-        """The worker whose engine removed block ``key`` last (whether or not some worker holds it again),
-        None if no removal of it is remembered."""
-        return self._homes.get(key)
+        """The worker whose engine removed block ``key`` last (whether or not some worker holds it again)
+        while it has stored at most as many blocks since as it holds now; None otherwise, or if no removal
+        of it is remembered."""
+        entry = self._homes.get(key)
+        if entry is None:
+            return None
+        name, at = entry
+        worker = self._workers.get(name)
+        if worker is None or worker.stats.stored_blocks - at > len(worker.held):
+            return None
+        return name
 
     def homes(self) -> int:
         """How many last homes are remembered (at most ``max_homes``)."""
