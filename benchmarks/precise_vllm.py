@@ -9,7 +9,11 @@ local template: the engine renders each request, ``--enable-scale-out``). Betwee
 caches are reset. The workload (seeded): tenants with long system prompts, some with tools, some salted
 (``cache_salt``), multi-turn conversations that carry the engine's own replies, sent one at a time with
 the openai client. Per request: the router's prediction (``x-prefix-router-prefix-match``) and the
-engine's ``usage.prompt_tokens_details.cached_tokens``.
+engine's ``usage.prompt_tokens_details.cached_tokens``. ``--repeats N`` runs the modes in turn N times on
+the same engines (the router's tie-breaks are not seeded, so one run's placement of the tenants is one
+draw); each run's line, then per mode the mean, and the paired difference from the first mode per repeat.
+``moves``: a tenant's request sent to another engine than its previous one; ``cold repeats``: a
+tenant's later request that found nothing cached.
 
     python benchmarks/precise_vllm.py --requests 48 --out benchmarks/results/precise_vllm.txt
 """
@@ -272,20 +276,55 @@ def run_mode(
     return rows
 
 
-def summarize(mode: str, rows: list[dict[str, float]]) -> str:
+def tenant_moves(rows: list[dict[str, float]], items: list[dict[str, object]]) -> tuple[int, int]:
+    """(moves, cold repeats) of the tenants over ``rows`` (the requests of ``items``, in order)."""
+    last: dict[int, float] = {}
+    moves = cold = 0
+    for item, row in zip(items, rows, strict=True):
+        tenant = item["convs"][item["conv"]]["tenant"]  # type: ignore[index]
+        if tenant in last:
+            moves += last[tenant] != row["worker"]
+            cold += row["cached"] == 0
+        last[tenant] = row["worker"]
+    return moves, cold
+
+
+def hit_rate(rows: list[dict[str, float]]) -> float:
+    return sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows))
+
+
+def summarize(mode: str, rows: list[dict[str, float]], items: list[dict[str, object]]) -> str:
     n = len(rows)
     within = sum(abs(r["predicted"] - r["cached"]) <= BLOCK for r in rows)
     exact = sum(r["predicted"] == r["cached"] for r in rows)
     above_prompt = sum(r["predicted"] > r["prompt"] for r in rows)
     above = sum(r["predicted"] > r["cached"] for r in rows)
-    hit = sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows))
+    hit = hit_rate(rows)
+    moves, cold = tenant_moves(rows, items)
     spread = sum(r["worker"] for r in rows) / max(1, n)
     mean_s = sum(r["seconds"] for r in rows) / max(1, n)
     return (
         f"{mode:12s} requests {n:3d}  within one block {within}/{n} ({within / max(1, n):.1%})  "
         f"exact {exact}/{n}  above report {above}  above prompt {above_prompt}  hit rate {hit:.1%}  "
-        f"share on vllm-1 {spread:.2f}  mean latency {mean_s:.2f}s"
+        f"moves {moves:2d}  cold repeats {cold:2d}  share on vllm-1 {spread:.2f}  mean latency {mean_s:.2f}s"
     )
+
+
+def overall(modes: list[str], hits: dict[str, list[float]]) -> list[str]:
+    """Per mode the mean hit rate over the repeats, and the paired difference from the first mode."""
+    lines = []
+    first = hits[modes[0]]
+    for mode in modes:
+        runs = hits[mode]
+        mean = sum(runs) / len(runs)
+        diffs = [a - b for a, b in zip(first, runs, strict=True)]
+        paired = "" if mode == modes[0] else f"  {modes[0]} - {mode}: " + " ".join(f"{d:+.1%}" for d in diffs)
+        lines.append(
+            f"{mode:12s} mean of {len(runs)}: hit rate {mean:.1%} (runs "
+            + " ".join(f"{h:.1%}" for h in runs)
+            + f"){paired}"
+        )
+    return lines
 
 
 def main() -> None:
@@ -299,6 +338,7 @@ def main() -> None:
     p.add_argument("--port-base", type=int, default=19300)
     p.add_argument("--router-port", type=int, default=19390)
     p.add_argument("--modes", default="precise,approximate")
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="precise-vllm-"))
@@ -315,16 +355,24 @@ def main() -> None:
         for i, (port, _e, _r) in enumerate(ports):
             wait_ok(f"http://127.0.0.1:{port}/health", 600)
             print(f"engine {i} up", flush=True)
-        for mode in args.modes.split(","):
-            for port, _e, _r in ports:
-                urllib.request.urlopen(
-                    urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"),
-                    timeout=60,
-                )
-            rows = run_mode(mode, args, ports, tmp)
-            (tmp / f"rows-{mode}.json").write_text(json.dumps(rows))
-            lines.append(summarize(mode, rows))
-            print(lines[-1], flush=True)
+        modes = args.modes.split(",")
+        hits: dict[str, list[float]] = {mode: [] for mode in modes}
+        items = workload(args.requests, args.seed)
+        for repeat in range(args.repeats):
+            for mode in modes:
+                for port, _e, _r in ports:
+                    urllib.request.urlopen(
+                        urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"),
+                        timeout=60,
+                    )
+                rows = run_mode(mode, args, ports, tmp)
+                suffix = "" if args.repeats == 1 else f"-{repeat}"
+                (tmp / f"rows-{mode}{suffix}.json").write_text(json.dumps(rows))
+                hits[mode].append(hit_rate(rows))
+                lines.append(summarize(mode, rows, items))
+                print(lines[-1], flush=True)
+        if args.repeats > 1:
+            lines += overall(modes, hits)
     finally:
         for engine in engines:
             stop(engine)

@@ -155,13 +155,43 @@ def test_bounds_hold() -> None:
     assert v.speculative_blocks("b") == 5
 
 
+def test_last_homes_are_the_latest_removal_and_stay_bounded() -> None:
+    v = view(max_homes=3)
+    chain = keys(PROMPT)
+    v.apply("a", [stored([1, 2, 3], PROMPT[:12])], 0.0)
+    v.apply("b", [stored([7], PROMPT[:4])], 0.0)
+    v.apply("a", [BlockRemoved((1, 2, 3))], 1.0)
+    assert [v.home(k) for k in chain] == ["a", "a", "a"]
+    v.apply("b", [BlockRemoved((7,))], 2.0)
+    assert v.home(chain[0]) == "b"  # the latest removal wins
+    others = [[rng_token + 500 + i * BS for rng_token in range(BS)] for i in range(5)]
+    for i, tokens in enumerate(others):
+        v.apply("a", [stored([100 + i], tokens)], 3.0)
+        v.apply("a", [BlockRemoved((100 + i,))], 3.0)
+    assert v.homes() == 3
+    assert v.home(keys(others[-1])[0]) == "a" and v.home(chain[0]) is None  # the oldest went first
+
+
+def test_a_home_that_turned_its_cache_over_since_is_no_home() -> None:
+    v = view()
+    v.apply("a", [stored([1], PROMPT[:4]), stored([2], [7, 7, 7, 7])], 0.0)
+    v.apply("a", [BlockRemoved((1,))], 1.0)
+    v.apply("a", [stored([3], [8, 8, 8, 8])], 2.0)  # 1 stored since, 2 held: its place is still there
+    assert v.home(keys(PROMPT)[0]) == "a"
+    v.apply("a", [stored([4], [9, 9, 9, 9]), BlockRemoved((2, 3))], 3.0)  # 2 stored since, 1 held
+    assert v.home(keys(PROMPT)[0]) is None
+
+
 def test_removed_worker_leaves_nothing_behind() -> None:
     v = view()
     v.apply("a", [stored([1], PROMPT[:4])], 0.0)
     v.speculate("a", keys(PROMPT), 1, 0.0)
+    v.apply("b", [stored([2], PROMPT[:4]), BlockRemoved((2,))], 0.0)
+    v.apply("a", [stored([3], PROMPT[4:8], parent=1), BlockRemoved((3,))], 0.0)
     v.remove_worker("a")
     v.add_worker("a", MODEL)
     assert v.match(keys(PROMPT), 0.0).steered == {}
+    assert v.home(keys(PROMPT)[1]) is None and v.home(keys(PROMPT)[0]) == "b"
 
 
 # ---------------------------------------------------------------- held to a plain reference

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import random
 
-from prefix_router.events import AllBlocksCleared, BlockStored
+from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefix_router.routing.precise import precise_chain, precise_seed
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Outcome, RouteRequest
+from prefix_router.routing.types import Branch, Outcome, RouteRequest
 
 BS = 8  # the engines' block size; the index's is 4 (keys.block_tokens)
 WORKERS = ["a", "b", "c"]
@@ -104,6 +104,57 @@ def test_no_request_routed_on_the_old_view_after_a_restarts_first_message() -> N
     assert decision.predicted_tokens == 0
     router.precise.apply("a", [stored(PROMPT, 50)], 2.0)
     assert router.route(request("r3", PROMPT), ["a", "b"], 2.0).worker == "a"
+
+
+def lived_on_a_then_evicted(router: Router, in_flight: int) -> None:
+    """PROMPT was served by a and stored there, then a's engine evicted all of it; ``in_flight`` other
+    requests are still running on a. The approximate index's fill of a makes the cost model prefer b."""
+    req = request("first", PROMPT)
+    router.dispatched(req, router.route(req, ["a"], 1.0), 1.0)
+    router.finished(req, "a", Outcome(cached_tokens=0, reported_prompt_tokens=42), 1.2)
+    router.precise.apply("a", [stored(PROMPT, 10)], 1.2)
+    router.precise.apply("a", [BlockRemoved(tuple(range(10, 15)))], 1.3)
+    for i in range(in_flight):
+        tokens = [1000 * (i + 1) + t for t in range(BS)]
+        other = request(f"busy{i}", tokens)
+        router.dispatched(other, router.route(other, ["a"], 1.4), 1.4)
+        router.precise.apply("a", [stored(tokens, 100 + i)], 1.4)
+
+
+def test_a_prefix_evicted_everywhere_goes_back_to_its_last_home() -> None:
+    """Held nowhere: without the last home the cost model sends it to b (a's cache looks fuller), where
+    re-filling it would evict another tenant's prefix; a is under the load cap, so it goes back to a."""
+    for in_flight in (0, 5):  # 5 on a, 0 on b: a still under ceil(1.25 x 6 / 2) + 2 = 6
+        router = make_router()
+        lived_on_a_then_evicted(router, in_flight)
+        decision = router.route(request("again", PROMPT), ["a", "b"], 2.0)
+        assert (decision.worker, decision.branch) == ("a", Branch.HOME)
+        assert decision.predicted_tokens == 0  # the events say nothing is held: nothing predicted
+
+
+def test_a_last_home_over_the_load_cap_is_passed_over() -> None:
+    router = make_router()
+    lived_on_a_then_evicted(router, 7)  # a would take 8 in flight, the cap is ceil(1.25 x 8 / 2) + 2 = 7
+    decision = router.route(request("again", PROMPT), ["a", "b"], 2.0)
+    assert decision.worker == "b" and decision.branch != Branch.HOME
+
+
+def test_a_home_that_stored_a_cache_worth_since_leaves_the_choice_to_the_policy() -> None:
+    """a's working set is larger than its cache: it stored more blocks since the eviction than it holds
+    now, so PROMPT goes where the cost model sends it (b, the emptier) and a's tenants spread."""
+    router = make_router()
+    lived_on_a_then_evicted(router, 2)
+    router.precise.apply("a", [BlockRemoved((100,))], 1.5)  # 2 stored since, 1 held
+    decision = router.route(request("again", PROMPT), ["a", "b"], 2.0)
+    assert decision.worker == "b" and decision.branch != Branch.HOME
+
+
+def test_a_prefix_held_somewhere_goes_where_it_is_held_not_home() -> None:
+    router = make_router()
+    lived_on_a_then_evicted(router, 0)
+    router.precise.apply("b", [stored(PROMPT[:16], 50)], 1.5)  # b holds the first 2 of its 5 blocks
+    decision = router.route(request("again", PROMPT), ["a", "b"], 2.0)
+    assert decision.worker == "b" and decision.predicted_tokens == 16
 
 
 def test_cleared_engine_predicts_nothing() -> None:

@@ -33,6 +33,10 @@ class BoundedLRU(Generic[K, V]):
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)
 
+    def items(self) -> list[tuple[K, V]]:
+        """The entries, least recently set first (a copy)."""
+        return list(self._data.items())
+
     def drop_values(self, value: V) -> None:
         for key in [k for k, v in self._data.items() if v == value]:
             del self._data[key]

@@ -28,8 +28,17 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
   events' block size is the configured one, and it has not gone silent: a dispatch that should have stored
   new blocks and no message for ``silence_s`` since. Otherwise the router uses its approximate index for
   that worker (kept up to date all along), and ``summary`` says why.
+- Last homes (``home``): for each block a BlockRemoved took from a worker, that worker (the latest
+  removal wins), until the worker has stored more blocks since than it holds now (a cache's worth: its
+  place there is taken, as an approximate index forgets an entry after a capacity of newer ones). When a
+  request's next block is held nowhere, the router prefers that engine, under a load cap
+  (``home_load_factor``, ``home_load_slack``; ``Router._home``): a tenant whose prefix was evicted
+  everywhere re-fills where it lived instead of displacing another tenant's prefix elsewhere, which would
+  then move too; a home that turned its cache over since (more working set than cache) is no home, so an
+  overloaded engine's tenants still spread.
 - Bounds: ``max_blocks_per_worker`` engine hashes (the oldest stored goes first, with its key),
-  ``max_speculative_per_worker`` speculative keys (the oldest go first).
+  ``max_speculative_per_worker`` speculative keys (the oldest go first), ``max_homes`` last homes (the
+  least recently removed go first).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from typing import Any
 from pydantic import Field
 
 from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored, EngineEvent
+from prefix_router.routing.bounded import BoundedLRU
 from prefix_router.routing.hashing import hash_bytes, namespace_seed
 from prefix_router.settings import Section
 
@@ -60,6 +70,11 @@ class PreciseSettings(Section):
     max_speculative_per_worker: int = Field(default=65_536, gt=0)
     silence_s: float = Field(default=10.0, gt=0)  # new blocks expected and no event this long: stale
     stale_hold_s: float = Field(default=30.0, gt=0)  # after an unrepaired gap: approximate this long
+    max_homes: int = Field(default=65_536, gt=0)  # removed block key -> the worker that held it last
+    # a prefix held nowhere goes back to its last home while that worker's in-flight requests stay
+    # under ceil(home_load_factor x mean in flight after it) + home_load_slack (the sessions' rule)
+    home_load_factor: float = Field(default=1.25, ge=1.0)
+    home_load_slack: int = Field(default=2, ge=0)
     # token parity without a local template: an event-fed engine renders the request (proxy/edge/render.py)
     render: bool = True
     render_timeout_s: float = Field(default=2.0, gt=0)
@@ -158,6 +173,8 @@ class PreciseView:
         self._name: dict[int, str] = {}
         self._confirmed: dict[int, int] = {}  # router key -> bits of the workers holding it
         self._spec: dict[int, int] = {}  # router key -> bits of the workers it is speculated on
+        # removed key -> (last holder, its stored_blocks count at the removal)
+        self._homes: BoundedLRU[int, tuple[str, int]] = BoundedLRU(cfg.max_homes)
         self.on_clear: Callable[[str], None] | None = None  # the engine said its cache is empty
 
     # ------------------------------------------------------------ workers
@@ -177,6 +194,8 @@ class PreciseView:
             return
         self._forget(worker)
         self._drop_spec(worker, len(worker.spec))
+        for key in [k for k, (home, _at) in self._homes.items() if home == name]:
+            self._homes.pop(key)
         del self._name[worker.bit]
 
     def __contains__(self, name: object) -> bool:
@@ -303,6 +322,7 @@ class PreciseView:
             entry[1].discard(tier)
             if not entry[1]:
                 self._unhold(worker, engine_hash)
+                self._homes.set(entry[0], (self._name[worker.bit], worker.stats.stored_blocks))
                 worker.stats.removed_blocks += 1
 
     def _unhold(self, worker: _Worker, engine_hash: BlockHash) -> None:
@@ -405,6 +425,23 @@ class PreciseView:
         for bit in _bits(alive):
             result[self._name[bit]] = len(blocks)
         return result
+
+    def home(self, key: int) -> str | None:
+        """The worker whose engine removed block ``key`` last (whether or not some worker holds it again)
+        while it has stored at most as many blocks since as it holds now; None otherwise, or if no removal
+        of it is remembered."""
+        entry = self._homes.get(key)
+        if entry is None:
+            return None
+        name, at = entry
+        worker = self._workers.get(name)
+        if worker is None or worker.stats.stored_blocks - at > len(worker.held):
+            return None
+        return name
+
+    def homes(self) -> int:
+        """How many last homes are remembered (at most ``max_homes``)."""
+        return len(self._homes)
 
     def held_blocks(self, name: str) -> int:
         worker = self._workers.get(name)

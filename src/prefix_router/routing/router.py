@@ -232,6 +232,8 @@ class Router:
             matches = self._steered(req, matches, precise)
         snaps = self.load.snapshots(candidates, now)
         sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
+        if sticky is None and precise is not None and name in self._honour_sessions:
+            sticky = self._home(req, precise, snaps)
         prompt = self._prompt_value(req)
         scale = prompt / req.key_tokens if req.text_model is not None and req.key_tokens else 1.0
         decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
@@ -318,6 +320,27 @@ class Router:
         if snap is None or not under_cap(snap, load_cap(snaps, sessions.load_factor, sessions.load_slack)):
             return None
         return Decision(snap.name, Branch.SESSION)
+
+    def _home(
+        self, req: RouteRequest, precise: PreciseMatch, snaps: Sequence[WorkerSnapshot]
+    ) -> Decision | None:
+        """The last home of ``req``'s first block that no fresh event-fed worker holds (``PreciseView.home``),
+        if that worker is fresh, holds as much of ``req`` as any of them, is a candidate and stays under the
+        load cap of ``routing.precise.home_load_factor`` and ``home_load_slack``; else None (the policy
+        decides). Without it an evicted prefix is placed by load alone and may land where it evicts
+        another tenant's, which then moves in turn."""
+        blocks = req.precise_blocks
+        depth = max(precise.steered.values(), default=0)
+        if depth >= len(blocks):
+            return None
+        worker = self.precise.home(blocks[depth])
+        if worker is None or worker not in precise.fresh or precise.steered.get(worker, 0) < depth:
+            return None
+        snap = next((s for s in snaps if s.name == worker), None)
+        cfg = self.cfg.precise
+        if snap is None or not under_cap(snap, load_cap(snaps, cfg.home_load_factor, cfg.home_load_slack)):
+            return None
+        return Decision(snap.name, Branch.HOME)
 
     # ------------------------------------------------------------ lifecycle
 

@@ -76,6 +76,9 @@ class Branch(StrEnum):
     """
 
     SESSION = "session"  # session affinity (applied by the router before the policy)
+    HOME = (
+        "home"  # precise: a prefix held nowhere, sent back to its last home (the router, before the policy)
+    )
     PREFIX_HIT = "prefix_hit"  # prefix: the chosen worker has the longest match
     LOAD_FALLBACK = "load_fallback"  # prefix: a longer match passed over for load; consistent_hash: all full
     LOAD_BALANCE = "load_balance"  # prefix: no match anywhere
