@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -12,21 +10,13 @@ from types import ModuleType
 import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "epp.py"
+from support.scripts import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("epp_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("epp.py") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_simulated_engines_by_default(bench: ModuleType, tmp_path: Path) -> None:

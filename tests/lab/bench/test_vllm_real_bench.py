@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -13,21 +11,13 @@ from typing import Any
 import pytest
 
 from prefix_router.lab.launch import vllm
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "vllm_real.py"
+from support.scripts import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("vllm_real_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("vllm_real.py") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def _record(session: str, start: float, prompt: int, cached: int) -> dict[str, Any]:
