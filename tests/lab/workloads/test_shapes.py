@@ -164,10 +164,13 @@ def test_random_text_has_exactly_four_chars_per_token(tokens: int) -> None:
         assert len(random_text(rng_for(seed), tokens)) == 4 * tokens
 
 
-def test_multiturn_synthetic_fallback_without_trace(tmp_path: Path) -> None:
+def test_multiturn_synthetic_fallback_without_trace(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     missing = str(tmp_path / "absent.jsonl")
     opts = multiturn.MultiTurnSettings(trace=missing, synthetic_fallback=True)
-    sessions = multiturn.build(opts, 30, seed=2)
+    with caplog.at_level("WARNING", logger="prefix_router.lab.workloads.multiturn"):
+        sessions = multiturn.build(opts, 30, seed=2)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]  # never silent: the figures differ
+    assert missing in caplog.text and "synthetic" in caplog.text
     assert sum(len(s.turns) for s in sessions) == 30
     assert all(s.session_id.startswith("synthetic-") and len(s.turns) >= 1 for s in sessions)
     assert sessions == multiturn.build(opts, 30, seed=2)

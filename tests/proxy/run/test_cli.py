@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -17,9 +18,11 @@ from prefix_router.lab.workloads.traces import TRACES_ENV
 from prefix_router.protocol import WORKER_HEADER
 
 
-async def wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+async def wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60.0) -> None:
+    """Until ``/ready`` answers 200 (a cold start on a loaded 2-core machine took over 10 s)."""
+    deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as http:
-        for _ in range(200):
+        while time.monotonic() < deadline:
             if proc.returncode is not None:
                 raise AssertionError("the router exited early")
             try:

@@ -4,7 +4,7 @@ Each conversation is one session; user turn k is sent with the whole history (sy
 user turns and the engine's *generated* replies) once the answer to turn k-1 has returned, so successive
 turns share a growing prefix. The recorded reply only sizes ``max_tokens``. With ``synthetic_fallback``
 (used by ``mixed``), a missing trace is replaced by synthetic conversations of random text
-(session ids ``synthetic-N``) instead of an error.
+(session ids ``synthetic-N``) instead of an error, with a warning logged (the figures differ).
 
 With ``interleave`` = K > 0, K conversations are live at once and their turns are sent in rotation (turn 1
 of each, then turn 2 of each, ...; a conversation that ends hands its place to the next one): every
@@ -16,6 +16,7 @@ engines' caches. ``think_time_s`` does not apply then.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from prefix_router.lab.workloads.settings import WorkloadSettings
 from prefix_router.lab.workloads.text import CHARS_PER_TOKEN, estimate_tokens, random_text, tagged_text
 from prefix_router.lab.workloads.traces import SHAREGPT_FILE, find_trace
 from prefix_router.lab.workloads.types import Session, Turn
+
+log = logging.getLogger(__name__)
 
 
 class MultiTurnSettings(WorkloadSettings):
@@ -47,9 +50,10 @@ class MultiTurnSettings(WorkloadSettings):
 def build(opts: MultiTurnSettings, requests: int, seed: int) -> list[Session]:
     try:
         lines = find_trace(SHAREGPT_FILE, opts.trace).read_bytes().splitlines()
-    except FileNotFoundError:
+    except FileNotFoundError as missing:
         if not opts.synthetic_fallback:
             raise
+        log.warning("%s: multi-turn conversations are synthetic (ids synthetic-N), not ShareGPT", missing)
         lines = synthetic_lines(requests // 2 + 1, seed)
     order = list(range(len(lines)))
     if opts.shuffle:
