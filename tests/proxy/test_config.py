@@ -143,6 +143,20 @@ def test_routing_core_refusals_become_config_errors() -> None:
         create_app(cfg)
 
 
+def test_a_seed_makes_the_routers_tie_breaks_repeat() -> None:
+    from prefix_router.proxy.context import CONTEXT
+    from prefix_router.proxy.run.app import create_app
+
+    def draws(seed: int | None) -> list[float]:
+        cfg = load_config(env={}, overrides={} if seed is None else {"seed": seed})
+        rng = create_app(cfg)[CONTEXT].router.rng
+        return [rng.random() for _ in range(4)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+    assert draws(None) != draws(None)  # unseeded: the OS's entropy
+
+
 def test_each_policy_reads_its_own_knob_group() -> None:
     cfg = load_config(
         env={"PREFIX_ROUTER_ROUTING__POLICIES__CONSISTENT_HASH__LOAD_SLACK": "3"},

@@ -56,7 +56,7 @@ def create_control_app(
 ) -> web.Application:
     """The router's state and life with the picker's HTTP routes (no ``/v1/*``: the data path is the
     gateway's)."""
-    app = build_app(config, None, fetcher, clock, rng or random.Random())
+    app = build_app(config, None, fetcher, clock, rng or random.Random(config.seed))
     app.router.add_get("/health", health_route)
     app.router.add_get("/ready", ready_route)
     app.router.add_get("/metrics", metrics_route)

@@ -119,3 +119,6 @@ class ServerSettings(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"  # text: key=value lines; json: one JSON object per line
     access_log: bool = True  # one line per /v1/* request (logger prefix_router.access)
+    # the router's random tie-breaks start from this seed in every serving process (runs that are to be
+    # compared decide alike); None: seeded by the OS
+    seed: int | None = Field(default=None, ge=0)

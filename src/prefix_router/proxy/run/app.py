@@ -45,12 +45,13 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> web.Application:
-    """Build the router app. ``upstream`` and ``fetcher`` replace the network (tests).
+    """Build the router app. ``upstream`` and ``fetcher`` replace the network (tests); ``rng`` the random
+    source seeded by ``config.seed`` (the OS when that is None).
 
     Serve it with ``handler_cancellation=True`` (see ``prefix_router.proxy.run.server``) so that a client
     disconnect cancels the upstream request at once.
     """
-    app = build_app(config, upstream, fetcher, clock, rng or random.Random())
+    app = build_app(config, upstream, fetcher, clock, rng or random.Random(config.seed))
     handlers.add_routes(app)
     admin.add_routes(app)
     handlers.add_catch_all(app)  # last: what no route above takes
