@@ -1,11 +1,13 @@
 """Build switch: pure Python by default; ``COMPILE_ROUTING_CORE=1`` compiles the routing core.
 
 Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the hot routing
-modules, from the same typed source) and the C loop ``prefix_router.routing._chain`` (chained xxh3 block
-hashes in one pass, through the system's libxxhash). Pure (the default, and what an editable developer
-install gets, where compiled modules would shadow edits): no extension at all. A part that cannot be built
+modules, from the same typed source) and the C loops of ``prefix_router.routing._chain`` (chained xxh3 block
+hashes in one pass, through the system's libxxhash; the prefix index's touch of one chain). Pure (the
+default, and what an editable developer install gets, where compiled modules would shadow edits): no
+extension at all. A part that cannot be built
 (no C compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python module stands in:
-every compiled module ships its source beside it, and ``hashing`` uses the C loop only when it imports.
+every compiled module ships its source beside it, and ``hashing`` and ``index`` use the C loops only when
+they import.
 """
 
 from __future__ import annotations

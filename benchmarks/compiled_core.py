@@ -9,6 +9,9 @@ drift on a shared machine touches both alike, then prints each stage's mean CPU 
 scaled by each child's CPU share as floor_core does) for both builds and the ratio pure / compiled.
 
     python benchmarks/compiled_core.py --compiled-lib "$(scripts/build-compiled.sh)"
+
+``--before-lib DIR``: the first child runs another compiled build (an older commit's, built by its own
+``scripts/build-compiled.sh``) instead of the pure one: two compiled builds before and after a change.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ def child(args: argparse.Namespace) -> int:
     return 1
 
 
-def spawn(build: str, lib: str, argv: list[str]) -> subprocess.Popen[str]:
-    path = str(HERE.parent / "src") if build == "pure" else lib
+def spawn(build: str, lib: str, argv: list[str], before_lib: str = "") -> subprocess.Popen[str]:
+    path = (before_lib or str(HERE.parent / "src")) if build == "pure" else lib
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, str(HERE)])}
     return subprocess.Popen(
         [sys.executable, __file__, "--child", *argv],
@@ -72,6 +75,7 @@ def main() -> int:
     p.add_argument("--cycles", type=int, default=500, help="cycles per slice")
     p.add_argument("--rounds", type=int, default=6, help="slices per build, alternating")
     p.add_argument("--in-flight", type=int, default=32)
+    p.add_argument("--before-lib", default="", help="a compiled build to run in place of the pure one")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -81,12 +85,17 @@ def main() -> int:
         return 2
     argv = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("prompt_chars", "workers", "cycles")]
     argv += [f"--rounds={args.rounds}", f"--in-flight={args.in_flight}"]
-    procs = {b: spawn(b, args.compiled_lib, argv) for b in BUILDS}
+    procs = {b: spawn(b, args.compiled_lib, argv, args.before_lib) for b in BUILDS}
     for build, proc in procs.items():
         assert proc.stdout is not None
         where = str(json.loads(proc.stdout.readline())["ready"])
-        print(f"{build}: prefix_router.routing.index from {where}")
-        assert where.endswith(".py") == (build == "pure"), f"{build} build imported {where}"
+        label = "before (compiled)" if build == "pure" and args.before_lib else build
+        print(f"{label}: prefix_router.routing.index from {where}")
+        assert where.endswith(".py") == (build == "pure" and not args.before_lib), (
+            f"{build} build imported {where}"
+        )
+    if args.before_lib:
+        print("the 'pure' columns below are the --before-lib build's")
     for _ in range(args.rounds):
         for proc in procs.values():
             ask(proc, "slice")

@@ -4,7 +4,8 @@ The compiled core is built once per source by ``scripts/build-compiled.sh`` (cac
 ``make test`` builds it first and passes it in ``COMPILED_ROUTING_CORE_LIB``); each build runs in a
 subprocess with its package first on the path. Checked: every module ``setup.py`` compiles is an extension
 module there (a build that fell back to pure fails here), the C block-hash loop gives the Python loop's
-hashes, and both builds make the same decisions, keys and summaries on recorded traces.
+hashes, the C touch loop of the index changes what the Python loop changes, and both builds make the
+same decisions, keys and summaries on recorded traces.
 """
 
 from __future__ import annotations
@@ -100,6 +101,68 @@ for _ in range(3000):
 print(cases)
 """
     assert int(run(compiled_lib, ["-c", script])) > 1000  # most cases hash at least one block
+
+
+TOUCH_PROPERTY = """
+import copy, importlib.util, sys
+from collections import OrderedDict
+from hypothesis import given, settings, strategies as st
+from prefix_router.routing import _chain
+
+spec = importlib.util.spec_from_file_location("pure_index", sys.argv[1])  # the tree's source, not compiled
+pure = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pure)
+ran = []
+
+def state(draw):
+    universe = draw(st.integers(1, 10))
+    order = draw(st.permutations(range(universe)))
+    held_ids = order[: draw(st.integers(0, universe))]
+    lru = OrderedDict((b, draw(st.floats(0, 10))) for b in held_ids)
+    bit = draw(st.sampled_from([1, 2, 1 << 70]))
+    # mostly the index's invariant (the bit set exactly for the blocks in the LRU), sometimes not
+    exact = draw(st.booleans())
+    holders = {}
+    for b in range(universe):
+        mask = draw(st.sampled_from([0, 0, 4, 1 << 65]))
+        mine = b in lru if exact else draw(st.booleans())
+        if mask | (bit if mine else 0):
+            holders[b] = mask | (bit if mine else 0)
+    blocks = draw(st.lists(st.integers(0, universe - 1), max_size=10))
+    if draw(st.booleans()):
+        blocks = list(dict.fromkeys(blocks))  # a chain's blocks are distinct
+    blocks = tuple(blocks) if draw(st.booleans()) else blocks
+    return lru, holders, bit, blocks, draw(st.integers(0, len(blocks))), draw(st.floats(0, 20))
+
+def run(touch, lru, holders, *rest):
+    try:
+        return touch(lru, holders, *rest), list(lru.items()), holders
+    except KeyError as exc:  # a block held by its bit but absent from the LRU: the reference's KeyError
+        return repr(exc), list(lru.items()), holders
+
+@settings(max_examples=3000, deadline=None, database=None)
+@given(st.data())
+def check(data):
+    lru, holders, bit, blocks, held, now = state(data.draw)
+    want = run(pure.touch_chain_py, copy.copy(lru), dict(holders), bit, blocks, held, now)
+    got = run(_chain.touch_chain, copy.copy(lru), dict(holders), bit, blocks, held, now)
+    assert got == want, (lru, holders, bit, blocks, held, got, want)
+    ran.append(isinstance(want[0], int) and len(blocks) > held > 0)
+
+check()
+print(sum(ran), len(ran))
+"""
+
+
+def test_the_c_touch_loop_changes_the_lru_and_holders_as_the_python_loop(compiled_lib: Path) -> None:
+    """``_chain.touch_chain`` (the compiled build's touch of one chain) against ``index.touch_chain_py`` (the
+    pure module's source): the same LRU, order and stamps included, the same holders, the same count, and
+    the same KeyError where the reference raises one, on random states (inside and outside the index's
+    invariant), chains and held prefixes."""
+    both, runs = run(
+        compiled_lib, ["-c", TOUCH_PROPERTY, str(ROOT / "src/prefix_router/routing/index.py")]
+    ).split()
+    assert int(runs) == 3000 and int(both) > 300  # many with both a held prefix and deeper blocks
 
 
 def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(compiled_lib: Path, tmp_path: Path) -> None:

@@ -30,6 +30,51 @@ from mypy_extensions import mypyc_attr
 EvictHook = Callable[[str, int], None]
 # touches blocks in an LRU: (the LRU, the holder bit, the blocks, now)
 _Touch = Callable[["OrderedDict[int, float]", int, Sequence[int], float], None]
+# touches one chain on a chain-closed worker: (the LRU, holders, the bit, the blocks, held, now) -> found
+_TouchChain = Callable[["OrderedDict[int, float]", dict[int, int], int, Sequence[int], int, float], int]
+
+
+def touch_chain_py(
+    lru: OrderedDict[int, float],
+    holders: dict[int, int],
+    value: int,
+    blocks: Sequence[int],
+    held: int,
+    now: float,
+) -> int:
+    """The touch of the chain ``blocks`` on a chain-closed worker whose bit is ``value`` and which holds its
+    first ``held`` blocks: deepest first, the others added (their holders get ``value``) or, found held
+    after all, moved; then the held ones moved to the most recent end; all stamped ``now``. Returns how
+    many of the others were found held. The reference of the compiled build's C loop
+    (``_chain.touch_chain``)."""
+    move = lru.move_to_end
+    # compiled: the float boxed once, the blocks kept boxed (a stored float or int is boxed per store)
+    stamp: Any = now
+    newest: Iterator[Any] = reversed(blocks)
+    found = 0
+    for block in islice(newest, len(blocks) - held):  # deepest first: not held (chain-closed), added
+        mask = holders.get(block, 0)
+        if mask & value:
+            found += 1
+            move(block)
+        else:
+            holders[block] = mask | value
+        lru[block] = stamp
+    for block in newest:  # then the held prefix: moved to the most recent end
+        lru[block] = stamp
+        move(block)
+    return found
+
+
+def _load_touch_chain() -> _TouchChain:
+    try:
+        from prefix_router.routing._chain import touch_chain
+    except ImportError:  # the pure build: the Python loop above
+        return touch_chain_py
+    return touch_chain
+
+
+_chain_touch = _load_touch_chain()
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -275,25 +320,13 @@ class PrefixIndex:
         self, lru: OrderedDict[int, float], value: int, blocks: Sequence[int], now: float
     ) -> None:
         """``_touch`` of a chain on a chain-closed worker: the held prefix (bisected) moved, the rest added,
-        without a membership test per block. Exact whatever ``blocks`` are: a deeper block found held is
-        moved, and should the prefix have a hole (a list that was not one chain), its holders are set."""
+        without a membership test per block (``touch_chain_py``, in the compiled build a C loop). Exact
+        whatever ``blocks`` are: a deeper block found held is moved, and should the prefix have a hole (a
+        list that was not one chain), its holders are set."""
         held = self._held(blocks, value)
-        holders, move = self._holders, lru.move_to_end
-        # compiled: the float boxed once, the blocks kept boxed (a stored float or int is boxed per store)
-        stamp: Any = now
-        newest: Iterator[Any] = reversed(blocks)
+        holders = self._holders
         expected = len(lru) + len(blocks) - held
-        for block in islice(newest, len(blocks) - held):  # deepest first: not held (chain-closed), added
-            mask = holders.get(block, 0)
-            if mask & value:
-                expected -= 1
-                move(block)
-            else:
-                holders[block] = mask | value
-            lru[block] = stamp
-        for block in newest:  # then the held prefix: moved to the most recent end
-            lru[block] = stamp
-            move(block)
+        expected -= _chain_touch(lru, holders, value, blocks, held, now)
         if len(lru) != expected:  # a hole in the "held" prefix was added to the LRU: hold it too
             for block in blocks[:held]:
                 holders[block] = holders.get(block, 0) | value

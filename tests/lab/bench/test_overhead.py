@@ -58,13 +58,15 @@ def test_pure_and_compiled_builds_side_by_side(capsys: pytest.CaptureFixture[str
             rounds=1,
             concurrency="4",
             prompt_chars="500",
-            builds="pure,compiled",
+            builds="pure,compiled,before",
             compiled_lib=lib,
+            before_lib=lib,
         )
     )
     out = capsys.readouterr().out
     assert code == 0
     assert "prefix-router (1 proc, uvloop, pure)" in out and "prefix-router (1 proc, uvloop, compiled)" in out
+    assert "prefix-router (1 proc, uvloop, before)" in out
 
 
 def test_a_compiled_build_that_is_not_one_is_named(
@@ -73,6 +75,10 @@ def test_a_compiled_build_that_is_not_one_is_named(
     assert overhead.run_bench(args(builds="pure,compiled", compiled_lib="")) == 2
     assert "--compiled-lib" in capsys.readouterr().out
     assert overhead.run_bench(args(builds="compiled", compiled_lib=str(tmp_path))) == 2  # the pure one there
+    assert "holds no compiled routing core" in capsys.readouterr().out
+    assert overhead.run_bench(args(builds="pure,before", before_lib="")) == 2
+    assert "--before-lib" in capsys.readouterr().out
+    assert overhead.run_bench(args(builds="before", before_lib=str(tmp_path))) == 2
     assert "holds no compiled routing core" in capsys.readouterr().out
 
 

@@ -10,7 +10,9 @@ routers with py-spy and prints where their CPU goes, stage by stage (``bench.pro
 write their access log, as shipped; ``--access-log on,off`` adds routers without it, to measure it.
 ``--builds pure,compiled`` runs each router configuration on both builds side by side: the pure package
 and the compiled routing core (``setup.py`` with ``COMPILE_ROUTING_CORE=1``; ``scripts/build-compiled.sh``
-prints its directory), put first on the router's ``PYTHONPATH`` from ``--compiled-lib``.
+prints its directory), put first on the router's ``PYTHONPATH`` from ``--compiled-lib``. A third build,
+``before``, is another compiled package (``--before-lib``: an older commit's, built by its own
+``scripts/build-compiled.sh``), for a change measured before and after in one run.
 """
 
 from __future__ import annotations
@@ -57,12 +59,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--peer-python", default=PEER_PYTHON, help="the Python of the peer's own venv")
     p.add_argument("--profile", action="store_true", help="py-spy the routers: CPU per request by stage")
     p.add_argument("--access-log", default="on", help="router access log settings to compare (on,off)")
-    p.add_argument("--builds", default="pure", help="prefix-router builds to compare (pure,compiled)")
+    p.add_argument("--builds", default="pure", help="prefix-router builds to compare (pure,compiled,before)")
     p.add_argument(
         "--compiled-lib",
         default=os.environ.get("COMPILED_ROUTING_CORE_LIB", ""),
         help="the compiled build's package directory (scripts/build-compiled.sh prints it)",
     )
+    p.add_argument("--before-lib", default="", help="the 'before' build's package directory (a compiled one)")
     p.set_defaults(func=run_bench)
 
 
@@ -242,19 +245,21 @@ def peer_argv(python: str, worker_port: int, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def build_env(build: str, compiled_lib: str) -> dict[str, str] | None:
-    """The router's environment for a build: the compiled package first on its path, or as installed."""
+def build_env(build: str, compiled_lib: str, before_lib: str = "") -> dict[str, str] | None:
+    """The router's environment for a build: a compiled package (``compiled``: ``compiled_lib``,
+    ``before``: ``before_lib``) first on its path, or as installed (``pure``)."""
     if build == "pure":
         return None
-    if build != "compiled":
-        raise ValueError(f"unknown build {build!r} (pure, compiled)")
-    return {"PYTHONPATH": os.pathsep.join(p for p in (compiled_lib, os.environ.get("PYTHONPATH")) if p)}
+    if build not in ("compiled", "before"):
+        raise ValueError(f"unknown build {build!r} (pure, compiled, before)")
+    lib = compiled_lib if build == "compiled" else before_lib
+    return {"PYTHONPATH": os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH")) if p)}
 
 
-def compiled_missing(compiled_lib: str) -> str | None:
+def compiled_missing(compiled_lib: str, flag: str = "--compiled-lib") -> str | None:
     """Why ``compiled_lib`` is not a compiled build (its routing index an extension module), or None."""
     if not compiled_lib:
-        return "--builds compiled needs --compiled-lib DIR (scripts/build-compiled.sh prints it)"
+        return f"this build needs {flag} DIR (scripts/build-compiled.sh prints it)"
     probe = "import prefix_router.routing.index as i; print(i.__file__)"
     out = subprocess.run(
         [sys.executable, "-c", probe], env={**os.environ, **(build_env("compiled", compiled_lib) or {})},
@@ -284,7 +289,7 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[Case, dict[s
                         port = free_port()
                         argv = [*router_argv(worker_port, port, loop, count, args.policy)]
                         argv += ["--set", f"access_log={access == 'on'}"]
-                        pid = spawn(argv, build_env(build, args.compiled_lib))
+                        pid = spawn(argv, build_env(build, args.compiled_lib, args.before_lib))
                         suffix = "" if access == "on" else ", no access log"
                         suffix += f", {build}" if build != "pure" or len(names(args.builds)) > 1 else ""
                         plan.targets.append(
@@ -420,9 +425,13 @@ def run_bench(args: argparse.Namespace) -> int:
             f"--peer needs {args.peer} in its own venv: see benchmarks/peers.sh ({args.peer_python})"
         )
         return 2
-    if "compiled" in names(args.builds) and (why := compiled_missing(args.compiled_lib)):
-        console.print(why)
-        return 2
+    for build, lib, flag in (
+        ("compiled", args.compiled_lib, "--compiled-lib"),
+        ("before", args.before_lib, "--before-lib"),
+    ):
+        if build in names(args.builds) and (why := compiled_missing(lib, flag)):
+            console.print(why)
+            return 2
     loop = loop_factory("uvloop")()
     try:
         results = loop.run_until_complete(bench(args, console))
