@@ -87,6 +87,7 @@ from prefix_router.proxy import loop_factory
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"
 SERVE_AGAIN = "prefix-router again"  # part 2's last run: serve's own run-to-run spread, in the same run
+SERVE_SET = "prefix-router set"  # serve with the routing knobs of --serve-set, beside the defaults' row
 FLOOR = "envoy+grpc floor"  # the same Envoy in front of a do-nothing grpc.aio ext_proc server
 FLOOR_SERVER = Path(__file__).resolve().parent / "floor_servers" / "extproc_floor.py"
 BUFFERED = "envoy+epp buffered"  # the request body BUFFERED instead of FULL_DUPLEX_STREAMED
@@ -98,7 +99,7 @@ OPTIONS = {
     LEAN: EnvoyOptions(response_header_mode="SKIP"),
 }
 NO_DECISION_HEADERS = ("--set", "tenants.decision_headers=false")
-EDGES = (SERVE, GATEWAY, BUFFERED, LEAN, SGLANG, DIRECT, SERVE_AGAIN)  # part 2's rows, in this order
+EDGES = (SERVE, SERVE_SET, GATEWAY, BUFFERED, LEAN, SGLANG, DIRECT, SERVE_AGAIN)  # part 2's rows, in order
 PICKERS = (GATEWAY, BUFFERED, LEAN)
 RoutingRow = tuple[str, dict[str, object], dict[str, float], int]  # label, bench row, CPU s/req, requests
 
@@ -377,8 +378,11 @@ def start_edge(spawn: Spawn, label: str, engines: list[str], args: argparse.Name
                directory: Path) -> tuple[str, dict[str, int]]:  # fmt: skip
     """Start the router of row ``label`` (not ``direct``): its URL once it answers, and its pids."""
     port = free_port()
-    if label in (SERVE, SERVE_AGAIN):
-        pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning"), None)}
+    if label in (SERVE, SERVE_AGAIN, SERVE_SET):
+        knobs = (
+            [arg for pair in args.serve_set or () for arg in ("--set", pair)] if label == SERVE_SET else []
+        )
+        pids = {"serve": spawn(serve_argv(engines, port, "--set", "log_level=warning", *knobs), None)}
         wait_http(f"http://127.0.0.1:{port}/ready")
     elif label == SGLANG:
         pids = {"sglang": spawn(sglang_argv(args.peer_python, engines, port), PEER_ENV)}
@@ -398,6 +402,8 @@ def edges(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"unknown edges {unknown}; known: {', '.join(EDGES)}")
     if SGLANG in chosen and not Path(args.peer_python).exists():
         chosen.remove(SGLANG)
+    if SERVE_SET in chosen and not args.serve_set:
+        raise SystemExit(f"the {SERVE_SET!r} row needs --serve-set KEY=VALUE")
     return [e for e in EDGES if e in chosen]
 
 
@@ -550,6 +556,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--edges", default=",".join(EDGES), help=f"part 2's rows, comma-separated: {', '.join(EDGES)}"
     )
+    p.add_argument(
+        "--serve-set", action="append", metavar="KEY=VALUE",
+        help=f"the {SERVE_SET!r} row's knobs (serve --set), e.g. routing.policies.prefix.load_factor=1.5",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port-base", type=int, default=0, help="real vLLM engines' first port (0: free ports)")
     p.add_argument("--skip-data-path", action="store_true")

@@ -183,6 +183,8 @@ def check(
         assert snap.in_flight == expected
         prefill = sum(r.key_tokens for r, prefilling in mine if prefilling) if name in present else 0
         assert snap.pending_prefill_tokens == prefill
+        decoding = sum(1 for _, prefilling in mine if not prefilling) if name in present else 0
+        assert snap.decoding == decoding
 
 
 @settings(max_examples=150, deadline=None)

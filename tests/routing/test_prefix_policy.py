@@ -105,6 +105,26 @@ def test_the_holder_is_left_only_when_its_wait_exceeds_twice_the_recomputation()
     assert policy.select(long_request(), leaves, ctx({"w0": BLOCKS})).worker == "w1"
 
 
+def test_requests_past_their_first_token_cost_what_decoding_penalty_tokens_says() -> None:
+    """Three requests decoding on the holder of a 640-token hit, an idle worker beside it: by default they
+    cost as much as three still before their first token (the hit moves either way); priced lower
+    (``decoding_penalty_tokens`` 128: they share the steps, none is ahead of the new prefill) the hit
+    stays, while three before their first token still send it to the idle worker."""
+    req = RouteRequest("r", tuple(range(40)), 16, 640, 0)
+    decoding = [WorkerSnapshot("w0", in_flight=3, decoding=3), WorkerSnapshot("w1")]
+    waiting = [WorkerSnapshot("w0", in_flight=3), WorkerSnapshot("w1")]
+    elsewhere = 2 * prefill_work(640, 0, 32_768)  # a full cache there: twice the recomputation
+    assert 3 * 128 < elsewhere < 3 * CFG.in_flight_penalty_tokens == 3 * CFG.decoding_penalty_tokens
+    default, cheaper = (
+        make_policy("prefix"),
+        make_policy("prefix", PrefixSettings(decoding_penalty_tokens=128)),
+    )
+    assert default.select(req, decoding, ctx({"w0": 40})).branch == "load_fallback"
+    assert default.select(req, waiting, ctx({"w0": 40})).branch == "load_fallback"
+    assert cheaper.select(req, decoding, ctx({"w0": 40})).branch == "prefix_hit"
+    assert cheaper.select(req, waiting, ctx({"w0": 40})).branch == "load_fallback"
+
+
 def test_a_cache_with_room_costs_only_the_recomputation() -> None:
     policy = make_policy("prefix")
     workers = [WorkerSnapshot("w0", prefill_backlog=45_000), WorkerSnapshot("w1")]
@@ -211,7 +231,8 @@ def reference_cheapest(
         fill = ctx.cache.fill(w.name) if ctx.cache is not None and work else 0.0
         factor = base + policy.recompute_weight * fill if ctx.cache is not None and work else base
         wait = w.prefill_backlog + w.queue_depth * policy.queue_penalty_tokens
-        wait += w.in_flight * policy.in_flight_penalty_tokens
+        waiting, decoding = w.in_flight - w.decoding, w.decoding
+        wait += waiting * policy.in_flight_penalty_tokens + decoding * policy.decoding_penalty_tokens
         costs.append(((wait + factor * work) / w.weight, w.name))
     best = min((cost for cost, _ in costs), default=math.inf)
     longest = max((ctx.matches.get(w.name, 0) for w in workers), default=0)
@@ -225,6 +246,7 @@ WORKER = st.tuples(
     st.sampled_from([1.0, 1.0, 1.0, 0.5, 2.0]),  # weight
     st.sampled_from([0.0, 0.0, 0.3, 1.0]),  # fill
     st.sampled_from([0, 0, 0, 0, 3, 20, 40]),  # matched blocks
+    st.integers(min_value=0, max_value=6),  # of those in flight, past their first token (at most all)
 )
 
 
@@ -237,7 +259,7 @@ WORKER = st.tuples(
     with_fills=st.booleans(),
 )
 def test_cheapest_finds_the_reference_costs_minimum(
-    rows: list[tuple[int, float, int, float, float, int]],
+    rows: list[tuple[int, float, int, float, float, int, int]],
     prompt: int,
     base: float,
     request_work: float,
@@ -246,8 +268,15 @@ def test_cheapest_finds_the_reference_costs_minimum(
     """``cheapest`` (one inlined pass that skips a cold worker whose cost with an empty cache already loses)
     ties exactly the workers of the lowest reference cost, in candidate order, and finds the longest match."""
     workers = [
-        WorkerSnapshot(f"w{i}", weight=weight, in_flight=flight, prefill_backlog=backlog, queue_depth=queue)
-        for i, (flight, backlog, queue, weight, _, _) in enumerate(rows)
+        WorkerSnapshot(
+            f"w{i}",
+            weight=weight,
+            in_flight=flight,
+            prefill_backlog=backlog,
+            queue_depth=queue,
+            decoding=min(decoding, flight),
+        )
+        for i, (flight, backlog, queue, weight, _, _, decoding) in enumerate(rows)
     ]
     fills = {f"w{i}": row[4] for i, row in enumerate(rows)}
     matches = {f"w{i}": row[5] for i, row in enumerate(rows) if row[5]}

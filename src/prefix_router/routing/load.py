@@ -108,6 +108,7 @@ class LoadTracker:
         tracked = self._requests.get(route_id)
         if tracked is not None and tracked.prefilling:
             self._prefill_done(tracked)
+            tracked.snap.decoding += 1
             if self._current(tracked):
                 self.backlog.first_token(tracked.worker, tracked.work, now)
 
@@ -118,6 +119,8 @@ class LoadTracker:
             return None
         if tracked.prefilling and self._current(tracked):
             self.backlog.abandoned(tracked.worker, tracked.work, now)
+        elif not tracked.prefilling:
+            tracked.snap.decoding -= 1
         self._prefill_done(tracked)
         tracked.counts.own -= 1
         tracked.snap.in_flight -= 1

@@ -63,6 +63,7 @@ class WorkerSnapshot:
     name: str
     weight: float = 1.0
     in_flight: int = 0
+    decoding: int = 0  # this router's requests there past their first token (of ``in_flight``)
     pending_prefill_tokens: int = 0
     prefill_backlog: float = 0.0  # estimated prefill work still to compute, token-equivalents (backlog.py)
     queue_depth: int = 0

@@ -124,3 +124,19 @@ def test_each_round_starts_with_another_edge(bench: ModuleType) -> None:
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"],
     ]  # fmt: skip
     assert bench.rotated([], 2) == []
+
+
+def test_the_serve_set_row_runs_serve_with_its_knobs(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit):  # the row without knobs is the defaults' row again: refused
+        bench.edges(bench.parse_args(["--edges", "prefix-router set"]))
+    knob = "routing.policies.prefix.decoding_penalty_tokens=128"
+    args = bench.parse_args(["--edges", "prefix-router,prefix-router set", "--serve-set", knob])
+    assert bench.edges(args) == [bench.SERVE, bench.SERVE_SET]
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(bench, "wait_http", lambda url, timeout_s=60.0: None)
+    for label in (bench.SERVE, bench.SERVE_SET):
+        bench.start_edge(lambda argv, env: spawned.append(argv) or 1, label, ["http://e"], args, tmp_path)
+    plain, tuned = ([a for i, a in enumerate(argv) if argv[i - 1] != "--port"] for argv in spawned)
+    assert tuned == [*plain, "--set", knob]  # the same serve, the knob last

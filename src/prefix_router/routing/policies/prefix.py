@@ -7,8 +7,12 @@ prefill left there is no more than the fleet's mean request's), in token-equival
 (``backlog.prefill_work``: a token at context c costs 1 + c / attention_tokens):
 
     cost = backlog                                 prefill still queued there (backlog.py)
-         + queue_penalty_tokens x engine queue     (scraped, when fresh: other routers' requests)
-         + in_flight_penalty_tokens x in flight    (decode steps slow down with the batch)
+         + queue_penalty_tokens x engine queue     (scraped, when fresh: waiting for admission)
+         + in_flight_penalty_tokens x waiting      in flight before their first token (ahead of it;
+                                                   other replicas' requests too)
+         + decoding_penalty_tokens x decoding      this router's in flight past their first token
+                                                   (they share the steps: decode slows with the batch)
+                                                   (the default: as much as a waiting request)
          + (1 + recompute_weight x fill + saturation_weight x D) x work
     work = this request's prefill there: its prompt minus the prefix that worker holds (index)
     fill = the fraction of that worker's cache in use (index): 1 when inserting there evicts
@@ -22,9 +26,9 @@ Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallb
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
 Knobs (``routing.policies.prefix``, ``PrefixSettings`` in ``prefix_settings.py``, a pydantic class
 kept out of this module, which the release build compiles; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
-``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``recompute_weight`` 1.0,
-``saturation_weight`` 1.0, ``hit_cap_factor`` 2.0 (1: the cap binds every request), ``hit_cap_share``
-0.9; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
+``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``decoding_penalty_tokens`` 512,
+``recompute_weight`` 1.0, ``saturation_weight`` 1.0, ``hit_cap_factor`` 2.0 (1: the cap binds every
+request), ``hit_cap_share`` 0.9; and ``routing.trackers.attention_tokens`` 32,768 (the unit of prefill work).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class PrefixPolicy(NoHooks):
         self.load_slack = knobs.load_slack
         self.queue_penalty_tokens = knobs.queue_penalty_tokens
         self.in_flight_penalty_tokens = knobs.in_flight_penalty_tokens
+        self.decoding_penalty_tokens = knobs.decoding_penalty_tokens
         self.recompute_weight = knobs.recompute_weight
         self.saturation_weight = knobs.saturation_weight
         self.hit_cap_factor = knobs.hit_cap_factor
@@ -79,6 +84,7 @@ class PrefixPolicy(NoHooks):
         prompt, block = req.key_tokens * scale, req.block_tokens * scale
         best, tied, longest = math.inf, [], 0
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
+        decoding_penalty = self.decoding_penalty_tokens
         attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
         fill = _fill_reader(ctx)
@@ -100,11 +106,15 @@ class PrefixPolicy(NoHooks):
                 if over and (cached < held or work > cheap):
                     continue  # above the cap only for a cheap hit: the prompt held, little work left
                 factor = base + evicting * fill(name, 0.0) if cache is not None and work else base
-                wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
+                decoding = w.decoding
+                wait = w.prefill_backlog + w.queue_depth * queue_penalty
+                wait += (flight - decoding) * flight_penalty + decoding * decoding_penalty
             elif flight + 1 > cap * w.weight:
                 continue
             else:
-                wait = w.prefill_backlog + w.queue_depth * queue_penalty + flight * flight_penalty
+                decoding = w.decoding
+                wait = w.prefill_backlog + w.queue_depth * queue_penalty
+                wait += (flight - decoding) * flight_penalty + decoding * decoding_penalty
                 if cold_fill and (wait + base_cold) / w.weight > best:
                     continue  # its cost with an empty cache already loses: no need to read its fill
                 work = cold

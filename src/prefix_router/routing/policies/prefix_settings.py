@@ -17,7 +17,8 @@ class PrefixSettings(Section):
     load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
     load_slack: int = Field(default=2, ge=0)  # ... + load_slack requests
     queue_penalty_tokens: int = Field(default=512, ge=0)  # per request waiting in the engine's queue
-    in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request in flight there
+    in_flight_penalty_tokens: int = Field(default=512, ge=0)  # per request there before its first token
+    decoding_penalty_tokens: int = Field(default=512, ge=0)  # per request there past its first token
     recompute_weight: float = Field(default=1.0, ge=0)  # a full cache: what an evicted token costs later
     saturation_weight: float = Field(default=1.0, ge=0)  # x the requests a token of prefill delays
     hit_cap_factor: float = Field(default=2.0, ge=1)  # a cheap hit may go up to this x the cap; 1: never
