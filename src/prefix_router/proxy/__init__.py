@@ -33,6 +33,7 @@ from prefix_router.proxy.ops.logs import flush as flush_logs
 from prefix_router.proxy.ops.reload import reload as reload_config
 from prefix_router.proxy.run.app import build_app, create_app
 from prefix_router.proxy.run.cli import add_config_flags, build_config, merged_config, print_config
+from prefix_router.proxy.run.processes import parent_death_signal
 from prefix_router.proxy.run.server import Reloader, Running, bind, loop_factory, start, tune_gc
 from prefix_router.proxy.upstream.http_client import HttpUpstream
 from prefix_router.proxy.upstream.seam import (
@@ -81,6 +82,7 @@ __all__ = [
     "merged_config",
     "metrics_route",
     "overloaded",
+    "parent_death_signal",
     "parse_request",
     "parse_routed",
     "passthrough_route",

@@ -93,3 +93,41 @@ def test_spawned_servers_are_stopped_with_their_workers(tmp_path: Path) -> None:
             time.sleep(0.01)
     with contextlib.suppress(psutil.NoSuchProcess):  # gone, or dying: a signal takes a moment
         psutil.Process(int(record.read_text())).wait(timeout=10)  # alive after that: TimeoutExpired
+
+
+KILLED_PARENT = """
+import sys, time
+from prefix_router.lab.bench import overhead
+with overhead.processes() as spawn:
+    print(spawn([sys.executable, "-c", "import time; time.sleep(300)"], None), flush=True)
+    time.sleep(300)
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_helpers_end_with_a_parent_killed_before_its_cleanup() -> None:
+    """SIGKILL skips ``processes()``'s cleanup; its helpers, in sessions of their own, end anyway."""
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    helper = int(parent.stdout.readline())
+    try:
+        assert not gone(helper)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while not gone(helper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(helper)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(helper).kill()

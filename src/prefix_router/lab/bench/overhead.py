@@ -39,7 +39,7 @@ from rich.table import Table
 from prefix_router.lab.bench import loadgen, profile
 from prefix_router.lab.launch.fleet import signal_group
 from prefix_router.lab.launch.net import free_port
-from prefix_router.proxy import loop_factory
+from prefix_router.proxy import loop_factory, parent_death_signal
 
 PEERS = ("sglang-router",)
 PEER_PYTHON = os.environ.get("PREFIX_ROUTER_PEERS_VENV", "/tmp/peers") + "/bin/python"
@@ -152,8 +152,11 @@ def children(pid: int) -> list[int]:
 @contextlib.contextmanager
 def processes() -> Iterator[Callable[[list[str], dict[str, str] | None], int]]:
     """Spawn helper processes (stderr discarded: a failure shows as a port that never answers), each in its
-    own process group, stopped as a group at the end (a server's workers too: SIGTERM, SIGKILL after 10 s)."""
+    own process group, stopped as a group at the end (a server's workers too: SIGTERM, SIGKILL after 10 s).
+    Should this process die without reaching the end (SIGKILL), each helper gets SIGTERM from the kernel
+    (``parent_death_signal``; spawn from the main thread)."""
     procs: list[subprocess.Popen[bytes]] = []
+    tied = parent_death_signal()
 
     def spawn(argv: list[str], env: dict[str, str] | None = None) -> int:
         procs.append(
@@ -163,6 +166,7 @@ def processes() -> Iterator[Callable[[list[str], dict[str, str] | None], int]]:
                 stderr=subprocess.DEVNULL,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
+                preexec_fn=tied,  # only a prctl call in the child: libc was loaded before the fork
             )
         )
         return procs[-1].pid

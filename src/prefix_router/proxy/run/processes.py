@@ -172,10 +172,26 @@ def _fanout_child(endpoints: dict[str, tuple[str, int]], report: Connection, sup
     run_fanout(endpoints, report)
 
 
-def _tied_to(supervisor: int) -> None:
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """What a freshly forked child calls first (``subprocess.Popen(preexec_fn=...)``, or a forked process's
+    first step) to get ``sig`` from Linux when its parent ends, however it ends (SIGKILL included); a no-op
+    where ``prctl`` is missing. The kernel sends it when the *thread* that forked the child ends: spawn
+    from a thread that outlives the child (the main thread). libc is loaded here, in the parent, so that
+    the child only makes the call."""
+    libc = None
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    def arm() -> None:
+        if libc is not None:
+            with contextlib.suppress(AttributeError):
+                libc.prctl(PR_SET_PDEATHSIG, sig)
+
+    return arm
+
+
+def _tied_to(supervisor: int) -> None:
+    parent_death_signal()()
     if os.getppid() != supervisor:
         os._exit(0)
     for sig in (signal.SIGTERM, signal.SIGINT):
