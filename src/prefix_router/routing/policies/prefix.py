@@ -84,7 +84,8 @@ class PrefixPolicy(NoHooks):
         prompt, block = req.key_tokens * scale, req.block_tokens * scale
         best, tied, longest = math.inf, [], 0
         queue_penalty, flight_penalty = self.queue_penalty_tokens, self.in_flight_penalty_tokens
-        decoding_penalty = self.decoding_penalty_tokens
+        # a request past its first token is priced decoding_penalty_tokens instead of flight_penalty
+        decoding_extra = self.decoding_penalty_tokens - flight_penalty
         attention, cache = ctx.attention_tokens, ctx.cache
         evicting = self.recompute_weight if cache is not None else 0.0
         fill = _fill_reader(ctx)
@@ -106,15 +107,13 @@ class PrefixPolicy(NoHooks):
                 if over and (cached < held or work > cheap):
                     continue  # above the cap only for a cheap hit: the prompt held, little work left
                 factor = base + evicting * fill(name, 0.0) if cache is not None and work else base
-                decoding = w.decoding
                 wait = w.prefill_backlog + w.queue_depth * queue_penalty
-                wait += (flight - decoding) * flight_penalty + decoding * decoding_penalty
+                wait += flight * flight_penalty + w.decoding * decoding_extra
             elif flight + 1 > cap * w.weight:
                 continue
             else:
-                decoding = w.decoding
                 wait = w.prefill_backlog + w.queue_depth * queue_penalty
-                wait += (flight - decoding) * flight_penalty + decoding * decoding_penalty
+                wait += flight * flight_penalty + w.decoding * decoding_extra
                 if cold_fill and (wait + base_cold) / w.weight > best:
                     continue  # its cost with an empty cache already loses: no need to read its fill
                 work = cold
