@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 
 from prefix_router.events import BlockStored
-from prefix_router.pool.kv_events import EventSubscriptions
+from prefix_router.pool.kv_events import DROPPED_CONNECTION, EventSubscriptions
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerSettings
 from prefix_router.routing.precise import Staleness, precise_chain, precise_seed
@@ -233,6 +233,68 @@ async def test_a_restarted_engine_clears_the_view_at_its_first_message(ctx: zmq.
         assert confirmed(router) == 0 and router.precise.stats("w").restarts >= 1
     finally:
         await new.close()
+        await subs.close()
+
+
+async def publisher(ctx: zmq.asyncio.Context, endpoint: str, bind: bool) -> FakePublisher:
+    """A publisher on ``endpoint``; a bind retried while the previous process's port is still closing."""
+    for _ in range(200):
+        try:
+            return FakePublisher(ctx, endpoint, bind=bind)
+        except zmq.ZMQError:
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"{endpoint} stayed in use")
+
+
+@pytest.mark.parametrize("router_binds", [True, False])
+async def test_a_restarted_engine_heard_past_the_old_ones_last_sequence_clears_the_view(
+    ctx: zmq.asyncio.Context, router_binds: bool
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(router_binds, endpoint)
+    old = await publisher(ctx, endpoint, bind=not router_binds)
+    await subs.sync()
+    try:
+        await joined(old, subs)
+        await old.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+    finally:
+        await old.close()
+    new = await publisher(ctx, endpoint, bind=not router_binds)
+    new.seq = old.seq + 50  # it sent that many batches before the router heard it again: no sequence tells
+    try:
+        await joined(new, subs)
+        await new.publish([store(0, 1, None)])
+        await wait_until(lambda: confirmed(router) == 1)
+        stats, sub = router.precise.stats("w"), subs.subscribers["w"].stats
+        assert (stats.restarts, stats.gaps) == (1, 0) and sub.disconnects == 1
+    finally:
+        await new.close()
+        await subs.close()
+
+
+async def test_a_fanouts_drop_notice_makes_the_next_sequence_judged_as_a_reconnection(
+    ctx: zmq.asyncio.Context,
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint)
+    await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)  # stands for the fan-out's XPUB
+    try:
+        await joined(pub, subs)
+        await pub.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+        pub.seq += 5
+        await pub.publish([])  # a gap on the same connection: not a restart
+        await wait_until(lambda: router.precise.stats("w").gaps == 1)
+        await pub.send_raw([b"kv", DROPPED_CONNECTION, b""])
+        pub.seq += 5
+        await pub.publish([store(0, 1, None)])
+        await wait_until(lambda: router.precise.stats("w").restarts == 1)
+        assert confirmed(router) == 1 and subs.subscribers["w"].stats.disconnects == 1
+        assert router.precise.stats("w").gaps == 1
+    finally:
+        await pub.close()
         await subs.close()
 
 

@@ -100,6 +100,20 @@ def test_all_blocks_cleared_and_restart_forget_one_worker_only() -> None:
     assert v.stats("b").restarts == 1 and v.stats("a").clears == 1
 
 
+def test_a_reconnected_publisher_past_its_next_sequence_is_a_new_process() -> None:
+    v = view()
+    for w in "ab":
+        v.observe_seq(w, 0, 0.0)
+        v.apply(w, [stored([1, 2], PROMPT[:8])], 0.0)
+    assert v.observe_seq("a", 1, 1.0, reconnected=True) == SeqVerdict.NEXT  # the same process: kept
+    assert v.observe_seq("b", 40, 1.0) == SeqVerdict.GAP  # the same connection: messages lost
+    assert v.match(keys(PROMPT), 1.0).confirmed == {"a": 2, "b": 2}
+    # a new process, heard again only once its sequence passed the old one's last
+    assert v.observe_seq("a", 9, 2.0, reconnected=True) == SeqVerdict.RESTART
+    assert v.match(keys(PROMPT), 2.0).confirmed == {"b": 2}
+    assert v.stats("a").restarts == 1 and v.stats("b").restarts == 0
+
+
 def test_gap_marked_stale_then_fresh_again() -> None:
     v = view(stale_hold_s=5.0)
     v.observe_seq("a", 0, 0.0)
@@ -108,6 +122,11 @@ def test_gap_marked_stale_then_fresh_again() -> None:
     v.mark_stale("a", 1.0)
     assert v.staleness("a", 2.0) == Staleness.GAP and "a" not in v.match(keys(PROMPT), 2.0).fresh
     assert v.fresh("a", 6.5) and v.match(keys(PROMPT), 6.5).confirmed == {"a": 1}
+    assert v.observe_seq("a", 4, 7.0) == SeqVerdict.NEXT
+    assert v.observe_seq("a", 9, 7.0) == SeqVerdict.GAP
+    v.mark_stale("a", 7.0)
+    v.apply("a", [AllBlocksCleared(), stored([1], PROMPT[:4])], 7.0)  # exact again: empty, then this
+    assert v.fresh("a", 7.0) and v.match(keys(PROMPT), 7.0).confirmed == {"a": 1}
 
 
 def test_silence_after_a_dispatch_that_should_store_blocks() -> None:

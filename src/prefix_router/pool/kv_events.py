@@ -5,14 +5,20 @@ proxy's event loop (the routing core is not thread-safe; decoding a batch is mic
 that binds or connects (``bind``), subscribed to ``topic``, at most ``hwm`` messages queued in it. Each
 message is decoded (``prefix_router.events``) and applied to ``Router.precise``:
 
-- its sequence number judged first (``PreciseView.observe_seq``): a restart (not above the last) clears
-  the worker's view; a gap asks the engine's replay socket (``replay_endpoint``, a DEALER) for the
-  skipped batches, applied in order before the message, and marks the view stale when there is no replay
-  socket, the answer does not cover the gap or ``replay_timeout_s`` passes; an engine process's first
-  message heard (at start, or after a restart) with a sequence above 0 asks for the batches before it
-  too, as far back as the engine buffers them (a connecting PUB drops what it sends before the router's
-  subscription reaches it; a router that starts after its engines), kept as they are without a replay
-  socket (the view then lacks those blocks: it predicts less, never more);
+- its sequence number judged first (``PreciseView.observe_seq``): a restart clears the worker's view. A
+  restart is a sequence not above the last, or any but the next on a connection that replaced a dropped
+  one. The socket's monitor reports each dropped publisher connection (``disconnects``; behind a
+  fan-out, its ``DROPPED_CONNECTION`` message does), read before the next message is judged: a new
+  engine process heard again only past the old one's last sequence is not taken for a gap in the old
+  one's stream (a live engine whose connection dropped and lost messages is judged the same: its view is
+  rebuilt from its replay buffer, which predicts less, never more);
+- a gap asks the engine's replay socket (``replay_endpoint``, a DEALER) for the skipped batches, applied
+  in order before the message, and marks the view stale when there is no replay socket, the answer does
+  not cover the gap or ``replay_timeout_s`` passes;
+- an engine process's first message heard (at start, or after a restart) with a sequence above 0 asks for
+  the batches before it too, as far back as the engine buffers them (a connecting PUB drops what it sends
+  before the router's subscription reaches it; a router that starts after its engines), kept as they are
+  without a replay socket (the view then lacks those blocks: it predicts less, never more);
 - a message that does not decode is rejected (counted, logged at most once a minute), the view kept.
 
 Each router process subscribes itself (events are per engine; nothing is re-replicated). ``bind`` with
@@ -29,11 +35,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from zmq.utils.monitor import parse_monitor_message
 
 from prefix_router.events import DecodeError, EventMessage, decode_message, decode_replay, seq_bytes
 from prefix_router.pool.pool import WorkerPool
@@ -43,6 +51,10 @@ from prefix_router.routing import Router, SeqVerdict
 
 log = logging.getLogger(__name__)
 _REJECT_LOG_S = 60.0
+# The message a fan-out process (``serve --processes N``, ``proxy/run/event_fanout.py``) sends its serving
+# processes, once per subscribed topic, when an engine's connection to the endpoint it binds drops:
+# ``[topic, DROPPED_CONNECTION, b""]``. -1 is a sequence no engine publishes live.
+DROPPED_CONNECTION = seq_bytes(-1)
 
 
 @dataclass(slots=True)
@@ -56,6 +68,7 @@ class SubscriberStats:
     unresolved_model: int = 0  # messages before the worker's model was known (not applied)
     applied: int = 0  # messages applied to the view, after the replays they asked for
     lag_s: float = 0.0  # wall clock at receipt minus the batch's timestamp, last message
+    disconnects: int = 0  # publisher connections dropped (the socket's monitor), counted at the next message
     socket_error: str | None = None
 
 
@@ -73,6 +86,8 @@ class EventSubscriber:
         self.stats = SubscriberStats()
         self._task: asyncio.Task[None] | None = None
         self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._relayed_drop = False
         self._last_reject_log = -_REJECT_LOG_S
 
     def start(self) -> None:
@@ -93,6 +108,7 @@ class EventSubscriber:
             )  # fmt: skip
             return
         self._sock = sock
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._resolve_model()
         self._task = asyncio.create_task(self._run(sock))
 
@@ -103,6 +119,10 @@ class EventSubscriber:
                 await self._task
             self._task = None
         if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(0)
+                self._monitor = None
             self._sock.close(0)
             self._sock = None
 
@@ -120,6 +140,10 @@ class EventSubscriber:
 
     async def handle(self, frames: list[bytes]) -> None:
         """One published message: decoded, its sequence judged, its events applied."""
+        if len(frames) == 3 and frames[1] == DROPPED_CONNECTION and not frames[2]:
+            self._relayed_drop = True  # the fan-out saw the engine's connection drop
+            self.stats.disconnects += 1
+            return
         self.stats.received += 1
         try:
             message = decode_message(frames)
@@ -133,7 +157,8 @@ class EventSubscriber:
         self.stats.lag_s = max(0.0, time.time() - message.batch.ts)
         precise, name = self.router.precise, self.worker.name
         last = _last_seq(self.router, name)
-        verdict = precise.observe_seq(name, message.seq, self._clock())
+        reconnected = await self._dropped()
+        verdict = precise.observe_seq(name, message.seq, self._clock(), reconnected)
         if verdict == SeqVerdict.GAP and last is not None:
             if not await self._replay(last + 1, message.seq):
                 precise.mark_stale(name, self._clock())
@@ -145,6 +170,18 @@ class EventSubscriber:
             await self._replay(0, message.seq, from_buffer_start=True)
         self._apply(message)
         self.stats.applied += 1
+
+    async def _dropped(self) -> bool:
+        """Whether a publisher connection dropped since the last message: a fan-out's relayed drop, or the
+        monitor's queued events, all read (ZMQ queues one as it sees a connection close: for a restarted
+        engine, before the new process's first message)."""
+        monitor, dropped, self._relayed_drop = self._monitor, self._relayed_drop, False
+        while monitor is not None and cast(int, monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+            frames = await monitor.recv_multipart(zmq.NOBLOCK)
+            if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+                self.stats.disconnects += 1
+                dropped = True
+        return dropped
 
     def _apply(self, message: EventMessage) -> None:
         batch = message.batch
@@ -313,6 +350,7 @@ class KvEventsCollector(Collector):
             ):
                 messages.add_metric([name, outcome], value)
             faults.add_metric([name, "replay_failures"], s.replay_failures)
+            faults.add_metric([name, "disconnects"], s.disconnects)
             lag.add_metric([name], s.lag_s)
             if name not in router.precise:
                 fresh.add_metric([name], 0)

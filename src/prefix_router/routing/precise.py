@@ -230,8 +230,12 @@ class PreciseView:
 
     # ------------------------------------------------------------ events
 
-    def observe_seq(self, name: str, seq: int, now: float) -> SeqVerdict:
-        """Judge a live message's sequence number (before its events are applied). ``RESTART`` clears."""
+    def observe_seq(self, name: str, seq: int, now: float, reconnected: bool = False) -> SeqVerdict:
+        """Judge a live message's sequence number (before its events are applied). ``RESTART`` clears.
+
+        A restart is a sequence not above the last, or, when the message is the first on a connection
+        that replaced a dropped one (``reconnected``), any sequence but the next: a new engine process
+        counts from 0, and by the time the router hears it again it may have passed the old one's last."""
         worker = self._workers[name]
         last, worker.last_seq = worker.last_seq, seq
         worker.last_message_at, worker.expect_since = now, None
@@ -240,7 +244,7 @@ class PreciseView:
             return SeqVerdict.FIRST
         if seq == last + 1:
             return SeqVerdict.NEXT
-        if seq <= last:
+        if seq <= last or reconnected:
             worker.stats.restarts += 1
             self._cleared(name, worker)
             return SeqVerdict.RESTART
@@ -335,7 +339,10 @@ class PreciseView:
             self._unmask(self._confirmed, key, worker.bit)
 
     def _cleared(self, name: str, worker: _Worker) -> None:
+        """The engine's cache emptied (a reset, a new process): what it holds is what follows, so an
+        earlier gap no longer leaves the view stale."""
         self._forget(worker)
+        worker.stale_until = 0.0
         if self.on_clear is not None:
             self.on_clear(name)
 

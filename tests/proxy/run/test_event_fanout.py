@@ -3,18 +3,22 @@ endpoint once and every serving process gets every message (an engine-sim publis
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+import zmq
 
 from prefix_router.lab.sim.kv_publisher import KvEventsConfig
 from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
+from prefix_router.pool.kv_events import DROPPED_CONNECTION
 from prefix_router.proxy.config import load_config
-from prefix_router.proxy.run.event_fanout import FanoutPlan, fanned_out, wanted
+from prefix_router.proxy.run.event_fanout import MAX_TOPICS, FanoutPlan, _forward, _track, fanned_out, wanted
 from prefix_router.proxy.run.server import start
 from support.net import free_port
 from support.waiting import wait_until
@@ -39,6 +43,60 @@ def test_only_router_bound_endpoints_are_fanned_out(tmp_path: Path) -> None:
     assert [(e.endpoint, e.bind) if e else None for e in (got["a"], got["b"])] == [(ipc, False)] * 2
     assert got["c"] == config.workers[2].kv_events and got["d"] is None
     assert fanned_out(config, FanoutPlan()) is config  # nothing bound by the fan-out: as configured
+
+
+def test_an_engines_dropped_connection_reaches_each_topic_before_its_next_message(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    upstream, downstream = ctx.socket(zmq.XSUB), ctx.socket(zmq.XPUB)
+    port = free_port()
+    upstream.bind(f"tcp://127.0.0.1:{port}")
+    downstream.bind(f"ipc://{tmp_path}/fanout")
+    thread = threading.Thread(target=_forward, args=(upstream, downstream), daemon=True)
+    thread.start()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)
+    sub.connect(f"ipc://{tmp_path}/fanout")
+
+    def engine(seq: int) -> zmq.Socket[bytes]:
+        """A publisher that sends until the subscriber hears it (a connecting PUB drops what goes first)."""
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.RCVTIMEO, 20)
+        for _ in range(500):
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), b"batch"])
+            with contextlib.suppress(zmq.Again):
+                assert sub.recv_multipart()[1] == seq.to_bytes(8, "big")
+                break
+        else:
+            raise AssertionError("the fan-out never forwarded a message")
+        sub.setsockopt(zmq.RCVTIMEO, 10_000)
+        return pub
+
+    try:
+        engine(7).close(0)  # the engine dies: the kernel closes its connection
+        heard = [sub.recv_multipart()]
+        while heard[-1][1] != DROPPED_CONNECTION:
+            heard.append(sub.recv_multipart())
+        assert heard[-1] == [b"kv", DROPPED_CONNECTION, b""]
+        assert all(frames[1] == (7).to_bytes(8, "big") for frames in heard[:-1])  # late copies only
+        engine(9).close(0)  # a new process is heard as before
+    finally:
+        sub.close(0)
+        ctx.term()  # the forwarder closes its sockets and returns
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_the_topics_tracked_for_drop_notices_are_bounded() -> None:
+    topics: set[bytes] = set()
+    for i in range(MAX_TOPICS + 50):
+        _track(topics, b"\x01" + b"t%d" % i)
+    assert len(topics) == MAX_TOPICS
+    _track(topics, b"\x00t0")
+    _track(topics, b"\x00never-subscribed")
+    assert len(topics) == MAX_TOPICS - 1 and b"t0" not in topics
 
 
 def listeners(port: int) -> int:

@@ -3,8 +3,11 @@
 Only one process can bind an endpoint, so the supervisor starts one more process, the fan-out, before the
 serving ones: for each such endpoint it binds an XSUB socket there (the engines' publishers connect to it
 as they would to a single router) and an XPUB socket on ``ipc://DIR/kv-events-K`` in the group's private
-directory, and forwards between them (``zmq.proxy``): every message reaches every serving process
-unchanged, and the processes' subscriptions (their topics) travel back to the engines. Each serving
+directory, and forwards between them: every message reaches every serving process unchanged, and the
+processes' subscriptions (their topics) travel back to the engines. When an engine's connection to the
+endpoint drops (the XSUB's monitor), each subscribed topic gets ``pool.kv_events.DROPPED_CONNECTION``
+before the next message, so each serving process judges a restarted engine as a directly connected
+one would (``PreciseView.observe_seq``, ``reconnected``). Each serving
 process's config names the ipc endpoint instead, connected (``fanned_out``), so each one decodes and
 applies the events itself, judges their sequence and asks the engine's replay socket directly; nothing
 event-derived crosses the local replication channel.
@@ -18,7 +21,6 @@ workers', on both sockets.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import threading
@@ -27,7 +29,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from prefix_router.pool.kv_events import DROPPED_CONNECTION
 from prefix_router.proxy.config import Config
 
 log = logging.getLogger("prefix_router.processes")
@@ -110,6 +114,41 @@ def _bind_pair(
     return upstream, downstream
 
 
+MAX_TOPICS = 256  # distinct topics tracked for the drop notice (the serving processes' subscriptions)
+
+
 def _forward(upstream: zmq.Socket[bytes], downstream: zmq.Socket[bytes]) -> None:
-    with contextlib.suppress(zmq.ContextTerminated):
-        zmq.proxy(upstream, downstream)
+    """Messages down, subscriptions up, and a drop notice per topic when an engine's connection drops
+    (read before anything else that is ready at the same time), until the context is terminated."""
+    monitor = upstream.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    poller = zmq.Poller()
+    for sock in (monitor, upstream, downstream):
+        poller.register(sock, zmq.POLLIN)
+    topics: set[bytes] = set()
+    try:
+        while True:
+            ready = dict(poller.poll())
+            if monitor in ready and _dropped(monitor):
+                for topic in topics:
+                    downstream.send_multipart([topic, DROPPED_CONNECTION, b""])
+            if upstream in ready:
+                downstream.send_multipart(upstream.recv_multipart())
+            if downstream in ready:
+                frames = downstream.recv_multipart()
+                _track(topics, frames[0])
+                upstream.send_multipart(frames)
+    except zmq.ContextTerminated:
+        for sock in (monitor, upstream, downstream):
+            sock.close(0)
+
+
+def _dropped(monitor: zmq.Socket[bytes]) -> bool:
+    return parse_monitor_message(monitor.recv_multipart())["event"] == zmq.EVENT_DISCONNECTED
+
+
+def _track(topics: set[bytes], subscription: bytes) -> None:
+    """An XPUB's subscription message: byte 1 + topic, or byte 0 + topic when its last subscriber left."""
+    if subscription[:1] == b"\x01" and len(topics) < MAX_TOPICS:
+        topics.add(subscription[1:])
+    elif subscription[:1] == b"\x00":
+        topics.discard(subscription[1:])
