@@ -6,7 +6,8 @@ each, ``--blocks`` KV blocks of 128 tokens, KV events to a port the router binds
 for each mode, a router (``prefix-router serve``) with exact mode on SmolLM2's template: ``precise``
 (workers with ``kv_events``), ``approximate`` (the same without) and ``render`` (precise without the
 local template: the engine renders each request, ``--enable-scale-out``). Between modes the engines' prefix
-caches are reset. The workload (seeded): tenants with long system prompts, some with tools, some salted
+caches are reset, and each reset published by one request of less than a block (``reset``; ``--no-flush``:
+not). The workload (seeded): tenants with long system prompts, some with tools, some salted
 (``cache_salt``), multi-turn conversations that carry the engine's own replies, sent one at a time with
 the openai client. Per request: the router's prediction (``x-prefix-router-prefix-match``) and the
 engine's ``usage.prompt_tokens_details.cached_tokens``. ``--repeats N`` runs the modes in turn N times on
@@ -118,6 +119,23 @@ def wait_ok(url: str, timeout: float) -> None:
         except Exception:
             time.sleep(1)
     raise SystemExit(f"{url} not up within {timeout:.0f}s")
+
+
+def reset(port: int, flush: bool) -> None:
+    """Empty the engine's prefix cache between runs; ``flush``: then one request of less than a block, so
+    that the engine's next scheduler step publishes the reset (vLLM sends ``AllBlocksCleared`` with its
+    next step, not at the reset) into its replay buffer before the next run's router replays it; without
+    it that router warms its view with the earlier run's blocks, and its first request is predicted on
+    them."""
+    urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=60
+    )
+    if flush:
+        body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=120).read()
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -345,6 +363,11 @@ def main() -> None:
     p.add_argument(
         "--router-seed", type=int, default=0, help="repeat r seeds every mode's router with this + r"
     )
+    p.add_argument(
+        "--no-flush",
+        action="store_true",
+        help="reset the caches between runs without the request that publishes it",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="precise-vllm-"))
@@ -368,10 +391,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for mode in modes:
                 for port, _e, _r in ports:
-                    urllib.request.urlopen(
-                        urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"),
-                        timeout=60,
-                    )
+                    reset(port, flush=not args.no_flush)
                 rows = run_mode(mode, args, ports, tmp, args.router_seed + repeat)
                 suffix = "" if args.repeats == 1 else f"-{repeat}"
                 (tmp / f"rows-{mode}{suffix}.json").write_text(json.dumps(rows))

@@ -11,8 +11,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from prefix_router.events import BlockStored
-from prefix_router.pool.kv_events import DROPPED_CONNECTION, EventSubscriptions
+from prefix_router.events import DROPPED_CONNECTION, BlockStored
+from prefix_router.pool.kv_events import EventSubscriptions
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerSettings
 from prefix_router.routing.precise import Staleness, precise_chain, precise_seed

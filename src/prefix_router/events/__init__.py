@@ -5,6 +5,7 @@ frames it receives to ``decode_message``; the precise view (``routing/precise.py
 """
 
 from prefix_router.events.wire import (
+    DROPPED_CONNECTION,
     END_OF_REPLAY,
     AllBlocksCleared,
     BlockRemoved,
@@ -22,6 +23,7 @@ from prefix_router.events.wire import (
 )
 
 __all__ = [
+    "DROPPED_CONNECTION",
     "END_OF_REPLAY",
     "AllBlocksCleared",
     "BlockRemoved",

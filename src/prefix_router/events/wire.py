@@ -4,6 +4,9 @@
   in every engine process (backwards: the engine restarted). A replay answer (the engine's ROUTER socket)
   is ``[b"", topic, seq, payload]`` (older engines and SGLang: without the topic), ended by
   ``[b"", b"", -1 as 8 signed bytes, b""]`` (``END_OF_REPLAY``).
+- prefix-router's own notice, from the fan-out of ``serve --processes N`` to its serving processes: an
+  engine's connection dropped, ``[topic, -1 as 8 signed bytes, b""]`` (``DROPPED_CONNECTION``, the seq
+  frame; no engine publishes -1 live).
 - The payload is msgpack: ``[ts, events, dp_rank]`` (``dp_rank`` absent on old engines).
 - An event is a map with a ``type`` tag (vLLM >= 0.26) or a positional array whose first item is the tag
   (older vLLM, SGLang): ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
@@ -26,6 +29,7 @@ import msgspec
 
 BlockHash = int | bytes
 END_OF_REPLAY = -1
+DROPPED_CONNECTION = (-1).to_bytes(8, "big", signed=True)
 _MAX_BLOCK_SIZE = 1 << 20
 _MAX_TOKEN = 1 << 32
 _decoder = msgspec.msgpack.Decoder()

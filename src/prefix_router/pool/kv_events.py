@@ -43,7 +43,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from zmq.utils.monitor import parse_monitor_message
 
-from prefix_router.events import DecodeError, EventMessage, decode_message, decode_replay, seq_bytes
+from prefix_router.events import (
+    DROPPED_CONNECTION,
+    DecodeError,
+    EventMessage,
+    decode_message,
+    decode_replay,
+    seq_bytes,
+)
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import KvEventsSettings
 from prefix_router.pool.worker import Worker
@@ -51,10 +58,6 @@ from prefix_router.routing import Router, SeqVerdict
 
 log = logging.getLogger(__name__)
 _REJECT_LOG_S = 60.0
-# The message a fan-out process (``serve --processes N``, ``proxy/run/event_fanout.py``) sends its serving
-# processes, once per subscribed topic, when an engine's connection to the endpoint it binds drops:
-# ``[topic, DROPPED_CONNECTION, b""]``. -1 is a sequence no engine publishes live.
-DROPPED_CONNECTION = seq_bytes(-1)
 
 
 @dataclass(slots=True)

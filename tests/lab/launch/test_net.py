@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +76,45 @@ def test_wait_until_ok_stops_when_the_check_raises(server: str) -> None:
 
     with pytest.raises(RuntimeError, match="exited"):
         net.wait_until_ok(server + "/missing", time.monotonic() + 10, check=exited)
+
+
+def free_run(length: int) -> int:
+    """The first port of ``length`` consecutive ports below the ephemeral range that nobody listens on."""
+    for first in range(20_000, 32_000, length):
+        if all(net._bindable("127.0.0.1", p) for p in range(first, first + length)):
+            return first
+    raise AssertionError("no free run of ports below the ephemeral range")
+
+
+def test_restartable_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
+    low = net._ephemeral_low(net.EPHEMERAL_RANGE)
+    got = net.restartable_ports("127.0.0.1", 12)
+    assert len(set(got)) == 12
+    assert all(max(1024, low - net.RESTARTABLE_SPAN) <= p < low for p in got)
+    assert all(net._bindable("127.0.0.1", p) for p in got)
+
+
+def test_restartable_ports_pass_over_ports_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = free_run(8)
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text(f"{first + 8}\t60999\n")
+    monkeypatch.setattr(net, "RESTARTABLE_SPAN", 8)
+    listeners = []
+    for port in range(first, first + 6):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        listeners.append(sock)
+    try:
+        got = net.restartable_ports("127.0.0.1", 2, random.Random(0), ranges)
+        assert sorted(got) == [first + 6, first + 7]
+    finally:
+        for sock in listeners:
+            sock.close()
+
+
+def test_restartable_ports_fall_back_to_free_ports_without_room(tmp_path: Path) -> None:
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("1030\t60999\n")  # 6 ports below: not enough room for 3 drawn at random
+    got = net.restartable_ports("127.0.0.1", 3, ranges=ranges)
+    assert len(set(got)) == 3 and all(p >= 1030 for p in got)

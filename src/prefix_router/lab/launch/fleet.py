@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, ClassVar, Generic, Self, TypeVar
 
-from prefix_router.lab.launch.net import free_port, wait_until_ok
+from prefix_router.lab.launch.net import restartable_ports, wait_until_ok
 
 
 class LaunchError(RuntimeError):
@@ -42,8 +42,9 @@ def find_gguf(venv: Path) -> Path | None:
 
 
 def ports(host: str, count: int, base: int = 0) -> list[int]:
-    """``count`` ports: ``base, base+1, ...``, or (``base`` 0) free ones."""
-    return [base + i for i in range(count)] if base else [free_port(host) for _ in range(count)]
+    """``count`` ports: ``base, base+1, ...``, or (``base`` 0) free ones that stay free across a restart of
+    the instance bound to them (``net.restartable_ports``)."""
+    return [base + i for i in range(count)] if base else restartable_ports(host, count)
 
 
 @dataclass(slots=True)

@@ -260,11 +260,13 @@ class VllmFleet(Fleet[VllmInstance]):
     def _ports(self) -> tuple[list[int], list[int | None], list[int | None]]:
         """The instances' HTTP, event and replay ports (replays on the event base + ``MAX_INSTANCES``)."""
         s, n = self.settings, self.settings.instances
-        served = ports(s.host, n, s.port_base)
-        if not s.kv_events:
-            return served, [None] * n, [None] * n
         replay_base = s.events_port_base + MAX_INSTANCES if s.events_port_base else 0
-        return served, list(ports(s.host, n, s.events_port_base)), list(ports(s.host, n, replay_base))
+        bases = [s.port_base, s.events_port_base, replay_base] if s.kv_events else [s.port_base]
+        free = iter(ports(s.host, n * bases.count(0)))  # drawn at once: all distinct
+        served, *events = [ports(s.host, n, b) if b else [next(free) for _ in range(n)] for b in bases]
+        if not events:
+            return served, [None] * n, [None] * n
+        return served, list(events[0]), list(events[1])
 
     def _start_one(
         self, index: int, port: int, events_port: int | None, replay_port: int | None

@@ -5,7 +5,7 @@ serving ones: for each such endpoint it binds an XSUB socket there (the engines'
 as they would to a single router) and an XPUB socket on ``ipc://DIR/kv-events-K`` in the group's private
 directory, and forwards between them: every message reaches every serving process unchanged, and the
 processes' subscriptions (their topics) travel back to the engines. When an engine's connection to the
-endpoint drops (the XSUB's monitor), each subscribed topic gets ``pool.kv_events.DROPPED_CONNECTION``
+endpoint drops (the XSUB's monitor), each subscribed topic gets ``events.DROPPED_CONNECTION``
 before the next message, so each serving process judges a restarted engine as a directly connected
 one would (``PreciseView.observe_seq``, ``reconnected``). Each serving
 process's config names the ipc endpoint instead, connected (``fanned_out``), so each one decodes and
@@ -31,7 +31,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from prefix_router.pool.kv_events import DROPPED_CONNECTION
+from prefix_router.events import DROPPED_CONNECTION
 from prefix_router.proxy.config import Config
 
 log = logging.getLogger("prefix_router.processes")
