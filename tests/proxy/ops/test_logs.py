@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from prefix_router.proxy.edge import access
 from prefix_router.proxy.edge.access import AccessLine
 from prefix_router.proxy.ops import logs
 from prefix_router.proxy.ops.logs import (
@@ -243,3 +244,16 @@ async def test_flush_writes_held_lines_at_once() -> None:
         assert handler.stream.getvalue() == ""  # held until the loop's iteration ends
         logs.flush()  # what a serving process does before it exits (a forked one skips logging.shutdown)
         assert handler.stream.getvalue().endswith(": n=1\n")
+
+
+def test_the_access_lines_remembered_texts_are_text_value_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(access, "_shown", {})
+    values = ["/v1/chat/completions", "two words", 'a"quote', "x" * 300, None, 7, 1.25, "m\nx"]
+    for value in values * 2:  # the second time from memory
+        assert access.shown(value) == text_value(value)
+    for n in range(access.SHOWN_MAX + 50):
+        assert access.shown(f"/v1/p{n}") == f"/v1/p{n}"
+    assert len(access._shown) == access.SHOWN_MAX
+    assert all(len(text) <= access.SHOWN_MAX_CHARS for text in access._shown)

@@ -27,6 +27,9 @@ from prefix_router.proxy.ops.logs import ACCESS_LOGGER, Fields, LineHandler, tex
 access_log = logging.getLogger(ACCESS_LOGGER)
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 NONE = "none"  # a label value: no worker / no policy / no model
+SHOWN_MAX = 256  # texts held by ``shown``
+SHOWN_MAX_CHARS = 128  # the longest text held
+_shown: dict[str, str] = {}
 
 
 class RequestNote:
@@ -107,9 +110,22 @@ class AccessLine(Fields):
         f = self.fields
         ttft = "-" if f["ttft_ms"] is None else f"{f['ttft_ms']:.1f}"
         predicted = "-" if f["predicted_tokens"] is None else f["predicted_tokens"]
-        where = f"path={text_value(f['path'])} status={f['status']} model={text_value(f['model'])}"
-        how = f"worker={text_value(f['worker'])} policy={f['policy']} branch={f['branch'] or '-'}"
+        where = f"path={shown(f['path'])} status={f['status']} model={shown(f['model'])}"
+        how = f"worker={shown(f['worker'])} policy={f['policy']} branch={f['branch'] or '-'}"
         return (
             f"method={f['method']} {where} {how} predicted_tokens={predicted} ttft_ms={ttft}"
             f" duration_ms={f['duration_ms']:.1f} attempts={f['attempts']} request_id={f['request_id']}"
         )
+
+
+def shown(value: object) -> str:
+    """``text_value(value)``: for a short string, remembered (the path, the model and the worker repeat
+    from line to line), up to ``SHOWN_MAX`` of them; longer strings and the rest are rendered each time."""
+    if type(value) is not str:
+        return text_value(value)
+    text = _shown.get(value)
+    if text is None:
+        text = text_value(value)
+        if len(value) <= SHOWN_MAX_CHARS and len(_shown) < SHOWN_MAX:
+            _shown[value] = text
+    return text

@@ -137,15 +137,14 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         else:
             line = f"{self._asctime(created)} INFO {name}: {message}"
         size = len(line) + 1 if line.isascii() else 4 * (len(line) + 1)  # UTF-8 bytes, at most
-        self.acquire()  # a record logged from another thread (``emit``) writes the pending lines too
-        try:
+        lock = self.lock  # ``acquire``'s, taken directly: a record logged from another thread (``emit``)
+        assert lock is not None  # writes the pending lines too; ``Handler.__init__`` made it
+        with lock:
             if self._pending and self._pending_bytes + size > BATCH_BYTES:
                 self._write_pending()
             self._pending_bytes += size
             self._pending.append(line)
             first = len(self._pending) == 1
-        finally:
-            self.release()
         if first:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
