@@ -27,8 +27,16 @@ The process does nothing else, so its caches are hot: a lower bound of the same 
 What this leaves out (the HTTP server, the upstream client's I/O, the kernel) ``benchmarks/floor.py``
 measures with forward-only servers on the same stack.
 
+``--handler`` times the router's whole ``chat_completions`` handler instead (its own layers included:
+``guarded``, parsing, ``Exchange``, the response written to a connection that drops it), against an
+upstream seam that answers at once, beside a forward-only handler on the same stack (aiohttp's request
+and response, the same seam: read, send, relay). ``--before DIR`` runs the script alternately with ``DIR``
+(a tree's ``src`` or a compiled build) and with this process's ``PYTHONPATH``, each cell the median of
+``--runs``.
+
     python benchmarks/request_path.py --prompt-chars 2000,32000 --cycles 3000
     PYTHONPATH=$(scripts/build-compiled.sh) python benchmarks/request_path.py   # the compiled core
+    PYTHONPATH=$(scripts/build-compiled.sh) python benchmarks/request_path.py --handler --before OTHER_BUILD
 """
 
 from __future__ import annotations
