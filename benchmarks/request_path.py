@@ -27,8 +27,16 @@ The process does nothing else, so its caches are hot: a lower bound of the same 
 What this leaves out (the HTTP server, the upstream client's I/O, the kernel) ``benchmarks/floor.py``
 measures with forward-only servers on the same stack.
 
+``--handler`` times the router's whole ``chat_completions`` handler instead (its own layers included:
+``guarded``, parsing, ``Exchange``, the response written to a connection that drops it), against an
+upstream seam that answers at once, beside a forward-only handler on the same stack (aiohttp's request
+and response, the same seam: read, send, relay). ``--before DIR`` runs the script alternately with ``DIR``
+(a tree's ``src`` or a compiled build) and with this process's ``PYTHONPATH``, each cell the median of
+``--runs``.
+
     python benchmarks/request_path.py --prompt-chars 2000,32000 --cycles 3000
     PYTHONPATH=$(scripts/build-compiled.sh) python benchmarks/request_path.py   # the compiled core
+    PYTHONPATH=$(scripts/build-compiled.sh) python benchmarks/request_path.py --handler --before OTHER_BUILD
 """
 
 from __future__ import annotations
@@ -37,14 +45,20 @@ import argparse
 import asyncio
 import io
 import logging
+import os
 import random
+import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import orjson
-from aiohttp import StreamReader
+from aiohttp import StreamReader, web
 from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http_writer import StreamWriter
+from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefix_router.lab.bench.instant_worker import MODEL, _event, _whole
@@ -61,12 +75,14 @@ from prefix_router.proxy import (
 )
 from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.edge import forward
+from prefix_router.proxy.edge import handlers as handlers_module
 from prefix_router.proxy.edge.access import log_access
 from prefix_router.proxy.edge.accounting import Flight
 from prefix_router.proxy.edge.exchange import EventHold
 from prefix_router.proxy.edge.handlers import admit
 from prefix_router.proxy.edge.parse import read_body
 from prefix_router.proxy.ops.logs import LineHandler
+from prefix_router.proxy.upstream.seam import UpstreamRequest, UpstreamResponse
 
 STAGES = (
     "validation",
@@ -106,6 +122,12 @@ class _Request:
 
 
 def state_for() -> AppContext:
+    return app_for()[CONTEXT]
+
+
+def app_for() -> web.Application:
+    """The app ``serve`` builds (no routes: the benchmark calls the handlers) on the default config, one
+    worker serving the benchmark's model, access lines written by a ``LineHandler`` to ``/dev/null``."""
     config = Config.model_validate(
         {
             "workers": [{"url": "http://127.0.0.1:9", "name": "w0", "models": [MODEL]}],
@@ -120,7 +142,7 @@ def state_for() -> AppContext:
     logging.root.handlers[:] = [handler]
     logging.root.setLevel(logging.INFO)
     state.log_handler = handler
-    return state
+    return app
 
 
 class Timer:
@@ -236,29 +258,234 @@ async def run(state: AppContext, sent: list[bytes], stream: bool, warm: int) -> 
     return {stage: ns / n / 1e3 for stage, ns in t.ns.items()}
 
 
+class NullTransport(asyncio.Transport):
+    """A client connection that takes every write and drops it."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def writelines(self, data: object) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 40000) if name in ("peername", "sockname") else default
+
+
+class ServerSide(BaseProtocol):
+    """The connection's protocol as ``make_mocked_request`` fills it in (its writer, its limits)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.writer: object = None
+        self.ssl_context = None
+        self.peername = self.sockname = ("127.0.0.1", 40000)
+        self.max_field_size = self.max_line_length = 8190
+        self.max_headers = 128
+
+
+class InstantAnswer:
+    """The instant worker's answer as the upstream seam hands it over: its head, then its chunks."""
+
+    __slots__ = ("_chunks", "headers", "status")
+
+    def __init__(self, stream: bool) -> None:
+        self.status = 200
+        kind = "text/event-stream" if stream else "application/json"
+        self.headers: Mapping[str, str] = CIMultiDictProxy(
+            CIMultiDict({**WORKER_HEADERS, "Content-Type": kind})
+        )
+        self._chunks = [b"", *reversed(EVENTS)] if stream else [b"", WHOLE]
+
+    async def next_chunk(self) -> bytes:
+        return self._chunks.pop() if self._chunks else b""
+
+    def release(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class InstantUpstream:
+    """The upstream seam, answered at once (no socket): what the handler does around the exchange."""
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        return InstantAnswer(self.stream)
+
+
+async def forward_only(request: web.Request) -> web.StreamResponse:
+    """A forward-only handler on the same stack: read the body, send it to the worker, relay its answer
+    (a whole body, or its chunks as they come), nothing else."""
+    app_state = request.app[CONTEXT]
+    body = await request.read()
+    headers = {"Content-Type": request.headers.get("Content-Type", "")}
+    answer = await app_state.upstream.send(
+        UpstreamRequest("POST", "http://w/v1/chat/completions", headers, body)
+    )
+    kept = [(k, v) for k, v in answer.headers.items() if k.lower() not in forward.HOP_BY_HOP]
+    first = await answer.next_chunk()
+    if not answer.headers.get("Content-Type", "").startswith("text/event-stream"):
+        rest = await answer.next_chunk()
+        return web.Response(status=answer.status, body=first + rest, headers=kept)
+    out = web.StreamResponse(status=answer.status, headers=kept)
+    await out.prepare(request)
+    while first:
+        await out.write(first)
+        first = await answer.next_chunk()
+    await out.write_eof()
+    return out
+
+
+async def handler_cycles(sent: list[bytes], stream: bool, warm: int, rounds: int) -> dict[str, float]:
+    """CPU us per request of the router's whole handler (``chat_completions``: admission, parsing, the
+    key, the decision, the exchange against an instant upstream, the response written to a connection
+    that drops it, accounting, metrics, the access line) and of ``forward_only`` on the same requests,
+    rounds alternating; medians over rounds."""
+    loop = asyncio.get_running_loop()
+    app = app_for()
+    state = app[CONTEXT]
+    state.upstream = InstantUpstream(stream)
+    app.freeze()
+    raws = [orjson.dumps(orjson.loads(r.split(b"\r\n\r\n", 1)[1])) for r in sent]
+    transport = NullTransport()
+    protocol = ServerSide(loop)
+    protocol.connection_made(transport)
+    handlers = {"router": handlers_module.chat_completions, "forward_only": forward_only}
+    found: dict[str, list[float]] = {name: [] for name in handlers}
+
+    def request_for(raw: bytes) -> web.Request:
+        headers = {**REQUEST_HEADERS, "Content-Length": str(len(raw))}
+        payload = StreamReader(protocol, 2**16, loop=loop)
+        payload.feed_data(raw)
+        payload.feed_eof()
+        writer = StreamWriter(protocol, loop)
+        return make_mocked_request(
+            "POST", "/v1/chat/completions", headers=headers, app=app, writer=writer, protocol=protocol,
+            transport=transport, payload=payload, loop=loop,
+        )  # fmt: skip
+
+    per_round = (len(raws) - warm) // rounds
+    for handler in handlers.values():
+        for raw in raws[:warm]:
+            await handler(request_for(raw))
+    for r in range(rounds):
+        part = raws[warm + r * per_round : warm + (r + 1) * per_round]
+        for name, handler in handlers.items():
+            requests = [request_for(raw) for raw in part]
+            start = time.thread_time_ns()
+            for request in requests:
+                response = await handler(request)
+                if response.status != 200:
+                    raise RuntimeError(f"{name}: status {response.status}")
+            found[name].append((time.thread_time_ns() - start) / len(part) / 1e3)
+    state.log_handler.flush()  # type: ignore[union-attr]
+    return {name: statistics.median(values) for name, values in found.items()}
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, object]]:
+    """One row per prompt size and kind: the stages (with ``total``), or with ``--handler`` the two
+    handlers' totals (``router``, ``forward_only``)."""
+    rows: list[dict[str, object]] = []
+    for chars in (int(c) for c in args.prompt_chars.split(",")):
+        for stream in (False, True):
+            sent = bodies(args.cycles + args.warm, chars, stream)
+            with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
+                if args.handler:
+                    found = runner.run(handler_cycles(sent, stream, args.warm, args.rounds))
+                else:
+                    found = runner.run(run(state_for(), sent, stream, args.warm))
+                    found["total"] = sum(found.values())
+            rows.append({"prompt": chars, "kind": "stream" if stream else "plain", **found})
+    return rows
+
+
+def build_name() -> str:
+    from prefix_router.routing import index as index_module
+
+    return "pure" if index_module.__file__ and index_module.__file__.endswith(".py") else "compiled"
+
+
+def side_by_side(args: argparse.Namespace) -> list[tuple[str, list[dict[str, object]]]]:
+    """``--before DIR``: this script run ``--runs`` times on each side, alternating, in child processes
+    (``before``: ``DIR`` first on ``PYTHONPATH``; ``after``: this process's path); each cell the median
+    over the runs."""
+    argv = [sys.executable, __file__, "--json", "--prompt-chars", args.prompt_chars, "--cycles",
+            str(args.cycles), "--warm", str(args.warm), "--rounds", str(args.rounds)]  # fmt: skip
+    if args.handler:
+        argv.append("--handler")
+    own = os.environ.get("PYTHONPATH", "")
+    paths = {"before": args.before, "after": own}
+    found: dict[str, list[list[dict[str, object]]]] = {side: [] for side in paths}
+    for _ in range(args.runs):
+        for side, path in paths.items():
+            env = {**os.environ, "PYTHONPATH": path}
+            out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
+            found[side].append(orjson.loads(out.splitlines()[-1]))
+    merged = []
+    for side, runs in found.items():
+        rows = []
+        for cells in zip(*runs, strict=True):
+            row = dict(cells[0])
+            for key, value in row.items():
+                if isinstance(value, float):
+                    row[key] = statistics.median(float(str(c[key])) for c in cells)
+            rows.append(row)
+        merged.append((side, rows))
+    return merged
+
+
+def show(label: str, rows: list[dict[str, object]], handler: bool) -> None:
+    for row in rows:
+        head = f"| {row['prompt']:,} | {row['kind']} | {label} |"
+        if handler:
+            ours, floor = float(row["router"]), float(row["forward_only"])  # type: ignore[arg-type]
+            print(f"{head} {ours:.1f} | {floor:.1f} | {ours - floor:.1f} |")
+        else:
+            cells = " | ".join(f"{float(row[s]):.1f}" for s in STAGES)  # type: ignore[arg-type]
+            total = float(row["total"])  # type: ignore[arg-type]
+            own = total - float(row["key"]) - float(row["route"])  # type: ignore[arg-type]
+            print(f"{head} {cells} | {total:.1f} | {own:.1f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt-chars", default="2000,32000")
     p.add_argument("--cycles", type=int, default=3000, help="timed request cycles per setting")
     p.add_argument("--warm", type=int, default=300)
+    p.add_argument(
+        "--handler", action="store_true", help="the whole handler against a forward-only one, not the stages"
+    )
+    p.add_argument("--rounds", type=int, default=5, help="--handler: alternating rounds (medians)")
+    p.add_argument("--before", help="a package directory (a tree's src, a compiled build) to compare with")
+    p.add_argument("--runs", type=int, default=3, help="--before: alternating runs per side (medians)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    from prefix_router.routing import index as index_module
-
-    build = "pure" if index_module.__file__ and index_module.__file__.endswith(".py") else "compiled"
-    print(f"build: {build}; us of CPU per request (thread time), {args.cycles} cycles per row")
-    print("| prompt | kind | " + " | ".join(STAGES) + " | total | total without key, route |")
-    print("|---:|---|" + "---:|" * (len(STAGES) + 2))
-    for chars in (int(c) for c in args.prompt_chars.split(",")):
-        for stream in (False, True):
-            state = state_for()
-            sent = bodies(args.cycles + args.warm, chars, stream)
-            with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
-                found = runner.run(run(state, sent, stream, args.warm))
-            total = sum(found.values())
-            own = total - found["key"] - found["route"]
-            cells = " | ".join(f"{found[s]:.1f}" for s in STAGES)
-            kind = "stream" if stream else "plain"
-            print(f"| {chars:,} | {kind} | {cells} | {total:.1f} | {own:.1f} |")
+    if args.json:
+        print(orjson.dumps(measure(args)).decode())
+        return
+    sides = side_by_side(args) if args.before else [(build_name(), measure(args))]
+    unit = (
+        f"medians of {args.runs} alternating runs per side"
+        if args.before
+        else f"{args.cycles} cycles per row"
+    )
+    print(f"build: {build_name()}; us of CPU per request (thread time), {unit}")
+    if args.before:
+        print(f"before: {args.before}; after: {os.environ.get('PYTHONPATH', '')}")
+    if args.handler:
+        print("| prompt | kind | side | router's handler | forward-only handler | router over forward-only |")
+        print("|---:|---|---|---:|---:|---:|")
+    else:
+        print("| prompt | kind | side | " + " | ".join(STAGES) + " | total | total without key, route |")
+        print("|---:|---|---|" + "---:|" * (len(STAGES) + 2))
+    for label, rows in sides:
+        show(label, rows, args.handler)
 
 
 if __name__ == "__main__":

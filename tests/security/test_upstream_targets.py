@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
+from prefix_router.proxy.edge import forward
 
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
@@ -102,3 +103,12 @@ async def test_a_worker_base_path_is_kept(echo_engine: Any, start_router: Any, k
     router = await start_router({"url": engine.url + "/base", "name": "w", "models": ["m"]})
     status, _, _ = await kit.post(router.url)
     assert status == 200 and engine.seen[-1][1] == "/base/v1/chat/completions"
+
+
+def test_the_paths_let_through_as_they_are_pass_the_rules_too() -> None:
+    """``safe_path`` looks ``SAFE_AS_IS`` up before its rules: none of them may be one the rules refuse."""
+    assert {"/v1/chat/completions", "/v1/completions"} <= forward.SAFE_AS_IS
+    for path in forward.SAFE_AS_IS:
+        assert forward.safe_by_rules(path), path
+    for refused in ("/v1/../admin", "/v1/%2e%2e/x", "/v1\\x", "/tokenize/../x", "/admin"):
+        assert not forward.safe_path(refused) and not forward.safe_by_rules(refused)

@@ -34,3 +34,25 @@ def test_an_event_longer_than_the_bound_is_let_go() -> None:
     assert hold.whole_events(b"data: 12") == b""
     assert hold.whole_events(b"345") == b"data: 12345"
     assert hold.pending == b""
+
+
+def held_by_the_rule(pending: bytes, chunk: bytes, limit: int) -> tuple[bytes, bytes]:
+    """What ``whole_events`` lets go and holds, by its rule alone: up to the end of the last separator."""
+    data = pending + chunk
+    end = max(
+        (i + len(sep) for sep in (b"\n\n", b"\n\r\n", b"\r\r") if (i := data.rfind(sep)) >= 0), default=0
+    )
+    if end == len(data) or len(data) - end > limit:
+        return data, b""
+    return data[:end], data[end:]
+
+
+PIECE = st.sampled_from([b"data: x", b"\n", b"\r", b"\n\n", b"\r\n\r\n", b"\r\r", b"data: [DONE]\n\n", b"yz"])
+
+
+@given(st.lists(st.lists(PIECE, max_size=6).map(b"".join), max_size=10), st.integers(0, 40))
+def test_whole_events_follows_its_rule_on_every_chunk(chunks: list[bytes], limit: int) -> None:
+    hold = EventHold(limit=limit)
+    for chunk in chunks:
+        expected = held_by_the_rule(hold.pending, chunk, limit)
+        assert (hold.whole_events(chunk), hold.pending) == expected

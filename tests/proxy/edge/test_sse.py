@@ -47,6 +47,31 @@ def test_any_chunking_gives_the_same_reply(cuts: list[int]) -> None:
     )
 
 
+EVENTS = [
+    event({"role": "assistant", "content": "Hel"}),
+    b"data:" + orjson.dumps({"choices": [{"index": 0, "delta": {"content": "lo"}}]}) + b"\n\n",  # no space
+    b": keep-alive comment\n\n",
+    b"data: {not json\n\n",
+    b"data: [1, 2]\n\n",
+    b"event: ping\n\n",
+    b"data:\n\n",
+    event({"content": " world"}),
+    event(usage={"prompt_tokens": 3}),
+    b"data: [DONE]\n\n",
+]
+
+
+@given(st.lists(st.sampled_from(EVENTS), max_size=12))
+def test_whole_events_one_by_one_read_as_the_stream_in_one_piece(events: list[bytes]) -> None:
+    one_by_one = ReplyAccumulator("chat", max_chars=1000, max_line=10_000)
+    for whole in events:
+        one_by_one.feed(whole)
+    at_once = ReplyAccumulator("chat", max_chars=1000, max_line=10_000)
+    at_once.feed(b"".join(events))
+    assert one_by_one.generated() == at_once.generated()
+    assert one_by_one.usage_body == at_once.usage_body and one_by_one.chars == at_once.chars
+
+
 def test_crlf_lines_and_completions() -> None:
     acc = ReplyAccumulator("completions", 1000, 10_000)
     acc.feed(event(text="ab").replace(b"\n", b"\r\n") + event(text="cd"))

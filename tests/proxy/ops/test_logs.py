@@ -17,7 +17,10 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from prefix_router.proxy.edge import access
 from prefix_router.proxy.edge.access import AccessLine
 from prefix_router.proxy.ops import logs
 from prefix_router.proxy.ops.logs import (
@@ -155,7 +158,9 @@ def check_direct_lines(only_handler: Any, log_format: Any) -> None:
     for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5):
         formatted = only_handler.format(record(fields, created=created))
         only_handler.write_info(ACCESS_LOGGER, fields, created)  # no running loop: written at once
-        assert only_handler.stream.getvalue() == formatted + "\n"
+        if log_format == "text":  # the same line again, from its text
+            only_handler.write_text(ACCESS_LOGGER, str(fields), created)
+        assert only_handler.stream.getvalue() == (formatted + "\n") * (2 if log_format == "text" else 1)
         only_handler.stream.seek(0)
         only_handler.stream.truncate()
 
@@ -243,3 +248,43 @@ async def test_flush_writes_held_lines_at_once() -> None:
         assert handler.stream.getvalue() == ""  # held until the loop's iteration ends
         logs.flush()  # what a serving process does before it exits (a forked one skips logging.shutdown)
         assert handler.stream.getvalue().endswith(": n=1\n")
+
+
+def test_the_access_lines_remembered_texts_are_text_value_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(access, "_shown", {})
+    values = ["/v1/chat/completions", "two words", 'a"quote', "x" * 300, None, 7, 1.25, "m\nx"]
+    for value in values * 2:  # the second time from memory
+        assert access.shown(value) == text_value(value)
+    for n in range(access.SHOWN_MAX + 50):
+        assert access.shown(f"/v1/p{n}") == f"/v1/p{n}"
+    assert len(access._shown) == access.SHOWN_MAX
+    assert all(len(text) <= access.SHOWN_MAX_CHARS for text in access._shown)
+
+
+TEXTS = st.one_of(
+    st.sampled_from(["/v1/chat/completions", "m", "none", "a b", 'q"', "x" * 300]), st.text(max_size=20)
+)
+
+
+@given(
+    st.tuples(TEXTS, TEXTS, TEXTS),
+    st.sampled_from(["prefix", "none", "least_load"]),
+    st.one_of(st.none(), st.sampled_from(["prefix_hit", "load_balance"])),
+    st.one_of(st.none(), st.integers(0, 10**6)),
+    st.one_of(st.none(), st.floats(0, 100, allow_nan=False)),
+    st.floats(0, 1000, allow_nan=False),
+    st.integers(100, 599),
+    st.integers(0, 5),
+)
+def test_a_notes_line_is_its_access_lines_text(
+    texts: tuple[str, str, str], policy: str, branch: str | None, predicted: int | None,
+    ttft_s: float | None, elapsed: float, status: int, attempts: int,
+) -> None:  # fmt: skip
+    path, model, worker = texts
+    note = access.RequestNote("r-1", "POST", path, 10.0)
+    note.model, note.worker, note.policy, note.branch = model, worker, policy, branch
+    note.predicted_tokens, note.ttft_s, note.attempts = predicted, ttft_s, attempts
+    assert note.line(status, 10.0 + elapsed) == str(AccessLine(note.fields(status, 10.0 + elapsed)))
+    assert list(note.fields(status, 0.0)) == list(access.FIELDS)

@@ -11,7 +11,7 @@ def dig(body: Mapping[str, Any], *path: str) -> Any:
     """``body[path[0]][path[1]]...``, or None as soon as a step is missing or not a mapping."""
     node: Any = body
     for key in path:
-        if type(node) is not dict and not isinstance(node, Mapping):  # a dict: no ABC check
+        if type(node) is not dict and (node is None or not isinstance(node, Mapping)):  # no ABC check
             return None
         node = node.get(key)
     return node

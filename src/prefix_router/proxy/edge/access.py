@@ -27,6 +27,12 @@ from prefix_router.proxy.ops.logs import ACCESS_LOGGER, Fields, LineHandler, tex
 access_log = logging.getLogger(ACCESS_LOGGER)
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 NONE = "none"  # a label value: no worker / no policy / no model
+SHOWN_MAX = 256  # texts held by ``shown``
+SHOWN_MAX_CHARS = 128  # the longest text held
+_shown: dict[str, str] = {}
+# the access line's fields, in its order (``RequestNote.fields``, ``access_text``)
+FIELDS = ("method", "path", "status", "model", "worker", "policy", "branch", "predicted_tokens", "ttft_ms",
+          "duration_ms", "attempts", "request_id")  # fmt: skip
 
 
 class RequestNote:
@@ -59,6 +65,15 @@ class RequestNote:
         self.attempts = 0
         self.status: int | None = None  # set when it differs from the response's (499: the client left)
 
+    def line(self, status: int, now: float) -> str:
+        """``str(AccessLine(self.fields(status, now)))``, without the fields."""
+        ttft_ms = None if self.ttft_s is None else self.ttft_s * 1e3
+        duration_ms = (now - self.started) * 1e3
+        return access_text(
+            self.method, self.path, status, self.model, self.worker, self.policy, self.branch,
+            self.predicted_tokens, ttft_ms, duration_ms, self.attempts, self.request_id,
+        )  # fmt: skip
+
     def fields(self, status: int, now: float) -> dict[str, object]:
         return {
             "method": self.method,
@@ -88,8 +103,11 @@ def log_access(note: RequestNote, status: int, now: float, handler: LineHandler 
     up the caller's frame, a good part of the cost)."""
     if not access_log.isEnabledFor(logging.INFO):
         return
-    line = AccessLine(note.fields(status, now))
     direct = handler.direct(access_log) if handler is not None else None
+    if direct is not None and not direct.json:  # the text line straight from the note
+        direct.write_text(ACCESS_LOGGER, note.line(status, now))
+        return
+    line = AccessLine(note.fields(status, now))
     if direct is not None:
         direct.write_info(ACCESS_LOGGER, line)
     else:
@@ -104,12 +122,42 @@ class AccessLine(Fields):
     __slots__ = ()
 
     def __str__(self) -> str:
-        f = self.fields
-        ttft = "-" if f["ttft_ms"] is None else f"{f['ttft_ms']:.1f}"
-        predicted = "-" if f["predicted_tokens"] is None else f["predicted_tokens"]
-        where = f"path={text_value(f['path'])} status={f['status']} model={text_value(f['model'])}"
-        how = f"worker={text_value(f['worker'])} policy={f['policy']} branch={f['branch'] or '-'}"
-        return (
-            f"method={f['method']} {where} {how} predicted_tokens={predicted} ttft_ms={ttft}"
-            f" duration_ms={f['duration_ms']:.1f} attempts={f['attempts']} request_id={f['request_id']}"
-        )
+        return access_text(*[self.fields[key] for key in FIELDS])
+
+
+def access_text(
+    method: object,
+    path: object,
+    status: object,
+    model: object,
+    worker: object,
+    policy: object,
+    branch: object,
+    predicted_tokens: object,
+    ttft_ms: object,
+    duration_ms: object,
+    attempts: object,
+    request_id: object,
+) -> str:
+    """The access line's ``key=value`` text (``AccessLine``, ``RequestNote.line``)."""
+    ttft = "-" if ttft_ms is None else f"{ttft_ms:.1f}"
+    predicted = "-" if predicted_tokens is None else predicted_tokens
+    where = f"path={shown(path)} status={status} model={shown(model)}"
+    how = f"worker={shown(worker)} policy={policy} branch={branch or '-'}"
+    return (
+        f"method={method} {where} {how} predicted_tokens={predicted} ttft_ms={ttft}"
+        f" duration_ms={duration_ms:.1f} attempts={attempts} request_id={request_id}"
+    )
+
+
+def shown(value: object) -> str:
+    """``text_value(value)``: for a short string, remembered (the path, the model and the worker repeat
+    from line to line), up to ``SHOWN_MAX`` of them; longer strings and the rest are rendered each time."""
+    if type(value) is not str:
+        return text_value(value)
+    text = _shown.get(value)
+    if text is None:
+        text = text_value(value)
+        if len(value) <= SHOWN_MAX_CHARS and len(_shown) < SHOWN_MAX:
+            _shown[value] = text
+    return text

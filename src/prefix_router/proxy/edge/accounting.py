@@ -81,8 +81,9 @@ def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: i
     if parsed is None:
         flight.finish(status, Outcome(ok=ok))
         return
-    cached = cached_tokens(reply.usage_body, flight.worker.adapter)
-    prompt = count(dig(reply.usage_body or {}, "usage", "prompt_tokens"))
+    usage = reply.usage_body
+    cached = cached_tokens(usage, flight.worker.adapter)
+    prompt = None if usage is None else count(dig(usage, "usage", "prompt_tokens"))
     generated = reply.generated() if ok else None
     extension = extension_blocks(state, parsed, generated)
     precise = precise_extension(state, parsed, generated)

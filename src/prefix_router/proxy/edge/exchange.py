@@ -364,6 +364,8 @@ class EventHold:
         self.pending = b""
 
     def whole_events(self, chunk: bytes) -> bytes:
+        if not self.pending and chunk.endswith(_EVENT_ENDS):  # ends an event: all of it goes (the usual case)
+            return chunk
         data = self.pending + chunk if self.pending else chunk
         end = max((i + len(sep) for sep in _EVENT_ENDS if (i := data.rfind(sep)) >= 0), default=0)
         if end == len(data) or len(data) - end > self.limit:

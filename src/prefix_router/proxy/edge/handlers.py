@@ -38,7 +38,15 @@ def guarded(handler: NotedHandler) -> Handler:
         state.active += 1
         status = CLIENT_GONE
         try:
-            response = await answer(handler, request, note)
+            try:  # ``answer``'s mapping, inline: one coroutine less per request
+                response = await handler(request, note)
+            except ProxyError as err:
+                state.metrics.rejected.inc((str(err.status),))
+                response = err.response()
+            except UpstreamReply as reply:
+                response = reply.response
+            except Exception:
+                response = internal_error(request, note)
             status = note.status or response.status
             if not response.prepared:
                 response.headers[REQUEST_ID_HEADER] = note.request_id
@@ -53,6 +61,9 @@ def guarded(handler: NotedHandler) -> Handler:
 
 
 async def answer(handler: NotedHandler, request: web.Request, note: RequestNote) -> web.StreamResponse:
+    """``handler``'s response, or the one its error maps to: a ``ProxyError``'s OpenAI error (counted in
+    ``prefix_router_rejected_total``), an ``UpstreamReply``'s response, a 500 for anything else (logged).
+    ``guarded`` makes the same mapping inline."""
     try:
         return await handler(request, note)
     except ProxyError as err:
@@ -60,9 +71,15 @@ async def answer(handler: NotedHandler, request: web.Request, note: RequestNote)
         return err.response()
     except UpstreamReply as reply:
         return reply.response
-    except Exception:  # a bug, not the client's fault: still an OpenAI-shaped answer, and logged
-        log.exception("unexpected error on %s %s (request %s)", request.method, request.path, note.request_id)
-        return ProxyError(500, "internal router error", type="server_error", code="internal_error").response()
+    except Exception:
+        return internal_error(request, note)
+
+
+def internal_error(request: web.Request, note: RequestNote) -> web.Response:
+    """A bug, not the client's fault: still an OpenAI-shaped answer (500), and logged with its traceback
+    (call it inside the ``except``)."""
+    log.exception("unexpected error on %s %s (request %s)", request.method, request.path, note.request_id)
+    return ProxyError(500, "internal router error", type="server_error", code="internal_error").response()
 
 
 def closed(state: AppContext, note: RequestNote, status: int) -> None:
@@ -97,26 +114,28 @@ def policy_override(state: AppContext, request: web.Request) -> str | None:
     return name
 
 
-async def routed(request: web.Request, endpoint: Endpoint, note: RequestNote) -> web.StreamResponse:
-    state = request.app[CONTEXT]
-    admit(state, request)
-    raw = await read_body(state, request)
-    parsed = await parse_routed(state, endpoint, raw, request.headers)
-    policy = policy_override(state, request)
-    model = parsed.body.get("model")
-    return await Exchange(
-        state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
-    ).run()
+def routed(endpoint: Endpoint) -> Handler:
+    """The guarded handler of a generation endpoint: the request admitted, its body read and keyed, then
+    exchanged (one coroutine, no layer per endpoint)."""
+
+    async def handler(request: web.Request, note: RequestNote) -> web.StreamResponse:
+        state = request.app[CONTEXT]
+        admit(state, request)
+        limits = state.config.limits
+        raw = await parsing.read_body(request, limits.max_body_bytes, state.config.timeouts.client_body_s)
+        parsed = await parse_routed(state, endpoint, raw, request.headers)
+        policy = policy_override(state, request)
+        model = parsed.body.get("model")
+        return await Exchange(
+            state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
+        ).run()
+
+    handler.__qualname__ = handler.__name__ = f"routed_{endpoint}"
+    return guarded(handler)
 
 
-@guarded
-async def chat_completions(request: web.Request, note: RequestNote) -> web.StreamResponse:
-    return await routed(request, "chat", note)
-
-
-@guarded
-async def completions(request: web.Request, note: RequestNote) -> web.StreamResponse:
-    return await routed(request, "completions", note)
+chat_completions = routed("chat")
+completions = routed("completions")
 
 
 @guarded

@@ -32,19 +32,27 @@ async def parse_routed(
         parsed = await asyncio.to_thread(parsing.parse, *args)
     else:
         parsed = parsing.parse(*args)
+    if not render_due(state, parsed):  # checked before awaiting: one coroutine less on every request
+        return parsed
     return await rendered(state, parsed, salt)
+
+
+def render_due(state: AppContext, parsed: parsing.Parsed) -> bool:
+    """Whether ``rendered`` would have an engine render ``parsed``'s precise key: it has none, rendering is
+    on and the router routes on events."""
+    return not (
+        state.renders is None
+        or not state.config.routing.precise.render
+        or parsed.route.precise_blocks
+        or not state.router.precise
+    )
 
 
 async def rendered(state: AppContext, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
     """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
-    settings = state.config.routing.precise
-    if (
-        state.renders is None
-        or not settings.render
-        or parsed.route.precise_blocks
-        or not state.router.precise
-    ):
+    if state.renders is None or not render_due(state, parsed):
         return parsed
+    settings = state.config.routing.precise
     model = parsed.body.get("model")
     workers = [w for w in state.pool if w.available and isinstance(model, str) and w.serves(model)]
     worker = render_worker(state.router, workers, state.clock())

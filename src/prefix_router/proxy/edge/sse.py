@@ -36,6 +36,11 @@ class ReplyAccumulator:
 
     def feed(self, chunk: bytes) -> None:
         """Consume one relayed SSE chunk (any split of the byte stream)."""
+        if not self._pending and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n"):
+            # one line and the blank line after it, nothing held: a whole event, as engines send them
+            if chunk.startswith(b"data:"):
+                self._data(chunk[5:-2].strip())
+            return
         if b"\n" not in chunk:
             self._pending += chunk
             self._check_line_bound()
@@ -47,20 +52,22 @@ class ReplyAccumulator:
         lines = chunk.split(b"\n")
         rest = lines.pop()
         for line in lines:
-            if not line.startswith(b"data:"):  # blank lines, comments and other fields carry nothing here
-                continue
-            payload = line[5:].strip()
-            if not payload or payload == b"[DONE]":
-                continue
-            try:
-                event = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                continue
-            if type(event) is dict:
-                self.take(event, delta=True)
+            if line.startswith(b"data:"):  # blank lines, comments and other fields carry nothing here
+                self._data(line[5:].strip())
         if rest:
             self._pending += rest
             self._check_line_bound()
+
+    def _data(self, payload: bytes) -> None:
+        """One ``data:`` field's value (stripped): an event to take, ``[DONE]``, or nothing readable."""
+        if not payload or payload == b"[DONE]":
+            return
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if type(event) is dict:
+            self.take(event, delta=True)
 
     def _check_line_bound(self) -> None:
         if len(self._pending) > self._max_line:

@@ -136,16 +136,24 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             line = orjson.dumps({**head, **message.fields}, default=str).decode()
         else:
             line = f"{self._asctime(created)} INFO {name}: {message}"
+        self._queue(line)
+
+    def write_text(self, name: str, text: str, created: float | None = None) -> None:
+        """``write_info`` of a message whose ``key=value`` text is ``text``, in the text format (the JSON
+        format needs the fields: ``write_info``)."""
+        self._queue(f"{self._asctime(time.time() if created is None else created)} INFO {name}: {text}")
+
+    def _queue(self, line: str) -> None:
+        """``line`` written at the end of the event loop's iteration (at once outside a running loop)."""
         size = len(line) + 1 if line.isascii() else 4 * (len(line) + 1)  # UTF-8 bytes, at most
-        self.acquire()  # a record logged from another thread (``emit``) writes the pending lines too
-        try:
+        lock = self.lock  # ``acquire``'s, taken directly: a record logged from another thread (``emit``)
+        assert lock is not None  # writes the pending lines too; ``Handler.__init__`` made it
+        with lock:
             if self._pending and self._pending_bytes + size > BATCH_BYTES:
                 self._write_pending()
             self._pending_bytes += size
             self._pending.append(line)
             first = len(self._pending) == 1
-        finally:
-            self.release()
         if first:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
