@@ -28,8 +28,9 @@ NotedHandler = Callable[[web.Request, RequestNote], Awaitable[web.StreamResponse
 
 
 def guarded(handler: NotedHandler) -> Handler:
-    """Give the request its ``RequestNote``; turn the router's own errors into OpenAI error responses (and
-    count them); close the note with the status the client got (499 when it left), once."""
+    """Give the request its ``RequestNote``; turn errors into responses: a ``ProxyError`` into its OpenAI
+    error (counted in ``prefix_router_rejected_total``), an ``UpstreamReply`` into its response, anything
+    else into a logged 500; close the note with the status the client got (499 when it left), once."""
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
         state = request.app[CONTEXT]
@@ -38,7 +39,7 @@ def guarded(handler: NotedHandler) -> Handler:
         state.active += 1
         status = CLIENT_GONE
         try:
-            try:  # ``answer``'s mapping, inline: one coroutine less per request
+            try:  # the errors mapped here, not in a coroutine of their own: one layer less per request
                 response = await handler(request, note)
             except ProxyError as err:
                 state.metrics.rejected.inc((str(err.status),))
@@ -58,21 +59,6 @@ def guarded(handler: NotedHandler) -> Handler:
             closed(state, note, status)
 
     return wrapper
-
-
-async def answer(handler: NotedHandler, request: web.Request, note: RequestNote) -> web.StreamResponse:
-    """``handler``'s response, or the one its error maps to: a ``ProxyError``'s OpenAI error (counted in
-    ``prefix_router_rejected_total``), an ``UpstreamReply``'s response, a 500 for anything else (logged).
-    ``guarded`` makes the same mapping inline."""
-    try:
-        return await handler(request, note)
-    except ProxyError as err:
-        request.app[CONTEXT].metrics.rejected.inc((str(err.status),))
-        return err.response()
-    except UpstreamReply as reply:
-        return reply.response
-    except Exception:
-        return internal_error(request, note)
 
 
 def internal_error(request: web.Request, note: RequestNote) -> web.Response:
