@@ -39,6 +39,7 @@ import yaml
 from openai import OpenAI
 
 from prefix_router.lab.launch.vllm import cpu_flags, resolved_dtype
+from prefix_router.proxy import parent_death_signal
 
 VENV = Path(os.environ.get("PREFIX_ROUTER_VLLM_VENV", Path.home() / ".cache/prefix-router/vllm-venv"))
 MODEL_DIR = Path.home() / ".cache/prefix-router/vllm-model/smollm2-135m-real"
@@ -107,7 +108,14 @@ def start_engine(
         json.dumps(cfg),
     ]
     log = open(log_dir / f"vllm-{i}.log", "wb")  # noqa: SIM115
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=parent_death_signal(),
+    )
 
 
 def wait_ok(url: str, timeout: float) -> None:
@@ -223,6 +231,7 @@ def run_mode(
         stdout=router_log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=parent_death_signal(),  # a benchmark killed outright takes its router along
     )
     rows = []
     try:
