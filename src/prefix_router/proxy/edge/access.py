@@ -30,7 +30,7 @@ NONE = "none"  # a label value: no worker / no policy / no model
 SHOWN_MAX = 256  # texts held by ``shown``
 SHOWN_MAX_CHARS = 128  # the longest text held
 _shown: dict[str, str] = {}
-# the access line's fields, in its order (``RequestNote.fields``, ``access_text``)
+# the access line's fields, in its order (``RequestNote.values``, ``access_text``)
 FIELDS = ("method", "path", "status", "model", "worker", "policy", "branch", "predicted_tokens", "ttft_ms",
           "duration_ms", "attempts", "request_id")  # fmt: skip
 
@@ -65,30 +65,20 @@ class RequestNote:
         self.attempts = 0
         self.status: int | None = None  # set when it differs from the response's (499: the client left)
 
-    def line(self, status: int, now: float) -> str:
-        """``str(AccessLine(self.fields(status, now)))``, without the fields."""
+    def values(self, status: int, now: float) -> tuple[object, ...]:
+        """The access line's field values, in ``FIELDS``' order."""
         ttft_ms = None if self.ttft_s is None else self.ttft_s * 1e3
-        duration_ms = (now - self.started) * 1e3
-        return access_text(
+        return (
             self.method, self.path, status, self.model, self.worker, self.policy, self.branch,
-            self.predicted_tokens, ttft_ms, duration_ms, self.attempts, self.request_id,
+            self.predicted_tokens, ttft_ms, (now - self.started) * 1e3, self.attempts, self.request_id,
         )  # fmt: skip
 
+    def line(self, status: int, now: float) -> str:
+        """``str(AccessLine(self.fields(status, now)))``, without the fields."""
+        return access_text(*self.values(status, now))
+
     def fields(self, status: int, now: float) -> dict[str, object]:
-        return {
-            "method": self.method,
-            "path": self.path,
-            "status": status,
-            "model": self.model,
-            "worker": self.worker,
-            "policy": self.policy,
-            "branch": self.branch,
-            "predicted_tokens": self.predicted_tokens,
-            "ttft_ms": None if self.ttft_s is None else self.ttft_s * 1e3,
-            "duration_ms": (now - self.started) * 1e3,
-            "attempts": self.attempts,
-            "request_id": self.request_id,
-        }
+        return dict(zip(FIELDS, self.values(status, now), strict=True))
 
 
 def request_id(headers: Mapping[str, str]) -> str | None:

@@ -84,10 +84,10 @@ def admit(state: AppContext, request: web.Request) -> None:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
-async def read_body(state: AppContext, request: web.Request) -> bytes:
-    return await parsing.read_body(
-        request, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s
-    )
+def read_body(state: AppContext, request: web.Request) -> Awaitable[bytes]:
+    """The body under the configured size limit and timeout: ``parse.read_body``'s coroutine itself, no
+    layer of its own."""
+    return parsing.read_body(request, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s)
 
 
 def policy_override(state: AppContext, request: web.Request) -> str | None:
@@ -107,8 +107,7 @@ def routed(endpoint: Endpoint) -> Handler:
     async def handler(request: web.Request, note: RequestNote) -> web.StreamResponse:
         state = request.app[CONTEXT]
         admit(state, request)
-        limits = state.config.limits
-        raw = await parsing.read_body(request, limits.max_body_bytes, state.config.timeouts.client_body_s)
+        raw = await read_body(state, request)
         parsed = await parse_routed(state, endpoint, raw, request.headers)
         policy = policy_override(state, request)
         model = parsed.body.get("model")
