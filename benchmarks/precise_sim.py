@@ -5,13 +5,16 @@ restarts and cache resets, 16-64 instances, side by side over the same requests,
 simulated cache publishes BlockStored / BlockRemoved / AllBlocksCleared, each message reaching the
 router ``--event-lag-ms`` of simulated time after it was sent; a restarted engine announces nothing, the
 router learns of it from the new process's first message); ``approximate``: the prefix policy on the
-router's own model of the caches; ``random``: the baseline. ``oracle``: one pooled cache of the same
-total size. Per seed the three modes run the same requests and the same faults: ``vs approximate`` is the
+router's own model of the caches; ``approximate'``: approximate again with its router's random ties
+drawn from another seed (an A/A test: the spread of a difference that is 0 in expectation, the
+comparison's own noise); ``random``: the baseline. ``oracle``: one pooled cache of the same total size.
+Per seed the modes run the same requests and the same faults: ``vs approximate`` is the
 mean of the paired differences over the seeds (its spread: standard deviation, min and max), ``TTFT`` the
 mean of the per-seed ratios to approximate's mean TTFT. ``misrouted``: requests predicted more than one
 engine block above what the engine then reported (routed for a prefix the worker no longer held), summed
 over the seeds; for precise, split into those sent to a faulted worker before the router's view of it
 cleared (the fault's message had not arrived yet), after it cleared, and the rest (removals in transit).
+Last, per seed, precise's and approximate''s paired differences, with the 95 % interval of their mean.
 
     python benchmarks/precise_sim.py --requests 3000 --seeds 0,1,2,3,4 \
         --out benchmarks/results/precise_sim.txt
@@ -32,7 +35,14 @@ from prefix_router.lab.sim.run import _oracle, workload_scenario
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec, Record
 from prefix_router.lab.sim.stats import summarize
 
-MODES = (("random", "random", False), ("approximate", "prefix", False), ("precise", "prefix", True))
+# label, policy, precise, router reseeded: ``approximate'`` is approximate again with other random ties,
+# the comparison's own noise (an A/A test: its difference to approximate has expectation 0)
+MODES = (
+    ("random", "random", False, False),
+    ("approximate", "prefix", False, False),
+    ("approximate'", "prefix", False, True),
+    ("precise", "prefix", True, False),
+)
 CELLS = (
     "chatbots:16:20000:none,chatbots:16:20000:restart,agents:16:40000:none,agents:16:40000:reset,"
     "mixed:32:20000:none,mixed:64:20000:restart"
@@ -105,7 +115,7 @@ def run_seed(
     last_fault = max((t for t, _ in plan), default=0.0)
     block = scenario.make_source().engine_block_tokens
     arrivals, results = None, {}
-    for label, policy, precise in MODES:
+    for label, policy, precise, reseeded in MODES:
         sim = ClusterSimulation(
             spec,
             policy,
@@ -115,6 +125,7 @@ def run_seed(
             precise=precise,
             faults=plan,
             event_lag_s=args.event_lag_ms / 1000,
+            router_seed=f"router:{seed}:reseeded" if reseeded else None,
         )
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals
@@ -136,14 +147,14 @@ def run_seed(
 
 
 def cell(workload: str, instances: int, capacity: int, faults: str, args: argparse.Namespace) -> list[str]:
-    tallies = {label: Tally() for label, _, _ in MODES}
+    tallies = {label: Tally() for label, *_ in MODES}
     oracles = [run_seed(workload, instances, capacity, faults, s, args, tallies) for s in args.seeds]
     head = f"{workload:9s} {instances:3d} x {capacity // 1000:5d}k tokens  faults {faults:7s}"
     lines = [f"{head}  oracle {statistics.mean(oracles):.1%} (mean over {len(oracles)} seeds)"]
     for label, tally in tallies.items():
         d = [x * 100 for x in tally.hits]
         lines.append(
-            f"    {label:11s} hit {statistics.mean(tally.hits_abs):6.1%}  "
+            f"    {label:12s} hit {statistics.mean(tally.hits_abs):6.1%}  "
             f"{statistics.mean(tally.shares):6.1%} of oracle (min {min(tally.shares):6.1%})  "
             f"vs approximate {statistics.mean(d):+7.3f} pt (sd {statistics.pstdev(d):5.3f}, "
             f"{min(d):+7.3f} to {max(d):+7.3f})  TTFT x{statistics.mean(tally.ttft):5.3f}  "
@@ -156,10 +167,23 @@ def cell(workload: str, instances: int, capacity: int, faults: str, args: argpar
             f"    precise on faulted workers: misrouted before the view cleared {precise.before_clear}, "
             f"after {precise.after_clear}; round trip to the clear at most {trip}"
         )
-    lines.append(
-        "    paired precise - approximate per seed (pt): " + " ".join(f"{x * 100:+.3f}" for x in precise.hits)
-    )
+    for label in ("precise", "approximate'"):
+        d = [x * 100 for x in tallies[label].hits]
+        lines.append(
+            f"    paired {label} - approximate per seed (pt): "
+            + " ".join(f"{x:+.3f}" for x in d)
+            + f"  (95% interval of the mean {interval(d)})"
+        )
     return lines
+
+
+def interval(d: Sequence[float]) -> str:
+    """The mean of ``d`` plus and minus 1.96 standard errors (normal approximation), in points."""
+    if len(d) < 2:
+        return "n/a: one seed"
+    half = 1.96 * statistics.stdev(d) / len(d) ** 0.5
+    mean = statistics.mean(d)
+    return f"{mean - half:+.3f} to {mean + half:+.3f}"
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import pytest
 from prefix_router.lab.sim.events import Event, EventQueue
 from prefix_router.lab.sim.profiles import get_profile
 from prefix_router.lab.sim.run import simulate, trace_scenario
-from prefix_router.lab.sim.simulator import ClusterSpec
+from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
 
 SCHEMA = {
     "requests",
@@ -135,3 +135,27 @@ def test_requests_in_flight_are_bounded(tmp_path: Path) -> None:
     spec = ClusterSpec(2, get_profile("llama-3.1-8b-h100"), 40_000, max_live_requests=3)
     with pytest.raises(OverflowError):
         simulate(trace_scenario(synthetic_trace(tmp_path / "t.jsonl"), spec), ["random"])
+
+
+def _records(path: Path, policy: str, router_seed: str | None) -> tuple[list[Any], list[Any]]:
+    spec = ClusterSpec(4, get_profile("llama-3.1-8b-h100"), 40_000, 5)
+    scenario = trace_scenario(path, spec)
+    sim = ClusterSimulation(
+        spec,
+        policy,
+        scenario.make_source(),
+        scenario.routing(policy),
+        keep_arrivals=True,
+        router_seed=router_seed,
+    )
+    result = sim.run()
+    return [(r.request_id, r.arrival) for r in result.arrivals], sim.records
+
+
+def test_the_router_seed_changes_the_routers_choices_alone(tmp_path: Path) -> None:
+    path = synthetic_trace(tmp_path / "t.jsonl")
+    arrivals, default = _records(path, "random", None)
+    assert _records(path, "random", "router:5") == (arrivals, default)  # the default: router:<seed>
+    other_arrivals, other = _records(path, "random", "router:5:reseeded")
+    assert other_arrivals == arrivals  # the same requests at the same times
+    assert [r.instance for r in other] != [r.instance for r in default]

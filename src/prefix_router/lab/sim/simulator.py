@@ -93,11 +93,15 @@ class ClusterSimulation:
         precise: bool = False,
         faults: Sequence[tuple[float, Fault]] = (),
         event_lag_s: float = 0.0,
+        router_seed: str | None = None,
     ) -> None:
         """``precise``: every engine publishes KV cache events to the router's event-fed views
         (``precise_feed.py``), each reaching the router ``event_lag_s`` of simulated time after it was
-        published; ``faults``: (time, fault) pairs, restarts and cache resets."""
+        published; ``faults``: (time, fault) pairs, restarts and cache resets; ``router_seed``: the seed
+        of the router's own random choices (its ties; default ``router:<spec.seed>``), apart from the
+        requests' and faults' seed, so two runs can differ in those choices alone."""
         self.spec = spec
+        self.router_seed = router_seed if router_seed is not None else f"router:{spec.seed}"
         self.policy = policy
         self.source = source
         self.names = spec.names()
@@ -135,7 +139,7 @@ class ClusterSimulation:
         )
 
     def _router(self, routing: RoutingSettings) -> Router:
-        router = Router(routing, rng=random.Random(f"router:{self.spec.seed}"))
+        router = Router(routing, rng=random.Random(self.router_seed))
         for name in self.names:
             router.add_worker(name, capacity_tokens=self.spec.capacity_tokens)
         return router
