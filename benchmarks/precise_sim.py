@@ -14,7 +14,8 @@ mean of the per-seed ratios to approximate's mean TTFT. ``misrouted``: requests 
 engine block above what the engine then reported (routed for a prefix the worker no longer held), summed
 over the seeds; for precise, split into those sent to a faulted worker before the router's view of it
 cleared (the fault's message had not arrived yet), after it cleared, and the rest (removals in transit).
-Last, per seed, precise's and approximate''s paired differences, with the 95 % interval of their mean.
+Last, per seed, the paired differences of precise and of ``approximate'``, with the 95 % interval
+of their mean.
 
     python benchmarks/precise_sim.py --requests 3000 --seeds 0,1,2,3,4 \
         --out benchmarks/results/precise_sim.txt
@@ -35,8 +36,7 @@ from prefix_router.lab.sim.run import _oracle, workload_scenario
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec, Record
 from prefix_router.lab.sim.stats import summarize
 
-# label, policy, precise, router reseeded: ``approximate'`` is approximate again with other random ties,
-# the comparison's own noise (an A/A test: its difference to approximate has expectation 0)
+# label, policy, precise, router reseeded (``approximate'``, the A/A test: see the header)
 MODES = (
     ("random", "random", False, False),
     ("approximate", "prefix", False, False),
