@@ -39,7 +39,8 @@ redis:
 
 # The compiled routing core (setup.py with COMPILE_ROUTING_CORE=1: mypyc and a C loop over the system's
 # libxxhash; needs gcc and libxxhash0), built once per source under build/compiled (a few minutes cold).
-# tests/test_build.py compares it with the pure build; pytest-compiled runs tests/routing on it.
+# tests/test_build.py compares it with the pure build; pytest-compiled runs on it the tests of what it compiles
+# (the routing core, the proxy's edge) and of what runs them (the pool, the endpoint picker, replication).
 compiled: $(STAMP)
 	PY=$(BIN)/python scripts/build-compiled.sh
 
@@ -47,12 +48,13 @@ compiled: $(STAMP)
 # test module runs whole on one worker, and the real-vLLM package on one (tests/conftest.py: the groups).
 # The slowest tests are listed at the end of the run.
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
+COMPILED_TESTS := tests/routing tests/proxy tests/reliability tests/security tests/pool tests/epp tests/replication
 
 pytest: $(STAMP) llama vllm redis compiled
 	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST)
 
 pytest-compiled: compiled
-	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST) tests/routing
+	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST) $(COMPILED_TESTS)
 
 # The checks and what pytest needs are made two at a time (the llama.cpp build is most of it: several
 # minutes of both cores), then the two pytest runs one after the other.

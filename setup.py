@@ -1,7 +1,8 @@
-"""Build switch: pure Python by default; ``COMPILE_ROUTING_CORE=1`` compiles the routing core.
+"""Build switch: pure Python by default; ``COMPILE_ROUTING_CORE=1`` compiles the routing core and the
+proxy's request path.
 
 Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the hot routing
-modules, from the same typed source) and the C loops of ``prefix_router.routing._chain`` (chained xxh3 block
+modules and the proxy's edge modules a request runs through, from the same typed source) and the C loops of ``prefix_router.routing._chain`` (chained xxh3 block
 hashes in one pass, through the system's libxxhash; the prefix index's touch of one chain). Pure (the
 default, and what an editable developer install gets, where compiled modules would shadow edits): no
 extension at all. A part that cannot be built
@@ -21,6 +22,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 ROUTING = "src/prefix_router/routing"
+EDGE = "src/prefix_router/proxy/edge"
 CHAIN = "prefix_router.routing._chain"
 # The hot path of a routed request (profiled with benchmarks/route_core.py). Pydantic settings classes stay
 # in uncompiled modules (routing/settings.py, the policies' *Settings): compiled, their constraints are lost.
@@ -39,6 +41,22 @@ COMPILED = [
         "types",
         "policies/base",
         "policies/prefix",
+    )
+] + [
+    # the proxy's request path (profiled served: bench-overhead --profile). Its subclasses of aiohttp's
+    # classes stay in uncompiled modules (edge/responses.py, edge/http_errors.py): mypyc cannot build them
+    f"{EDGE}/{name}.py"
+    for name in (
+        "access",
+        "accounting",
+        "deadlines",
+        "errors",
+        "exchange",
+        "forward",
+        "handlers",
+        "keying",
+        "parse",
+        "sse",
     )
 ]
 

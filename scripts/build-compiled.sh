@@ -1,12 +1,13 @@
 #!/bin/sh
-# The compiled routing core (COMPILE_ROUTING_CORE=1, setup.py) built into build/compiled, once per source:
-# cached under a digest of setup.py and the routing package's sources. Prints the directory to put first on
-# PYTHONPATH (the whole package, compiled modules beside their sources, the uncompiled modules always the
-# tree's current ones). Fails if a part was not compiled.
+# The compiled build (COMPILE_ROUTING_CORE=1, setup.py: the routing core and the proxy's edge) built into
+# build/compiled, once per source: cached under a digest of setup.py and the routing and edge sources. Prints
+# the directory to put first on PYTHONPATH (the whole package, compiled modules beside their sources, the
+# uncompiled modules always the tree's current ones). Fails if a part was not compiled.
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-digest=$(cat setup.py $(find src/prefix_router/routing -name '*.py' -o -name '*.c' | sort) | sha256sum | cut -c1-16)
+digest=$(cat setup.py $(find src/prefix_router/routing src/prefix_router/proxy/edge -name '*.py' -o -name '*.c' | sort) \
+    | sha256sum | cut -c1-16)
 out=build/compiled/$digest
 if [ ! -f "$out/.built" ]; then
     rm -rf build/compiled

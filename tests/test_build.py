@@ -10,10 +10,12 @@ same decisions, keys and summaries on recorded traces.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,47 @@ def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(compiled_lib: 
     decisions = [json.loads(line) for line in pure if line.startswith('["route"')]
     assert len(decisions) > 1500
     assert {d[2] for d in decisions} >= {"prefix_hit", "load_balance", "load_fallback"}
+
+
+def except_names(function: ast.AST) -> Iterator[tuple[str, str, int]]:
+    """(name, exception type, line) of every ``except TYPE as name`` in ``function``'s own body (nested
+    functions and classes are their own scopes)."""
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            yield node.name, ast.unparse(node.type) if node.type else "BaseException", node.lineno
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def reused_except_names(source: str) -> list[str]:
+    """Each ``except`` name a function binds to two exception types. mypyc gives a local one type, the
+    first clause's: the second clause then raises ``TypeError`` at run time (seen: ``except InvalidRequest
+    as exc`` then ``except Exception as exc`` turned a 400 into a 500 in the compiled build only)."""
+    found = []
+    for scope in ast.walk(ast.parse(source)):
+        if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+            seen: dict[str, str] = {}
+            for name, kind, line in sorted(except_names(scope), key=lambda found: found[2]):
+                if seen.setdefault(name, kind) != kind:
+                    found.append(f"line {line}: {name} is {seen[name]} and {kind}")
+    return found
+
+
+def test_reused_except_names_are_found() -> None:
+    source = "try:\n    pass\nexcept KeyError as e:\n    pass\nexcept Exception as e:\n    pass\n"
+    assert reused_except_names(source) == ["line 5: e is KeyError and Exception"]
+    nested = "def f():\n    try:\n        pass\n    except KeyError as e:\n        pass\n    def g():\n"
+    nested += "        try:\n            pass\n        except OSError as e:\n            pass\n"
+    assert reused_except_names(nested) == []
+
+
+def test_no_compiled_function_binds_one_except_name_to_two_types() -> None:
+    found = {
+        module: reused
+        for module in compiled_modules()
+        if (reused := reused_except_names((ROOT / "src" / (module.replace(".", "/") + ".py")).read_text()))
+    }
+    assert found == {}

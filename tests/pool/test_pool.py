@@ -10,7 +10,7 @@ from prefix_router.pool.pool import PoolError, WorkerPool
 from prefix_router.pool.settings import WorkerSettings
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
 
 
 def test_membership_is_mirrored_into_the_router(pool: WorkerPool, router: Router) -> None:
@@ -45,7 +45,7 @@ def test_candidates_follow_models_health_drain_and_caps(pool: WorkerPool, router
     assert pool.candidates("m1", 10) == [] and pool.any_available() is True
     pool.drain("w1", False)
     req = RouteRequest("r1", (), 16, 0, hash_key=0)
-    router.dispatched(req, Decision("w1", "test"), 0.0)  # the routing core's count is the pool's
+    router.dispatched(req, Decision("w1", Branch.LEAST_LOAD), 0.0)  # the routing core's count is the pool's
     assert pool.candidates("m1", 1) == [] and pool.candidates("m1", 2) == ["w1"]
     router.finished(req, "w1", Outcome(), 0.0)
     router.finished(req, "w1", Outcome(), 0.0)  # never below zero
@@ -81,7 +81,7 @@ def test_ejection_purges_the_workers_index(pool: WorkerPool, router: Router) -> 
     from prefix_router.routing.types import Decision, RouteRequest
 
     req = RouteRequest("r1", blocks=(1, 2, 3), block_tokens=16, key_tokens=48, hash_key=1)
-    router.dispatched(req, Decision("w1", "test"), now=0.0)
+    router.dispatched(req, Decision("w1", Branch.LEAST_LOAD), now=0.0)
     assert router.index.match(req.blocks).get("w1") == 3
     for _ in range(3):
         pool.report(pool.require("w1"), False, "down")
@@ -92,7 +92,7 @@ def test_ejection_purges_the_workers_index(pool: WorkerPool, router: Router) -> 
 def test_ejection_keeps_the_in_flight_count_and_the_cap(pool: WorkerPool, router: Router) -> None:
     reqs = [RouteRequest(f"r{i}", blocks=(i,), block_tokens=16, key_tokens=16, hash_key=i) for i in range(2)]
     for req in reqs:
-        router.dispatched(req, Decision("w1", "test"), now=0.0)
+        router.dispatched(req, Decision("w1", Branch.LEAST_LOAD), now=0.0)
     for _ in range(3):
         pool.report(pool.require("w1"), False, "down")
     assert router.index.blocks_of("w1") == 0  # the cache is forgotten, the running requests are not
@@ -132,7 +132,7 @@ def test_candidates_are_the_available_serving_workers_below_the_cap(
         worker.listed_models = None if listed is None else {m: {"id": m} for m in listed}
         for j in range(in_flight):
             req = RouteRequest(f"r{i}-{j}", (), 16, 0, hash_key=0)
-            router.dispatched(req, Decision(worker.name, "t"), 0.0)
+            router.dispatched(req, Decision(worker.name, Branch.LEAST_LOAD), 0.0)
     expected = [
         w.name
         for w in pool

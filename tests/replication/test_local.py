@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from prefix_router.replication.local import LocalConfig, LocalReplication
-from prefix_router.routing.router import IndexChange
+from prefix_router.routing.router import ChangeKind, IndexChange
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ async def test_big_batches_are_split_into_datagrams_under_the_bound(kit: Any, sh
     clock = Clock()
     a, b = await pair(kit, short_dir, clock, max_datagram=2000)
     for i in range(20):
-        a.router.on_change(IndexChange("insert", "w0", kit.prefix(100 + i, 50), at=clock.now))  # type: ignore[misc]
+        a.router.on_change(IndexChange(ChangeKind.INSERT, "w0", kit.prefix(100 + i, 50), at=clock.now))  # type: ignore[misc]
     assert a.flush_once() == 20
     assert a.counters.published_entries >= 20 * 50 * 8 // 2000
     assert b.read_once() >= 20 * 50 * 8 // 2000  # merged, then cut to fit the datagrams

@@ -6,11 +6,11 @@ from typing import Any
 import pytest
 
 from prefix_router.replication.outbox import Outbox, Tap
-from prefix_router.routing.router import IndexChange
+from prefix_router.routing.router import ChangeKind, IndexChange
 
 
 def change(i: int) -> IndexChange:
-    return IndexChange("insert", "w", (i,), at=float(i))
+    return IndexChange(ChangeKind.INSERT, "w", (i,), at=float(i))
 
 
 def test_full_outbox_drops_the_oldest_and_counts() -> None:

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from prefix_router.replication import RedisReplication
 from prefix_router.replication.codec import encode_batch, encode_change
-from prefix_router.routing.router import IndexChange
+from prefix_router.routing.router import ChangeKind, IndexChange
 from prefix_router.routing.types import Outcome
 
 
@@ -143,9 +143,9 @@ async def test_garbage_and_unknown_workers_are_counted_not_fatal(replicas: Any, 
     b = await replicas.add()
     client = b.client
     await client.xadd(b.cfg.stream_key, {b"o": b"intruder/1", b"d": b"\x01\x05garbage"})
-    unknown = encode_batch([encode_change(IndexChange("insert", "nobody", (1, 2)), 0.0)])
+    unknown = encode_batch([encode_change(IndexChange(ChangeKind.INSERT, "nobody", (1, 2)), 0.0)])
     await client.xadd(b.cfg.stream_key, {b"o": b"other/1", b"d": unknown})
-    good = encode_batch([encode_change(IndexChange("insert", "w1", kit.prefix(7)), 0.0)])
+    good = encode_batch([encode_change(IndexChange(ChangeKind.INSERT, "w1", kit.prefix(7)), 0.0)])
     await client.xadd(b.cfg.stream_key, {b"o": b"other/1", b"d": good})
     await kit.wait_until(lambda: b.counters.applied_changes >= 1)
     assert b.counters.decode_errors == 1 and b.counters.unknown_worker_changes == 1

@@ -9,7 +9,7 @@ from prefix_router.pool.settings import WorkerSettings
 from prefix_router.proxy.ops.metrics import CounterSet, FastHistogram, ProxyMetrics
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
 
 
 def metrics_with(*workers: str, router: Router | None = None) -> tuple[ProxyMetrics, WorkerPool]:
@@ -35,7 +35,7 @@ def test_exposition_parses_and_counts() -> None:
     metrics.request_done("a", "m", "prefix", 200)
     for value in (0.0005, 0.003, 7.0, 1000.0):
         metrics.latency.observe(value)
-    router.dispatched(RouteRequest("r1", (), 16, 0, hash_key=0), Decision("a", "test"), 0.0)
+    router.dispatched(RouteRequest("r1", (), 16, 0, hash_key=0), Decision("a", Branch.LEAST_LOAD), 0.0)
     got = samples(metrics)
     labels = (("model", "m"), ("policy", "prefix"), ("status", "200"), ("worker", "a"))
     assert got[("prefix_router_requests_total", labels)] == 2
@@ -84,7 +84,7 @@ def test_other_processes_snapshots_are_added_at_scrape_time() -> None:
     theirs.latency.observe(0.003)
     their_router.load.start("r1", "a", 0)  # one request in flight in the other process
     req = RouteRequest("r2", (1, 2), 16, 32, hash_key=1)
-    their_router.dispatched(req, Decision("a", "test"), 0.0)
+    their_router.dispatched(req, Decision("a", Branch.LEAST_LOAD), 0.0)
     their_router.finished(req, "a", Outcome(cached_tokens=16), 0.0)  # one cache report there
     mine.peers = lambda: [
         theirs.snapshot(),

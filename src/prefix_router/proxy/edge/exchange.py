@@ -37,6 +37,7 @@ from prefix_router.proxy.edge.errors import (
     upstream_failed,
 )
 from prefix_router.proxy.edge.parse import Parsed
+from prefix_router.proxy.edge.responses import RelayResponse
 from prefix_router.proxy.edge.sse import ReplyAccumulator
 from prefix_router.proxy.upstream.seam import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
 from prefix_router.routing import Decision, Outcome, RouteRequest
@@ -377,14 +378,6 @@ class EventHold:
     def take(self) -> bytes:
         out, self.pending = self.pending, b""
         return out
-
-
-class RelayResponse(web.StreamResponse):
-    """A relayed stream: its head goes out with its first chunk, in one write (``send_stream`` writes the
-    chunk it already holds right after ``prepare``), instead of a write of its own. aiohttp's
-    ``web.Response`` does the same (this class attribute, ``False`` there)."""
-
-    _send_headers_immediately = False
 
 
 class UpstreamReply(Exception):

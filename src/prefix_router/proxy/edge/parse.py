@@ -131,8 +131,8 @@ def route_request(
         )
     except InvalidRequest as exc:
         raise bad_request(exc.message, param=exc.param, code="invalid_request") from None
-    except Exception as exc:  # never a 500 for a body we could not read
-        log.warning("routing key failed for %s: %s", request_id, type(exc).__name__)
+    except Exception as error:  # never a 500 for a body we could not read
+        log.warning("routing key failed for %s: %s", request_id, type(error).__name__)
         raise bad_request("could not read the request body", code="invalid_request") from None
 
 

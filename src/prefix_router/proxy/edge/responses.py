@@ -1,0 +1,15 @@
+"""The edge's subclasses of aiohttp's classes, in a module of their own: the compiled build (``setup.py``)
+compiles the edge's modules with mypyc, which cannot compile a subclass of an interpreted class of
+aiohttp's (it stays interpreted here)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+
+class RelayResponse(web.StreamResponse):
+    """A relayed stream: its head goes out with its first chunk, in one write (``send_stream`` writes the
+    chunk it already holds right after ``prepare``), instead of a write of its own. aiohttp's
+    ``web.Response`` does the same (this class attribute, ``False`` there)."""
+
+    _send_headers_immediately = False
