@@ -58,7 +58,7 @@ COMPILED = [
         "parse",
         "sse",
     )
-]
+] + ["src/prefix_router/proxy/upstream/http_client.py"]
 
 
 def compiling() -> bool:

@@ -6,7 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-digest=$(cat setup.py $(find src/prefix_router/routing src/prefix_router/proxy/edge -name '*.py' -o -name '*.c' | sort) \
+digest=$(cat setup.py $(find src/prefix_router/routing src/prefix_router/proxy/edge src/prefix_router/proxy/upstream -name '*.py' -o -name '*.c' | sort) \
     | sha256sum | cut -c1-16)
 out=build/compiled/$digest
 if [ ! -f "$out/.built" ]; then

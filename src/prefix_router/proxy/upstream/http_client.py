@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from asyncio.protocols import Protocol  # by its module: mypyc's build of the subclass needs it imported
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import cast
 
 import httptools
 from multidict import CIMultiDict
+from mypy_extensions import mypyc_attr
 
 from prefix_router.proxy.upstream.seam import UNENCODABLE, FailureKind, UpstreamError, UpstreamRequest
 
@@ -46,7 +48,8 @@ class _Stale(Exception):
     """A reused connection closed before any response byte: safe to resend on a new one."""
 
 
-class Connection(asyncio.Protocol):
+@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
+class Connection(Protocol):
     """One upstream connection and the state of its current exchange (parser callbacks included)."""
 
     def __init__(self, key: Key) -> None:
