@@ -92,7 +92,8 @@ class Exchange:
         self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
         self.started = state.clock()
-        now = asyncio.get_running_loop().time()
+        self.loop = asyncio.get_running_loop()  # once: each call asks the kernel for the process id
+        now = self.loop.time()
         timeouts = state.config.timeouts
         self.deadline = now + timeouts.total_s
         self.first_byte_deadline = min(now + timeouts.first_byte_s, self.deadline)
@@ -149,7 +150,7 @@ class Exchange:
     async def open(self) -> Opened:
         excluded: set[str] = set()
         last: Failed | None = None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         for attempt in range(self.state.config.retries.max_attempts):
             if attempt and self.state.deadlines.stopping:
                 raise shutting_down(self.state.config.limits.retry_after_s)
@@ -303,7 +304,7 @@ class Exchange:
         """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream
         failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
-        idle_s, loop = self.state.config.timeouts.stream_idle_s, asyncio.get_running_loop()
+        idle_s, loop = self.state.config.timeouts.stream_idle_s, self.loop
         watch = self.state.deadlines.watch(
             opened.flight.worker.name, min(loop.time() + idle_s, self.deadline), idle_s
         )

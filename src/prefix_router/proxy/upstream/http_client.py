@@ -57,6 +57,7 @@ class Connection(Protocol):
         self.transport: asyncio.Transport | None = None
         self.dead = False
         self.idle_since = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None  # asked once: each ask costs a getpid call
         self._parser = httptools.HttpResponseParser(self)
         self._reset(False)
 
@@ -198,7 +199,10 @@ class Connection(Protocol):
             waiter.set_result(None)
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
         try:
             await self._waiter
         finally:
