@@ -4,9 +4,10 @@ Two routers joined by the real local channel (``replication.local``, Unix datagr
 process, driven on a simulated clock: requests (``bench-overhead``'s chat bodies: one system prompt, a
 question of their own) arrive at ``--rate`` per second, are routed, dispatched and finished ``--latency-s``
 later with their reply's extension, as the proxy does; every ``window`` the sender flushes (merging,
-``replication.coalesce``) and the receiver applies. Printed: the receiver's CPU per request (what each
-other process pays for this one's traffic), and changes and datagrams per request. Window 0: a flush
-after every change (no merging).
+``replication.coalesce``) and the receiver applies. Printed: the sender's CPU per request for its flushes
+(what sharing costs the process that served the request: merging, encoding, sending), the receiver's
+(what each other process pays for this one's traffic), and changes and datagrams per request. Window 0: a
+flush after every change (no merging).
 
     python benchmarks/local_share.py --prompt-chars 32000 --rate 700 --windows 0,0.002,0.01,0.02
 """
@@ -67,14 +68,16 @@ def drive(
         (i / args.rate + args.latency_s, 1, i) for i in range(n)
     ]
     heapq.heapify(events)
-    next_flush, spent = 0.0, 0.0
+    next_flush, spent, sent = 0.0, 0.0, [0.0]
 
     def exchange(at: float) -> float:
         now[0] = at
-        sender.flush()
         started = time.process_time()
+        sender.flush()
+        flushed = time.process_time()
         receiver.read_once()
-        return time.process_time() - started
+        sent[0] += flushed - started
+        return time.process_time() - flushed
 
     while events:
         at, kind, i = heapq.heappop(events)
@@ -91,7 +94,8 @@ def drive(
     spent += exchange(now[0])
     stats = sender.stats()
     return [
-        f"{window * 1e3:g}", f"{spent / n * 1e6:.1f}", f"{stats['sent_changes'] / n:.2f}",
+        f"{window * 1e3:g}", f"{sent[0] / n * 1e6:.1f}", f"{spent / n * 1e6:.1f}",
+        f"{stats['sent_changes'] / n:.2f}",
         f"{stats['published_entries'] / n:.2f}",
     ]  # fmt: skip
 
@@ -105,8 +109,8 @@ def main() -> None:
     p.add_argument("--windows", default="0,0.002,0.01,0.02", help="flush windows in seconds")
     args = p.parse_args()
     what = f"{args.prompt_chars}-char prompts at {args.rate:g}/s, {args.latency_s * 1e3:g} ms each"
-    table = Table(title=f"local channel, {what}: receiver CPU per request by flush window")
-    for column in ("window ms", "receiver CPU us/req", "changes/req", "datagrams/req"):
+    table = Table(title=f"local channel, {what}: CPU per request by flush window")
+    for column in ("window ms", "sender CPU us/req", "receiver CPU us/req", "changes/req", "datagrams/req"):
         table.add_column(column, justify="right")
     for window in (float(w) for w in args.windows.split(",")):
         table.add_row(*asyncio.run(measure(args, window)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_router.replication.coalesce import MAX_SPAN_S, coalesce
+from prefix_router.replication.coalesce import MAX_SPAN_S, coalesce, union
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.router import ChangeKind, IndexChange
 from support.index import chain, walked_match
@@ -43,7 +43,13 @@ def view(idx: PrefixIndex) -> dict[str, list[int]]:
 
 blocks = st.lists(st.integers(0, 40), min_size=1, max_size=12).map(tuple)
 workers = st.sampled_from(WORKERS)
-inserts = st.builds(lambda w, b: IndexChange(ChangeKind.INSERT, w, b), workers, blocks)
+# chains of few ids share and extend each other's prefixes, as requests do
+chained_blocks = st.lists(st.integers(0, 2), min_size=1, max_size=12).map(lambda ids: chain(*ids))
+# an insert is a whole chain (the router's own) or any list of blocks marked as not one (``chained``)
+inserts = st.one_of(
+    st.builds(lambda w, b: IndexChange(ChangeKind.INSERT, w, b), workers, chained_blocks),
+    st.builds(lambda w, b: IndexChange(ChangeKind.INSERT, w, b, chained=False), workers, blocks),
+)
 trims = st.builds(lambda w, b, k: IndexChange(ChangeKind.TRIM, w, b, k), workers, blocks, st.integers(0, 6))
 forgets = st.builds(
     lambda w, at: IndexChange(ChangeKind.FORGET_OLDER, w, at=at), workers, st.sampled_from([1.5, 2.5])
@@ -55,7 +61,9 @@ mixed = st.lists(st.one_of(inserts, inserts, inserts, trims, forgets), max_size=
 
 def timed(changes: list[IndexChange], at: list[float]) -> list[IndexChange]:
     return [
-        c if c.kind == ChangeKind.FORGET_OLDER else IndexChange(c.kind, c.worker, c.blocks, c.keep, t)
+        c
+        if c.kind == ChangeKind.FORGET_OLDER
+        else IndexChange(c.kind, c.worker, c.blocks, c.keep, t, chained=c.chained)
         for c, t in zip(changes, at, strict=False)
     ]
 
@@ -155,3 +163,14 @@ def test_only_whole_chains_go_out_chained() -> None:
     two_spans = [*one_span, IndexChange(ChangeKind.INSERT, "a", chain(1, 2, 3), at=2.0)]
     assert [c.chained for c in coalesce(two_spans)] == [False, True]  # the older span lacks what came later
     assert [c.chained for c in coalesce(one_span, max_blocks=2)] == [False, False]  # split: children first
+
+
+@settings(max_examples=500, deadline=None)
+@given(lists=st.lists(chained_blocks, max_size=12), cut=st.one_of(st.none(), st.integers(1, 8)))
+def test_the_union_of_whole_chains_is_every_block_once_in_order(
+    lists: list[tuple[int, ...]], cut: int | None
+) -> None:
+    """The bisected union of whole chains (prefixes of them, as ``blocks[cut]``) is the plain one."""
+    lists = [blocks[:cut] for blocks in lists]
+    assert union(lists, chained=True) == tuple(dict.fromkeys(b for blocks in lists for b in blocks))
+    assert union(lists, chained=False) == tuple(dict.fromkeys(b for blocks in lists for b in blocks))
