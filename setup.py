@@ -58,7 +58,15 @@ COMPILED = [
         "parse",
         "sse",
     )
-] + ["src/prefix_router/proxy/upstream/http_client.py"]
+] + [
+    # what the request path calls beyond the edge: the upstream client, the pool, the app's state, metrics
+    "src/prefix_router/proxy/upstream/http_client.py",
+    "src/prefix_router/pool/pool.py",
+    "src/prefix_router/pool/worker.py",
+    "src/prefix_router/proxy/context.py",
+    "src/prefix_router/proxy/ops/metrics.py",
+    "src/prefix_router/proxy/edge/auth.py",
+]
 
 
 def compiling() -> bool:

@@ -1,13 +1,13 @@
 #!/bin/sh
 # The compiled build (COMPILE_ROUTING_CORE=1, setup.py: the routing core and the proxy's edge) built into
-# build/compiled, once per source: cached under a digest of setup.py and the routing and edge sources. Prints
+# build/compiled, once per source: cached under a digest of setup.py and the sources it compiles. Prints
 # the directory to put first on PYTHONPATH (the whole package, compiled modules beside their sources, the
 # uncompiled modules always the tree's current ones). Fails if a part was not compiled.
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-digest=$(cat setup.py $(find src/prefix_router/routing src/prefix_router/proxy/edge src/prefix_router/proxy/upstream -name '*.py' -o -name '*.c' | sort) \
-    | sha256sum | cut -c1-16)
+compiled=$("$PY" -c 'import setup; print(" ".join(setup.COMPILED))')  # what setup.py compiles
+digest=$(cat setup.py $compiled $(find src/prefix_router/routing -name '*.c' | sort) | sha256sum | cut -c1-16)
 out=build/compiled/$digest
 if [ ! -f "$out/.built" ]; then
     rm -rf build/compiled

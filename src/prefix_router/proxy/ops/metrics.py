@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -126,6 +127,7 @@ def _bound(value: float) -> str:
     return str(float(value))
 
 
+@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
 class ProxyMetrics(Collector):
     """Everything the proxy counts, plus per-worker gauges read from the pool at scrape time."""
 
