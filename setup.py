@@ -30,6 +30,7 @@ COMPILED = [
     f"{ROUTING}/{name}.py"
     for name in (
         "bounded",
+        "feedback",
         "hashing",
         "index",
         "keys",
@@ -49,6 +50,7 @@ COMPILED = [
     for name in (
         "access",
         "accounting",
+        "auth",
         "deadlines",
         "errors",
         "exchange",
@@ -59,13 +61,15 @@ COMPILED = [
         "sse",
     )
 ] + [
-    # what the request path calls beyond the edge: the upstream client, the pool, the app's state, metrics
+    # what the request path calls beyond the edge: the upstream client, the pool, the app's state, the
+    # access log's handler, metrics
     "src/prefix_router/proxy/upstream/http_client.py",
+    "src/prefix_router/pool/engines/usage.py",
     "src/prefix_router/pool/pool.py",
     "src/prefix_router/pool/worker.py",
     "src/prefix_router/proxy/context.py",
+    "src/prefix_router/proxy/ops/logs.py",
     "src/prefix_router/proxy/ops/metrics.py",
-    "src/prefix_router/proxy/edge/auth.py",
 ]
 
 

@@ -21,8 +21,6 @@ import logging
 import re
 from collections.abc import Mapping
 
-from mypy_extensions import mypyc_attr
-
 from prefix_router.protocol import REQUEST_ID_HEADER
 from prefix_router.proxy.ops.logs import ACCESS_LOGGER, Fields, LineHandler, text_value
 
@@ -106,7 +104,6 @@ def log_access(note: RequestNote, status: int, now: float, handler: LineHandler 
         access_log.handle(access_log.makeRecord(ACCESS_LOGGER, logging.INFO, "", 0, line, (), None))
 
 
-@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
 class AccessLine(Fields):
     """The access line's fields, its text built in one go: the method (an HTTP token), numbers, policy and
     branch names and the (validated or generated) request id are plain by construction; the path, the

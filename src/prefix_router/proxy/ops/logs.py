@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TextIO
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "prefix_router.access"
@@ -73,6 +74,7 @@ def text_value(value: Any) -> str:
     return orjson.dumps(text).decode()
 
 
+@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, then the message's fields
     (a :class:`Fields` message) or ``message``; an exception as ``exception`` (one string)."""
@@ -93,6 +95,7 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
 class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The serving process's one handler (stderr), which also writes pre-formatted structured lines."""
 
