@@ -37,10 +37,10 @@ vllm:
 redis:
 	scripts/redis-server.sh ensure
 
-# The compiled routing core (setup.py with COMPILE_ROUTING_CORE=1: mypyc and a C loop over the system's
-# libxxhash; needs gcc and libxxhash0), built once per source under build/compiled (a few minutes cold).
-# tests/test_build.py compares it with the pure build; pytest-compiled runs on it the tests of what it compiles
-# (the routing core, the proxy's edge) and of what runs them (the pool, the endpoint picker, replication).
+# The compiled build (setup.py with COMPILE_ROUTING_CORE=1: mypyc over the routing core and the proxy's
+# request path, C loops over the system's libxxhash; needs gcc and libxxhash0), built once per source under
+# build/compiled (a few minutes cold). tests/test_build.py compares it with the pure build; pytest-compiled
+# runs COMPILED_TESTS on it: the tests of what it compiles and of what runs it (the endpoint picker).
 compiled: $(STAMP)
 	PY=$(BIN)/python scripts/build-compiled.sh
 

@@ -1,14 +1,21 @@
 """Build switch: pure Python by default; ``COMPILE_ROUTING_CORE=1`` compiles the routing core and the
 proxy's request path.
 
-Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the hot routing
-modules and the proxy's edge modules a request runs through, from the same typed source) and the C loops of ``prefix_router.routing._chain`` (chained xxh3 block
-hashes in one pass, through the system's libxxhash; the prefix index's touch of one chain). Pure (the
-default, and what an editable developer install gets, where compiled modules would shadow edits): no
-extension at all. A part that cannot be built
-(no C compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python module stands in:
-every compiled module ships its source beside it, and ``hashing`` and ``index`` use the C loops only when
-they import.
+Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the modules a
+routed request runs through: the routing core's hot modules, the proxy's edge, the upstream client, the
+pool, the app's state, metrics and log handlers; from the same typed source) and the C loops of
+``prefix_router.routing._chain`` (chained xxh3 block hashes in one pass, through the system's libxxhash;
+the prefix index's touch of one chain). Pure (the default, and what an editable developer install gets,
+where compiled modules would shadow edits): no extension at all. A part that cannot be built (no C
+compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python module stands in: every
+compiled module ships its source beside it, and ``hashing`` and ``index`` use the C loops only when they
+import.
+
+What mypyc needs of a compiled module: a subclass of an interpreted class marked
+``mypyc_attr(native_class=False)`` and its base imported by its own module (``asyncio.protocols``), or
+kept in an uncompiled module (aiohttp's response classes: ``proxy/edge/responses.py``); a value of the
+declared type everywhere (mypyc checks them at run time: enums, not their strings); one exception type per
+``except ... as name`` in a function (``tests/test_build.py`` checks it).
 """
 
 from __future__ import annotations
