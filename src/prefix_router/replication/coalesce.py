@@ -92,8 +92,8 @@ def union(lists: Sequence[tuple[int, ...]], chained: bool) -> tuple[int, ...]:
     """The blocks of ``lists``, in order, each once (``dict.fromkeys`` of them all). Whole chains
     (``chained``; each a prefix, as ``blocks[cut]`` is): a chain's blocks that an earlier chain brought are
     a prefix of it, since a chained hash names its whole prefix; their end is found by bisection and only
-    the rest is walked. A request's prompt is touched at dispatch and again with its reply, and a system
-    prompt by every request of a batch: 41.5 -> 6.8 us per 32 KB request (``benchmarks/local_share.py``)."""
+    the rest is walked (a request's prompt comes twice, at dispatch and with its reply, and a system prompt
+    with every request of a batch: ``benchmarks/local_share.py`` prints the sender's cost)."""
     if not chained:
         return tuple(dict.fromkeys(chain.from_iterable(lists)))
     held: dict[int, None] = {}
