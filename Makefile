@@ -40,7 +40,8 @@ redis:
 # The compiled build (setup.py with COMPILE_ROUTING_CORE=1: mypyc over the routing core and the proxy's
 # request path, C loops over the system's libxxhash; needs gcc and libxxhash0), built once per source under
 # build/compiled (a few minutes cold). tests/test_build.py compares it with the pure build; pytest-compiled
-# runs COMPILED_TESTS on it: the tests of what it compiles and of what runs it (the endpoint picker).
+# runs COMPILED_TESTS on it: the tests of what it compiles, of what runs it (the endpoint picker) and the
+# end-to-end tests on real engines.
 compiled: $(STAMP)
 	PY=$(BIN)/python scripts/build-compiled.sh
 
@@ -48,12 +49,13 @@ compiled: $(STAMP)
 # test module runs whole on one worker, and the real-vLLM package on one (tests/conftest.py: the groups).
 # The slowest tests are listed at the end of the run.
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
-COMPILED_TESTS := tests/routing tests/proxy tests/reliability tests/security tests/pool tests/epp tests/replication
+COMPILED_TESTS := tests/routing tests/proxy tests/reliability tests/security tests/pool tests/epp tests/replication \
+    tests/e2e
 
 pytest: $(STAMP) llama vllm redis compiled
 	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST)
 
-pytest-compiled: compiled
+pytest-compiled: llama vllm redis compiled
 	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST) $(COMPILED_TESTS)
 
 # The checks and what pytest needs are made two at a time (the llama.cpp build is most of it: several
