@@ -1,15 +1,16 @@
 """Build switch: pure Python by default; ``COMPILE_ROUTING_CORE=1`` compiles the routing core and the
 proxy's request path.
 
-Compiled (the release build: the Docker image, CI's benchmark job): mypyc over ``COMPILED`` (the modules a
-routed request runs through: the routing core's hot modules, the proxy's edge, the upstream client, the
-pool, the app's state, metrics and log handlers; from the same typed source) and the C loops of
-``prefix_router.routing._chain`` (chained xxh3 block hashes in one pass, through the system's libxxhash;
-the prefix index's touch of one chain). Pure (the default, and what an editable developer install gets,
-where compiled modules would shadow edits): no extension at all. A part that cannot be built (no C
-compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python module stands in: every
-compiled module ships its source beside it, and ``hashing`` and ``index`` use the C loops only when they
-import.
+Compiled (the release build: the Docker image builds it; CI builds it too, runs the tests of what it
+compiles on it and ``bench-overhead`` on both builds, ``tests/lab/bench/test_overhead.py``): mypyc over
+``COMPILED`` (the modules a routed request runs through: the routing core's hot modules, the proxy's edge,
+the upstream client, the pool, the app's state, metrics and log handlers; from the same typed source) and
+the C loops of ``prefix_router.routing._chain`` (chained xxh3 block hashes in one pass, through the
+system's libxxhash; the prefix index's touch of one chain). Pure (the default, and what an editable
+developer install gets, where compiled modules would shadow edits): no extension at all. A part that
+cannot be built (no C compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python
+module stands in: every compiled module ships its source beside it, and ``hashing`` and ``index`` use the
+C loops only when they import.
 
 What mypyc needs of a compiled module: a subclass of an interpreted class marked
 ``mypyc_attr(native_class=False)`` and its base imported by its own module (``asyncio.protocols``), or
@@ -33,51 +34,52 @@ EDGE = "src/prefix_router/proxy/edge"
 CHAIN = "prefix_router.routing._chain"
 # The hot path of a routed request (profiled with benchmarks/route_core.py). Pydantic settings classes stay
 # in uncompiled modules (routing/settings.py, the policies' *Settings): compiled, their constraints are lost.
-COMPILED = [
-    f"{ROUTING}/{name}.py"
-    for name in (
-        "bounded",
-        "feedback",
-        "hashing",
-        "index",
-        "keys",
-        "canonical",
-        "units",
-        "load",
-        "backlog",
-        "router",
-        "types",
-        "policies/base",
-        "policies/prefix",
-    )
-] + [
-    # the proxy's request path (profiled served: bench-overhead --profile). Its subclasses of aiohttp's
-    # classes stay in uncompiled modules (edge/responses.py, edge/http_errors.py): mypyc cannot build them
-    f"{EDGE}/{name}.py"
-    for name in (
-        "access",
-        "accounting",
-        "auth",
-        "deadlines",
-        "errors",
-        "exchange",
-        "forward",
-        "handlers",
-        "keying",
-        "parse",
-        "sse",
-    )
-] + [
-    # what the request path calls beyond the edge: the upstream client, the pool, the app's state, the
-    # access log's handler, metrics
-    "src/prefix_router/proxy/upstream/http_client.py",
-    "src/prefix_router/pool/engines/usage.py",
-    "src/prefix_router/pool/pool.py",
-    "src/prefix_router/pool/worker.py",
-    "src/prefix_router/proxy/context.py",
-    "src/prefix_router/proxy/ops/logs.py",
-    "src/prefix_router/proxy/ops/metrics.py",
-]
+CORE = (
+    "bounded",
+    "feedback",
+    "hashing",
+    "index",
+    "keys",
+    "canonical",
+    "units",
+    "load",
+    "backlog",
+    "router",
+    "types",
+    "policies/base",
+    "policies/prefix",
+)
+# The proxy's request path (profiled served: bench-overhead --profile). Its subclasses of aiohttp's classes
+# stay in uncompiled modules (edge/responses.py, edge/http_errors.py): mypyc cannot build them.
+EDGE_PATH = (
+    "access",
+    "accounting",
+    "auth",
+    "deadlines",
+    "errors",
+    "exchange",
+    "forward",
+    "handlers",
+    "keying",
+    "parse",
+    "sse",
+)
+# What the request path calls beyond the edge: the upstream client, the pool, the app's state, the access
+# log's handler, metrics.
+BEYOND = (
+    "proxy/upstream/http_client",
+    "pool/engines/usage",
+    "pool/pool",
+    "pool/worker",
+    "proxy/context",
+    "proxy/ops/logs",
+    "proxy/ops/metrics",
+)
+COMPILED = (
+    [f"{ROUTING}/{name}.py" for name in CORE]
+    + [f"{EDGE}/{name}.py" for name in EDGE_PATH]
+    + [f"src/prefix_router/{name}.py" for name in BEYOND]
+)
 
 
 def compiling() -> bool:
