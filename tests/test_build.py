@@ -28,13 +28,18 @@ TRACE = ROOT / "tests" / "support" / "trace.py"
 pytestmark = pytest.mark.timeout(1200)  # a cold build: about 4 minutes on a busy 2-core machine
 
 
-def compiled_modules() -> list[str]:
-    """The module names setup.py compiles (its ``COMPILED`` paths)."""
+def compiled_paths() -> list[str]:
+    """The sources setup.py compiles (its ``COMPILED``), relative to the repository."""
     namespace: dict[str, object] = {"__name__": "setup_modules", "__file__": str(ROOT / "setup.py")}
     exec(compile((ROOT / "setup.py").read_text(), "setup.py", "exec"), namespace)
     paths = namespace["COMPILED"]
     assert isinstance(paths, list)
-    return [p.removeprefix("src/").removesuffix(".py").replace("/", ".") for p in paths]
+    return paths
+
+
+def compiled_modules() -> list[str]:
+    """The module names setup.py compiles."""
+    return [p.removeprefix("src/").removesuffix(".py").replace("/", ".") for p in compiled_paths()]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,7 @@ def test_every_listed_module_is_compiled(compiled_lib: Path) -> None:
 def test_the_compiled_package_runs_the_trees_uncompiled_modules(compiled_lib: Path) -> None:
     """The build is cached by what it compiles; every other module is the tree's as it is now (a stale
     copy of the proxy in the compiled package would be measured and tested instead of the edit)."""
-    compiled_files = {m.replace(".", "/") + ".py" for m in compiled_modules()}
+    compiled_files = {p.removeprefix("src/") for p in compiled_paths()}
     src = ROOT / "src"
     sources = [p for p in src.rglob("*.py") if "__pycache__" not in p.parts]
     assert len(sources) > 100
@@ -204,7 +209,7 @@ def reused_except_names(source: str) -> list[str]:
     for scope in ast.walk(ast.parse(source)):
         if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
             seen: dict[str, str] = {}
-            for name, kind, line in sorted(except_names(scope), key=lambda found: found[2]):
+            for name, kind, line in sorted(except_names(scope), key=lambda clause: clause[2]):
                 if seen.setdefault(name, kind) != kind:
                     found.append(f"line {line}: {name} is {seen[name]} and {kind}")
     return found
@@ -219,9 +224,5 @@ def test_reused_except_names_are_found() -> None:
 
 
 def test_no_compiled_function_binds_one_except_name_to_two_types() -> None:
-    found = {
-        module: reused
-        for module in compiled_modules()
-        if (reused := reused_except_names((ROOT / "src" / (module.replace(".", "/") + ".py")).read_text()))
-    }
-    assert found == {}
+    reused = {path: reused_except_names((ROOT / path).read_text()) for path in compiled_paths()}
+    assert {path: found for path, found in reused.items() if found} == {}

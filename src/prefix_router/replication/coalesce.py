@@ -105,7 +105,7 @@ def union(lists: Sequence[tuple[int, ...]], chained: bool) -> tuple[int, ...]:
                 low = middle + 1
             else:
                 high = middle
-        held.update(dict.fromkeys(blocks[low:] if low else blocks))
+        held.update(dict.fromkeys(blocks[low:]))  # blocks[0:] is blocks itself: no copy
     return tuple(held)
 
 
