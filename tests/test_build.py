@@ -63,14 +63,15 @@ def test_every_listed_module_is_compiled(compiled_lib: Path) -> None:
         "import importlib, json, sys\n"
         "from prefix_router.routing import hashing\n"
         "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))\n"
-        "print(hashing._chain is not None)\n"
+        "from prefix_router.routing import units\n"
+        "print(hashing._chain is not None, units.count_classes is not units.count_classes_py)\n"
     )
     out = run(compiled_lib, ["-c", script, *modules]).splitlines()
     files = json.loads(out[0])
     assert all(f.startswith(str(compiled_lib)) and f.endswith(".so") for f in files.values()), files
-    assert out[1] == "True"  # the C loop imported
+    assert out[1] == "True True"  # the C loops imported
     pure = run(ROOT / "src", ["-c", script, *modules]).splitlines()
-    assert all(f.endswith(".py") for f in json.loads(pure[0]).values()) and pure[1] == "False"
+    assert all(f.endswith(".py") for f in json.loads(pure[0]).values()) and pure[1] == "False False"
 
 
 def test_the_compiled_package_runs_the_trees_uncompiled_modules(compiled_lib: Path) -> None:
@@ -108,6 +109,37 @@ for _ in range(3000):
 print(cases)
 """
     assert int(run(compiled_lib, ["-c", script])) > 1000  # most cases hash at least one block
+
+
+CLASSES_PROPERTY = """
+from hypothesis import given, settings, strategies as st
+from prefix_router.routing import _chain, units
+
+# bytes from every class, ASCII text or any byte, repeated to lengths across the C loop's 255-byte runs
+SPECIAL = b"09azAZ@[`{/:\\x00\\x08\\x09\\x0d\\x0e\\x1a\\x1f \\x7f\\x80\\xff,.\\n"
+pieces = st.one_of(st.binary(max_size=300), st.text(max_size=100).map(str.encode),
+                   st.lists(st.sampled_from(SPECIAL), max_size=300).map(bytes))
+inputs = st.tuples(pieces, st.integers(1, 40)).map(lambda t: t[0] * t[1])
+seen, longest = set(), [0]
+
+@settings(max_examples=3000, deadline=None, database=None)
+@given(inputs)
+def check(data):
+    want = units.count_classes_py(data)
+    assert _chain.count_classes(data) == want, (data, want)
+    seen.update(i for i, n in enumerate(want) if n)
+    longest[0] = max(longest[0], len(data))
+
+check()
+assert _chain.count_classes(bytes(range(256)) * 300) == units.count_classes_py(bytes(range(256)) * 300)
+print(sorted(seen), longest[0] > 2000)
+"""
+
+
+def test_the_c_class_count_gives_the_python_passes_counts(compiled_lib: Path) -> None:
+    """``_chain.count_classes`` (one vectorised pass) against ``units.count_classes_py`` (the reference):
+    the same four counts on any bytes, every class met."""
+    assert run(compiled_lib, ["-c", CLASSES_PROPERTY]).strip() == "[0, 1, 2, 3] True"
 
 
 TOUCH_PROPERTY = """

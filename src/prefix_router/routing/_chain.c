@@ -1,4 +1,4 @@
-/* prefix_router.routing._chain: the compiled build's two per-block loops.
+/* prefix_router.routing._chain: the compiled build's per-block and per-byte loops.
  *
  * chained xxh3-64 block hashes in one pass:
  *
@@ -12,6 +12,11 @@
  * touched deepest first, the ``len(blocks) - held`` deepest ones added (their holders' bit ``value`` set)
  * or, found held after all, moved; the ``held`` leading ones moved to the most recent end; every one
  * stamped ``stamp``. Returns how many of the deepest ones were found held.
+ *
+ * count_classes(data) -> (word, punct, space, media): a text key's bytes by class, in one pass
+ * (units.count_classes_py, the reference it is held to by a property test): word bytes are ASCII letters
+ * and digits and every byte >= 0x80, whitespace is one of " \t\n\v\f\r", an image placeholder is 0x1a,
+ * punctuation is every other byte.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -148,10 +153,45 @@ fail:
     return NULL;
 }
 
+/* The word, whitespace and placeholder bytes of p[:n], branch-free: in byte lanes (a run of at most 255
+ * bytes counts at most 255 of a class, so no lane's sum wraps), which -O3 turns into 16 bytes per step. */
+static void count_span(const unsigned char *p, size_t n, unsigned long long counts[3]) {
+    for (size_t start = 0; start < n; start += 255) {
+        const unsigned char *run = p + start;
+        size_t len = n - start < 255 ? n - start : 255;
+        uint8_t word = 0, space = 0, media = 0;
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = run[i];
+            unsigned char lower = (unsigned char)(c | 0x20);
+            word += ((unsigned char)(c - '0') < 10) | ((unsigned char)(lower - 'a') < 26) | (c >= 0x80);
+            space += (c == ' ') | ((unsigned char)(c - '\t') < 5);
+            media += c == 0x1a;
+        }
+        counts[0] += word, counts[1] += space, counts[2] += media;
+    }
+}
+
+static PyObject *count_classes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "count_classes(data)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    unsigned long long counts[3] = {0, 0, 0}, total = (unsigned long long)view.len;
+    count_span((const unsigned char *)view.buf, (size_t)view.len, counts);
+    unsigned long long word = counts[0], space = counts[1], media = counts[2];
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(KKKK)", word, total - word - space - media, space, media);
+}
+
 static PyMethodDef methods[] = {
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL, "Chained xxh3-64 hashes of full blocks."},
     {"touch_chain", (PyCFunction)(void (*)(void))touch_chain, METH_FASTCALL,
      "The prefix index's touch of one chain on a chain-closed worker (index.touch_chain_py)."},
+    {"count_classes", (PyCFunction)(void (*)(void))count_classes, METH_FASTCALL,
+     "A text key's bytes by class: (word, punctuation, whitespace, images) (units.count_classes_py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefix_router.routing.canonical import MEDIA
@@ -46,13 +47,25 @@ Counts = tuple[int, int, int, int]  # bytes of a text key by class: (word, punct
 CHUNK = 16_384  # the key's classes are kept cumulative at every CHUNK bytes (``count_marks``)
 
 
-def count_classes(data: bytes) -> Counts:
-    """``data``'s bytes by class (word, punctuation, whitespace, image placeholder), in two C passes: one
-    over the bytes, one over the non-word bytes (a fifth of prose)."""
+def count_classes_py(data: bytes) -> Counts:
+    """``data``'s bytes by class (word, punctuation, whitespace, image placeholder), in two passes of
+    ``bytes.translate``: one over the bytes, one over the non-word bytes. The reference of the compiled
+    build's C loop (``_chain.count_classes``, one vectorised pass: 10x faster on prose)."""
     other = data.translate(None, _WORD)
     media = other.count(_MEDIA)
     punct = len(other.translate(None, _NOT_PUNCT))
     return len(data) - len(other), punct, len(other) - punct - media, media
+
+
+def _load_count_classes() -> Callable[[bytes], Counts]:
+    try:
+        from prefix_router.routing._chain import count_classes
+    except ImportError:  # the pure build: the passes above
+        return count_classes_py
+    return count_classes
+
+
+count_classes = _load_count_classes()
 
 
 def count_marks(data: bytes) -> tuple[Counts, ...]:
