@@ -5,12 +5,13 @@ Compiled (the release build: the Docker image builds it; CI builds it too, runs 
 compiles on it and ``bench-overhead`` on both builds, ``tests/lab/bench/test_overhead.py``): mypyc over
 ``COMPILED`` (the modules a routed request runs through: the routing core's hot modules, the proxy's edge,
 the upstream client, the pool, the app's state, metrics and log handlers; from the same typed source) and
-the C loops of ``prefix_router.routing._chain`` (chained xxh3 block hashes in one pass, through the
-system's libxxhash; the prefix index's touch of one chain). Pure (the default, and what an editable
+the C of ``prefix_router.routing._chain`` (chained xxh3 block hashes in one pass, through the system's
+libxxhash; a text key's bytes counted by class) and ``prefix_router.routing._lru`` (the prefix index's
+LRU of a worker's blocks, unboxed, and its touch of one chain). Pure (the default, and what an editable
 developer install gets, where compiled modules would shadow edits): no extension at all. A part that
 cannot be built (no C compiler, no mypyc, no libxxhash) is left out with a warning and its pure-Python
-module stands in: every compiled module ships its source beside it, and ``hashing`` and ``index`` use the
-C loops only when they import.
+module stands in: every compiled module ships its source beside it, and ``hashing``, ``units`` and
+``index`` use the C only when it imports.
 
 What mypyc needs of a compiled module: a subclass of an interpreted class marked
 ``mypyc_attr(native_class=False)`` and its base imported by its own module (``asyncio.protocols``), or
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent
 ROUTING = "src/prefix_router/routing"
 EDGE = "src/prefix_router/proxy/edge"
 CHAIN = "prefix_router.routing._chain"
+LRU = "prefix_router.routing._lru"
 # The hot path of a routed request (profiled with benchmarks/route_core.py). Pydantic settings classes stay
 # in uncompiled modules (routing/settings.py, the policies' *Settings): compiled, their constraints are lost.
 CORE = (
@@ -97,10 +99,14 @@ def chain_extension() -> Extension:
     )
 
 
+def lru_extension() -> Extension:
+    return Extension(LRU, sources=[f"{ROUTING}/_lru.c"], extra_compile_args=["-O2"])
+
+
 def ext_modules() -> list[Extension]:
     if not compiling():
         return []
-    extensions = [chain_extension()]
+    extensions = [chain_extension(), lru_extension()]
     try:
         from mypyc.build import mypycify
     except ImportError:
@@ -121,7 +127,7 @@ class OptionalBuildExt(build_ext):
             self.warn_or_raise(f"compiled core not built ({error}); pure Python")
 
     def build_extension(self, ext: Extension) -> None:
-        mypyc = ext.name != CHAIN
+        mypyc = ext.name not in (CHAIN, LRU)
         if mypyc and self.mypyc_failed:
             return
         try:

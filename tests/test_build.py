@@ -64,14 +64,16 @@ def test_every_listed_module_is_compiled(compiled_lib: Path) -> None:
         "from prefix_router.routing import hashing\n"
         "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))\n"
         "from prefix_router.routing import units\n"
-        "print(hashing._chain is not None, units.count_classes is not units.count_classes_py)\n"
+        "from prefix_router.routing import index\n"
+        "print(hashing._chain is not None, units.count_classes is not units.count_classes_py,\n"
+        "      index._chain_touch is not index.touch_chain_py)\n"
     )
     out = run(compiled_lib, ["-c", script, *modules]).splitlines()
     files = json.loads(out[0])
     assert all(f.startswith(str(compiled_lib)) and f.endswith(".so") for f in files.values()), files
-    assert out[1] == "True True"  # the C loops imported
+    assert out[1] == "True True True"  # the C imported
     pure = run(ROOT / "src", ["-c", script, *modules]).splitlines()
-    assert all(f.endswith(".py") for f in json.loads(pure[0]).values()) and pure[1] == "False False"
+    assert all(f.endswith(".py") for f in json.loads(pure[0]).values()) and pure[1] == "False False False"
 
 
 def test_the_compiled_package_runs_the_trees_uncompiled_modules(compiled_lib: Path) -> None:
@@ -146,7 +148,7 @@ TOUCH_PROPERTY = """
 import copy, importlib.util, sys
 from collections import OrderedDict
 from hypothesis import given, settings, strategies as st
-from prefix_router.routing import _chain
+from prefix_router.routing import _lru
 
 spec = importlib.util.spec_from_file_location("pure_index", sys.argv[1])  # the tree's source, not compiled
 pure = importlib.util.module_from_spec(spec)
@@ -179,12 +181,18 @@ def run(touch, lru, holders, *rest):
     except KeyError as exc:  # a block held by its bit but absent from the LRU: the reference's KeyError
         return repr(exc), list(lru.items()), holders
 
+def block_lru(ordered):
+    lru = _lru.BlockLRU()
+    for block, stamp in ordered.items():
+        lru[block] = stamp
+    return lru
+
 @settings(max_examples=3000, deadline=None, database=None)
 @given(st.data())
 def check(data):
     lru, holders, bit, blocks, held, now = state(data.draw)
     want = run(pure.touch_chain_py, copy.copy(lru), dict(holders), bit, blocks, held, now)
-    got = run(_chain.touch_chain, copy.copy(lru), dict(holders), bit, blocks, held, now)
+    got = run(_lru.touch_chain, block_lru(lru), dict(holders), bit, blocks, held, now)
     assert got == want, (lru, holders, bit, blocks, held, got, want)
     ran.append(isinstance(want[0], int) and len(blocks) > held > 0)
 
@@ -194,14 +202,85 @@ print(sum(ran), len(ran))
 
 
 def test_the_c_touch_loop_changes_the_lru_and_holders_as_the_python_loop(compiled_lib: Path) -> None:
-    """``_chain.touch_chain`` (the compiled build's touch of one chain) against ``index.touch_chain_py`` (the
-    pure module's source): the same LRU, order and stamps included, the same holders, the same count, and
-    the same KeyError where the reference raises one, on random states (inside and outside the index's
-    invariant), chains and held prefixes."""
+    """``_lru.touch_chain`` (the compiled build's touch of one chain, on a ``BlockLRU``) against
+    ``index.touch_chain_py`` (on an ``OrderedDict``, the pure module's source): the same LRU, order and
+    stamps included, the same holders, the same count, and the same KeyError where the reference raises
+    one, on random states (inside and outside the index's invariant), chains and held prefixes."""
     both, runs = run(
         compiled_lib, ["-c", TOUCH_PROPERTY, str(ROOT / "src/prefix_router/routing/index.py")]
     ).split()
     assert int(runs) == 3000 and int(both) > 300  # many with both a held prefix and deeper blocks
+
+
+LRU_PROPERTY = """
+import copy, pickle, random
+from collections import OrderedDict
+from hypothesis import given, settings, strategies as st
+from prefix_router.routing._lru import BlockLRU
+
+# mostly a few blocks (collisions, reuse), sometimes any 64-bit hash (signed or not), sometimes no block
+MAX = 2**64
+blocks = st.one_of(st.integers(-40, 40), st.integers(1 - MAX, MAX - 1), st.integers(MAX, 2 * MAX),
+                   st.integers(-2 * MAX, -MAX))
+ops = st.lists(st.tuples(st.integers(0, 13), blocks, st.floats(-1e9, 1e9)), max_size=400)
+seen = set()
+
+def outcome(call, lru):
+    try:
+        return "ok", call(lru)
+    except Exception as exc:
+        return "raised", type(exc).__name__
+
+def call_of(op, block, stamp):
+    return [
+        lambda d: d.__setitem__(block, stamp), lambda d: d.__setitem__(block, stamp),
+        lambda d: d.move_to_end(block), lambda d: d.move_to_end(block, last=False),
+        lambda d: d.pop(block, None), lambda d: d.pop(block), lambda d: d.popitem(last=False),
+        lambda d: d.popitem(), lambda d: d.get(block), lambda d: (block in d, len(d)),
+        lambda d: d[block], lambda d: d.__delitem__(block),
+        lambda d: (list(d), list(d.items()), list(d.values()), next(iter(d.values()), None)),
+        lambda d: (list(copy.copy(d).items()), list(pickle.loads(pickle.dumps(d)).items())),
+    ][op]
+
+@settings(max_examples=1500, deadline=None, database=None)
+@given(ops)
+def check(steps):
+    ordered, fast = OrderedDict(), BlockLRU()
+    for op, block, stamp in steps:
+        if op < 2 and not -MAX < block < MAX:
+            continue  # a BlockLRU stores blocks only (the index's keys: 64-bit hashes)
+        call = call_of(op, block, stamp)
+        want, got = outcome(call, ordered), outcome(call, fast)
+        assert got == want, (op, block, got, want)
+        seen.add((op, want[0]))
+    assert list(fast.items()) == list(ordered.items())
+
+check()
+rng = random.Random(5)  # long seeded walks too: deep tables, long probe runs, many deletions in them
+for walk in range(150):
+    ordered, fast, universe = OrderedDict(), BlockLRU(), rng.choice([5, 60, 3000])
+    for step in range(rng.choice([100, 3000])):
+        block = rng.randrange(-universe, universe) if rng.random() < 0.95 else rng.getrandbits(64)
+        call = call_of(rng.choice([0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]), block, float(step))
+        assert outcome(call, fast) == outcome(call, ordered), (walk, step)
+    assert list(fast.items()) == list(ordered.items())
+for lru in (OrderedDict(), BlockLRU()):  # a change of size while iterating: an error, not a wrong walk
+    lru[1] = 1.0
+    walk = iter(lru.items())
+    lru[2] = 2.0
+    try:
+        next(walk)
+        raise SystemExit(f"{type(lru).__name__}: no error")
+    except RuntimeError:
+        pass
+print(len(seen))
+"""
+
+
+def test_the_block_lru_behaves_as_an_ordered_dict(compiled_lib: Path) -> None:
+    """``_lru.BlockLRU`` (the compiled build's LRU of a worker's blocks) against an ``OrderedDict`` under
+    random sequences of every operation the index uses: the same answers, errors, order and stamps."""
+    assert int(run(compiled_lib, ["-c", LRU_PROPERTY])) >= 17  # of 21 (operation, answered or raised)
 
 
 def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(compiled_lib: Path, tmp_path: Path) -> None:

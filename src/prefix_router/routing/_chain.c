@@ -7,12 +7,6 @@
  * values as hashing.chain_blocks' Python loop over xxhash.xxh3_64_intdigest, held to it by a property test.
  * The hash is the system's libxxhash (its published API, declared here; no xxHash source is included).
  *
- * touch_chain(lru, holders, value, blocks, held, stamp) -> int: the prefix index's touch of one chain on a
- * chain-closed worker (index.touch_chain_py, the reference it is held to by a property test): blocks
- * touched deepest first, the ``len(blocks) - held`` deepest ones added (their holders' bit ``value`` set)
- * or, found held after all, moved; the ``held`` leading ones moved to the most recent end; every one
- * stamped ``stamp``. Returns how many of the deepest ones were found held.
- *
  * count_classes(data) -> (word, punct, space, media): a text key's bytes by class, in one pass
  * (units.count_classes_py, the reference it is held to by a property test): word bytes are ASCII letters
  * and digits and every byte >= 0x80, whitespace is one of " \t\n\v\f\r", an image placeholder is 0x1a,
@@ -62,97 +56,6 @@ fail:
     return NULL;
 }
 
-/* The OrderedDict's move_to_end(block); 1 when moved, 0 when absent (no error left), -1 on an error. */
-static int move_to_end(PyObject *move, PyObject *block) {
-    PyObject *done = PyObject_CallOneArg(move, block);
-    if (done != NULL) {
-        Py_DECREF(done);
-        return 1;
-    }
-    if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
-    PyErr_Clear();
-    return 0;
-}
-
-/* lru[block] = stamp after a move: the key is present, so only its value changes. An OrderedDict keeps its
- * order in nodes of its own, indexed by the dict's key table, which replacing the value of a present key
- * leaves as it is: the dict's own store is the same store as OrderedDict.__setitem__ makes for a present
- * key, without the node lookup that follows it there. An absent key goes through the OrderedDict. */
-static int stamp_moved(PyObject *lru, PyObject *block, PyObject *stamp, int moved) {
-    return moved ? PyDict_SetItem(lru, block, stamp) : PyObject_SetItem(lru, block, stamp);
-}
-
-/* One of the deepest blocks: added (holders[block] |= value) unless held, then moved; stamped. Returns
- * 1 if it was held, 0 if added, -1 on an error. */
-static int touch_deep(PyObject *lru, PyObject *holders, PyObject *move, PyObject *value, PyObject *block,
-                      PyObject *stamp) {
-    PyObject *mask = PyDict_GetItemWithError(holders, block); /* borrowed */
-    if (mask == NULL && PyErr_Occurred()) return -1;
-    int held = 0;
-    if (mask != NULL) {
-        PyObject *both = PyNumber_And(mask, value);
-        if (both == NULL) return -1;
-        held = PyObject_IsTrue(both);
-        Py_DECREF(both);
-        if (held < 0) return -1;
-    }
-    if (held) { /* moved (a KeyError, as in the reference, should it be absent), then stamped */
-        PyObject *done = PyObject_CallOneArg(move, block);
-        if (done == NULL) return -1;
-        Py_DECREF(done);
-        return PyDict_SetItem(lru, block, stamp) < 0 ? -1 : 1; /* present: see stamp_moved */
-    }
-    PyObject *mine = mask != NULL ? PyNumber_Or(mask, value) : Py_NewRef(value);
-    if (mine == NULL) return -1;
-    int failed = PyDict_SetItem(holders, block, mine);
-    Py_DECREF(mine);
-    if (failed < 0 || PyObject_SetItem(lru, block, stamp) < 0) return -1;
-    return 0;
-}
-
-static PyObject *touch_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "touch_chain(lru, holders, value, blocks, held, stamp)");
-        return NULL;
-    }
-    PyObject *lru = args[0], *holders = args[1], *value = args[2], *stamp = args[5];
-    if (!PyODict_CheckExact(lru) || !PyDict_CheckExact(holders) || !PyLong_Check(value)) {
-        PyErr_SetString(PyExc_TypeError, "touch_chain: an OrderedDict, a dict and an int bit");
-        return NULL;
-    }
-    Py_ssize_t held = PyLong_AsSsize_t(args[4]);
-    if (held == -1 && PyErr_Occurred()) return NULL;
-    PyObject *seq = PySequence_Fast(args[3], "touch_chain: blocks must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject *move = NULL;
-    if (held < 0 || held > n) {
-        PyErr_SetString(PyExc_ValueError, "touch_chain: 0 <= held <= len(blocks)");
-        goto fail;
-    }
-    move = PyObject_GetAttrString(lru, "move_to_end");
-    if (move == NULL) goto fail;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t found = 0, i = n - 1;
-    for (; i >= held; i--) { /* deepest first: expected not held (the worker is chain-closed), added */
-        int was = touch_deep(lru, holders, move, value, items[i], stamp);
-        if (was < 0) goto fail;
-        found += was;
-    }
-    for (; i >= 0; i--) { /* then the held prefix: moved to the most recent end */
-        int moved = move_to_end(move, items[i]);
-        if (moved < 0 || stamp_moved(lru, items[i], stamp, moved) < 0) goto fail;
-    }
-    Py_DECREF(move);
-    Py_DECREF(seq);
-    return PyLong_FromSsize_t(found);
-fail:
-    Py_XDECREF(move);
-    Py_DECREF(seq);
-    return NULL;
-}
-
 /* The word, whitespace and placeholder bytes of p[:n], branch-free: in byte lanes (a run of at most 255
  * bytes counts at most 255 of a class, so no lane's sum wraps), which -O3 turns into 16 bytes per step. */
 static void count_span(const unsigned char *p, size_t n, unsigned long long counts[3]) {
@@ -188,8 +91,6 @@ static PyObject *count_classes(PyObject *self, PyObject *const *args, Py_ssize_t
 
 static PyMethodDef methods[] = {
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL, "Chained xxh3-64 hashes of full blocks."},
-    {"touch_chain", (PyCFunction)(void (*)(void))touch_chain, METH_FASTCALL,
-     "The prefix index's touch of one chain on a chain-closed worker (index.touch_chain_py)."},
     {"count_classes", (PyCFunction)(void (*)(void))count_classes, METH_FASTCALL,
      "A text key's bytes by class: (word, punctuation, whitespace, images) (units.count_classes_py)."},
     {NULL, NULL, 0, NULL},

@@ -21,21 +21,41 @@ walk (``support.index.walked_match``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol, cast
 
 from mypy_extensions import mypyc_attr
 
 EvictHook = Callable[[str, int], None]
+
+
+class LRU(Protocol):
+    """One worker's blocks and their stamps, least recent first, through the part of ``OrderedDict``'s
+    interface the index uses: an ``OrderedDict`` in the pure build, a ``_lru.BlockLRU`` (the same order
+    and stamps, unboxed; held to an ``OrderedDict`` by a property test) in the compiled build."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, block: object, /) -> bool: ...
+    def __iter__(self) -> Iterator[int]: ...
+    def __getitem__(self, block: int, /) -> float: ...
+    def __setitem__(self, block: int, stamp: float, /) -> None: ...
+    def get(self, block: int, /) -> float | None: ...
+    def pop(self, block: int, default: None, /) -> float | None: ...
+    def move_to_end(self, block: int, /) -> None: ...
+    def popitem(self, last: bool = True) -> tuple[int, float]: ...
+    def items(self) -> Iterable[tuple[int, float]]: ...
+    def values(self) -> Iterable[float]: ...
+
+
 # touches blocks in an LRU: (the LRU, the holder bit, the blocks, now)
-_Touch = Callable[["OrderedDict[int, float]", int, Sequence[int], float], None]
+_Touch = Callable[[LRU, int, Sequence[int], float], None]
 # touches one chain on a chain-closed worker: (the LRU, holders, the bit, the blocks, held, now) -> found
-_TouchChain = Callable[["OrderedDict[int, float]", dict[int, int], int, Sequence[int], int, float], int]
+_TouchChain = Callable[[LRU, dict[int, int], int, Sequence[int], int, float], int]
 
 
 def touch_chain_py(
-    lru: OrderedDict[int, float],
+    lru: LRU,
     holders: dict[int, int],
     value: int,
     blocks: Sequence[int],
@@ -46,7 +66,7 @@ def touch_chain_py(
     first ``held`` blocks: deepest first, the others added (their holders get ``value``) or, found held
     after all, moved; then the held ones moved to the most recent end; all stamped ``now``. Returns how
     many of the others were found held. The reference of the compiled build's C loop
-    (``_chain.touch_chain``)."""
+    (``_lru.touch_chain``, on a ``BlockLRU``)."""
     move = lru.move_to_end
     # compiled: the float boxed once, the blocks kept boxed (a stored float or int is boxed per store)
     stamp: Any = now
@@ -66,15 +86,22 @@ def touch_chain_py(
     return found
 
 
-def _load_touch_chain() -> _TouchChain:
+def _ordered_lru() -> LRU:
+    lru: OrderedDict[int, float] = OrderedDict()
+    return lru
+
+
+def _load_lru() -> tuple[Callable[[], LRU], _TouchChain]:
+    """The LRU type and its touch of a chain: ``_lru``'s in the compiled build, else ``OrderedDict`` and
+    the Python loop above."""
     try:
-        from prefix_router.routing._chain import touch_chain
-    except ImportError:  # the pure build: the Python loop above
-        return touch_chain_py
-    return touch_chain
+        from prefix_router.routing._lru import BlockLRU, touch_chain
+    except ImportError:  # the pure build
+        return _ordered_lru, touch_chain_py
+    return BlockLRU, cast(_TouchChain, touch_chain)  # given BlockLRUs only: every LRU here is one
 
 
-_chain_touch = _load_touch_chain()
+_new_lru, _chain_touch = _load_lru()
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -103,7 +130,7 @@ class PrefixIndex:
         self.ttl_s = ttl_s
         self.max_prefix_blocks = max_prefix_blocks
         self._holders: dict[int, int] = {}
-        self._lru: dict[str, OrderedDict[int, float]] = {}
+        self._lru: dict[str, LRU] = {}
         self._bit: dict[str, int] = {}
         self._name: dict[int, str] = {}
         self._cap_blocks: dict[str, int] = {}  # learned capacity (engine feedback), <= the ceiling
@@ -126,7 +153,7 @@ class PrefixIndex:
         if name not in self._lru:
             bit = min(set(range(len(self._bit) + 1)) - set(self._name))
             self._bit[name], self._name[bit] = bit, name
-            self._lru[name] = OrderedDict()
+            self._lru[name] = _new_lru()
         if capacity_tokens or name not in self._ceiling:
             self.set_capacity(name, capacity_tokens or self.default_capacity_tokens)
 
@@ -316,9 +343,7 @@ class PrefixIndex:
         (self._touch if self._loose & value else touch)(lru, value, blocks, now)
         self._grown(worker, lru, before, chained)
 
-    def _touch_chain(
-        self, lru: OrderedDict[int, float], value: int, blocks: Sequence[int], now: float
-    ) -> None:
+    def _touch_chain(self, lru: LRU, value: int, blocks: Sequence[int], now: float) -> None:
         """``_touch`` of a chain on a chain-closed worker: the held prefix (bisected) moved, the rest added,
         without a membership test per block (``touch_chain_py``, in the compiled build a C loop). Exact
         whatever ``blocks`` are: a deeper block found held is moved, and should the prefix have a hole (a
@@ -331,7 +356,7 @@ class PrefixIndex:
             for block in blocks[:held]:
                 holders[block] = holders.get(block, 0) | value
 
-    def _touch(self, lru: OrderedDict[int, float], value: int, blocks: Sequence[int], now: float) -> None:
+    def _touch(self, lru: LRU, value: int, blocks: Sequence[int], now: float) -> None:
         """Touch ``blocks`` deepest first (each moved to the most recent end at ``now``, added if absent)."""
         holders = self._holders
         stamp: Any = now  # boxed once (see _touch_chain)
@@ -360,7 +385,7 @@ class PrefixIndex:
                 high = mid
         return low
 
-    def _grown(self, worker: str, lru: OrderedDict[int, float], before: int, chained: bool) -> None:
+    def _grown(self, worker: str, lru: LRU, before: int, chained: bool) -> None:
         """After an insert into ``worker``'s ``lru`` (``before`` entries): counts, looseness and bounds."""
         self._total += len(lru) - before
         self._resized(worker, before, len(lru))
@@ -402,9 +427,7 @@ class PrefixIndex:
 
     # ------------------------------------------------------------ internals
 
-    def _pop_front_while(
-        self, worker: str, lru: OrderedDict[int, float], cond: Callable[[float], bool]
-    ) -> int:
+    def _pop_front_while(self, worker: str, lru: LRU, cond: Callable[[float], bool]) -> int:
         bit, removed = self._bit[worker], 0
         while lru:
             block, ts = next(iter(lru.items()))
@@ -429,7 +452,7 @@ class PrefixIndex:
         if worker in self._loose_left:
             self._left_front(worker, 1, lru)
 
-    def _loosen(self, worker: str, lru: OrderedDict[int, float]) -> None:
+    def _loosen(self, worker: str, lru: LRU) -> None:
         """``worker`` may now hold a block without its parent: walked, not bisected, until its present
         entries have left from the least recent end (``match``)."""
         if not lru:
@@ -437,7 +460,7 @@ class PrefixIndex:
         self._loose |= 1 << self._bit[worker]
         self._loose_left[worker] = max(self._loose_left.get(worker, 0), len(lru))
 
-    def _left_front(self, worker: str, removed: int, lru: OrderedDict[int, float]) -> None:
+    def _left_front(self, worker: str, removed: int, lru: LRU) -> None:
         """``removed`` of a loose worker's least recent entries left; closed again once enough did."""
         left = self._loose_left[worker] - removed
         if left > 0 and lru:
