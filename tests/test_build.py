@@ -195,17 +195,21 @@ def check(data):
     got = run(_lru.touch_chain, block_lru(lru), dict(holders), bit, blocks, held, now)
     assert got == want, (lru, holders, bit, blocks, held, got, want)
     ran.append(isinstance(want[0], int) and len(blocks) > held > 0)
+    want = run(pure.touch_py, copy.copy(lru), dict(holders), bit, blocks, now)
+    got = run(_lru.touch, block_lru(lru), dict(holders), bit, blocks, now)
+    assert got == want, (lru, holders, bit, blocks, got, want)
 
 check()
 print(sum(ran), len(ran))
 """
 
 
-def test_the_c_touch_loop_changes_the_lru_and_holders_as_the_python_loop(compiled_lib: Path) -> None:
+def test_the_c_touch_loops_change_the_lru_and_holders_as_the_python_loops(compiled_lib: Path) -> None:
     """``_lru.touch_chain`` (the compiled build's touch of one chain, on a ``BlockLRU``) against
     ``index.touch_chain_py`` (on an ``OrderedDict``, the pure module's source): the same LRU, order and
     stamps included, the same holders, the same count, and the same KeyError where the reference raises
-    one, on random states (inside and outside the index's invariant), chains and held prefixes."""
+    one, on random states (inside and outside the index's invariant), chains and held prefixes; and
+    ``_lru.touch`` (any blocks, a loose worker's) against ``index.touch_py`` on the same states."""
     both, runs = run(
         compiled_lib, ["-c", TOUCH_PROPERTY, str(ROOT / "src/prefix_router/routing/index.py")]
     ).split()

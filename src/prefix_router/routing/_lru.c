@@ -10,6 +10,10 @@
  * The arrays grow by doubling and never shrink: a worker's LRU takes the memory of its largest size, which
  * the index bounds by the worker's capacity.
  *
+ * touch(lru, holders, value, blocks, stamp): the index's touch of any blocks (index.touch_py, the
+ * reference): deepest first, each moved to the most recent end, or added (its holders' bit ``value`` set)
+ * if absent; stamped ``stamp``.
+ *
  * touch_chain(lru, holders, value, blocks, held, stamp) -> int: the index's touch of one chain on a
  * chain-closed worker (index.touch_chain_py on an OrderedDict, the reference it is held to by a property
  * test): blocks touched deepest first, the ``len(blocks) - held`` deepest ones added (their holders' bit
@@ -448,8 +452,7 @@ static int touch_deep(LRUObject *o, PyObject *holders, PyObject *value, PyObject
     if (mine == NULL) return -1;
     int failed = PyDict_SetItem(holders, block, mine);
     Py_DECREF(mine);
-    if (failed < 0 || set_stamp(o, block, stamp) < 0) return -1;
-    return 0;
+    return failed < 0 || set_stamp(o, block, stamp) < 0 ? -1 : 0;
 }
 
 /* A held block: stamped (added at the most recent end if absent), then moved there. */
@@ -464,6 +467,58 @@ static int touch_held(LRUObject *o, PyObject *block, double stamp) {
     return 0;
 }
 
+/* holders[block] |= value. 0, or -1 on an error. */
+static int hold(PyObject *holders, PyObject *value, PyObject *block) {
+    PyObject *mask = PyDict_GetItemWithError(holders, block); /* borrowed */
+    if (mask == NULL && PyErr_Occurred()) return -1;
+    PyObject *mine = mask != NULL ? PyNumber_Or(mask, value) : Py_NewRef(value);
+    if (mine == NULL) return -1;
+    int failed = PyDict_SetItem(holders, block, mine);
+    Py_DECREF(mine);
+    return failed;
+}
+
+/* The arguments both touches share: the LRU, the holders and the bit checked, the stamp read. */
+static LRUObject *touch_args(PyObject *const *args, double *stamp, Py_ssize_t stamp_at) {
+    if (!PyObject_TypeCheck(args[0], &LRUType) || !PyDict_CheckExact(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "touch: a BlockLRU, a dict and an int bit");
+        return NULL;
+    }
+    *stamp = PyFloat_AsDouble(args[stamp_at]);
+    return *stamp == -1.0 && PyErr_Occurred() ? NULL : (LRUObject *)args[0];
+}
+
+static PyObject *touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "touch(lru, holders, value, blocks, stamp)");
+        return NULL;
+    }
+    double stamp;
+    LRUObject *o = touch_args(args, &stamp, 4);
+    if (o == NULL) return NULL;
+    PyObject *seq = PySequence_Fast(args[3], "touch: blocks must be a sequence");
+    if (seq == NULL) return NULL;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = PySequence_Fast_GET_SIZE(seq) - 1; i >= 0; i--) {
+        Key key;
+        if (store_key(items[i], &key) < 0) goto fail;
+        Py_ssize_t pos = find(o, key);
+        if (pos != NONE) {
+            int32_t slot = o->table[pos];
+            to_end(o, slot);
+            o->stamps[slot] = stamp;
+        } else if (hold(args[1], args[2], items[i]) < 0 || add(o, key, stamp) == NONE) {
+            goto fail;
+        }
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyObject *touch_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 6) {
@@ -471,15 +526,11 @@ static PyObject *touch_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     PyObject *holders = args[1], *value = args[2];
-    if (!PyObject_TypeCheck(args[0], &LRUType) || !PyDict_CheckExact(holders) || !PyLong_Check(value)) {
-        PyErr_SetString(PyExc_TypeError, "touch_chain: a BlockLRU, a dict and an int bit");
-        return NULL;
-    }
-    LRUObject *o = (LRUObject *)args[0];
+    double stamp;
+    LRUObject *o = touch_args(args, &stamp, 5);
+    if (o == NULL) return NULL;
     Py_ssize_t held = PyLong_AsSsize_t(args[4]);
     if (held == -1 && PyErr_Occurred()) return NULL;
-    double stamp = PyFloat_AsDouble(args[5]);
-    if (stamp == -1.0 && PyErr_Occurred()) return NULL;
     PyObject *seq = PySequence_Fast(args[3], "touch_chain: blocks must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -554,6 +605,8 @@ static PyTypeObject IterType = {
 };
 
 static PyMethodDef methods[] = {
+    {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL,
+     "The prefix index's touch of any blocks (index.touch_py)."},
     {"touch_chain", (PyCFunction)(void (*)(void))touch_chain, METH_FASTCALL,
      "The prefix index's touch of one chain on a chain-closed worker (index.touch_chain_py)."},
     {NULL, NULL, 0, NULL},

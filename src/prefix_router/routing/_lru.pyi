@@ -15,6 +15,9 @@ class BlockLRU:
     def values(self) -> Iterator[float]: ...
     def items(self) -> Iterator[tuple[int, float]]: ...
 
+def touch(
+    lru: BlockLRU, holders: dict[int, int], value: int, blocks: Sequence[int], now: float, /
+) -> None: ...
 def touch_chain(
     lru: BlockLRU,
     holders: dict[int, int],

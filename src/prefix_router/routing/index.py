@@ -50,8 +50,23 @@ class LRU(Protocol):
 
 # touches blocks in an LRU: (the LRU, the holder bit, the blocks, now)
 _Touch = Callable[[LRU, int, Sequence[int], float], None]
+# touches blocks in an LRU, the holders given: (the LRU, holders, the bit, the blocks, now)
+_TouchBlocks = Callable[[LRU, dict[int, int], int, Sequence[int], float], None]
 # touches one chain on a chain-closed worker: (the LRU, holders, the bit, the blocks, held, now) -> found
 _TouchChain = Callable[[LRU, dict[int, int], int, Sequence[int], int, float], int]
+
+
+def touch_py(lru: LRU, holders: dict[int, int], value: int, blocks: Sequence[int], now: float) -> None:
+    """Touch ``blocks`` deepest first: each moved to the most recent end at ``now``, or added (its holders
+    get ``value``) if absent. The reference of the compiled build's C loop (``_lru.touch``)."""
+    stamp: Any = now  # boxed once (see touch_chain_py)
+    newest: Iterator[Any] = reversed(blocks)
+    for block in newest:
+        if block in lru:
+            lru.move_to_end(block)
+        else:
+            holders[block] = holders.get(block, 0) | value
+        lru[block] = stamp
 
 
 def touch_chain_py(
@@ -91,17 +106,18 @@ def _ordered_lru() -> LRU:
     return lru
 
 
-def _load_lru() -> tuple[Callable[[], LRU], _TouchChain]:
-    """The LRU type and its touch of a chain: ``_lru``'s in the compiled build, else ``OrderedDict`` and
-    the Python loop above."""
+def _load_lru() -> tuple[Callable[[], LRU], _TouchBlocks, _TouchChain]:
+    """The LRU type and its touches: ``_lru``'s in the compiled build, else ``OrderedDict`` and the Python
+    loops above."""
     try:
-        from prefix_router.routing._lru import BlockLRU, touch_chain
+        from prefix_router.routing._lru import BlockLRU, touch, touch_chain
     except ImportError:  # the pure build
-        return _ordered_lru, touch_chain_py
-    return BlockLRU, cast(_TouchChain, touch_chain)  # given BlockLRUs only: every LRU here is one
+        return _ordered_lru, touch_py, touch_chain_py
+    # given BlockLRUs only: every LRU here is one
+    return BlockLRU, cast(_TouchBlocks, touch), cast(_TouchChain, touch_chain)
 
 
-_new_lru, _chain_touch = _load_lru()
+_new_lru, _blocks_touch, _chain_touch = _load_lru()
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -357,16 +373,9 @@ class PrefixIndex:
                 holders[block] = holders.get(block, 0) | value
 
     def _touch(self, lru: LRU, value: int, blocks: Sequence[int], now: float) -> None:
-        """Touch ``blocks`` deepest first (each moved to the most recent end at ``now``, added if absent)."""
-        holders = self._holders
-        stamp: Any = now  # boxed once (see _touch_chain)
-        newest: Iterator[Any] = reversed(blocks)
-        for block in newest:
-            if block in lru:
-                lru.move_to_end(block)
-            else:
-                holders[block] = holders.get(block, 0) | value
-            lru[block] = stamp
+        """Touch ``blocks`` deepest first (each moved to the most recent end at ``now``, added if absent):
+        ``touch_py``, in the compiled build a C loop."""
+        _blocks_touch(lru, self._holders, value, blocks, now)
 
     def _held(self, blocks: Sequence[int], value: int) -> int:
         """How many leading blocks of the chain ``blocks`` the chain-closed worker of bit ``value`` holds
