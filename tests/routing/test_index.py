@@ -325,3 +325,35 @@ def test_inserting_one_chain_changes_the_index_as_insert_does(
             one.insert(worker, blocks, now)
             other.insert_chain(worker, blocks, now)
             assert index_state(other) == index_state(one)
+
+
+class OneAtATime(PrefixIndex):
+    """The index with a worker over its capacity shrunk one eviction at a time (the reference of
+    ``_shrink``'s single ``_evict`` of all the excess)."""
+
+    def _shrink(self, worker: str) -> None:
+        while self.blocks_of(worker) > self.capacity_blocks(worker):
+            self._evict(worker, 1)
+
+
+def capped(kind: type[PrefixIndex], cut: int | None) -> PrefixIndex:
+    """An index of ``kind`` holding 6 blocks per worker and 40 in all (``cut``: its prefix cap)."""
+    bounds = {"default_capacity_tokens": 60, "max_total_blocks": 40}
+    return kind(block_tokens=10, **bounds, ttl_s=30, max_prefix_blocks=cut)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shared_ops, st.sampled_from([None, 3]))
+def test_the_excess_evicted_in_one_go_leaves_the_index_single_evictions_leave(
+    operations: list[Operation], max_prefix: int | None
+) -> None:
+    """Whatever the history (inserts over capacity, lowered capacities, trims, merged lists that loosen a
+    worker, the global cap), evicting a worker's excess in one go leaves the same entries, orders, size
+    buckets (their order too), counts and looseness as one eviction at a time."""
+    batched, single = capped(PrefixIndex, max_prefix), capped(OneAtATime, max_prefix)
+    recent: Recent = []
+    for step, operation in enumerate(operations):
+        apply_operation(single, step, operation, recent, single.insert_chain)
+        recent = apply_operation(batched, step, operation, recent, batched.insert_chain)
+        assert index_state(batched) == index_state(single)
+    assert batched.evictions == single.evictions

@@ -27,8 +27,6 @@ from typing import Any, Protocol, cast
 
 from mypy_extensions import mypyc_attr
 
-EvictHook = Callable[[str, int], None]
-
 
 class LRU(Protocol):
     """One worker's blocks and their stamps, least recent first, through the part of ``OrderedDict``'s
@@ -451,15 +449,18 @@ class PrefixIndex:
             self._left_front(worker, removed, lru)
         return removed
 
-    def _evict_one(self, worker: str) -> None:
-        lru = self._lru[worker]
-        block, _ = lru.popitem(last=False)
-        self._unhold(block, self._bit[worker])
-        self._total -= 1
-        self.evictions += 1
-        self._resized(worker, len(lru) + 1, len(lru))
+    def _evict(self, worker: str, count: int) -> None:
+        """Evict ``worker``'s ``count`` least recent entries (it holds at least that many); its size bucket
+        and looseness updated once, as ``count`` single evictions would leave them."""
+        lru, bit = self._lru[worker], self._bit[worker]
+        for _ in range(count):
+            block, _ = lru.popitem(last=False)
+            self._unhold(block, bit)
+        self._total -= count
+        self.evictions += count
+        self._resized(worker, len(lru) + count, len(lru))
         if worker in self._loose_left:
-            self._left_front(worker, 1, lru)
+            self._left_front(worker, count, lru)
 
     def _loosen(self, worker: str, lru: LRU) -> None:
         """``worker`` may now hold a block without its parent: walked, not bisected, until its present
@@ -479,13 +480,13 @@ class PrefixIndex:
             self._loose &= ~(1 << self._bit[worker])
 
     def _shrink(self, worker: str) -> None:
-        cap = self._cap_blocks[worker]
-        while len(self._lru[worker]) > cap:
-            self._evict_one(worker)
+        excess = len(self._lru[worker]) - self._cap_blocks[worker]
+        if excess > 0:  # in one go: a request of new blocks on a full worker evicts as many
+            self._evict(worker, excess)
 
     def _enforce_total(self) -> None:
-        while self._total > self.max_total_blocks:
-            self._evict_one(self._fullest_worker())
+        while self._total > self.max_total_blocks:  # one at a time: the fullest worker may change
+            self._evict(self._fullest_worker(), 1)
 
     def _resized(self, worker: str, old: int, new: int) -> None:
         """Move ``worker`` from the bucket of ``old`` blocks to that of ``new`` (O(1))."""
