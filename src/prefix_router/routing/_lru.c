@@ -1,12 +1,12 @@
 /* prefix_router.routing._lru: the compiled build's LRU of one worker's blocks in the prefix index.
  *
  * BlockLRU: an ordered map of blocks (ints of magnitude below 2^64: any 64-bit hash, signed or not) to
- * stamps (floats), least recent first, with the
- * part of OrderedDict's interface the index uses: len, in, [], get, [] =, del, pop, move_to_end, popitem,
- * iteration over keys, items and values (least recent first; a change of order or size while iterating
- * raises RuntimeError). Setting a present block changes its stamp and keeps its place, as in an
- * OrderedDict. Stored unboxed: the slots (key, stamp, links of a doubly linked list) in arrays, found by an
- * open-addressed table of slot numbers (linear probing, deletion by backward shift, at most half full).
+ * stamps (floats), least recent first, with the part of OrderedDict's interface the index uses: len, in,
+ * [], get, [] =, del, pop, move_to_end, popitem, iteration over keys, items and values (least recent
+ * first; a change of order or size while iterating raises RuntimeError), copy and pickle. Setting a
+ * present block changes its stamp and keeps its place, as in an OrderedDict. Stored unboxed: the slots
+ * (key, stamp, links of a doubly linked list) in arrays, found by an open-addressed table of slot numbers
+ * (linear probing, deletion by backward shift, at most half full).
  * The arrays grow by doubling and never shrink: a worker's LRU takes the memory of its largest size, which
  * the index bounds by the worker's capacity.
  *
@@ -201,7 +201,8 @@ static void drop(LRUObject *o, Py_ssize_t pos) {
         int32_t moved = o->table[at];
         if (moved == NONE) return;
         size_t home = bucket(o->keys[moved], o->slots);
-        /* moved stays unless its home lies cyclically after the hole and up to its position */
+        /* moved stays when its home lies cyclically after the hole and up to its position (a lookup
+         * from its home does not pass the hole); else it fills the hole, which moves to its position */
         int stays = hole <= at ? (home > hole && home <= at) : (home > hole || home <= at);
         if (!stays) {
             o->table[hole] = moved, o->table[at] = NONE;

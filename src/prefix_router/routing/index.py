@@ -100,6 +100,7 @@ def touch_chain_py(
 
 
 def _ordered_lru() -> LRU:
+    """An empty ``OrderedDict`` as an ``LRU`` (the pure build's)."""
     lru: OrderedDict[int, float] = OrderedDict()
     return lru
 
