@@ -162,7 +162,7 @@ from prefix_router.routing import _lru
 spec = importlib.util.spec_from_file_location("pure_index", sys.argv[1])  # the tree's source, not compiled
 pure = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pure)
-ran = []
+ran, evicted = [], []
 
 def state(draw):
     universe = draw(st.integers(1, 10))
@@ -203,13 +203,19 @@ def check(data):
     want = run(pure.touch_chain_py, copy.copy(lru), dict(holders), bit, blocks, held, now)
     got = run(_lru.touch_chain, block_lru(lru), dict(holders), bit, blocks, held, now)
     assert got == want, (lru, holders, bit, blocks, held, got, want)
-    ran.append(isinstance(want[0], int) and len(blocks) > held > 0)
+    chained = isinstance(want[0], int) and len(blocks) > held > 0
     want = run(pure.touch_py, copy.copy(lru), dict(holders), bit, blocks, now)
     got = run(_lru.touch, block_lru(lru), dict(holders), bit, blocks, now)
     assert got == want, (lru, holders, bit, blocks, got, want)
+    count = data.draw(st.integers(0, len(lru) + 1))  # one more than it holds: the same KeyError
+    want = run(pure.evict_py, copy.copy(lru), dict(holders), bit, count)
+    got = run(_lru.evict, block_lru(lru), dict(holders), bit, count)
+    assert got == want, (lru, holders, bit, count, got, want)
+    ran.append(chained)  # after the last draw: a draw past hypothesis's budget drops the example
+    evicted.append(0 < count <= len(lru) and any(b in holders for b in lru))
 
 check()
-print(sum(ran), len(ran))
+print(sum(ran), len(ran), sum(evicted))
 """
 
 
@@ -218,11 +224,13 @@ def test_the_c_touch_loops_change_the_lru_and_holders_as_the_python_loops(compil
     ``index.touch_chain_py`` (on an ``OrderedDict``, the pure module's source): the same LRU, order and
     stamps included, the same holders, the same count, and the same KeyError where the reference raises
     one, on random states (inside and outside the index's invariant), chains and held prefixes; and
-    ``_lru.touch`` (any blocks, a loose worker's) against ``index.touch_py`` on the same states."""
-    both, runs = run(
+    ``_lru.touch`` (any blocks, a loose worker's) against ``index.touch_py``, ``_lru.evict`` against
+    ``index.evict_py`` (the same KeyError past the last block) on the same states."""
+    both, runs, evictions = run(
         compiled_lib, ["-c", TOUCH_PROPERTY, str(ROOT / "src/prefix_router/routing/index.py")]
     ).split()
     assert int(runs) == 3000 and int(both) > 300  # many with both a held prefix and deeper blocks
+    assert int(evictions) > 300  # many evicting blocks that some worker holds
 
 
 LRU_PROPERTY = """

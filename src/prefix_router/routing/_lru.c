@@ -14,6 +14,10 @@
  * reference): deepest first, each moved to the most recent end, or added (its holders' bit ``value`` set)
  * if absent; stamped ``stamp``.
  *
+ * evict(lru, holders, value, count): the index's eviction (index.evict_py, the reference): the ``count``
+ * least recent blocks dropped, each one's holders' bit ``value`` cleared (a block left with none removed
+ * from ``holders``).
+ *
  * touch_chain(lru, holders, value, blocks, held, stamp) -> int: the index's touch of one chain on a
  * chain-closed worker (index.touch_chain_py on an OrderedDict, the reference it is held to by a property
  * test): blocks touched deepest first, the ``len(blocks) - held`` deepest ones added (their holders' bit
@@ -520,6 +524,53 @@ fail:
     return NULL;
 }
 
+/* holders[block] &= ~value, or the block removed once no bit is left. 0, or -1 on an error. */
+static int unhold(PyObject *holders, PyObject *cleared, PyObject *block) {
+    PyObject *mask = PyDict_GetItemWithError(holders, block); /* borrowed */
+    if (mask == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *left = PyNumber_And(mask, cleared);
+    if (left == NULL) return -1;
+    int any = PyObject_IsTrue(left);
+    int failed = any < 0 ? -1 : any ? PyDict_SetItem(holders, block, left) : PyDict_DelItem(holders, block);
+    Py_DECREF(left);
+    return failed;
+}
+
+static PyObject *evict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "evict(lru, holders, value, count)");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], &LRUType) || !PyDict_CheckExact(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "evict: a BlockLRU, a dict and an int bit");
+        return NULL;
+    }
+    LRUObject *o = (LRUObject *)args[0];
+    Py_ssize_t count = PyLong_AsSsize_t(args[3]);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    PyObject *cleared = PyNumber_Invert(args[2]);
+    if (cleared == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (o->len == 0) {
+            PyErr_SetString(PyExc_KeyError, "dictionary is empty");
+            goto fail;
+        }
+        Key key = o->keys[o->head];
+        PyObject *block = key_object(key);
+        if (block == NULL) goto fail;
+        drop(o, find(o, key));
+        int failed = unhold(args[1], cleared, block);
+        Py_DECREF(block);
+        if (failed < 0) goto fail;
+    }
+    Py_DECREF(cleared);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(cleared);
+    return NULL;
+}
+
 static PyObject *touch_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 6) {
@@ -606,6 +657,8 @@ static PyTypeObject IterType = {
 };
 
 static PyMethodDef methods[] = {
+    {"evict", (PyCFunction)(void (*)(void))evict, METH_FASTCALL,
+     "The prefix index's eviction of the least recent blocks (index.evict_py)."},
     {"touch", (PyCFunction)(void (*)(void))touch, METH_FASTCALL,
      "The prefix index's touch of any blocks (index.touch_py)."},
     {"touch_chain", (PyCFunction)(void (*)(void))touch_chain, METH_FASTCALL,

@@ -52,6 +52,8 @@ _Touch = Callable[[LRU, int, Sequence[int], float], None]
 _TouchBlocks = Callable[[LRU, dict[int, int], int, Sequence[int], float], None]
 # touches one chain on a chain-closed worker: (the LRU, holders, the bit, the blocks, held, now) -> found
 _TouchChain = Callable[[LRU, dict[int, int], int, Sequence[int], int, float], int]
+# evicts the least recent blocks of an LRU: (the LRU, holders, the bit, how many)
+_Evict = Callable[[LRU, dict[int, int], int, int], None]
 
 
 def touch_py(lru: LRU, holders: dict[int, int], value: int, blocks: Sequence[int], now: float) -> None:
@@ -65,6 +67,19 @@ def touch_py(lru: LRU, holders: dict[int, int], value: int, blocks: Sequence[int
         else:
             holders[block] = holders.get(block, 0) | value
         lru[block] = stamp
+
+
+def evict_py(lru: LRU, holders: dict[int, int], value: int, count: int) -> None:
+    """Evict the ``count`` least recent blocks of ``lru``: each dropped and its holders' bit ``value``
+    cleared (a block no worker holds leaves ``holders``). The reference of the compiled build's C loop
+    (``_lru.evict``)."""
+    for _ in range(count):
+        block, _ = lru.popitem(last=False)
+        mask = holders.get(block, 0) & ~value
+        if mask:
+            holders[block] = mask
+        else:
+            holders.pop(block, None)
 
 
 def touch_chain_py(
@@ -105,18 +120,18 @@ def _ordered_lru() -> LRU:
     return lru
 
 
-def _load_lru() -> tuple[Callable[[], LRU], _TouchBlocks, _TouchChain]:
-    """The LRU type and its touches: ``_lru``'s in the compiled build, else ``OrderedDict`` and the Python
-    loops above."""
+def _load_lru() -> tuple[Callable[[], LRU], _TouchBlocks, _TouchChain, _Evict]:
+    """The LRU type, its touches and its eviction: ``_lru``'s in the compiled build, else ``OrderedDict``
+    and the Python loops above."""
     try:
-        from prefix_router.routing._lru import BlockLRU, touch, touch_chain
+        from prefix_router.routing._lru import BlockLRU, evict, touch, touch_chain
     except ImportError:  # the pure build
-        return _ordered_lru, touch_py, touch_chain_py
+        return _ordered_lru, touch_py, touch_chain_py, evict_py
     # given BlockLRUs only: every LRU here is one
-    return BlockLRU, cast(_TouchBlocks, touch), cast(_TouchChain, touch_chain)
+    return BlockLRU, cast(_TouchBlocks, touch), cast(_TouchChain, touch_chain), cast(_Evict, evict)
 
 
-_new_lru, _blocks_touch, _chain_touch = _load_lru()
+_new_lru, _blocks_touch, _chain_touch, _lru_evict = _load_lru()
 
 
 def _bits(mask: int) -> Iterator[int]:
@@ -453,10 +468,8 @@ class PrefixIndex:
     def _evict(self, worker: str, count: int) -> None:
         """Evict ``worker``'s ``count`` least recent entries (it holds at least that many); its size bucket
         and looseness updated once, as ``count`` single evictions would leave them."""
-        lru, bit = self._lru[worker], self._bit[worker]
-        for _ in range(count):
-            block, _ = lru.popitem(last=False)
-            self._unhold(block, bit)
+        lru = self._lru[worker]
+        _lru_evict(lru, self._holders, 1 << self._bit[worker], count)  # ``evict_py``, compiled a C loop
         self._total -= count
         self.evictions += count
         self._resized(worker, len(lru) + count, len(lru))
