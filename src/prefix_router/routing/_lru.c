@@ -483,25 +483,29 @@ static int hold(PyObject *holders, PyObject *value, PyObject *block) {
     return failed;
 }
 
-/* The arguments both touches share: the LRU, the holders and the bit checked, the stamp read. */
-static LRUObject *touch_args(PyObject *const *args, double *stamp, Py_ssize_t stamp_at) {
-    if (!PyObject_TypeCheck(args[0], &LRUType) || !PyDict_CheckExact(args[1]) || !PyLong_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "touch: a BlockLRU, a dict and an int bit");
+/* The arguments the index's loops share, checked: their number, then the LRU, the holders and the bit. */
+static LRUObject *loop_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected, const char *usage) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s", usage);
         return NULL;
     }
-    *stamp = PyFloat_AsDouble(args[stamp_at]);
-    return *stamp == -1.0 && PyErr_Occurred() ? NULL : (LRUObject *)args[0];
+    if (!PyObject_TypeCheck(args[0], &LRUType) || !PyDict_CheckExact(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_Format(PyExc_TypeError, "%s: a BlockLRU, a dict and an int bit", usage);
+        return NULL;
+    }
+    return (LRUObject *)args[0];
+}
+
+static int read_stamp(PyObject *arg, double *stamp) {
+    *stamp = PyFloat_AsDouble(arg);
+    return *stamp == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
 static PyObject *touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "touch(lru, holders, value, blocks, stamp)");
-        return NULL;
-    }
+    LRUObject *o = loop_args(args, nargs, 5, "touch(lru, holders, value, blocks, stamp)");
     double stamp;
-    LRUObject *o = touch_args(args, &stamp, 4);
-    if (o == NULL) return NULL;
+    if (o == NULL || read_stamp(args[4], &stamp) < 0) return NULL;
     PyObject *seq = PySequence_Fast(args[3], "touch: blocks must be a sequence");
     if (seq == NULL) return NULL;
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -538,15 +542,8 @@ static int unhold(PyObject *holders, PyObject *cleared, PyObject *block) {
 
 static PyObject *evict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "evict(lru, holders, value, count)");
-        return NULL;
-    }
-    if (!PyObject_TypeCheck(args[0], &LRUType) || !PyDict_CheckExact(args[1]) || !PyLong_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "evict: a BlockLRU, a dict and an int bit");
-        return NULL;
-    }
-    LRUObject *o = (LRUObject *)args[0];
+    LRUObject *o = loop_args(args, nargs, 4, "evict(lru, holders, value, count)");
+    if (o == NULL) return NULL;
     Py_ssize_t count = PyLong_AsSsize_t(args[3]);
     if (count == -1 && PyErr_Occurred()) return NULL;
     PyObject *cleared = PyNumber_Invert(args[2]);
@@ -573,14 +570,10 @@ fail:
 
 static PyObject *touch_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "touch_chain(lru, holders, value, blocks, held, stamp)");
-        return NULL;
-    }
-    PyObject *holders = args[1], *value = args[2];
+    LRUObject *o = loop_args(args, nargs, 6, "touch_chain(lru, holders, value, blocks, held, stamp)");
     double stamp;
-    LRUObject *o = touch_args(args, &stamp, 5);
-    if (o == NULL) return NULL;
+    if (o == NULL || read_stamp(args[5], &stamp) < 0) return NULL;
+    PyObject *holders = args[1], *value = args[2];
     Py_ssize_t held = PyLong_AsSsize_t(args[4]);
     if (held == -1 && PyErr_Occurred()) return NULL;
     PyObject *seq = PySequence_Fast(args[3], "touch_chain: blocks must be a sequence");
