@@ -5,9 +5,11 @@ Each build runs in its own child process (its package directory first on ``PYTHO
 pure build, a directory ``scripts/build-compiled.sh`` printed for a compiled one) over the same seeded
 state: 8 workers holding 12,000 blocks each, then requests made of a system prompt every worker holds and
 a question of their own (2 KB: 28 + 4 blocks, 32 KB: 480 + 20), each written twice into one worker (the
-prompt at dispatch, then the same chain once more: held whole). The children take turns, one slice of
-requests each, ``--rounds`` times; printed: CPU per request (thread time, both writes), the median and
-the least over the slices, per build and prompt.
+prompt at dispatch, then the same chain once more: held whole); and, on a ninth worker kept full (12,000
+blocks, its capacity), 32 KB prompts of 500 new blocks each, written once (a new prompt's dispatch: 500
+blocks added, 500 evicted). The children take turns, one slice of requests each, ``--rounds`` times;
+printed: CPU per request (thread time, its writes), the median and the least over the slices, per build
+and prompt.
 
     python benchmarks/index_touch.py --builds src,"$(scripts/build-compiled.sh)"
 """
@@ -26,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = (("2 KB", 28, 4), ("32 KB", 480, 20))
+NEW = ("32 KB new, full worker", 500)  # blocks of a new prompt, on a worker at its capacity
+FULL_BLOCKS = 12_000
 
 
 def child(per_slice: int) -> int:
@@ -44,6 +48,8 @@ def child(per_slice: int) -> int:
     for worker in workers:
         for system in systems.values():
             index.insert_chain(worker, system, 0.5)
+    index.add_worker("full", 16 * FULL_BLOCKS)
+    index.insert_chain("full", tuple(rng.getrandbits(63) for _ in range(FULL_BLOCKS)), 0.5)
     print(json.dumps({"ready": module.__file__}), flush=True)
     now = 1.0
     for line in sys.stdin:
@@ -58,6 +64,12 @@ def child(per_slice: int) -> int:
                 index.insert_chain("w3", blocks, now)
                 index.insert_chain("w3", blocks, now)
             found[name] = (time.thread_time_ns() - start) / per_slice / 1e3
+        fresh = [tuple(rng.getrandbits(63) for _ in range(NEW[1])) for _ in range(per_slice)]
+        start = time.thread_time_ns()
+        for blocks in fresh:
+            now += 1e-4
+            index.insert_chain("full", blocks, now)
+        found[NEW[0]] = (time.thread_time_ns() - start) / per_slice / 1e3
         print(json.dumps(found), flush=True)
         if line.strip() == "last":
             return 0
@@ -96,7 +108,7 @@ def main() -> int:
     print("| build | prompt | us per request, median | least |")
     print("|---|---|---:|---:|")
     for path, found in zip(dirs, slices, strict=True):
-        for name, _, _ in SHAPES:
+        for name in [*(shape[0] for shape in SHAPES), NEW[0]]:
             values = [s[name] for s in found]
             print(f"| {path} | {name} | {statistics.median(values):.1f} | {min(values):.1f} |")
     return 0
