@@ -338,8 +338,9 @@ class OneAtATime(PrefixIndex):
 
 def capped(kind: type[PrefixIndex], cut: int | None) -> PrefixIndex:
     """An index of ``kind`` holding 6 blocks per worker and 40 in all (``cut``: its prefix cap)."""
-    bounds = {"default_capacity_tokens": 60, "max_total_blocks": 40}
-    return kind(block_tokens=10, **bounds, ttl_s=30, max_prefix_blocks=cut)
+    return kind(
+        block_tokens=10, default_capacity_tokens=60, max_total_blocks=40, ttl_s=30, max_prefix_blocks=cut
+    )
 
 
 @settings(max_examples=300, deadline=None)

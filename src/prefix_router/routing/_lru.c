@@ -255,14 +255,17 @@ static void lru_dealloc(LRUObject *o) {
 
 static Py_ssize_t lru_len(LRUObject *o) { return o->len; }
 
-/* The slot of block, NONE when absent (no error), or -2 on an error. */
-static Py_ssize_t slot_of(LRUObject *o, PyObject *block) {
+/* The table position of block, NONE when absent or no block (no error), or -2 on an error. */
+static Py_ssize_t pos_of(LRUObject *o, PyObject *block) {
     Key key;
     int ok = as_key(block, &key);
-    if (ok < 0) return -2;
-    if (ok == 0) return NONE;
-    Py_ssize_t pos = find(o, key);
-    return pos == NONE ? NONE : o->table[pos];
+    return ok < 0 ? -2 : ok ? find(o, key) : NONE;
+}
+
+/* The slot of block, NONE when absent (no error), or -2 on an error. */
+static Py_ssize_t slot_of(LRUObject *o, PyObject *block) {
+    Py_ssize_t pos = pos_of(o, block);
+    return pos < 0 ? pos : o->table[pos];
 }
 
 static int lru_contains(LRUObject *o, PyObject *block) {
@@ -286,14 +289,9 @@ static int lru_setitem(LRUObject *o, PyObject *block, PyObject *value) {
         if (stamp == -1.0 && PyErr_Occurred()) return -1;
         return set_stamp(o, block, stamp);
     }
-    Key key;
-    int ok = as_key(block, &key);
-    if (ok < 0) return -1;
-    Py_ssize_t pos = ok ? find(o, key) : NONE;
-    if (pos == NONE) {
-        PyErr_SetObject(PyExc_KeyError, block);
-        return -1;
-    }
+    Py_ssize_t pos = pos_of(o, block);
+    if (pos == NONE) PyErr_SetObject(PyExc_KeyError, block);
+    if (pos < 0) return -1;
     drop(o, pos);
     return 0;
 }
@@ -314,10 +312,8 @@ static PyObject *lru_get(LRUObject *o, PyObject *const *args, Py_ssize_t nargs) 
 
 static PyObject *lru_pop(LRUObject *o, PyObject *const *args, Py_ssize_t nargs) {
     if (one_or_two("pop", nargs) < 0) return NULL;
-    Key key;
-    int ok = as_key(args[0], &key);
-    if (ok < 0) return NULL;
-    Py_ssize_t pos = ok ? find(o, key) : NONE;
+    Py_ssize_t pos = pos_of(o, args[0]);
+    if (pos == -2) return NULL;
     if (pos == NONE) {
         if (nargs > 1) return Py_NewRef(args[1]);
         PyErr_SetObject(PyExc_KeyError, args[0]);
@@ -427,7 +423,39 @@ static PyObject *iter_next(IterObject *it) {
     return item_of(o, slot);
 }
 
-/* ------------------------------------------------------------------ the index's touch of one chain */
+/* ------------------------------------------------------------------ the index's loops */
+
+/* holders[block] = mask | value, mask its holders so far (NULL: none). 0, or -1 on an error. */
+static int hold_over(PyObject *holders, PyObject *value, PyObject *block, PyObject *mask) {
+    PyObject *mine = mask != NULL ? PyNumber_Or(mask, value) : Py_NewRef(value);
+    if (mine == NULL) return -1;
+    int failed = PyDict_SetItem(holders, block, mine);
+    Py_DECREF(mine);
+    return failed;
+}
+
+/* holders[block] |= value. 0, or -1 on an error. */
+static int hold(PyObject *holders, PyObject *value, PyObject *block) {
+    PyObject *mask = PyDict_GetItemWithError(holders, block); /* borrowed */
+    if (mask == NULL && PyErr_Occurred()) return -1;
+    return hold_over(holders, value, block, mask);
+}
+
+/* block stamped and moved to the most recent end; added there if absent, and then, given holders, its
+ * holders' bit value set. 0, or -1 on an error. */
+static int touch_one(LRUObject *o, PyObject *block, double stamp, PyObject *holders, PyObject *value) {
+    Key key;
+    if (store_key(block, &key) < 0) return -1;
+    Py_ssize_t pos = find(o, key);
+    if (pos == NONE) {
+        if (holders != NULL && hold(holders, value, block) < 0) return -1;
+        return add(o, key, stamp) == NONE ? -1 : 0;
+    }
+    int32_t slot = o->table[pos];
+    o->stamps[slot] = stamp;
+    to_end(o, slot);
+    return 0;
+}
 
 /* One of the deepest blocks: added (holders[block] |= value) unless held, else moved; stamped. Returns
  * 1 if it was held, 0 if added, -1 on an error. */
@@ -453,34 +481,7 @@ static int touch_deep(LRUObject *o, PyObject *holders, PyObject *value, PyObject
         o->stamps[slot] = stamp;
         return 1;
     }
-    PyObject *mine = mask != NULL ? PyNumber_Or(mask, value) : Py_NewRef(value);
-    if (mine == NULL) return -1;
-    int failed = PyDict_SetItem(holders, block, mine);
-    Py_DECREF(mine);
-    return failed < 0 || set_stamp(o, block, stamp) < 0 ? -1 : 0;
-}
-
-/* A held block: stamped (added at the most recent end if absent), then moved there. */
-static int touch_held(LRUObject *o, PyObject *block, double stamp) {
-    Key key;
-    if (store_key(block, &key) < 0) return -1;
-    Py_ssize_t pos = find(o, key);
-    if (pos == NONE) return add(o, key, stamp) == NONE ? -1 : 0;
-    int32_t slot = o->table[pos];
-    o->stamps[slot] = stamp;
-    to_end(o, slot);
-    return 0;
-}
-
-/* holders[block] |= value. 0, or -1 on an error. */
-static int hold(PyObject *holders, PyObject *value, PyObject *block) {
-    PyObject *mask = PyDict_GetItemWithError(holders, block); /* borrowed */
-    if (mask == NULL && PyErr_Occurred()) return -1;
-    PyObject *mine = mask != NULL ? PyNumber_Or(mask, value) : Py_NewRef(value);
-    if (mine == NULL) return -1;
-    int failed = PyDict_SetItem(holders, block, mine);
-    Py_DECREF(mine);
-    return failed;
+    return hold_over(holders, value, block, mask) < 0 || set_stamp(o, block, stamp) < 0 ? -1 : 0;
 }
 
 /* The arguments the index's loops share, checked: their number, then the LRU, the holders and the bit. */
@@ -510,16 +511,7 @@ static PyObject *touch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (seq == NULL) return NULL;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = PySequence_Fast_GET_SIZE(seq) - 1; i >= 0; i--) {
-        Key key;
-        if (store_key(items[i], &key) < 0) goto fail;
-        Py_ssize_t pos = find(o, key);
-        if (pos != NONE) {
-            int32_t slot = o->table[pos];
-            to_end(o, slot);
-            o->stamps[slot] = stamp;
-        } else if (hold(args[1], args[2], items[i]) < 0 || add(o, key, stamp) == NONE) {
-            goto fail;
-        }
+        if (touch_one(o, items[i], stamp, args[1], args[2]) < 0) goto fail;
     }
     Py_DECREF(seq);
     Py_RETURN_NONE;
@@ -591,7 +583,7 @@ static PyObject *touch_chain(PyObject *self, PyObject *const *args, Py_ssize_t n
         found += was;
     }
     for (; i >= 0; i--) { /* then the held prefix: moved to the most recent end */
-        if (touch_held(o, items[i], stamp) < 0) goto fail;
+        if (touch_one(o, items[i], stamp, NULL, NULL) < 0) goto fail;
     }
     Py_DECREF(seq);
     return PyLong_FromSsize_t(found);

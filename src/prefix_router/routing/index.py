@@ -69,17 +69,21 @@ def touch_py(lru: LRU, holders: dict[int, int], value: int, blocks: Sequence[int
         lru[block] = stamp
 
 
+def unhold(holders: dict[int, int], block: int, value: int) -> None:
+    """Clear the bit ``value`` of ``block``'s holders; a block no worker holds leaves ``holders``."""
+    mask = holders.get(block, 0) & ~value
+    if mask:
+        holders[block] = mask
+    else:
+        holders.pop(block, None)
+
+
 def evict_py(lru: LRU, holders: dict[int, int], value: int, count: int) -> None:
-    """Evict the ``count`` least recent blocks of ``lru``: each dropped and its holders' bit ``value``
-    cleared (a block no worker holds leaves ``holders``). The reference of the compiled build's C loop
-    (``_lru.evict``)."""
+    """Evict the ``count`` least recent blocks of ``lru``, each one ``unhold``: the reference of the
+    compiled build's C loop (``_lru.evict``)."""
     for _ in range(count):
         block, _ = lru.popitem(last=False)
-        mask = holders.get(block, 0) & ~value
-        if mask:
-            holders[block] = mask
-        else:
-            holders.pop(block, None)
+        unhold(holders, block, value)
 
 
 def touch_chain_py(
@@ -525,8 +529,4 @@ class PrefixIndex:
         return next(iter(self._by_size[self._fullest]))
 
     def _unhold(self, block: int, bit: int) -> None:
-        mask = self._holders.get(block, 0) & ~(1 << bit)
-        if mask:
-            self._holders[block] = mask
-        else:
-            self._holders.pop(block, None)
+        unhold(self._holders, block, 1 << bit)
