@@ -62,6 +62,7 @@ EDGE_PATH = (
     "exchange",
     "forward",
     "handlers",
+    "head",
     "keying",
     "parse",
     "sse",

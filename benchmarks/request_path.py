@@ -270,6 +270,12 @@ class NullTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return False
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (16384, 65536)
+
     def get_extra_info(self, name: str, default: object = None) -> object:
         return ("127.0.0.1", 40000) if name in ("peername", "sockname") else default
 

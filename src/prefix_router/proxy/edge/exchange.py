@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 from aiohttp import web
 
 from prefix_router.pool import Worker
 from prefix_router.proxy.context import AppContext
-from prefix_router.proxy.edge import forward
+from prefix_router.proxy.edge import forward, head
 from prefix_router.proxy.edge.access import RequestNote
 from prefix_router.proxy.edge.accounting import CLIENT_GONE, Flight, settle
 from prefix_router.proxy.edge.auth import tenant_salt
@@ -43,6 +43,7 @@ from prefix_router.proxy.upstream.seam import FailureKind, UpstreamError, Upstre
 from prefix_router.routing import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
+Writer: TypeAlias = head.Relay | web.StreamResponse  # where a relayed stream is written
 PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
 
 
@@ -269,11 +270,14 @@ class Exchange:
         opened.response.release()
         status = opened.response.status
         body = forward.redact(opened.prefix, forward.worker_secret(opened.flight.worker))
-        out = web.Response(status=status, body=body, headers=self.response_headers(opened))
+        headers = self.response_headers(opened)
         reply = self.reply()
         try:
-            await out.prepare(self.request)
-            await out.write_eof()
+            out: web.StreamResponse | None = head.sent(self.request, status, headers, body)
+            if out is None:  # not a plain answer: aiohttp writes it
+                out = web.Response(status=status, body=body, headers=headers)
+                await out.prepare(self.request)
+                await out.write_eof()
         except BaseException:
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
             self.note.status = CLIENT_GONE
@@ -284,10 +288,14 @@ class Exchange:
         return out
 
     async def send_stream(self, opened: Opened) -> web.StreamResponse:
-        out = RelayResponse(status=opened.response.status, headers=self.response_headers(opened))
+        status, headers = opened.response.status, self.response_headers(opened)
+        out: head.Relay | RelayResponse | None = head.relay(self.request, status, headers)
+        if out is None:  # not a plain stream: aiohttp writes it
+            out = RelayResponse(status=status, headers=headers)
         reply = self.reply()
         try:
-            await out.prepare(self.request)
+            if isinstance(out, RelayResponse):
+                await out.prepare(self.request)
             ok = await self.pump(out, opened, reply)
             await out.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
@@ -296,11 +304,11 @@ class Exchange:
             self.note.status = CLIENT_GONE
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            return out
-        settle(self.state, opened.flight, reply, opened.response.status, ok=ok)
-        return out
+            return answered(out)
+        settle(self.state, opened.flight, reply, status, ok=ok)
+        return answered(out)
 
-    async def pump(self, out: web.StreamResponse, opened: Opened, reply: ReplyAccumulator) -> bool:
+    async def pump(self, out: Writer, opened: Opened, reply: ReplyAccumulator) -> bool:
         """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream
         failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
@@ -340,7 +348,7 @@ class Exchange:
         if watched is not None and until - watched > min(1.0, idle_s / 20) and watched < self.deadline:
             watch.push(min(until, self.deadline))
 
-    async def end_broken(self, out: web.StreamResponse, opened: Opened, cut: tuple[str, str]) -> None:
+    async def end_broken(self, out: Writer, opened: Opened, cut: tuple[str, str]) -> None:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
             if self.request.transport is not None:
                 self.request.transport.abort()
@@ -348,6 +356,11 @@ class Exchange:
         message, code = cut
         log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)
         await out.write(sse_error(message, code))
+
+
+def answered(out: Writer) -> web.StreamResponse:
+    """The response aiohttp's connection handler gets back for a relayed stream."""
+    return out if isinstance(out, web.StreamResponse) else out.response()
 
 
 _EVENT_ENDS = (b"\n\n", b"\n\r\n", b"\r\r")

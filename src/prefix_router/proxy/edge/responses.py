@@ -13,3 +13,14 @@ class RelayResponse(web.StreamResponse):
     ``web.Response`` does the same (this class attribute, ``False`` there)."""
 
     _send_headers_immediately = False
+
+
+class SentResponse(web.StreamResponse):
+    """A whole answer already written to its connection (``head.sent``): aiohttp's connection handler
+    finds it prepared and ended, and keeps the connection open or closes it as ``keep_alive`` says."""
+
+    def __init__(self, status: int, keep_alive: bool, length: int) -> None:
+        super().__init__(status=status)
+        self._keep_alive = keep_alive
+        self._eof_sent = True
+        self._body_length = length
