@@ -323,6 +323,55 @@ def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(compiled_lib: 
     assert {d[2] for d in decisions} >= {"prefix_hit", "load_balance", "load_fallback"}
 
 
+MADE_INITS = """
+import collections, importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("recorded", sys.argv[1])
+recorded = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(recorded)
+made = collections.Counter()
+
+def watch(frame, event, arg):  # a dataclass-made __init__ of a class of a compiled module
+    if event == "call" and frame.f_code.co_name == "__init__" and frame.f_code.co_filename == "<string>":
+        cls = type(frame.f_locals.get("self"))
+        module = sys.modules.get(cls.__module__)
+        if (getattr(module, "__file__", None) or "").endswith(".so") and not cls.__dataclass_params__.frozen:
+            made[cls.__qualname__] += 1
+
+routes = 0
+for trace in json.load(open(sys.argv[2])):
+    replay = recorded.Replay(trace["seed"], trace["cap_tokens"], trace["workers"])
+    sys.setprofile(watch)
+    for event in trace["events"]:
+        replay.act(event)  # the event without the router's summary (not a request's)
+        routes += event["op"] == "route"
+    sys.setprofile(None)
+print(json.dumps({"routes": routes, "made": made}))
+"""
+
+
+def test_the_values_a_request_makes_have_compiled_inits(compiled_lib: Path, tmp_path: Path) -> None:
+    """mypyc compiles a written ``__init__`` but leaves a dataclass-made one interpreted (ten times
+    slower): no dataclass of a compiled module is made with one on a request's way, once per ten requests
+    or more, through the routing core (a recorded trace) or the edge. A frozen dataclass cannot have a
+    written one (its fields refuse assignment) and is not counted."""
+    trace = tmp_path / "trace.json"
+    run(ROOT / "src", [str(TRACE), "record", str(trace), "--seed", "5", "--trials", "2", "--steps", "300"])
+    found = json.loads(run(compiled_lib, ["-c", MADE_INITS, str(TRACE), str(trace)]))
+    assert found["routes"] > 200
+    assert {name for name, count in found["made"].items() if count * 10 >= found["routes"]} == set()
+    edge = (
+        "import inspect\n"
+        "from prefix_router.proxy.edge import exchange, parse\n"
+        "from prefix_router.routing import types\n"
+        "print([c.__name__ for c in (exchange.Opened, parse.Parsed, types.RouteRequest)"
+        " if inspect.isfunction(c.__init__)])\n"
+    )
+    assert run(compiled_lib, ["-c", edge]).strip() == "[]"
+    assert (
+        run(ROOT / "src", ["-c", edge]).strip() == "['Opened', 'Parsed', 'RouteRequest']"
+    )  # the check's own
+
+
 def except_names(function: ast.AST) -> Iterator[tuple[str, str, int]]:
     """(name, exception type, line) of every ``except TYPE as name`` in ``function``'s own body (nested
     functions and classes are their own scopes)."""

@@ -55,6 +55,11 @@ class Replay:
         self.requests: dict[str, Any] = {}
 
     def step(self, event: Event) -> list[Any]:
+        """``act``, then the router's summary."""
+        return [*self.act(event), json.loads(json.dumps(self.router.summary(), default=str))]
+
+    def act(self, event: Event) -> list[Any]:
+        """Run one event; what was decided (a route's decision and key)."""
         r, now, op = self.router, event["now"], event["op"]
         seen: list[Any] = [op]
         if op == "route":
@@ -76,7 +81,7 @@ class Replay:
             r.set_engine_load(event["worker"], event["depth"], event["kv"], now)
         elif op == "apply":
             self._apply(event)
-        return [*seen, json.loads(json.dumps(r.summary(), default=str))]
+        return seen
 
     def _finish(self, event: Event) -> None:
         from prefix_router.routing.types import Outcome

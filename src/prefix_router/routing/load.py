@@ -37,7 +37,7 @@ class _Counts:
     engine_at: float | None = None
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
 class _Tracked:
     worker: str
     snap: WorkerSnapshot  # the worker incarnation the request started on (detached once it is removed)
@@ -45,6 +45,22 @@ class _Tracked:
     uncached: int
     work: float  # the prefill's token-equivalents (backlog.prefill_work)
     prefilling: bool = True
+
+    def __init__(
+        self,
+        worker: str,
+        snap: WorkerSnapshot,
+        counts: _Counts,
+        uncached: int,
+        work: float,
+        prefilling: bool = True,
+    ) -> None:
+        self.worker = worker
+        self.snap = snap
+        self.counts = counts
+        self.uncached = uncached
+        self.work = work
+        self.prefilling = prefilling
 
 
 class LoadTracker:

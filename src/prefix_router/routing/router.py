@@ -89,7 +89,7 @@ class IndexChange:
     chained: bool = True
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
 class _Prediction:
     worker: str
     tokens: int
@@ -99,6 +99,26 @@ class _Prediction:
     started: bool = False  # its first token came: the engine computed the whole prompt
     started_at: float | None = None  # when
     precise: bool = False  # predicted on the worker's event-fed view (``routing/precise.py``)
+
+    def __init__(
+        self,
+        worker: str,
+        tokens: int,
+        raced: bool,
+        blocks: int,
+        last_touched: float | None,
+        started: bool = False,
+        started_at: float | None = None,
+        precise: bool = False,
+    ) -> None:
+        self.worker = worker
+        self.tokens = tokens
+        self.raced = raced
+        self.blocks = blocks
+        self.last_touched = last_touched
+        self.started = started
+        self.started_at = started_at
+        self.precise = precise
 
 
 ChangeHook = Callable[[IndexChange], None]

@@ -47,7 +47,7 @@ Writer: TypeAlias = head.Relay | web.StreamResponse  # where a relayed stream is
 PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
 class Opened:
     """An upstream answer ready to relay: the body read so far and whether that is all of it."""
 
@@ -56,6 +56,20 @@ class Opened:
     prefix: bytes
     complete: bool
     stream: bool
+
+    def __init__(
+        self,
+        flight: Flight,
+        response: UpstreamResponse,
+        prefix: bytes,
+        complete: bool,
+        stream: bool,
+    ) -> None:
+        self.flight = flight
+        self.response = response
+        self.prefix = prefix
+        self.complete = complete
+        self.stream = stream
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 MAX_SESSION_CHARS = 128
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
 class Parsed:
     """A routable request: the raw bytes to forward and what the router made of them."""
 
@@ -31,6 +31,24 @@ class Parsed:
     stream: bool
     tenant: str | None
     engine_salt: str | None = None  # the cache_salt the proxy adds for the engine (precise keys)
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        raw: bytes,
+        body: dict[str, Any],
+        route: RouteRequest,
+        stream: bool,
+        tenant: str | None,
+        engine_salt: str | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.raw = raw
+        self.body = body
+        self.route = route
+        self.stream = stream
+        self.tenant = tenant
+        self.engine_salt = engine_salt
 
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
