@@ -64,7 +64,7 @@ class AppContext:
     def next_request_id(self) -> str:
         """A request id for ``x-request-id``: UUID-shaped, as some engines require (llama-cpp-python's
         server answers 400 to any other)."""
-        return f"{self._uuid_prefix}{next(self._ids) & 0xFFFFFFFFFFFF:012x}"
+        return self._uuid_prefix + format(next(self._ids) & 0xFFFFFFFFFFFF, "012x")
 
 
 CONTEXT = web.AppKey("prefix_router_context", AppContext)

@@ -129,14 +129,17 @@ def access_text(
     attempts: object,
     request_id: object,
 ) -> str:
-    """The access line's ``key=value`` text (``AccessLine``, ``RequestNote.line``)."""
-    ttft = "-" if ttft_ms is None else f"{ttft_ms:.1f}"
+    """The access line's ``key=value`` text (``AccessLine``, ``RequestNote.line``). The numbers are
+    formatted by ``format`` beforehand: mypyc makes a format spec inside an f-string of untyped values
+    about 0.8 us dearer each."""
+    ttft = "-" if ttft_ms is None else format(ttft_ms, ".1f")
+    duration = format(duration_ms, ".1f")
     predicted = "-" if predicted_tokens is None else predicted_tokens
     where = f"path={shown(path)} status={status} model={shown(model)}"
     how = f"worker={shown(worker)} policy={policy} branch={branch or '-'}"
     return (
         f"method={method} {where} {how} predicted_tokens={predicted} ttft_ms={ttft}"
-        f" duration_ms={duration_ms:.1f} attempts={attempts} request_id={request_id}"
+        f" duration_ms={duration} attempts={attempts} request_id={request_id}"
     )
 
 

@@ -169,7 +169,7 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         if second != self._second:
             self._second = second
             self._stamp = time.strftime(logging.Formatter.default_time_format, time.localtime(created))
-        return f"{self._stamp},{int((created - second) * 1000):03d}"
+        return self._stamp + "," + format(int((created - second) * 1000), "03d")
 
     def _write_pending(self) -> None:
         if self._pending:
