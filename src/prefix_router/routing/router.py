@@ -74,12 +74,14 @@ class ChangeKind(StrEnum):
     CAPACITY = "capacity"  # the worker's learned capacity, ``keep`` blocks (engine feedback)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
 class IndexChange:
     """One update of the index, for replicas that share their view (see ``apply``). ``chained``: an insert's
     blocks are whole chains, each block's parent before it (what this router's own inserts are); False for
     block lists that need not be (some merged changes of other replicas): the index then matches the worker
-    block by block for a while (``PrefixIndex.match``)."""
+    block by block for a while (``PrefixIndex.match``). A value, never changed once made, but not
+    ``frozen`` (a frozen dataclass cannot have a written ``__init__``): a request makes two, and each
+    process of ``serve --processes N`` two more per request of the others."""
 
     kind: ChangeKind
     worker: str
@@ -87,6 +89,22 @@ class IndexChange:
     keep: int = 0
     at: float = 0.0
     chained: bool = True
+
+    def __init__(
+        self,
+        kind: ChangeKind,
+        worker: str,
+        blocks: tuple[int, ...] = (),
+        keep: int = 0,
+        at: float = 0.0,
+        chained: bool = True,
+    ) -> None:
+        self.kind = kind
+        self.worker = worker
+        self.blocks = blocks
+        self.keep = keep
+        self.at = at
+        self.chained = chained
 
 
 @dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
