@@ -94,15 +94,25 @@ def count_prefix(data: bytes, size: int, marks: tuple[Counts, ...]) -> Counts:
     return base[0] + sign * w, base[1] + sign * p, base[2] + sign * s, base[3] + sign * m
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
 class ContentValue:
     """A model's content value in use: tokens per byte of each class, the fit's relative residual deviation
-    and its inverse moment matrix over the effective samples (for the leverage of a span's shares)."""
+    and its inverse moment matrix over the effective samples (for the leverage of a span's shares). A
+    value, never changed once made (a new one each content sample, at a request's finish), but not
+    ``frozen``: a frozen dataclass cannot have a written ``__init__``."""
 
     coef: tuple[float, float, float]
     deviation: float
     spread: tuple[float, ...]  # (E[x x^T] + ridge)^-1 / effective samples, row-major 3 x 3
     size: float  # the reports' average text bytes
+
+    def __init__(
+        self, coef: tuple[float, float, float], deviation: float, spread: tuple[float, ...], size: float
+    ) -> None:
+        self.coef = coef
+        self.deviation = deviation
+        self.spread = spread
+        self.size = size
 
     def relative_margin(self, x: tuple[float, float, float], size: int) -> float:
         """The relative deviation of a span of ``size`` text bytes, shares ``x``: the fit's, widened by the
