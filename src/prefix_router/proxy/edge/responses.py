@@ -8,7 +8,8 @@ from aiohttp import web
 
 
 class RelayResponse(web.StreamResponse):
-    """A relayed stream: its head goes out with its first chunk, in one write (``send_stream`` writes the
+    """A relayed stream that aiohttp writes (one ``head.relay`` leaves to it: HTTP/1.0, ``HEAD``, a status
+    without a body): its head goes out with its first chunk, in one write (``send_stream`` writes the
     chunk it already holds right after ``prepare``), instead of a write of its own. aiohttp's
     ``web.Response`` does the same (this class attribute, ``False`` there)."""
 
