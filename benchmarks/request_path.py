@@ -61,6 +61,7 @@ from aiohttp.http_writer import StreamWriter
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
 from prefix_router.lab.bench.instant_worker import MODEL, _event, _whole
 from prefix_router.lab.bench.overhead import bodies
 from prefix_router.proxy import (
@@ -258,40 +259,6 @@ async def run(state: AppContext, sent: list[bytes], stream: bool, warm: int) -> 
     return {stage: ns / n / 1e3 for stage, ns in t.ns.items()}
 
 
-class NullTransport(asyncio.Transport):
-    """A client connection that takes every write and drops it."""
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        pass
-
-    def writelines(self, data: object) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return (16384, 65536)
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 40000) if name in ("peername", "sockname") else default
-
-
-class ServerSide(BaseProtocol):
-    """The connection's protocol as ``make_mocked_request`` fills it in (its writer, its limits)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self.writer: object = None
-        self.ssl_context = None
-        self.peername = self.sockname = ("127.0.0.1", 40000)
-        self.max_field_size = self.max_line_length = 8190
-        self.max_headers = 128
-
-
 class InstantAnswer:
     """The instant worker's answer as the upstream seam hands it over: its head, then its chunks."""
 
@@ -359,7 +326,7 @@ async def handler_cycles(sent: list[bytes], stream: bool, warm: int, rounds: int
     state.upstream = InstantUpstream(stream)
     app.freeze()
     raws = [orjson.dumps(orjson.loads(r.split(b"\r\n\r\n", 1)[1])) for r in sent]
-    transport = NullTransport()
+    transport = MemoryTransport(keep=False)
     protocol = ServerSide(loop)
     protocol.connection_made(transport)
     handlers = {"router": handlers_module.chat_completions, "forward_only": forward_only}

@@ -12,58 +12,19 @@ import httptools
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.http_writer import StreamWriter
 from aiohttp.test_utils import make_mocked_request
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
 from prefix_router.proxy.edge import head
 from prefix_router.proxy.edge.responses import RelayResponse, SentResponse
 
 
-class Capture(asyncio.Transport):
-    """A client connection that keeps what is written to it."""
-
-    def __init__(self, closing: bool = False) -> None:
-        super().__init__()
-        self.data = bytearray()
-        self.closing = closing
-        self.buffered = 0  # what the connection reports as not yet sent
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.data += data
-
-    def writelines(self, data: Any) -> None:
-        for piece in data:
-            self.data += piece
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_write_buffer_size(self) -> int:
-        return self.buffered
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return (16384, 65536)
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name in ("peername", "sockname") else default
-
-
-class ServerSide(BaseProtocol):
-    """The connection's protocol as ``make_mocked_request`` fills it in."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop)
-        self.writer: object = None
-        self.ssl_context = None
-        self.peername = self.sockname = ("127.0.0.1", 40000)
-
-
 def request_on(
-    transport: Capture, method: str = "POST", keep_alive: bool = True, version: Any = HttpVersion11
+    transport: MemoryTransport, method: str = "POST", keep_alive: bool = True, version: Any = HttpVersion11
 ) -> web.Request:
     loop = asyncio.get_running_loop()
     protocol = ServerSide(loop)
@@ -106,7 +67,7 @@ def without_date(data: bytes) -> bytes:
 
 
 async def aiohttp_bytes(status: int, headers: list[tuple[str, str]], body: bytes, keep_alive: bool) -> bytes:
-    transport = Capture()
+    transport = MemoryTransport()
     response = web.Response(status=status, body=body, headers=headers)
     await response.prepare(request_on(transport, keep_alive=keep_alive))
     await response.write_eof()
@@ -116,7 +77,7 @@ async def aiohttp_bytes(status: int, headers: list[tuple[str, str]], body: bytes
 async def aiohttp_relayed(
     status: int, headers: list[tuple[str, str]], chunks: list[bytes], keep_alive: bool
 ) -> bytes:
-    transport = Capture()
+    transport = MemoryTransport()
     response = RelayResponse(status=status, headers=headers)
     await response.prepare(request_on(transport, keep_alive=keep_alive))
     for chunk in chunks:
@@ -140,7 +101,7 @@ STATUS = st.one_of(
 async def test_the_bytes_written_whole_are_aiohttps_for_the_same_response(
     status: int, headers: list[tuple[str, str]], body: bytes, keep_alive: bool
 ) -> None:
-    transport = Capture()
+    transport = MemoryTransport()
     sent = head.sent(request_on(transport, keep_alive=keep_alive), status, headers, body)
     assert isinstance(sent, SentResponse)
     assert sent.status == status and sent.keep_alive is keep_alive and sent.prepared
@@ -154,7 +115,7 @@ async def test_the_bytes_written_whole_are_aiohttps_for_the_same_response(
 async def test_the_bytes_relayed_are_aiohttps_for_the_same_stream(
     status: int, headers: list[tuple[str, str]], chunks: list[bytes], keep_alive: bool
 ) -> None:
-    transport = Capture()
+    transport = MemoryTransport()
     relay = head.relay(request_on(transport, keep_alive=keep_alive), status, headers)
     assert relay is not None
     for chunk in chunks:
@@ -181,7 +142,7 @@ async def test_the_bytes_relayed_are_aiohttps_for_the_same_stream(
     ],
 )
 async def test_other_answers_are_left_to_aiohttp(status: int, method: str, version: Any, size: int) -> None:
-    transport = Capture()
+    transport = MemoryTransport()
     request = request_on(transport, method, version=version)
     assert head.sent(request, status, [], b"x" * size) is None
     if size <= head.MAX_BODY:
@@ -190,7 +151,7 @@ async def test_other_answers_are_left_to_aiohttp(status: int, method: str, versi
 
 
 async def test_a_relay_waits_while_the_client_is_behind_and_only_then() -> None:
-    transport = Capture()
+    transport = MemoryTransport()
     request = request_on(transport)
     relay = head.relay(request, 200, [("Content-Type", "text/event-stream")])
     assert relay is not None
@@ -205,7 +166,7 @@ async def test_a_relay_waits_while_the_client_is_behind_and_only_then() -> None:
 
 
 async def test_the_largest_plain_body_is_written_whole() -> None:
-    transport = Capture()
+    transport = MemoryTransport()
     body = b"y" * head.MAX_BODY
     assert head.sent(request_on(transport), 200, [("Content-Type", "application/json")], body) is not None
     assert Parsed(bytes(transport.data)).answers[0][2] == body
@@ -213,7 +174,7 @@ async def test_the_largest_plain_body_is_written_whole() -> None:
 
 @pytest.mark.parametrize("header", [("X-Evil", "a\r\nSet-Cookie: x=1"), ("X-Evil", "a\nb"), ("X\rY", "v")])
 async def test_a_header_with_cr_or_lf_is_refused_as_aiohttp_refuses_it(header: tuple[str, str]) -> None:
-    transport = Capture()
+    transport = MemoryTransport()
     with pytest.raises(ValueError):
         head.sent(request_on(transport), 200, [header], b"{}")
     assert not transport.data
@@ -222,7 +183,7 @@ async def test_a_header_with_cr_or_lf_is_refused_as_aiohttp_refuses_it(header: t
 
 
 async def test_a_closing_connection_raises_and_gets_nothing() -> None:
-    transport = Capture(closing=True)
+    transport = MemoryTransport(closing=True)
     request = request_on(transport)
     with pytest.raises(ConnectionResetError):
         head.sent(request, 200, [], b"{}")
