@@ -14,8 +14,9 @@ aiohttp writes without waiting on the client).
 The bytes are aiohttp's for the same response (``tests/proxy/edge/test_head.py`` holds them to it): the
 headers in their order, then ``Content-Length`` (whole) or ``Transfer-Encoding: chunked`` (relayed),
 ``Content-Type: application/octet-stream`` when a body has no type, ``Date``, ``Server``, and
-``Connection: close`` when the connection is not kept alive. A header with CR or LF is refused
-(``ValueError``), as aiohttp refuses it. A write to a connection the client closed raises
+``Connection: close`` when the connection is not kept alive. The caller's headers carry none of those
+this module writes but ``Content-Type`` (``forward.downstream_headers`` drops them). A header with CR or
+LF is refused (``ValueError``), as aiohttp refuses it. A write to a connection the client closed raises
 ``ConnectionResetError``; a relay waits (aiohttp's ``drain``) while the connection's write buffer is over
 its high-water mark, so a slow reader holds at most one chunk more than that.
 """
