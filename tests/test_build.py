@@ -307,11 +307,19 @@ def test_the_block_lru_behaves_as_an_ordered_dict(compiled_lib: Path) -> None:
     assert int(run(compiled_lib, ["-c", LRU_PROPERTY])) >= 17  # of 21 (operation, answered or raised)
 
 
-def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(compiled_lib: Path, tmp_path: Path) -> None:
-    trace = tmp_path / "trace.json"
+@pytest.fixture(scope="module")
+def recorded_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Routing traces recorded on the pure build (``tests/support/trace.py``), for the tests that replay."""
+    trace = tmp_path_factory.mktemp("traces") / "trace.json"
     run(ROOT / "src", [str(TRACE), "record", str(trace), "--seed", "11", "--trials", "12", "--steps", "400"])
-    pure = run(ROOT / "src", [str(TRACE), "replay", str(trace)]).splitlines()
-    compiled = run(compiled_lib, [str(TRACE), "replay", str(trace)]).splitlines()
+    return trace
+
+
+def test_compiled_and_pure_builds_decide_alike_on_recorded_traces(
+    compiled_lib: Path, recorded_trace: Path
+) -> None:
+    pure = run(ROOT / "src", [str(TRACE), "replay", str(recorded_trace)]).splitlines()
+    compiled = run(compiled_lib, [str(TRACE), "replay", str(recorded_trace)]).splitlines()
     assert len(pure) == len(compiled)
     differing = [i for i, (a, b) in enumerate(zip(pure, compiled, strict=True)) if a != b]
     first = differing[:1]
@@ -349,15 +357,13 @@ print(json.dumps({"routes": routes, "made": made}))
 """
 
 
-def test_the_values_a_request_makes_have_compiled_inits(compiled_lib: Path, tmp_path: Path) -> None:
+def test_the_values_a_request_makes_have_compiled_inits(compiled_lib: Path, recorded_trace: Path) -> None:
     """mypyc compiles a written ``__init__`` but leaves a dataclass-made one interpreted (ten times
     slower): no dataclass of a compiled module is made with one on a request's way, once per ten requests
     or more, through the routing core (a recorded trace) or the edge. A frozen dataclass cannot have a
     written one (its fields refuse assignment) and is not counted."""
-    trace = tmp_path / "trace.json"
-    run(ROOT / "src", [str(TRACE), "record", str(trace), "--seed", "5", "--trials", "2", "--steps", "300"])
-    found = json.loads(run(compiled_lib, ["-c", MADE_INITS, str(TRACE), str(trace)]))
-    assert found["routes"] > 200
+    found = json.loads(run(compiled_lib, ["-c", MADE_INITS, str(TRACE), str(recorded_trace)]))
+    assert found["routes"] > 1500
     assert {name for name, count in found["made"].items() if count * 10 >= found["routes"]} == set()
     edge = (
         "import inspect\n"
