@@ -101,7 +101,11 @@ async def test_scraping_sees_the_queue_and_kv_usage_under_load(
     worker = router.state.pool.require("vllm-0")
     url = vllm_fleet.urls[0]
     shared = prose(3, 150)
-    bodies = [chat(shared, prose(300 + i, 30), max_tokens=20, ignore_eos=True) for i in range(10)]
+    # twice the engine's max_num_seqs, 40 tokens each: the second half waits while the first decodes,
+    # even when the requests reach a busy engine spread over a second or more (10 requests of 20
+    # tokens once went unseen waiting on a loaded machine)
+    seqs = vllm_fleet.settings.max_num_seqs
+    bodies = [chat(shared, prose(300 + i, 30), max_tokens=40, ignore_eos=True) for i in range(2 * seqs)]
     sends = [asyncio.create_task(post_json(f"{url}/v1/chat/completions", b)) for b in bodies]
     seen: list[Any] = []
     while not all(s.done() for s in sends):
@@ -110,7 +114,8 @@ async def test_scraping_sees_the_queue_and_kv_usage_under_load(
             seen.append(load)
         await asyncio.sleep(0.05)
     await asyncio.gather(*sends)
-    assert max(load.queue_depth for load in seen) >= 1  # 10 requests, max_num_seqs 8
+    readings = [(load.queue_depth, load.running) for load in seen]  # shown if an assertion fails
+    assert max(load.queue_depth for load in seen) >= 1, readings
     assert max(load.running for load in seen) >= 2
     assert max(load.kv_usage for load in seen) > 0.0
     now = router.state.clock()
