@@ -108,6 +108,8 @@ def test_completions_prompt_forms() -> None:
         ("chat", {"model": "m", "messages": [{"content": "x"}]}, "messages[0].role"),
         ("chat", {"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ("chat", {"model": "m", "messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0]"),
+        ("chat", {"model": "m", "messages": [{"role": "user", "content": "x"}, 5]}, "messages[1]"),
+        ("chat", {"model": "m", "messages": [{"role": "tool", "tool_calls": "x"}]}, "messages[0].tool_calls"),
         ("chat", {"model": "m", "messages": [{"role": "user"}], "tools": "x"}, "tools"),
         ("completions", {"model": "m"}, "prompt"),
         ("completions", {"model": "m", "prompt": 5}, "prompt"),

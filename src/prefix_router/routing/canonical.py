@@ -184,23 +184,35 @@ def _tojson(value: object, spaced: bool) -> str:
 
 def message_text(msg: object, i: int, keep_reasoning: bool) -> str:
     """Role, then each non-empty field behind its tag, then ``RS`` (few separators: a key in token blocks
-    then counts about as many tokens per message as templates write)."""
-    param = f"messages[{i}]"
+    then counts about as many tokens per message as templates write). The error's ``param`` is written
+    only for an error (it would cost more than the usual message's text)."""
     if not is_mapping(msg):
-        raise InvalidRequest("each message must be an object", param)
+        raise InvalidRequest("each message must be an object", f"messages[{i}]")
     role = msg.get("role")
     if not isinstance(role, str):
-        raise InvalidRequest("each message needs a string 'role'", f"{param}.role")
-    name = msg.get("name")
-    content = content_text(msg.get("content"), f"{param}.content")
+        raise InvalidRequest("each message needs a string 'role'", f"messages[{i}].role")
+    content = msg.get("content")
+    if type(content) is not str:
+        content = content_text(content, f"messages[{i}].content")
     reasoning = ""
     if role == "assistant":
         inline, content = split_reasoning(content)
         reasoning = (reasoning_of(msg) or inline) if keep_reasoning else ""
-    calls = _tool_calls_text(msg.get("tool_calls"), f"{param}.tool_calls")
-    call_id = msg.get("tool_call_id")
-    fields = (name if isinstance(name, str) else "", reasoning, content, calls, str(call_id or ""))
-    return role + "".join(f"{tag}{value}" for tag, value in zip(_TAGS, fields, strict=True) if value) + RS
+    calls = msg.get("tool_calls")
+    name, call_id = msg.get("name"), msg.get("tool_call_id")
+    parts = [role]
+    if isinstance(name, str) and name:
+        parts += (_TAGS[0], name)
+    if reasoning:
+        parts += (_TAGS[1], reasoning)
+    if content:
+        parts += (_TAGS[2], content)
+    if calls:
+        parts += (_TAGS[3], _tool_calls_text(calls, f"messages[{i}].tool_calls"))
+    if call_id:
+        parts += (_TAGS[4], str(call_id))
+    parts.append(RS)
+    return "".join(parts)
 
 
 def messages_of(body: Mapping[str, Any]) -> list[Any]:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.web_urldispatcher import PlainResource, UrlMappingMatchInfo
 
 from prefix_router.proxy.edge.http_errors import HANDLER_LIMITS, OpenAIServer
 
@@ -25,6 +26,7 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # response): aiohttp closes it otherwise, which is what cuts slowloris-style slow headers
 KEEPALIVE_TIMEOUT_S = 60.0
 AFTER_SHUTDOWN_S = 1.0
+MAX_DIRECT = 64  # request targets whose route ``Dispatch`` remembers
 log = logging.getLogger("prefix_router")
 
 
@@ -39,10 +41,54 @@ class ProxyRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         # aiohttp builds its Server in this (internal) step, with no way to pass a handler class: the
-        # server it built is made an OpenAIServer, which differs only by the handler it creates
+        # server it built is made an OpenAIServer, which differs only by the handler it creates; its
+        # requests go to the app through ``Dispatch``
         server = await super()._make_server()
         server.__class__ = OpenAIServer
+        server.request_handler = Dispatch(self.app)
         return server
+
+
+class Dispatch:
+    """What aiohttp's server calls with each request: the app's own handler (``Application._handle``:
+    the route resolved, then its handler called), except for a request whose method and request target
+    resolved before to a route of a plain path under that very method (``POST /v1/chat/completions``):
+    that route's handler is called at once with the match resolved then (the same route for the same
+    target: the app's routes are frozen once it serves). Remembered: at most ``limit`` targets. Not for a
+    request with ``Expect`` (the app answers it first), nor for an app with middlewares. Saves the route
+    resolution, about 3 us of a request's CPU."""
+
+    def __init__(self, app: web.Application, limit: int = MAX_DIRECT) -> None:
+        self._app = app
+        self._limit = 0 if app.middlewares else limit
+        self._known: dict[tuple[str, str], UrlMappingMatchInfo] = {}
+
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        key = (request.method, request.raw_path)
+        info = self._known.get(key)
+        if info is None or hdrs.EXPECT in request.headers:
+            response = await self._app._handle(request)  # type: ignore[arg-type]
+            if info is None and len(self._known) < self._limit:
+                self._learn(key, request)
+            return response
+        request._match_info = info  # type: ignore[attr-defined]  # what Application._handle sets
+        return await info.handler(request)  # type: ignore[arg-type]  # the app makes web.Request
+
+    def _learn(self, key: tuple[str, str], request: web.BaseRequest) -> None:
+        info = getattr(request, "_match_info", None)
+        route = getattr(info, "route", None)
+        if (
+            isinstance(info, UrlMappingMatchInfo)
+            and not info  # no match variables
+            and route is not None
+            and isinstance(route.resource, PlainResource)
+            and route.method == key[0]
+            and info.apps == (self._app,)
+        ):
+            self._known[key] = info
+
+    def __len__(self) -> int:
+        return len(self._known)
 
 
 @dataclass(slots=True)
