@@ -315,49 +315,66 @@ async def forward_only(request: web.Request) -> web.StreamResponse:
     return out
 
 
+HANDLERS = {"router": handlers_module.chat_completions, "forward_only": forward_only}
+
+
+class HandlerBench:
+    """The app, an in-memory client connection and requests for the handlers (``HANDLERS``), made as
+    aiohttp's server makes them, against an upstream seam that answers at once."""
+
+    def __init__(self, stream: bool) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.app = app_for()
+        self.state = self.app[CONTEXT]
+        self.state.upstream = InstantUpstream(stream)
+        self.app.freeze()
+        self.transport = MemoryTransport(keep=False)
+        self.protocol = ServerSide(self.loop)
+        self.protocol.connection_made(self.transport)
+
+    def request_for(self, raw: bytes) -> web.Request:
+        headers = {**REQUEST_HEADERS, "Content-Length": str(len(raw))}
+        payload = StreamReader(self.protocol, 2**16, loop=self.loop)
+        payload.feed_data(raw)
+        payload.feed_eof()
+        writer = StreamWriter(self.protocol, self.loop)
+        return make_mocked_request(
+            "POST", "/v1/chat/completions", headers=headers, app=self.app, writer=writer,
+            protocol=self.protocol, transport=self.transport, payload=payload, loop=self.loop,
+        )  # fmt: skip
+
+    async def handle(self, name: str, requests: list[web.Request]) -> None:
+        handler = HANDLERS[name]
+        for request in requests:
+            response = await handler(request)
+            if response.status != 200:
+                raise RuntimeError(f"{name}: status {response.status}")
+
+
+def request_bodies(sent: list[bytes]) -> list[bytes]:
+    """The bodies of ``bench.overhead.bodies``' requests (which are whole HTTP requests)."""
+    return [orjson.dumps(orjson.loads(r.split(b"\r\n\r\n", 1)[1])) for r in sent]
+
+
 async def handler_cycles(sent: list[bytes], stream: bool, warm: int, rounds: int) -> dict[str, float]:
     """CPU us per request of the router's whole handler (``chat_completions``: admission, parsing, the
     key, the decision, the exchange against an instant upstream, the response written to a connection
     that drops it, accounting, metrics, the access line) and of ``forward_only`` on the same requests,
     rounds alternating; medians over rounds."""
-    loop = asyncio.get_running_loop()
-    app = app_for()
-    state = app[CONTEXT]
-    state.upstream = InstantUpstream(stream)
-    app.freeze()
-    raws = [orjson.dumps(orjson.loads(r.split(b"\r\n\r\n", 1)[1])) for r in sent]
-    transport = MemoryTransport(keep=False)
-    protocol = ServerSide(loop)
-    protocol.connection_made(transport)
-    handlers = {"router": handlers_module.chat_completions, "forward_only": forward_only}
-    found: dict[str, list[float]] = {name: [] for name in handlers}
-
-    def request_for(raw: bytes) -> web.Request:
-        headers = {**REQUEST_HEADERS, "Content-Length": str(len(raw))}
-        payload = StreamReader(protocol, 2**16, loop=loop)
-        payload.feed_data(raw)
-        payload.feed_eof()
-        writer = StreamWriter(protocol, loop)
-        return make_mocked_request(
-            "POST", "/v1/chat/completions", headers=headers, app=app, writer=writer, protocol=protocol,
-            transport=transport, payload=payload, loop=loop,
-        )  # fmt: skip
-
+    bench = HandlerBench(stream)
+    raws = request_bodies(sent)
+    found: dict[str, list[float]] = {name: [] for name in HANDLERS}
     per_round = (len(raws) - warm) // rounds
-    for handler in handlers.values():
-        for raw in raws[:warm]:
-            await handler(request_for(raw))
+    for name in HANDLERS:
+        await bench.handle(name, [bench.request_for(raw) for raw in raws[:warm]])
     for r in range(rounds):
         part = raws[warm + r * per_round : warm + (r + 1) * per_round]
-        for name, handler in handlers.items():
-            requests = [request_for(raw) for raw in part]
+        for name in HANDLERS:
+            requests = [bench.request_for(raw) for raw in part]
             start = time.thread_time_ns()
-            for request in requests:
-                response = await handler(request)
-                if response.status != 200:
-                    raise RuntimeError(f"{name}: status {response.status}")
+            await bench.handle(name, requests)
             found[name].append((time.thread_time_ns() - start) / len(part) / 1e3)
-    state.log_handler.flush()  # type: ignore[union-attr]
+    bench.state.log_handler.flush()  # type: ignore[union-attr]
     return {name: statistics.median(values) for name, values in found.items()}
 
 
