@@ -6,7 +6,7 @@ number of instructions it executes does not. Each cell runs two child processes 
 make the same ``2 * --cycles`` requests (``request_path.HandlerBench``, after ``--warm`` warm-up ones)
 and differ only in how many they hand to the handler (``--cycles`` or twice that): the difference of
 their counts, over ``--cycles``, is one request's instructions, start-up and request making left out.
-``PYTHONHASHSEED`` is fixed, so a run repeats its counts to within a few hundred instructions.
+``PYTHONHASHSEED`` is fixed: repeated runs gave counts within half a percent of each other.
 
 Instructions are not time (a cache miss costs more than an add), so this is the check that a change
 does less work, beside the timed benchmarks; ``--before DIR`` counts a second build (a tree's ``src`` or a
@@ -54,12 +54,26 @@ def counted(path: str, name: str, chars: int, stream: bool, warm: int, made: int
         "--child", name, "--chars", str(chars), "--stream", str(int(stream)), "--warm", str(warm),
         "--made", str(made), "--handled", str(handled),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0"}
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(argv, env=child_env(path), capture_output=True, text=True, check=True)
     found = _COLLECTED.search(out.stderr)
     if found is None:
         raise RuntimeError(f"callgrind printed no count: {out.stderr[-500:]}")
     return int(found.group(1))
+
+
+def child_env(path: str) -> dict[str, str]:
+    """The children's environment: ``path`` first, a fixed hash seed, bytecode written (``prime``)."""
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONHASHSEED": "0"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def prime(path: str) -> None:
+    """One child run outside Valgrind, uncounted: it writes the bytecode that the counted ones then load
+    (compiling every source under callgrind took most of a child's time)."""
+    argv = [sys.executable, __file__, "--child", "router", "--chars", "100", "--stream", "0", "--warm", "1",
+            "--made", "1", "--handled", "1"]  # fmt: skip
+    subprocess.run(argv, env=child_env(path), capture_output=True, check=True)
 
 
 def per_request(path: str, name: str, chars: int, stream: bool, args: argparse.Namespace) -> float:
@@ -95,6 +109,7 @@ def main() -> None:
     print(f"build: {request_path.build_name()}; thousands of instructions per request (callgrind)")
     for side, path in sides.items():
         print(f"{side}: {path or '(this environment)'}")
+        prime(path)
     print("| prompt | kind | side | router's handler | forward-only handler | router over forward-only |")
     print("|---:|---|---|---:|---:|---:|")
     for chars in (int(c) for c in args.prompt_chars.split(",")):
