@@ -13,11 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from prefix_router.lab.launch.net import restartable_ports
 from prefix_router.lab.sim.kv_publisher import KvEventsConfig
 from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
 from prefix_router.proxy.run.server import Running, start
-from support.net import free_port
 from support.waiting import wait_until
 
 MODEL = "sim"
@@ -69,12 +69,15 @@ async def fleet(start_router: Any) -> AsyncIterator[Fleet]:
 
     async def make(n: int, *, engine_binds: bool, tagged: bool) -> tuple[list[SimEngine], Any]:
         entries = []
+        # distinct and below the ephemeral range: engines bind some of them after the router started, and
+        # a port from bind(0) could be an outgoing connection's by then (seen: a replay port)
+        ports = restartable_ports("127.0.0.1", 3 * n)
         for i in range(n):
-            port, replay = free_port(), free_port()
+            port, replay, http_port = ports[3 * i : 3 * i + 3]
             # vLLM's rule: a wildcard endpoint binds (the router connects), a host name connects
             endpoint = f"tcp://*:{port}" if engine_binds else f"tcp://127.0.0.1:{port}"
             events = KvEventsConfig(endpoint, f"tcp://127.0.0.1:{replay}", "kv", tagged=tagged)
-            engine = SimEngine(f"sim{i}", free_port(), events)
+            engine = SimEngine(f"sim{i}", http_port, events)
             engines.append(engine)
             entries.append({
                 "url": engine.url, "name": engine.name, "models": [MODEL],

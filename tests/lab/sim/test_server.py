@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +14,7 @@ from openai import AsyncOpenAI
 
 from prefix_router.lab.launch.engine_sim import running_engines
 from prefix_router.pool.engines import promtext
+from support.net import free_port
 
 MODEL = "sim-demo"
 SYSTEM = {"role": "system", "content": "You answer questions about the simulator. " * 40}
@@ -248,3 +251,38 @@ async def test_request_success_and_busy_time_metrics(url: str, client: AsyncOpen
     assert {s.labels["finished_reason"]: s.value for s in samples} == {"length": 3}
     busy = await metric(url, "prefix_router_sim:busy_seconds_total")
     assert busy > 0
+
+
+REPLAY_PORT_TAKEN = """
+import asyncio, gc, socket, sys
+from prefix_router.lab.sim.kv_publisher import KvEventsConfig
+from prefix_router.lab.sim.server import EngineSimSettings, build_app
+from prefix_router.proxy.run.server import start
+
+async def main() -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    events = KvEventsConfig(f"tcp://127.0.0.1:{sys.argv[1]}", f"tcp://127.0.0.1:{taken.getsockname()[1]}")
+    try:
+        await start(build_app(EngineSimSettings(model="m", kv_events=events)))
+    except Exception as exc:
+        print(type(exc).__name__)
+    gc.collect()
+    print("collected")
+
+asyncio.run(main())
+"""
+
+
+def test_a_start_up_that_fails_closes_the_event_sockets(tmp_path: Any) -> None:
+    """The replay socket's port taken: the start-up fails with the bind's error and the half-started app
+    is collected. Its publisher left open, a zmq context collected with a socket still open would block
+    the collecting thread for good (seen: a test worker hung 300 s after a sim engine failed to start on
+    a port another process took meanwhile)."""
+    script = tmp_path / "replay_port_taken.py"
+    script.write_text(REPLAY_PORT_TAKEN)
+    port = str(free_port())
+    out = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ZMQError", "collected"]

@@ -107,14 +107,17 @@ def build_app(cfg: EngineSimSettings) -> web.Application:
 
 
 async def _driver_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """The engine's driver and its event publisher, closed however the start-up ends: a publisher left
+    open (its replay port taken, say) would block for good whichever thread collects it (a zmq context
+    collected with a socket still open waits for that socket in ``Context.__del__``)."""
     ctx = app[CONTEXT]
-    if ctx.kv_events is not None:
-        ctx.events = KvEventPublisher(ctx.kv_events, ctx.engine.block_tokens)
-        ctx.engine.cache.listener = ctx.events.listener
-        ctx.driver.on_step = ctx.events.flush
-        ctx.events.start_replays()
-    await ctx.driver.start()
     try:
+        if ctx.kv_events is not None:
+            ctx.events = KvEventPublisher(ctx.kv_events, ctx.engine.block_tokens)
+            ctx.engine.cache.listener = ctx.events.listener
+            ctx.driver.on_step = ctx.events.flush
+            ctx.events.start_replays()
+        await ctx.driver.start()
         yield
     finally:
         await ctx.driver.stop()
