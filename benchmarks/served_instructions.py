@@ -4,8 +4,10 @@ that the machine's noise does not move.
 
 Each target is started twice under callgrind (every process it starts included), sent ``--warm``
 requests and then ``--requests`` or twice that (``bench-overhead``'s non-streamed requests at
-``--concurrency``), and stopped (SIGTERM); the difference of the two runs' counts over ``--requests`` is
-one request's instructions, start-up, warm-up and shutdown left out. What it counts is the user-space
+``--concurrency``), and stopped (SIGTERM); the run with fewer requests is kept running as long as the
+other took, so that what the processes do on timers (probes, sharing their view) counts alike in both.
+The difference of the two runs' counts over ``--requests`` is one request's instructions, start-up,
+warm-up, timers and shutdown left out. What it counts is the user-space
 work of the router's processes (their event loops, HTTP servers and clients, routing); the kernel's work
 for their sockets is not counted, and a cache miss counts as one instruction: the timed benchmarks stay
 the measure of time, this one of the work done.
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from prefix_router.lab.bench import loadgen
@@ -45,8 +48,9 @@ STARTUP_S = 600.0  # a router starting under callgrind: imports and all, at abou
 
 
 def counted_run(argv: list[str], env: dict[str, str] | None, sent: list[bytes], warm: list[bytes],
-                concurrency: int) -> int:  # fmt: skip
-    """Instructions of every process of one run: started under callgrind, warmed, sent ``sent``, stopped."""
+                concurrency: int, lasting_s: float = 0.0) -> tuple[int, float]:  # fmt: skip
+    """Instructions of every process of one run (started under callgrind, warmed, sent ``sent``, kept
+    running until ``lasting_s`` after the first of ``sent``, stopped) and the seconds ``sent`` took."""
     with tempfile.TemporaryDirectory() as out:
         valgrind = [
             "valgrind",
@@ -54,20 +58,21 @@ def counted_run(argv: list[str], env: dict[str, str] | None, sent: list[bytes], 
             "--trace-children=yes",
             f"--callgrind-out-file={out}/cg.%p",
         ]
-        run_once(valgrind + argv, env, sent, warm, concurrency)
-        return sum(totals(path) for path in Path(out).glob("cg.*"))
+        took = run_once(valgrind + argv, env, sent, warm, concurrency, lasting_s)
+        return sum(totals(path) for path in Path(out).glob("cg.*")), took
 
 
 def run_once(argv: list[str], env: dict[str, str] | None, sent: list[bytes], warm: list[bytes],
-             concurrency: int) -> None:  # fmt: skip
-    """Start ``argv`` on a port of its own, send it ``warm`` then ``sent``, stop it (SIGTERM), wait."""
+             concurrency: int, lasting_s: float = 0.0) -> float:  # fmt: skip
+    """Start ``argv`` on a port of its own, send it ``warm`` then ``sent`` (and wait until ``lasting_s``
+    after the first of ``sent``), stop it (SIGTERM), wait; the seconds ``sent`` took."""
     port = free_port()
     child_env = {**os.environ, **(env or {})}
     child_env.pop("PYTHONDONTWRITEBYTECODE", None)  # compiled once (``prime``), not at every start
     proc = subprocess.Popen(with_port(argv, port), env=child_env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        asyncio.run(drive(port, sent, warm, concurrency))
+        return asyncio.run(drive(port, sent, warm, concurrency, lasting_s))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(STARTUP_S)
@@ -80,14 +85,18 @@ def with_port(argv: list[str], port: int) -> list[str]:
     return out
 
 
-async def drive(port: int, sent: list[bytes], warm: list[bytes], concurrency: int) -> None:
+async def drive(port: int, sent: list[bytes], warm: list[bytes], concurrency: int, lasting_s: float) -> float:
     await wait_listening(port, STARTUP_S)
+    start = 0.0
     for batch in (warm, sent):
-        if not batch:
-            continue
-        result = await loadgen.run(port, batch, concurrency)
-        if result.errors:
-            raise RuntimeError(f"{result.errors} errors from the router on port {port}")
+        start = time.monotonic()
+        if batch:
+            result = await loadgen.run(port, batch, concurrency)
+            if result.errors:
+                raise RuntimeError(f"{result.errors} errors from the router on port {port}")
+    took = time.monotonic() - start
+    await asyncio.sleep(max(0.0, lasting_s - took))
+    return took
 
 
 def totals(path: Path) -> int:
@@ -100,8 +109,9 @@ def per_request(argv: list[str], env: dict[str, str] | None, args: argparse.Name
     n = args.requests
     warm = bodies(args.warm, chars, False)
     run_once(argv, env, [], warm, args.concurrency)  # not counted: writes the bytecode both runs then load
-    low = counted_run(argv, env, bodies(n, chars, False), warm, args.concurrency)
-    high = counted_run(argv, env, bodies(2 * n, chars, False), warm, args.concurrency)
+    high, took = counted_run(argv, env, bodies(2 * n, chars, False), warm, args.concurrency)
+    # the N-request run lasts as long as the 2N one: what the processes do on timers cancels out
+    low, _ = counted_run(argv, env, bodies(n, chars, False), warm, args.concurrency, lasting_s=took)
     return (high - low) / n / 1e3
 
 
