@@ -32,12 +32,14 @@ from pathlib import Path
 
 from prefix_router.lab.bench import loadgen
 from prefix_router.lab.bench.overhead import (
+    PEER_ENV,
     PEER_PYTHON,
     bodies,
     build_env,
     names,
     numbers,
     peer_argv,
+    processes,
     router_argv,
     wait_listening,
 )
@@ -87,16 +89,19 @@ def with_port(argv: list[str], port: int) -> list[str]:
 
 async def drive(port: int, sent: list[bytes], warm: list[bytes], concurrency: int, lasting_s: float) -> float:
     await wait_listening(port, STARTUP_S)
-    start = 0.0
-    for batch in (warm, sent):
-        start = time.monotonic()
-        if batch:
-            result = await loadgen.run(port, batch, concurrency)
-            if result.errors:
-                raise RuntimeError(f"{result.errors} errors from the router on port {port}")
+    await send(port, warm, concurrency)
+    start = time.monotonic()
+    await send(port, sent, concurrency)
     took = time.monotonic() - start
     await asyncio.sleep(max(0.0, lasting_s - took))
     return took
+
+
+async def send(port: int, batch: list[bytes], concurrency: int) -> None:
+    if batch:
+        result = await loadgen.run(port, batch, concurrency)
+        if result.errors:
+            raise RuntimeError(f"{result.errors} errors from the router on port {port}")
 
 
 def totals(path: Path) -> int:
@@ -128,10 +133,11 @@ def main() -> None:
     p.add_argument("--peer-python", default=PEER_PYTHON, help="sglang-router's venv ('' to leave it out)")
     args = p.parse_args()
     worker_port = free_port()
-    worker_argv = [sys.executable, "-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker_port)]
-    worker = subprocess.Popen(worker_argv, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    try:
+    sizes = numbers(args.prompt_chars)
+    with processes() as spawn:  # the worker, outside Valgrind
+        spawn(
+            [sys.executable, "-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker_port)], None
+        )
         asyncio.run(wait_listening(worker_port))
         targets = [
             (f"prefix-router ({n} proc, {build})", router_argv(worker_port, 0, "uvloop", n),
@@ -139,17 +145,16 @@ def main() -> None:
             for n in numbers(args.processes) for build in names(args.builds)
         ]  # fmt: skip
         if args.peer_python:
-            targets.append(("sglang-router (cache_aware)", peer_argv(args.peer_python, worker_port, 0), None))
+            targets.append(
+                ("sglang-router (cache_aware)", peer_argv(args.peer_python, worker_port, 0), PEER_ENV)
+            )
         print(f"thousands of instructions per served request (callgrind), concurrency {args.concurrency}, "
               f"{args.requests} requests")  # fmt: skip
-        print("| target | " + " | ".join(f"{int(c):,} chars" for c in args.prompt_chars.split(",")) + " |")
-        print("|---|" + "---:|" * len(args.prompt_chars.split(",")))
+        print("| target | " + " | ".join(f"{chars:,} chars" for chars in sizes) + " |")
+        print("|---|" + "---:|" * len(sizes))
         for label, argv, env in targets:
-            cells = [per_request(argv, env, args, int(chars)) for chars in args.prompt_chars.split(",")]
+            cells = [per_request(argv, env, args, chars) for chars in sizes]
             print(f"| {label} | " + " | ".join(f"{c:.0f}" for c in cells) + " |", flush=True)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(10)
 
 
 if __name__ == "__main__":
