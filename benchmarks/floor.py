@@ -7,17 +7,27 @@ the worker, each as its own process:
 - ``direct``: no proxy (the client talks to the worker; CPU is the worker's);
 - ``floor-aiohttp``: aiohttp's server + the project's upstream client, a handler that only forwards
   (``benchmarks/floor_servers/aiohttp_floor.py``);
+- ``floor-aiohttp-direct``: aiohttp as prefix-router drives it (``serve``'s runner and ``Dispatch``, a
+  plain route, the answer written by ``edge.head``), the same forwarding
+  (``floor_servers/aiohttp_direct_floor.py``);
 - ``floor-protocol``: ``asyncio.Protocol`` + llhttp (``httptools``) + the same client, uvloop
   (``floor_servers/protocol_floor.py``);
+- ``floor-protocol-request``: the same protocol, each request made into aiohttp's request objects and
+  answered by ``floor-aiohttp-direct``'s handler (``floor_servers/protocol_request_floor.py``): a lean edge
+  that would keep aiohttp's requests for the router's handlers;
 - ``floor-granian``: granian (Rust server, RSGI) + the same client (``floor_servers/granian_floor.py``),
   granian from the dev dependencies (``--granian-python`` picks another interpreter; ``--granian-python ""``
   leaves the row out);
-- ``prefix-router``: ``serve --processes 1 --policy prefix`` as shipped (access log on), and with
+- ``prefix-router``: ``serve --processes N --policy prefix`` as shipped (access log on), and with
   ``--set access_log=false``;
 - ``sglang-router``: ``cache_aware``, from its own venv (``--peer-python``), as ``bench-overhead`` starts it;
   with ``--shim`` (``benchmarks/nodelay_shim.c`` built as ``peers.sh`` builds it) also
   ``sglang-router+nodelay``: the same with TCP_NODELAY set on its accepted connections (0.3.2 leaves
   Nagle on, which holds its streams' small writes back: see docs/benchmarks.md "Peers").
+
+``--processes N`` runs every Python server with N processes on one port (prefix-router's ``serve
+--processes``; each floor started N times with ``--reuse-port``; granian with N workers): the CPU per
+request is then all of them together.
 
 Rounds are interleaved: in each round, for every prompt size and concurrency, every target is measured
 once (the order rotated by one each round), non-streamed then streamed. Printed per case: the best
@@ -71,13 +81,13 @@ from prefix_router.proxy import loop_factory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "floor_servers"))
+import floor_common  # benchmarks/floor_servers/floor_common.py: the floors' commands
 import floor_core  # benchmarks/floor_core.py, beside this file
-from floor_common import floor_argv  # benchmarks/floor_servers/floor_common.py: the floors' commands
 
 DIRECT, SGLANG = "direct", "sglang-router"
 TARGETS = (
-    DIRECT, "floor-aiohttp", "floor-protocol", "floor-granian", "prefix-router", "prefix-router-nolog",
-    SGLANG, "sglang-router+nodelay",
+    DIRECT, "floor-aiohttp", "floor-aiohttp-direct", "floor-protocol", "floor-protocol-request",
+    "floor-granian", "prefix-router", "prefix-router-nolog", SGLANG, "sglang-router+nodelay",
 )  # fmt: skip
 LABELS = {
     "prefix-router": "prefix-router (as shipped)",
@@ -85,7 +95,7 @@ LABELS = {
     SGLANG: "sglang-router (cache_aware)",
     "sglang-router+nodelay": "sglang-router + TCP_NODELAY shim",
 }
-FLOORS = ("floor-aiohttp", "floor-protocol", "floor-granian")
+FLOORS = tuple(f"floor-{floor}" for floor in floor_common.FLOORS)
 KINDS = ("plain", "stream")
 
 
@@ -110,7 +120,7 @@ class Sample:
 class Target:
     name: str
     port: int
-    pid: int
+    pids: list[int]  # its processes (each counted with its descendants)
 
 
 @dataclass
@@ -141,7 +151,7 @@ def spawn_targets(spawn: Callable[[list[str], dict[str, str] | None], int], args
     worker_port = free_port()
     upstream = f"http://127.0.0.1:{worker_port}"
     worker = [sys.executable, "-m", "prefix_router.lab.bench.instant_worker", "--port", str(worker_port)]
-    targets = [Target(DIRECT, worker_port, spawn([*worker, "--chunks", str(args.stream_chunks)], None))]
+    targets = [Target(DIRECT, worker_port, [spawn([*worker, "--chunks", str(args.stream_chunks)], None)])]
     for name in args.targets:
         if name == DIRECT:
             continue
@@ -152,17 +162,19 @@ def spawn_targets(spawn: Callable[[list[str], dict[str, str] | None], int], args
             continue  # asked for with --shim only
         port = free_port()
         argv, env = target_argv(name, args, worker_port, port, upstream)
-        targets.append(Target(name, port, spawn(argv, env)))
+        started = floor_common.copies(name.removeprefix("floor-"), args.processes) if name in FLOORS else 1
+        targets.append(Target(name, port, [spawn(argv, env) for _ in range(started)]))
     return targets
 
 
 def target_argv(
     name: str, args: argparse.Namespace, worker_port: int, port: int, upstream: str
 ) -> tuple[list[str], dict[str, str] | None]:
-    if name in FLOORS:  # floor-aiohttp, floor-protocol, floor-granian
-        return floor_argv(name.removeprefix("floor-"), port, upstream, args.granian_python)
+    if name in FLOORS:
+        floor = name.removeprefix("floor-")
+        return floor_common.floor_argv(floor, port, upstream, args.granian_python, args.processes)
     if name in ("prefix-router", "prefix-router-nolog"):
-        argv = router_argv(worker_port, port, "uvloop", 1, "prefix")
+        argv = router_argv(worker_port, port, "uvloop", args.processes, "prefix")
         return [*argv, "--set", f"access_log={name == 'prefix-router'}"], None
     if name == SGLANG:
         return peer_argv(args.peer_python, worker_port, port), PEER_ENV
@@ -172,9 +184,9 @@ def target_argv(
 
 
 async def measure(target: Target, sent: list[bytes], concurrency: int, tick: Callable[[], None]) -> Sample:
-    cpu0 = cpu_seconds(target.pid)
+    cpu0 = sum(cpu_seconds(pid) for pid in target.pids)
     result = await loadgen.run(target.port, sent, concurrency, tick)
-    cpu1 = cpu_seconds(target.pid)
+    cpu1 = sum(cpu_seconds(pid) for pid in target.pids)
     return Sample(result.rate, result.percentile(0.5), (cpu1 - cpu0) / len(sent), result.errors)
 
 
@@ -329,6 +341,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", default="32,256")
     p.add_argument("--kinds", default="plain,stream", help="plain,stream")
     p.add_argument("--stream-chunks", type=int, default=8)
+    p.add_argument("--processes", type=int, default=1, help="processes of each Python server (see above)")
     p.add_argument("--targets", default=",".join(TARGETS), help=f"a subset of {','.join(TARGETS)}")
     p.add_argument("--peer-python", default=PEER_PYTHON, help="the Python of sglang-router's own venv")
     p.add_argument(

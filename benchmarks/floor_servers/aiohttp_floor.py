@@ -57,10 +57,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
     args = parser.parse_args()
     loop = uvloop.new_event_loop()
     app = build_app(args.upstream.rstrip("/"))
-    web.run_app(app, host="127.0.0.1", port=args.port, loop=loop, access_log=None, print=None, backlog=2048)
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        loop=loop,
+        access_log=None,
+        print=None,
+        backlog=2048,
+        reuse_port=args.reuse_port,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """What the floor servers share (``benchmarks/floor.py``): the exchange with the one worker, its command
 lines. Beside the servers, so each imports it as a sibling (run as a script, or from granian's
 ``--working-dir``); ``floor.py`` and ``tests/lab/bench/test_floor_servers.py`` start the servers with
-``floor_argv``, so the test runs exactly what the benchmark measures."""
+``floor_argv``, so the test runs exactly what the benchmark measures. ``answer_as_router`` is the
+exchange of the two floors that answer as prefix-router does (``aiohttp-direct``, ``protocol-request``).
+
+Every floor takes ``--reuse-port``: several processes of it may listen on one port (``SO_REUSEPORT``), as
+the processes of ``serve --processes N`` do (``floor.py --processes``)."""
 
 from __future__ import annotations
 
@@ -10,13 +14,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from prefix_router.proxy import Upstream, UpstreamError, UpstreamRequest, UpstreamResponse
+from aiohttp import web
+
+from prefix_router.proxy import Upstream, UpstreamError, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.proxy.edge import head
 
 T = TypeVar("T")
 BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
-FLOORS = ("aiohttp", "protocol", "granian")
+FLOORS = ("aiohttp", "aiohttp-direct", "protocol", "protocol-request", "granian")
 MAX_BODY = sys.maxsize  # ``read_up_to``'s limit: a whole answer, however long (the worker's are bounded)
 
 
@@ -41,19 +48,72 @@ async def forward(
     return answer
 
 
+async def answer_as_router(
+    upstream: Upstream, base: str, request: web.BaseRequest, body: bytes
+) -> web.StreamResponse:
+    """Forward ``request`` (its ``body`` read) and write the answer as prefix-router writes its own
+    (``edge.head``): a whole answer in one write, a stream as chunks as they come, aiohttp's response
+    objects only where ``head`` leaves an answer to them (not HTTP/1.1, a status without a body)."""
+    content_type = request.headers.get("Content-Type", "application/json")
+    sent = UpstreamRequest(request.method, base + request.path_qs, {"Content-Type": content_type}, body)
+    return await forward(
+        upstream,
+        sent,
+        lambda response: relayed(request, response),
+        lambda: whole(request, 502, [], BAD_GATEWAY),
+    )
+
+
+async def relayed(request: web.BaseRequest, response: UpstreamResponse) -> web.StreamResponse:
+    headers = [("Content-Type", response.headers.get("Content-Type", "application/octet-stream"))]
+    if "Content-Length" in response.headers:
+        body, _ = await read_up_to(response, MAX_BODY)
+        return whole(request, response.status, headers, body)
+    relay = head.relay(request, response.status, headers)
+    if relay is None:
+        out = web.StreamResponse(status=response.status, headers=dict(headers))
+        await out.prepare(request)
+        while chunk := await response.next_chunk():
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+    while chunk := await response.next_chunk():
+        await relay.write(chunk)
+    await relay.write_eof()
+    return relay.response()
+
+
+def whole(
+    request: web.BaseRequest, status: int, headers: list[tuple[str, str]], body: bytes
+) -> web.StreamResponse:
+    if not headers:
+        headers = [("Content-Type", "application/json")]
+    written = head.sent(request, status, headers, body)
+    return written if written is not None else web.Response(status=status, body=body, headers=dict(headers))
+
+
 def floor_argv(
-    floor: str, port: int, upstream: str, python: str = sys.executable
+    floor: str, port: int, upstream: str, python: str = sys.executable, processes: int = 1
 ) -> tuple[list[str], dict[str, str] | None]:
     """The command line (and environment) of the ``floor`` server (one of ``FLOORS``) on ``port``,
-    forwarding to ``upstream``; granian runs from ``python`` (the dev extra has it)."""
+    forwarding to ``upstream``; granian runs from ``python`` (the dev extra has it). ``processes`` > 1:
+    granian with that many workers; any other floor listening with ``--reuse-port``, to be started
+    ``copies(floor, processes)`` times."""
     if floor == "granian":
         argv = [
             python, "-m", "granian", "--interface", "rsgi", "--loop", "uvloop", "--http", "1",
-            "--no-ws", "--workers", "1", "--backlog", "2048", "--log-level", "warning",
+            "--no-ws", "--workers", str(processes), "--backlog", "2048", "--log-level", "warning",
             "--working-dir", str(HERE), "--host", "127.0.0.1", "--port", str(port), "granian_floor:app",
         ]  # fmt: skip
         return argv, {"FLOOR_UPSTREAM": upstream, "PYTHONPATH": f"{SRC}:{HERE}"}
     if floor not in FLOORS:
         raise ValueError(f"unknown floor {floor}")
-    script = HERE / f"{floor}_floor.py"
-    return [sys.executable, str(script), "--port", str(port), "--upstream", upstream], None
+    script = HERE / f"{floor.replace('-', '_')}_floor.py"
+    argv = [sys.executable, str(script), "--port", str(port), "--upstream", upstream]
+    return [*argv, "--reuse-port"] if processes > 1 else argv, None
+
+
+def copies(floor: str, processes: int) -> int:
+    """How many times ``floor_argv(floor, ..., processes=processes)`` is started: granian makes its own
+    workers."""
+    return 1 if floor == "granian" else processes

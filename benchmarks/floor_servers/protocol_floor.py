@@ -158,10 +158,12 @@ class FloorProtocol(asyncio.Protocol):
         self._transport.write(data)
 
 
-async def serve(port: int, base: str) -> None:
+async def serve(port: int, base: str, reuse_port: bool = False) -> None:
     upstream = HttpUpstream(connect_timeout_s=5.0)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: FloorProtocol(upstream, base), "127.0.0.1", port, backlog=2048)
+    server = await loop.create_server(
+        lambda: FloorProtocol(upstream, base), "127.0.0.1", port, backlog=2048, reuse_port=reuse_port
+    )
     try:
         await server.serve_forever()
     finally:
@@ -172,9 +174,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args.port, args.upstream.rstrip("/")))
+        uvloop.run(serve(args.port, args.upstream.rstrip("/"), args.reuse_port))
 
 
 if __name__ == "__main__":
