@@ -65,12 +65,14 @@ EDGE_PATH = (
     "head",
     "keying",
     "parse",
+    "request",
     "sse",
 )
 # What the request path calls beyond the edge: the upstream client, the pool, the app's state, the access
 # log's handler, metrics.
 BEYOND = (
     "proxy/upstream/http_client",
+    "proxy/run/lean",
     "pool/engines/usage",
     "pool/pool",
     "pool/worker",

@@ -82,6 +82,7 @@ from prefix_router.proxy.edge.accounting import Flight
 from prefix_router.proxy.edge.exchange import EventHold
 from prefix_router.proxy.edge.handlers import admit
 from prefix_router.proxy.edge.parse import read_body
+from prefix_router.proxy.edge.request import EdgeRequest
 from prefix_router.proxy.ops.logs import LineHandler
 from prefix_router.proxy.upstream.seam import UpstreamRequest, UpstreamResponse
 
@@ -97,6 +98,7 @@ STAGES = (
     "metrics",
     "access_log",
 )
+PATH = "/v1/chat/completions"
 REQUEST_HEADERS = {
     "Host": "127.0.0.1:9000",
     "Content-Type": "application/json",
@@ -176,7 +178,7 @@ async def cycle(state: AppContext, raw: bytes, stream: bool, t: Timer) -> None:
         headers = request.headers
         rid = request_id(headers) or state.next_request_id()
         note = RequestNote(rid, "POST", "/v1/chat/completions", state.clock())
-        admit(state, request)  # type: ignore[arg-type]
+        admit(state, EdgeRequest(state, "POST", PATH, PATH, headers, True, True))
         forward.safe_path("/v1/chat/completions")
         state.pool.knows_model(MODEL)
         note.model = MODEL

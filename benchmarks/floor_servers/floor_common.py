@@ -9,15 +9,29 @@ the processes of ``serve --processes N`` do (``floor.py --processes``)."""
 
 from __future__ import annotations
 
+import functools
+import random
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 from aiohttp import web
 
-from prefix_router.proxy import Upstream, UpstreamError, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.proxy import (
+    CONTEXT,
+    AppContext,
+    Config,
+    Upstream,
+    UpstreamError,
+    UpstreamRequest,
+    UpstreamResponse,
+    build_app,
+    read_up_to,
+)
 from prefix_router.proxy.edge import head
+from prefix_router.proxy.edge.request import AiohttpRequest
 
 T = TypeVar("T")
 BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'
@@ -49,22 +63,31 @@ async def forward(
 
 
 async def answer_as_router(
-    upstream: Upstream, base: str, request: web.BaseRequest, body: bytes
+    upstream: Upstream, base: str, request: web.Request, body: bytes
 ) -> web.StreamResponse:
     """Forward ``request`` (its ``body`` read) and write the answer as prefix-router writes its own
-    (``edge.head``): a whole answer in one write, a stream as chunks as they come, aiohttp's response
-    objects only where ``head`` leaves an answer to them (not HTTP/1.1, a status without a body)."""
+    (``edge.head``, on the request as the router's edge sees it): a whole answer in one write, a stream as
+    chunks as they come, aiohttp's response objects only where ``head`` leaves an answer to them (not
+    HTTP/1.1, a status without a body)."""
+    edge = AiohttpRequest(state(), request)
     content_type = request.headers.get("Content-Type", "application/json")
     sent = UpstreamRequest(request.method, base + request.path_qs, {"Content-Type": content_type}, body)
     return await forward(
         upstream,
         sent,
-        lambda response: relayed(request, response),
-        lambda: whole(request, 502, [], BAD_GATEWAY),
+        lambda response: relayed(edge, response),
+        lambda: whole(edge, 502, [], BAD_GATEWAY),
     )
 
 
-async def relayed(request: web.BaseRequest, response: UpstreamResponse) -> web.StreamResponse:
+@functools.cache
+def state() -> AppContext:
+    """A router's state, never used: what an edge request carries (``head`` reads only the request)."""
+    config = Config.model_validate({"workers": [{"url": "http://127.0.0.1:9", "name": "w0"}]})
+    return build_app(config, None, None, time.monotonic, random.Random(0))[CONTEXT]
+
+
+async def relayed(request: AiohttpRequest, response: UpstreamResponse) -> web.StreamResponse:
     headers = [("Content-Type", response.headers.get("Content-Type", "application/octet-stream"))]
     if "Content-Length" in response.headers:
         body, _ = await read_up_to(response, MAX_BODY)
@@ -72,7 +95,7 @@ async def relayed(request: web.BaseRequest, response: UpstreamResponse) -> web.S
     relay = head.relay(request, response.status, headers)
     if relay is None:
         out = web.StreamResponse(status=response.status, headers=dict(headers))
-        await out.prepare(request)
+        await request.respond(out)
         while chunk := await response.next_chunk():
             await out.write(chunk)
         await out.write_eof()
@@ -84,7 +107,7 @@ async def relayed(request: web.BaseRequest, response: UpstreamResponse) -> web.S
 
 
 def whole(
-    request: web.BaseRequest, status: int, headers: list[tuple[str, str]], body: bytes
+    request: AiohttpRequest, status: int, headers: list[tuple[str, str]], body: bytes
 ) -> web.StreamResponse:
     if not headers:
         headers = [("Content-Type", "application/json")]

@@ -115,6 +115,9 @@ class ServerSettings(Section):
     port: int = Field(default=8000, ge=0, le=65535)
     session_header: str = Field(default=SESSION_HEADER, min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # lean: the router's own connection handler serves the generation requests and hands anything else to
+    # aiohttp's (proxy/run/lean.py); aiohttp: aiohttp's serves every request
+    http_server: Literal["lean", "aiohttp"] = "lean"
     processes: int = Field(default=0, ge=0, le=256)  # serving processes on the port; 0: one per core
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"  # text: key=value lines; json: one JSON object per line

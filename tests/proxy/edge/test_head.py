@@ -6,9 +6,11 @@ relay waits while the client reads slowly, and a real router serves keep-alive, 
 from __future__ import annotations
 
 import asyncio
+import functools
+import random
+import time
 from typing import Any
 
-import httptools
 import orjson
 import pytest
 from aiohttp import web
@@ -19,43 +21,31 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
+from prefix_router.proxy import CONTEXT, AppContext, Config, build_app
 from prefix_router.proxy.edge import head
+from prefix_router.proxy.edge.request import AiohttpRequest
 from prefix_router.proxy.edge.responses import RelayResponse, SentResponse
+from support.http1 import STREAMED, Parsed, chat_request, read_answers
+
+
+@functools.cache
+def state() -> AppContext:
+    config = Config.model_validate({"workers": [{"url": "http://127.0.0.1:9", "name": "w0"}]})
+    return build_app(config, None, None, time.monotonic, random.Random(0))[CONTEXT]
 
 
 def request_on(
     transport: MemoryTransport, method: str = "POST", keep_alive: bool = True, version: Any = HttpVersion11
-) -> web.Request:
+) -> AiohttpRequest:
+    """An aiohttp request on ``transport``, as the edge sees it."""
     loop = asyncio.get_running_loop()
     protocol = ServerSide(loop)
     protocol.connection_made(transport)
-    return make_mocked_request(
+    request = make_mocked_request(
         method, "/v1/chat/completions", version=version, closing=not keep_alive, protocol=protocol,
         transport=transport, writer=StreamWriter(protocol, loop), loop=loop,
     )  # fmt: skip
-
-
-class Parsed:
-    """HTTP/1.1 responses parsed from bytes (llhttp): status, headers in order, body, one per answer."""
-
-    def __init__(self, data: bytes) -> None:
-        self.answers: list[tuple[int, list[tuple[str, str]], bytes]] = []
-        self._headers: list[tuple[str, str]] = []
-        self._body = b""
-        self.parser = httptools.HttpResponseParser(self)
-        self.parser.feed_data(data)
-
-    def on_message_begin(self) -> None:
-        self._headers, self._body = [], b""
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode(), value.decode()))
-
-    def on_body(self, body: bytes) -> None:
-        self._body += body
-
-    def on_message_complete(self) -> None:
-        self.answers.append((self.parser.get_status_code(), self._headers, self._body))
+    return AiohttpRequest(state(), request)
 
 
 def without_date(data: bytes) -> bytes:
@@ -69,7 +59,7 @@ def without_date(data: bytes) -> bytes:
 async def aiohttp_bytes(status: int, headers: list[tuple[str, str]], body: bytes, keep_alive: bool) -> bytes:
     transport = MemoryTransport()
     response = web.Response(status=status, body=body, headers=headers)
-    await response.prepare(request_on(transport, keep_alive=keep_alive))
+    await request_on(transport, keep_alive=keep_alive).respond(response)
     await response.write_eof()
     return bytes(transport.data)
 
@@ -79,7 +69,7 @@ async def aiohttp_relayed(
 ) -> bytes:
     transport = MemoryTransport()
     response = RelayResponse(status=status, headers=headers)
-    await response.prepare(request_on(transport, keep_alive=keep_alive))
+    await request_on(transport, keep_alive=keep_alive).respond(response)
     for chunk in chunks:
         await response.write(chunk)
     await response.write_eof()
@@ -155,13 +145,13 @@ async def test_a_relay_waits_while_the_client_is_behind_and_only_then() -> None:
     request = request_on(transport)
     relay = head.relay(request, 200, [("Content-Type", "text/event-stream")])
     assert relay is not None
-    request.protocol.pause_writing()  # the connection's buffer went over its high-water mark
+    request.request.protocol.pause_writing()  # the connection's buffer went over its high-water mark
     await asyncio.wait_for(relay.write(b"data: 1\n\n"), 1)  # the transport holds less than that: no wait
     transport.buffered = 70_000
     writing = asyncio.ensure_future(relay.write(b"data: 2\n\n"))
     await asyncio.sleep(0.01)
     assert not writing.done() and transport.data.endswith(b"data: 2\n\n\r\n")  # written, then waiting
-    request.protocol.resume_writing()
+    request.request.protocol.resume_writing()
     await asyncio.wait_for(writing, 1)
 
 
@@ -197,25 +187,6 @@ async def test_a_closing_connection_raises_and_gets_nothing() -> None:
 
 
 # ---------------------------------------------------------------- through a real router
-
-CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-STREAMED = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
-
-
-def chat_request(extra: str = "", version: str = "1.1", body: bytes = CHAT) -> bytes:
-    lines = [f"POST /v1/chat/completions HTTP/{version}", "Host: router", "Content-Type: application/json"]
-    return (
-        "\r\n".join([*lines, f"Content-Length: {len(body)}", *([extra] if extra else [])]) + "\r\n\r\n"
-    ).encode() + body
-
-
-async def read_answers(reader: asyncio.StreamReader, count: int) -> Parsed:
-    parsed = Parsed(b"")
-    while len(parsed.answers) < count:
-        data = await asyncio.wait_for(reader.read(65536), 10)
-        assert data, f"connection closed after {len(parsed.answers)} answers"
-        parsed.parser.feed_data(data)
-    return parsed
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """How a served router's requests reach its app (``proxy.run.server``): ``Dispatch`` remembers the routes of
-plain paths and answers from them as the app's own resolution would."""
+plain paths and answers from them as the app's own resolution would (aiohttp's connection handler:
+``http_server: aiohttp``; with the router's own, ``tests/proxy/run/test_lean.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from prefix_router.proxy.run.server import Dispatch, Running, start
 from support.routers import RouterHandle
 
 NAME = web.AppKey("name", str)
+AIOHTTP = {"http_server": "aiohttp"}  # every request through aiohttp's connection handler
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
 
 
@@ -31,7 +33,7 @@ async def test_a_plain_route_is_remembered_and_answers_as_resolved(
     fake_engine: Any, start_router: Any
 ) -> None:
     engine = await fake_engine("a", reply="fine")
-    router: RouterHandle = await start_router(engine)
+    router: RouterHandle = await start_router(engine, settings=AIOHTTP)
     dispatch = dispatch_of(router.running)
     answers = [await post(router.url, "/v1/chat/completions", data=BODY) for _ in range(3)]
     assert len(dispatch) == 1  # the first request resolved it; the next two came through the memory
@@ -43,7 +45,7 @@ async def test_a_plain_route_is_remembered_and_answers_as_resolved(
 async def test_what_is_not_a_plain_route_under_its_method_is_resolved_each_time(
     fake_engine: Any, start_router: Any
 ) -> None:
-    router: RouterHandle = await start_router(await fake_engine("a"))
+    router: RouterHandle = await start_router(await fake_engine("a"), settings=AIOHTTP)
     dispatch = dispatch_of(router.running)
     for _ in range(2):
         assert (await post(router.url, "/v1/chat/completions", method="GET"))[0] == 405  # a "*" route

@@ -37,6 +37,7 @@ from prefix_router.proxy.edge.errors import (
     upstream_failed,
 )
 from prefix_router.proxy.edge.parse import Parsed
+from prefix_router.proxy.edge.request import EdgeRequest
 from prefix_router.proxy.edge.responses import RelayResponse
 from prefix_router.proxy.edge.sse import ReplyAccumulator
 from prefix_router.proxy.upstream.seam import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
@@ -88,7 +89,7 @@ class Exchange:
     def __init__(
         self,
         state: AppContext,
-        request: web.Request,
+        request: EdgeRequest,
         raw: bytes,
         parsed: Parsed | None,
         model: str | None,
@@ -105,7 +106,7 @@ class Exchange:
         self.policy_label = policy or state.config.routing.policy
         note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
         self.route = parsed.route if parsed is not None else passthrough_route(state)
-        self.path_qs = request.rel_url.raw_path_qs  # origin form, even for an absolute-form target
+        self.path_qs = request.target  # origin form, even for an absolute-form target
         self.started = state.clock()
         self.loop = asyncio.get_running_loop()  # once: each call asks the kernel for the process id
         now = self.loop.time()
@@ -288,9 +289,9 @@ class Exchange:
         reply = self.reply()
         try:
             out: web.StreamResponse | None = head.sent(self.request, status, headers, body)
-            if out is None:  # not a plain answer: aiohttp writes it
+            if out is None:  # not a plain answer: the server writes it
                 out = web.Response(status=status, body=body, headers=headers)
-                await out.prepare(self.request)
+                await self.request.respond(out)
                 await out.write_eof()
         except BaseException:
             opened.flight.finish(CLIENT_GONE, Outcome(ok=False))
@@ -304,12 +305,12 @@ class Exchange:
     async def send_stream(self, opened: Opened) -> web.StreamResponse:
         status, headers = opened.response.status, self.response_headers(opened)
         out: head.Relay | RelayResponse | None = head.relay(self.request, status, headers)
-        if out is None:  # not a plain stream: aiohttp writes it
+        if out is None:  # not a plain stream: the server writes it
             out = RelayResponse(status=status, headers=headers)
         reply = self.reply()
         try:
             if isinstance(out, RelayResponse):
-                await out.prepare(self.request)
+                await self.request.respond(out)
             ok = await self.pump(out, opened, reply)
             await out.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client went away
@@ -364,8 +365,9 @@ class Exchange:
 
     async def end_broken(self, out: Writer, opened: Opened, cut: tuple[str, str]) -> None:
         if not opened.stream:  # no way to say it inside a plain body: cut the connection
-            if self.request.transport is not None:
-                self.request.transport.abort()
+            transport = self.request.transport()
+            if transport is not None:
+                transport.abort()
             return
         message, code = cut
         log.info("stream from worker %s cut: %s", opened.flight.worker.name, code)

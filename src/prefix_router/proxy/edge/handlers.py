@@ -1,5 +1,6 @@
 """HTTP handlers of the OpenAI-compatible surface. Each one is: admit, parse, then an ``Exchange``; each is
-``guarded``: it gets a ``RequestNote`` (request id, access log, ``prefix_router_requests_total``)."""
+``guarded``: it gets the request as an ``EdgeRequest`` and a ``RequestNote`` (request id, access log,
+``prefix_router_requests_total``), and ``answer`` turns what it returns or raises into the answer."""
 
 from __future__ import annotations
 
@@ -21,47 +22,53 @@ from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded,
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
 from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
 from prefix_router.proxy.edge.keying import parse_routed
+from prefix_router.proxy.edge.request import AiohttpRequest, EdgeRequest
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-NotedHandler = Callable[[web.Request, RequestNote], Awaitable[web.StreamResponse]]
+NotedHandler = Callable[[EdgeRequest, RequestNote], Awaitable[web.StreamResponse]]
 
 
 def guarded(handler: NotedHandler) -> Handler:
-    """Give the request its ``RequestNote``; turn errors into responses: a ``ProxyError`` into its OpenAI
-    error (counted in ``prefix_router_rejected_total``), an ``UpstreamReply`` into its response, anything
-    else into a logged 500; close the note with the status the client got (499 when it left), once."""
+    """aiohttp's handler of ``handler``: the request seen as an ``AiohttpRequest``, then ``answer``."""
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
-        state = request.app[CONTEXT]
-        rid = request_id(request.headers) or state.next_request_id()
-        note = RequestNote(rid, request.method, request.rel_url.raw_path, state.clock())
-        state.active += 1
-        status = CLIENT_GONE
-        try:
-            try:  # the errors mapped here, not in a coroutine of their own: one layer less per request
-                response = await handler(request, note)
-            except ProxyError as err:
-                state.metrics.rejected.inc((str(err.status),))
-                response = err.response()
-            except UpstreamReply as reply:
-                response = reply.response
-            except Exception:
-                response = internal_error(request, note)
-            status = note.status or response.status
-            if not response.prepared:
-                response.headers[REQUEST_ID_HEADER] = note.request_id
-                if state.deadlines.stopping:
-                    response.force_close()  # the client reconnects, to a replica that is not stopping
-            return response
-        finally:
-            state.active -= 1
-            closed(state, note, status)
+        return await answer(AiohttpRequest(request.app[CONTEXT], request), handler)
 
     return wrapper
 
 
-def internal_error(request: web.Request, note: RequestNote) -> web.Response:
+async def answer(request: EdgeRequest, handler: NotedHandler) -> web.StreamResponse:
+    """Give the request its ``RequestNote``; turn errors into responses: a ``ProxyError`` into its OpenAI
+    error (counted in ``prefix_router_rejected_total``), an ``UpstreamReply`` into its response, anything
+    else into a logged 500; close the note with the status the client got (499 when it left), once."""
+    state = request.state
+    rid = request_id(request.headers) or state.next_request_id()
+    note = RequestNote(rid, request.method, request.path, state.clock())
+    state.active += 1
+    status = CLIENT_GONE
+    try:
+        try:  # the errors mapped here, not in a coroutine of their own: one layer less per request
+            response = await handler(request, note)
+        except ProxyError as err:
+            state.metrics.rejected.inc((str(err.status),))
+            response = err.response()
+        except UpstreamReply as reply:
+            response = reply.response
+        except Exception:
+            response = internal_error(request, note)
+        status = note.status or response.status
+        if not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = note.request_id
+            if state.deadlines.stopping:
+                response.force_close()  # the client reconnects, to a replica that is not stopping
+        return response
+    finally:
+        state.active -= 1
+        closed(state, note, status)
+
+
+def internal_error(request: EdgeRequest, note: RequestNote) -> web.Response:
     """A bug, not the client's fault: still an OpenAI-shaped answer (500), and logged with its traceback
     (call it inside the ``except``)."""
     log.exception("unexpected error on %s %s (request %s)", request.method, request.path, note.request_id)
@@ -75,7 +82,7 @@ def closed(state: AppContext, note: RequestNote, status: int) -> None:
         log_access(note, status, state.clock(), state.log_handler)
 
 
-def admit(state: AppContext, request: web.Request) -> None:
+def admit(state: AppContext, request: EdgeRequest) -> None:
     """Shutdown, client key check and the global in-flight cap, before reading the body."""
     if state.deadlines.stopping:
         raise shutting_down(state.config.limits.retry_after_s)
@@ -84,13 +91,13 @@ def admit(state: AppContext, request: web.Request) -> None:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
-def read_body(state: AppContext, request: web.Request) -> Awaitable[bytes]:
-    """The body under the configured size limit and timeout: ``parse.read_body``'s coroutine itself, no
-    layer of its own."""
-    return parsing.read_body(request, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s)
+def read_body(state: AppContext, request: EdgeRequest) -> Awaitable[bytes]:
+    """The body under the configured size limit and timeout: ``EdgeRequest.read_body``'s coroutine itself,
+    no layer of its own."""
+    return request.read_body(state.config.limits.max_body_bytes, state.config.timeouts.client_body_s)
 
 
-def policy_override(state: AppContext, request: web.Request) -> str | None:
+def policy_override(state: AppContext, request: EdgeRequest) -> str | None:
     name = request.headers.get(POLICY_HEADER)
     if name is None:
         return None
@@ -100,12 +107,12 @@ def policy_override(state: AppContext, request: web.Request) -> str | None:
     return name
 
 
-def routed(endpoint: Endpoint) -> Handler:
-    """The guarded handler of a generation endpoint: the request admitted, its body read and keyed, then
+def routed(endpoint: Endpoint) -> NotedHandler:
+    """The handler of a generation endpoint: the request admitted, its body read and keyed, then
     exchanged (one coroutine, no layer per endpoint)."""
 
-    async def handler(request: web.Request, note: RequestNote) -> web.StreamResponse:
-        state = request.app[CONTEXT]
+    async def handler(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
+        state = request.state
         admit(state, request)
         raw = await read_body(state, request)
         parsed = await parse_routed(state, endpoint, raw, request.headers)
@@ -116,28 +123,31 @@ def routed(endpoint: Endpoint) -> Handler:
         ).run()
 
     handler.__qualname__ = handler.__name__ = f"routed_{endpoint}"
-    return guarded(handler)
+    return handler
 
 
-chat_completions = routed("chat")
-completions = routed("completions")
+# the generation endpoints: their handlers (``proxy.run.lean`` calls them) and aiohttp's (``add_routes``)
+ROUTED = {"/v1/chat/completions": routed("chat"), "/v1/completions": routed("completions")}
+GUARDED = {path: guarded(handler) for path, handler in ROUTED.items()}
+chat_completions = GUARDED["/v1/chat/completions"]
+completions = GUARDED["/v1/completions"]
 
 
 @guarded
-async def passthrough(request: web.Request, note: RequestNote) -> web.StreamResponse:
+async def passthrough(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
     """Any other ``/v1/*`` call, and the engines' token endpoints outside ``/v1`` (``ROOT_PASSTHROUGH``:
     vLLM's and SGLang's ``/tokenize``, ``/detokenize``), goes to the least loaded worker (serving the
     body's model, if named), chosen and counted by the routing core like any request."""
-    state = request.app[CONTEXT]
+    state = request.state
     admit(state, request)
     raw = await read_body(state, request)
-    model = parsing.body_model(raw, request.content_type)
+    model = parsing.body_model(raw, request.content_type())
     return await Exchange(state, request, raw, None, model, None, note).run()
 
 
 @guarded
-async def list_models(request: web.Request, note: RequestNote) -> web.StreamResponse:
-    state = request.app[CONTEXT]
+async def list_models(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
+    state = request.state
     check_client(state.client_keys, request.headers)
     return json_response({"object": "list", "data": state.pool.models()})
 
@@ -167,15 +177,17 @@ def json_response(data: object, status: int = 200) -> web.Response:
 
 
 @guarded
-async def post_only(request: web.Request, note: RequestNote) -> web.StreamResponse:
+async def post_only(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
     """The generation endpoints under another method: the router's own 405, not an engine's answer."""
     return http_errors.method_not_allowed(request.method, "POST")
 
 
 @guarded
-async def not_routed(request: web.Request, note: RequestNote) -> web.StreamResponse:
-    """Unknown paths (404) and methods (405), noted and logged like every request."""
-    return await http_errors.not_routed(request)
+async def not_routed(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
+    """Unknown paths (404) and methods (405), noted and logged like every request (aiohttp's routes: only
+    aiohttp's server sends these here)."""
+    assert isinstance(request, AiohttpRequest)
+    return await http_errors.not_routed(request.request)
 
 
 def add_routes(app: web.Application) -> None:

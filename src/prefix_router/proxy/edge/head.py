@@ -4,12 +4,12 @@ head serialised and each piece written through aiohttp's stream writer; about 14
 path in-process, the largest single step, and a few us per relayed chunk).
 
 ``sent`` writes a whole answer (head and body in one write) and returns its ``SentResponse``, which
-aiohttp's connection handler finds prepared and ended. ``relay`` starts a relayed stream (``Relay``: its
-head goes out with its first chunk, each chunk framed as HTTP/1.1 chunked transfer encoding, the end
-with the terminating chunk). Either returns None for an answer that is not plain, and writes nothing: the
-caller lets aiohttp write it. Plain: HTTP/1.1, a method other than HEAD, a status of 200 or more other
-than 204 and 304 (the answers with a body), and for ``sent`` a body of at most ``MAX_BODY`` (what
-aiohttp writes without waiting on the client).
+the server (aiohttp's connection handler) finds prepared and ended. ``relay`` starts a relayed stream
+(``Relay``: its head goes out with its first chunk, each chunk framed as HTTP/1.1 chunked transfer
+encoding, the end with the terminating chunk). Either returns None for an answer that is not plain, and
+writes nothing: the caller lets the server write it (``EdgeRequest.respond``). Plain: HTTP/1.1, a method
+other than HEAD, a status of 200 or more other than 204 and 304 (the answers with a body), and for
+``sent`` a body of at most ``MAX_BODY`` (what aiohttp writes without waiting on the client).
 
 The bytes are aiohttp's for the same response (``tests/proxy/edge/test_head.py`` holds them to it): the
 headers in their order, then ``Content-Length`` (whole) or ``Transfer-Encoding: chunked`` (relayed),
@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import TypeAlias
 
-from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
+from aiohttp.http import SERVER_SOFTWARE
 
+from prefix_router.proxy.edge.request import EdgeRequest
 from prefix_router.proxy.edge.responses import SentResponse
 
 MAX_BODY = 2**16  # aiohttp's stream writer waits for the client past this many bytes written
@@ -40,7 +40,7 @@ _SERVER = f"Server: {SERVER_SOFTWARE}"
 Headers: TypeAlias = Sequence[tuple[str, str]]
 
 
-def sent(request: web.BaseRequest, status: int, headers: Headers, body: bytes) -> SentResponse | None:
+def sent(request: EdgeRequest, status: int, headers: Headers, body: bytes) -> SentResponse | None:
     """Write a plain whole answer to ``request``'s connection; None: not a plain one, nothing written."""
     if len(body) > MAX_BODY or not plain(request, status):
         return None
@@ -50,7 +50,7 @@ def sent(request: web.BaseRequest, status: int, headers: Headers, body: bytes) -
     return SentResponse(status, keep_alive, len(body))
 
 
-def relay(request: web.BaseRequest, status: int, headers: Headers) -> Relay | None:
+def relay(request: EdgeRequest, status: int, headers: Headers) -> Relay | None:
     """A plain relayed stream to ``request``'s connection, nothing written yet; None: not a plain one."""
     if not plain(request, status):
         return None
@@ -60,13 +60,13 @@ def relay(request: web.BaseRequest, status: int, headers: Headers) -> Relay | No
 class Relay:
     """A relayed stream: ``write`` each chunk as it comes, ``write_eof`` at its end, then ``response``."""
 
-    def __init__(self, request: web.BaseRequest, status: int, headers: Headers) -> None:
+    def __init__(self, request: EdgeRequest, status: int, headers: Headers) -> None:
         self.request = request
         self.status = status
         self.keep_alive = request.keep_alive
         self.pending = head(status, headers, None, self.keep_alive)  # the head, until the first write
         self.size = 0
-        transport = request.transport  # None: the client left, which the first write finds
+        transport = request.transport()  # None: the client left, which the first write finds
         self.high_water = 0 if transport is None else transport.get_write_buffer_limits()[1]
 
     async def write(self, data: bytes) -> None:
@@ -77,25 +77,25 @@ class Relay:
         self.pending = b""
         self.size += len(data)
         if transport.get_write_buffer_size() > self.high_water:
-            await self.request.writer.drain()  # the client reads slowly: wait until it caught up
+            await self.request.drain()  # the client reads slowly: wait until it caught up
 
     async def write_eof(self) -> None:
         open_transport(self.request).write(self.pending + b"0\r\n\r\n")
         self.pending = b""
 
     def response(self) -> SentResponse:
-        """What aiohttp's connection handler is given back: the answer, written."""
+        """What the server is given back: the answer, written."""
         return SentResponse(self.status, self.keep_alive, self.size)
 
 
-def plain(request: web.BaseRequest, status: int) -> bool:
+def plain(request: EdgeRequest, status: int) -> bool:
     if status < 200 or status == 204 or status == 304:
         return False
-    return request.method != "HEAD" and request.version == HttpVersion11
+    return request.method != "HEAD" and request.http11
 
 
-def open_transport(request: web.BaseRequest) -> asyncio.Transport:
-    transport = request.transport
+def open_transport(request: EdgeRequest) -> asyncio.Transport:
+    transport = request.transport()
     if transport is None or transport.is_closing():
         raise ConnectionResetError("Cannot write to closing transport")
     return transport

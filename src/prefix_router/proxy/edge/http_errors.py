@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
@@ -76,11 +77,37 @@ class OpenAIRequestHandler(RequestHandler):
         return response
 
 
-class OpenAIServer(web.Server):
-    """``web.Server`` whose connections are handled by ``OpenAIRequestHandler``."""
+class Connections(Protocol):
+    """Another connection handler's connections (``proxy.run.lean``): made, and closed at shutdown."""
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> asyncio.Protocol: ...
+
+    def pre_shutdown(self) -> None: ...
+
+    async def shutdown(self, timeout: float | None) -> None: ...
+
+
+class OpenAIServer(web.Server):
+    """``web.Server`` whose connections are handled by ``OpenAIRequestHandler``, or first by ``lean``
+    when set (which hands connections to ``handler``'s)."""
+
+    lean: Connections | None = None
+
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]  # any connection handler
+        return self.handler() if self.lean is None else self.lean()
+
+    def handler(self) -> RequestHandler:
         return OpenAIRequestHandler(self, loop=self._loop, **self._kwargs)
+
+    def pre_shutdown(self) -> None:
+        if self.lean is not None:
+            self.lean.pre_shutdown()
+        super().pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        if self.lean is not None:
+            await self.lean.shutdown(timeout)
+        await super().shutdown(timeout)
 
 
 CATCH_ALL = "not_routed"

@@ -19,7 +19,9 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import PlainResource, UrlMappingMatchInfo
 
+from prefix_router.proxy.context import CONTEXT
 from prefix_router.proxy.edge.http_errors import HANDLER_LIMITS, OpenAIServer
+from prefix_router.proxy.run.lean import LeanServer, lean_routes
 
 SHUTDOWN_TIMEOUT_S = 30.0
 # a client connection must send a complete request head within this long of opening (or of the previous
@@ -41,11 +43,18 @@ class ProxyRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         # aiohttp builds its Server in this (internal) step, with no way to pass a handler class: the
-        # server it built is made an OpenAIServer, which differs only by the handler it creates; its
-        # requests go to the app through ``Dispatch``
+        # server it built is made an OpenAIServer, which differs only by the handlers it creates; its
+        # requests go to the app through ``Dispatch``; the router's app (``http_server: lean``) has its
+        # generation requests served by the router's own connection handler first (``lean``)
         server = await super()._make_server()
         server.__class__ = OpenAIServer
+        assert isinstance(server, OpenAIServer)
         server.request_handler = Dispatch(self.app)
+        state = self.app.get(CONTEXT)
+        routes = lean_routes(self.app) if state is not None and state.config.http_server == "lean" else {}
+        if state is not None and routes:
+            keepalive = float(self._kwargs.get("keepalive_timeout", KEEPALIVE_TIMEOUT_S))
+            server.lean = LeanServer(state, routes, server.handler, keepalive)
         return server
 
 
