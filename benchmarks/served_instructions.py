@@ -128,6 +128,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--processes", default="1", help="prefix-router serving processes (1,2)")
     p.add_argument("--builds", default="compiled", help="prefix-router builds (pure,before,compiled)")
+    p.add_argument("--http-servers", default="lean", help="prefix-router's http_server (lean,aiohttp)")
     p.add_argument("--compiled-lib", default="")
     p.add_argument("--before-lib", default="")
     p.add_argument("--peer-python", default=PEER_PYTHON, help="sglang-router's venv ('' to leave it out)")
@@ -140,9 +141,11 @@ def main() -> None:
         )
         asyncio.run(wait_listening(worker_port))
         targets = [
-            (f"prefix-router ({n} proc, {build})", router_argv(worker_port, 0, "uvloop", n),
+            (f"prefix-router ({n} proc, {server}, {build})",
+             [*router_argv(worker_port, 0, "uvloop", n), "--set", f"http_server={server}"],
              build_env(build, args.compiled_lib, args.before_lib))
-            for n in numbers(args.processes) for build in names(args.builds)
+            for n in numbers(args.processes) for server in names(args.http_servers)
+            for build in names(args.builds)
         ]  # fmt: skip
         if args.peer_python:
             targets.append(

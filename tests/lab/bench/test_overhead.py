@@ -33,6 +33,16 @@ def test_a_small_run_measures_every_target(capsys: pytest.CaptureFixture[str]) -
     assert "direct" in out and "500-char chat prompts, concurrency 4" in out
 
 
+@pytest.mark.timeout(180)
+def test_the_routers_http_servers_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    code = overhead.run_bench(
+        args(requests=40, rounds=1, http_servers="lean,aiohttp", concurrency="4", prompt_chars="500")
+    )
+    out = capsys.readouterr().out
+    assert code == 0  # no errors: every request answered, by either server
+    assert "prefix-router (1 proc, uvloop, lean)" in out and "prefix-router (1 proc, uvloop, aiohttp)" in out
+
+
 def test_a_missing_peer_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = overhead.run_bench(args(peer="sglang-router", peer_python=str(tmp_path / "python")))
     assert code == 2 and "benchmarks/peers.sh" in capsys.readouterr().out

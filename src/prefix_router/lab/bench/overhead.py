@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--peer-python", default=PEER_PYTHON, help="the Python of the peer's own venv")
     p.add_argument("--profile", action="store_true", help="py-spy the routers: CPU per request by stage")
     p.add_argument("--access-log", default="on", help="router access log settings to compare (on,off)")
+    p.add_argument("--http-servers", default="lean", help="router http_server settings (lean,aiohttp)")
     p.add_argument("--builds", default="pure", help="prefix-router builds to compare (pure,compiled,before)")
     p.add_argument(
         "--compiled-lib",
@@ -288,13 +290,14 @@ async def bench(args: argparse.Namespace, console: Console) -> dict[Case, dict[s
         plan.targets.append(Target("direct", worker_port, pid, False))
         for loop in names(args.loops):
             for count in numbers(args.processes):
-                for access in names(args.access_log):
+                for access, server in itertools.product(names(args.access_log), names(args.http_servers)):
                     for build in names(args.builds):
                         port = free_port()
                         argv = [*router_argv(worker_port, port, loop, count, args.policy)]
-                        argv += ["--set", f"access_log={access == 'on'}"]
+                        argv += ["--set", f"access_log={access == 'on'}", "--set", f"http_server={server}"]
                         pid = spawn(argv, build_env(build, args.compiled_lib, args.before_lib))
                         suffix = "" if access == "on" else ", no access log"
+                        suffix += f", {server}" if len(names(args.http_servers)) > 1 else ""
                         suffix += f", {build}" if build != "pure" or len(names(args.builds)) > 1 else ""
                         plan.targets.append(
                             Target(f"prefix-router ({count} proc, {loop}{suffix})", port, pid, True)
