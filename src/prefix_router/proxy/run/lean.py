@@ -64,6 +64,7 @@ class HandOver(Exception):
 class Message:
     target: bytes = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    lengths: list[bytes] = field(default_factory=list)  # its Content-Length values
     body: list[bytes] = field(default_factory=list)
     handler: NotedHandler | None = None
     keep_alive: bool = True
@@ -229,6 +230,11 @@ class LeanConnection(BaseProtocol):
             raise HandOver("headers")
         if not value.isascii():
             raise HandOver("header value")
+        lower = name.lower()
+        if lower == b"content-length":
+            message.lengths.append(value)
+        elif lower in HANDED_OVER:
+            raise HandOver("header")
 
     def on_headers_complete(self) -> None:
         message, parser = self._current(), self._request_parser
@@ -238,11 +244,9 @@ class LeanConnection(BaseProtocol):
         handler = self._server.routes.get(target.split(b"?", 1)[0])
         if handler is None or not target.startswith(b"/") or not target.isascii():
             raise HandOver("route")
-        lengths = [value for name, value in message.headers if name.lower() == b"content-length"]
+        lengths = message.lengths
         if len(lengths) != 1 or not lengths[0].isdigit() or int(lengths[0]) > self._server.max_body:
             raise HandOver("length")
-        if any(name.lower() in HANDED_OVER for name, _ in message.headers):
-            raise HandOver("header")
         message.handler, message.keep_alive = handler, parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
@@ -299,7 +303,8 @@ class LeanConnection(BaseProtocol):
     async def respond(self, request: WholeRequest, response: web.StreamResponse) -> None:
         """Start ``response`` with aiohttp's machinery, on an aiohttp request made for it."""
         url = URL(request.target, encoded=True)
-        raw = RawRequestMessage(
+        message: Any = RawRequestMessage  # aiohttp's C class where its parser is built: not a tuple
+        raw = message(
             request.method, request.target, HttpVersion11, request.headers, (), not request.keep_alive,
             None, False, False, url,
         )  # fmt: skip

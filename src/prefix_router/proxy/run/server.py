@@ -1,9 +1,10 @@
 """Running a router app: always with handler cancellation (a client disconnect cancels its handler,
 which aborts the upstream request), without aiohttp's access log (the router writes its own, see
-``proxy.access``), with the router's own connection handler (errors outside the app in the OpenAI shape,
-see ``http_errors``), and the event loop chosen by config. ``run`` binds the address before anything starts
-(a port in use is one line, ``ListenError``), keeps the listener open while it drains on SIGTERM, and
-reloads on SIGHUP (``Hooks``)."""
+``proxy.access``), with aiohttp's connection handler made to answer errors outside the app in the OpenAI
+shape (``http_errors``) and, for the router's app (``http_server: lean``), the router's own connection
+handler in front of it (``lean``), and the event loop chosen by config. ``run`` binds the address before
+anything starts (a port in use is one line, ``ListenError``), keeps the listener open while it drains on
+SIGTERM, and reloads on SIGHUP (``Hooks``)."""
 
 from __future__ import annotations
 
