@@ -11,13 +11,10 @@ without the router's own work: a measuring instrument, not product code.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 
-import uvloop
 from aiohttp import web
-from floor_common import answer_as_router
+from floor_common import answer_as_router, run
 
 from prefix_router.proxy import HttpUpstream
 from prefix_router.proxy.run.server import ProxyRunner
@@ -49,13 +46,7 @@ async def serve(port: int, base: str, reuse_port: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
-    args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args.port, args.upstream.rstrip("/"), args.reuse_port))
+    run(__doc__, serve)
 
 
 if __name__ == "__main__":

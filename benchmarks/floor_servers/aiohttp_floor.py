@@ -9,11 +9,9 @@ log off), no metrics, on uvloop: a measuring instrument, not product code.
 
 from __future__ import annotations
 
-import argparse
-
 import uvloop
 from aiohttp import web
-from floor_common import BAD_GATEWAY, MAX_BODY, forward
+from floor_common import BAD_GATEWAY, MAX_BODY, arguments, forward
 
 from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
 
@@ -54,13 +52,9 @@ def bad_gateway() -> web.Response:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
-    args = parser.parse_args()
+    args = arguments(__doc__)
     loop = uvloop.new_event_loop()
-    app = build_app(args.upstream.rstrip("/"))
+    app = build_app(args.upstream)
     web.run_app(
         app,
         host="127.0.0.1",

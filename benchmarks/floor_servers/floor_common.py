@@ -9,14 +9,17 @@ the processes of ``serve --processes N`` do (``floor.py --processes``)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import functools
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import uvloop
 from aiohttp import web
 
 from prefix_router.proxy import (
@@ -113,6 +116,25 @@ def whole(
         headers = [("Content-Type", "application/json")]
     written = head.sent(request, status, headers, body)
     return written if written is not None else web.Response(status=status, body=body, headers=dict(headers))
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    """A floor's command line (``floor_argv``'s): ``port``, ``upstream`` (no trailing slash) and
+    ``reuse_port``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
+    args = parser.parse_args()
+    args.upstream = args.upstream.rstrip("/")
+    return args
+
+
+def run(doc: str, serve: Callable[[int, str, bool], Coroutine[Any, Any, None]]) -> None:
+    """A floor's ``main``: ``serve(port, upstream, reuse_port)`` on uvloop until the process is stopped."""
+    args = arguments(doc)
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(serve(args.port, args.upstream, args.reuse_port))
 
 
 def floor_argv(

@@ -15,16 +15,13 @@ the client goes away.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import http
 from collections import deque
 from typing import cast
 
 import httptools
-import uvloop
-from floor_common import BAD_GATEWAY, MAX_BODY, forward
+from floor_common import BAD_GATEWAY, MAX_BODY, forward, run
 
 from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
 
@@ -171,13 +168,7 @@ async def serve(port: int, base: str, reuse_port: bool = False) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
-    args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args.port, args.upstream.rstrip("/"), args.reuse_port))
+    run(__doc__, serve)
 
 
 if __name__ == "__main__":

@@ -15,19 +15,16 @@ cancelled when the client goes away.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 from collections import deque
 
 import httptools
-import uvloop
 from aiohttp import StreamReader, web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.http_writer import StreamWriter
-from floor_common import answer_as_router
+from floor_common import answer_as_router, run
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -149,13 +146,7 @@ async def serve(port: int, base: str, reuse_port: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="the one worker, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes")
-    args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        uvloop.run(serve(args.port, args.upstream.rstrip("/"), args.reuse_port))
+    run(__doc__, serve)
 
 
 if __name__ == "__main__":
