@@ -189,3 +189,22 @@ async def test_http_server_aiohttp_serves_every_request_with_aiohttp(
     async with router.openai() as client:
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert dispatched(router) == 1
+
+
+async def test_bytes_sent_during_an_answer_are_held_within_a_bound(
+    fake_engine: Any, start_router: Any
+) -> None:
+    router = await start_router(await fake_engine("w", reply="fine", delay_s=0.5))
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+    try:
+        writer.write(chat_request())
+        await asyncio.sleep(0.1)  # being answered
+        writer.write(b"x" * (8 * lean.HOLD_BYTES))  # far more than the bound, while the answer is made
+        await asyncio.sleep(0.2)
+        [connection] = lean_of(router).connections
+        held = connection._held_bytes
+        [(status, _, body)] = (await read_answers(reader, 1)).answers
+    finally:
+        writer.close()
+    assert 0 < held <= lean.HOLD_BYTES + 2**18  # reading paused past the bound (a read is at most 256 KiB)
+    assert status == 200 and b'"fine"' in body
