@@ -10,6 +10,7 @@ the processes of ``serve --processes N`` do (``floor.py --processes``)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import functools
 import random
@@ -26,6 +27,7 @@ from prefix_router.proxy import (
     CONTEXT,
     AppContext,
     Config,
+    HttpUpstream,
     Upstream,
     UpstreamError,
     UpstreamRequest,
@@ -135,6 +137,24 @@ def run(doc: str, serve: Callable[[int, str, bool], Coroutine[Any, Any, None]]) 
     args = arguments(doc)
     with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(serve(args.port, args.upstream, args.reuse_port))
+
+
+def run_protocol(doc: str, make: Callable[[HttpUpstream, str], asyncio.Protocol]) -> None:
+    """A protocol floor's ``main``: every connection served by ``make(upstream client, upstream URL)``."""
+    run(doc, lambda port, base, reuse_port: serve_protocol(make, port, base, reuse_port))
+
+
+async def serve_protocol(
+    make: Callable[[HttpUpstream, str], asyncio.Protocol], port: int, base: str, reuse_port: bool
+) -> None:
+    upstream = HttpUpstream(connect_timeout_s=5.0)
+    server = await asyncio.get_running_loop().create_server(
+        lambda: make(upstream, base), "127.0.0.1", port, backlog=2048, reuse_port=reuse_port
+    )
+    try:
+        await server.serve_forever()
+    finally:
+        await upstream.close()
 
 
 def floor_argv(

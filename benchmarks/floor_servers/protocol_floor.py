@@ -21,7 +21,7 @@ from collections import deque
 from typing import cast
 
 import httptools
-from floor_common import BAD_GATEWAY, MAX_BODY, forward, run
+from floor_common import BAD_GATEWAY, MAX_BODY, forward, run_protocol
 
 from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
 
@@ -155,20 +155,8 @@ class FloorProtocol(asyncio.Protocol):
         self._transport.write(data)
 
 
-async def serve(port: int, base: str, reuse_port: bool = False) -> None:
-    upstream = HttpUpstream(connect_timeout_s=5.0)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: FloorProtocol(upstream, base), "127.0.0.1", port, backlog=2048, reuse_port=reuse_port
-    )
-    try:
-        await server.serve_forever()
-    finally:
-        await upstream.close()
-
-
 def main() -> None:
-    run(__doc__, serve)
+    run_protocol(__doc__, FloorProtocol)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.http_writer import StreamWriter
-from floor_common import answer_as_router, run
+from floor_common import answer_as_router, run_protocol
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -38,8 +38,8 @@ READ_LIMIT = 2**16  # aiohttp's StreamReader limit, as its server sets it
 class RequestProtocol(BaseProtocol):
     """One client connection: parse, make aiohttp's request, answer (in order); nothing else."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, upstream: HttpUpstream, base: str) -> None:
-        super().__init__(loop)
+    def __init__(self, upstream: HttpUpstream, base: str) -> None:
+        super().__init__(asyncio.get_running_loop())
         self._upstream = upstream
         self._base = base
         self._request_parser = httptools.HttpRequestParser(self)
@@ -133,20 +133,8 @@ class RequestProtocol(BaseProtocol):
             self._task = None
 
 
-async def serve(port: int, base: str, reuse_port: bool) -> None:
-    upstream = HttpUpstream(connect_timeout_s=5.0)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: RequestProtocol(loop, upstream, base), "127.0.0.1", port, backlog=2048, reuse_port=reuse_port
-    )
-    try:
-        await server.serve_forever()
-    finally:
-        await upstream.close()
-
-
 def main() -> None:
-    run(__doc__, serve)
+    run_protocol(__doc__, RequestProtocol)
 
 
 if __name__ == "__main__":
