@@ -63,6 +63,7 @@ class HandOver(Exception):
 @dataclass(slots=True)
 class Message:
     target: bytes = b""
+    path: bytes = b""  # the target without its query: the route
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     lengths: list[bytes] = field(default_factory=list)  # its Content-Length values
     body: list[bytes] = field(default_factory=list)
@@ -241,7 +242,8 @@ class LeanConnection(BaseProtocol):
         if parser.get_method() != b"POST" or parser.get_http_version() != "1.1" or parser.should_upgrade():
             raise HandOver("method")
         target = message.target
-        handler = self._server.routes.get(target.split(b"?", 1)[0])
+        message.path = target.split(b"?", 1)[0]
+        handler = self._server.routes.get(message.path)
         if handler is None or not target.startswith(b"/") or not target.isascii():
             raise HandOver("route")
         lengths = message.lengths
@@ -272,14 +274,15 @@ class LeanConnection(BaseProtocol):
             if not response.prepared:  # not written by the handlers: aiohttp writes it
                 await self.respond(request, response)
                 await response.write_eof()
-            keep = bool(response.keep_alive) and not self._server.closing
+            stopping = self._server.closing or self._server.state.deadlines.stopping
+            keep = bool(response.keep_alive) and not stopping
         except ConnectionError:  # the client left while its answer was written
             log.debug("client gone while answering")
         except Exception:  # the handlers answer their own errors: this is a bug of this module's
             log.exception("unexpected error answering a request")
         finally:
             self.task = None
-        if not keep or self.transport is None or self._server.state.deadlines.stopping:
+        if not keep or self.transport is None:
             self.close()
             return
         self.idle_since = self._loop.time()
@@ -292,9 +295,7 @@ class LeanConnection(BaseProtocol):
 
     def _request(self, message: Message) -> WholeRequest:
         headers = CIMultiDictProxy(CIMultiDict((n.decode(), v.decode()) for n, v in message.headers))
-        target = message.target.decode()
-        path = target.split("?", 1)[0]
-        body = b"".join(message.body)
+        path, target, body = message.path.decode(), message.target.decode(), b"".join(message.body)
         return WholeRequest(self._server.state, "POST", path, target, headers, message.keep_alive, body, self)
 
     async def drain(self) -> None:
