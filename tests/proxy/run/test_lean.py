@@ -208,3 +208,47 @@ async def test_bytes_sent_during_an_answer_are_held_within_a_bound(
         writer.close()
     assert 0 < held <= lean.HOLD_BYTES + 2**18  # reading paused past the bound (a read is at most 256 KiB)
     assert status == 200 and b'"fine"' in body
+
+
+class QuietTransport(asyncio.Transport):
+    """A transport that takes every write and has no socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_writing_waits_while_the_transport_is_full_and_not_past_the_connection(
+    router: RouterHandle,
+) -> None:
+    """The connection's own flow control (what aiohttp's ``BaseProtocol`` gave it): ``drain`` returns at
+    once until the transport pauses writing, then waits until it resumes, or until the connection ends."""
+    server = lean_of(router)
+    connection: Any = server()
+    connection.connection_made(QuietTransport())
+    assert connection in server.connections
+    await asyncio.wait_for(connection.drain(), 1)
+    connection.pause_writing()
+    waiting = asyncio.ensure_future(connection.drain())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    connection.resume_writing()
+    await asyncio.wait_for(waiting, 1)
+    connection.pause_writing()
+    waiting = asyncio.ensure_future(connection.drain())
+    await asyncio.sleep(0.05)
+    connection.connection_lost(ConnectionResetError("reset by peer"))
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(waiting, 1)
+    with pytest.raises(ConnectionError):  # nothing more is written on it
+        await connection.drain()
+    assert connection not in server.connections

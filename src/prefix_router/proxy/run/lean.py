@@ -28,17 +28,17 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from aiohttp import web
-from aiohttp.base_protocol import BaseProtocol
+from aiohttp.client_exceptions import ClientConnectionResetError
 from aiohttp.http import HttpVersion11
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.http_writer import StreamWriter
 from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.tcp_helpers import tcp_nodelay
 from multidict import CIMultiDict, CIMultiDictProxy
-from mypy_extensions import mypyc_attr
 from yarl import URL
 
 from prefix_router.proxy.context import AppContext
@@ -95,8 +95,9 @@ class LeanServer:
         self.closing = False
         self._sweeper = self.loop.create_task(self.sweep())
 
-    def __call__(self) -> LeanConnection:
-        return LeanConnection(self)
+    def __call__(self) -> asyncio.Protocol:
+        connection: Any = LeanConnection(self)  # an ``asyncio.Protocol`` by its methods
+        return connection  # type: ignore[no-any-return]
 
     async def sweep(self) -> None:
         """Close the connections idle for longer than the keep-alive timeout, every ``SWEEP_S``."""
@@ -145,12 +146,17 @@ def lean_routes(app: web.Application) -> dict[bytes, NotedHandler]:
     return found
 
 
-@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
-class LeanConnection(BaseProtocol):
-    """One client connection (see the module doc)."""
+class LeanConnection:
+    """One client connection (see the module doc): an ``asyncio.Protocol`` by its methods, and what
+    aiohttp's writer asks of its ``BaseProtocol`` (``transport``, ``_paused``, ``_drain_helper``), not by
+    their bases, so that the compiled build makes it a native class (its attributes read without a
+    dictionary lookup)."""
 
     def __init__(self, server: LeanServer) -> None:
-        super().__init__(server.loop)
+        self._loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self._paused = False  # writing, by the transport's flow control
+        self._drain_waiter: asyncio.Future[None] | None = None
         self._server = server
         self._request_parser = httptools.HttpRequestParser(self)
         self._raw: list[bytes] = []  # the bytes of the message in progress, as received
@@ -167,15 +173,47 @@ class LeanConnection(BaseProtocol):
     # ---------------------------------------------------------------- transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        tcp_nodelay(self.transport, True)
         self._server.connections.add(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
+        self.transport = None
+        self._wake_drain(exc)
         self._server.connections.discard(self)
         self._cancel_timer()
         if self.task is not None:
             self.task.cancel()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes itself
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_drain(None)
+
+    def _wake_drain(self, exc: BaseException | None) -> None:
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is None or waiter.done():
+            return
+        if exc is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(ConnectionError("Connection lost"))
+
+    async def _drain_helper(self) -> None:
+        """Until the transport takes more bytes (aiohttp's writer calls it, ``drain`` too)."""
+        if self.transport is None:
+            raise ClientConnectionResetError("Connection lost")
+        if not self._paused:
+            return
+        waiter = self._drain_waiter
+        if waiter is None:
+            waiter = self._drain_waiter = self._loop.create_future()
+        await waiter
 
     def data_received(self, data: bytes) -> None:
         if self.task is not None:  # an answer is being made: the bytes wait for it
@@ -309,8 +347,9 @@ class LeanConnection(BaseProtocol):
             request.method, request.target, HttpVersion11, request.headers, (), not request.keep_alive,
             None, False, False, url,
         )  # fmt: skip
-        writer = StreamWriter(self, self._loop)
-        made = web.Request(raw, EMPTY_PAYLOAD, self, writer, asyncio.current_task(), self._loop)  # type: ignore[arg-type]
+        protocol: Any = self  # duck-typed: aiohttp's BaseProtocol and RequestHandler by what they use
+        writer = StreamWriter(protocol, self._loop)
+        made = web.Request(raw, EMPTY_PAYLOAD, protocol, writer, asyncio.current_task(), self._loop)  # type: ignore[arg-type]
         await response.prepare(made)
 
     # what aiohttp's request asks of its connection (``respond``)

@@ -24,14 +24,12 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from asyncio.protocols import Protocol  # by its module: mypyc's build of the subclass needs it imported
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import httptools
 from multidict import CIMultiDict
-from mypy_extensions import mypyc_attr
 
 from prefix_router.proxy.upstream.seam import UNENCODABLE, FailureKind, UpstreamError, UpstreamRequest
 
@@ -48,9 +46,10 @@ class _Stale(Exception):
     """A reused connection closed before any response byte: safe to resend on a new one."""
 
 
-@mypyc_attr(native_class=False)  # compiled (setup.py): a subclass of an interpreted class
-class Connection(Protocol):
-    """One upstream connection and the state of its current exchange (parser callbacks included)."""
+class Connection:
+    """One upstream connection and the state of its current exchange (parser callbacks included): an
+    ``asyncio.Protocol`` by its methods, not by its base, so that the compiled build makes it a native
+    class (its attributes read without a dictionary lookup)."""
 
     def __init__(self, key: Key) -> None:
         self.key = key
@@ -91,6 +90,15 @@ class Connection(Protocol):
         elif self.active and not self.complete and self._error is None:
             self._error = _Stale() if not self.received else ConnectionError(str(exc or "connection closed"))
         self._wake()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes itself
+
+    def pause_writing(self) -> None:
+        """A request is written whole at once and the response is awaited: nothing to hold back."""
+
+    def resume_writing(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         if not self.active:  # unsolicited bytes on an idle connection
@@ -332,7 +340,7 @@ class HttpUpstream:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(key),
+                    cast(Callable[[], asyncio.Protocol], lambda: Connection(key)),
                     host,
                     port,
                     ssl=self._ssl_context() if scheme == "https" else None,
@@ -343,7 +351,7 @@ class HttpUpstream:
             raise UpstreamError(
                 FailureKind.CONNECT, f"connect to {host}:{port}: {exc.strerror or exc}"
             ) from None
-        return conn
+        return cast(Connection, conn)
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
