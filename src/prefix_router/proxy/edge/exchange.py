@@ -103,16 +103,16 @@ class Exchange:
         self.parsed = parsed
         self.model = model
         self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
-        self.policy_label = policy or state.config.routing.policy
+        self.policy_label = policy or state.request_config.policy
         note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
         self.route = parsed.route if parsed is not None else passthrough_route(state)
         self.path_qs = request.target  # origin form, even for an absolute-form target
         self.started = state.clock()
         self.loop = asyncio.get_running_loop()  # once: each call asks the kernel for the process id
         now = self.loop.time()
-        timeouts = state.config.timeouts
-        self.deadline = now + timeouts.total_s
-        self.first_byte_deadline = min(now + timeouts.first_byte_s, self.deadline)
+        config = state.request_config
+        self.deadline = now + config.total_s
+        self.first_byte_deadline = min(now + config.first_byte_s, self.deadline)
         self.bodies: dict[bool, bytes] | None = None  # tenants.cache_salt: the bodies sent upstream
 
     async def run(self) -> web.StreamResponse:
@@ -138,10 +138,10 @@ class Exchange:
             self.note.model = self.model  # known to the pool: a bounded label
 
     def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
-        pool, limits = self.state.pool, self.state.config.limits
-        if pool.total_in_flight() >= limits.max_in_flight:  # admit() checked before the body was read
-            raise overloaded("the router is at its in-flight cap", limits.retry_after_s)
-        names = pool.candidates(self.model, limits.max_in_flight_per_worker)
+        pool, config = self.state.pool, self.state.request_config
+        if pool.total_in_flight() >= config.max_in_flight:  # admit() checked before the body was read
+            raise overloaded("the router is at its in-flight cap", self.state.config.limits.retry_after_s)
+        names = pool.candidates(self.model, config.max_in_flight_per_worker)
         if excluded:
             names = [n for n in names if n not in excluded]
         if not names:
@@ -167,7 +167,7 @@ class Exchange:
         excluded: set[str] = set()
         last: Failed | None = None
         loop = self.loop
-        for attempt in range(self.state.config.retries.max_attempts):
+        for attempt in range(self.state.request_config.max_attempts):
             if attempt and self.state.deadlines.stopping:
                 raise shutting_down(self.state.config.limits.retry_after_s)
             if attempt and loop.time() >= self.first_byte_deadline:
@@ -189,7 +189,7 @@ class Exchange:
             return self.nobody()
         if last.status is not None:
             secret = forward.worker_secret(self.state.pool.get(last.worker))
-            shown = last.worker if self.state.config.tenants.decision_headers else None
+            shown = last.worker if self.state.request_config.decision_headers else None
             headers = forward.downstream_headers(last.headers, shown, None, secret, self.note.request_id)
             body = forward.redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
@@ -220,7 +220,7 @@ class Exchange:
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
         headers = forward.upstream_headers(
-            self.request.headers, worker, self.state.config.auth.forward_client_auth, self.note.request_id
+            self.request.headers, worker, self.state.request_config.forward_client_auth, self.note.request_id
         )
         url = forward.upstream_url(worker, self.path_qs)
         return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
@@ -228,7 +228,7 @@ class Exchange:
     def body_for(self, worker: Worker) -> bytes:
         """The client's bytes, or (``tenants.cache_salt``, a vLLM worker, a client with a key) the body
         with the tenant's ``cache_salt``, so that the engine's prefix cache is not shared across tenants."""
-        if self.parsed is None or not self.state.config.tenants.cache_salt:
+        if self.parsed is None or not self.state.request_config.cache_salt:
             return self.raw
         salted = forward.takes_cache_salt(worker)
         if self.bodies is None:
@@ -244,7 +244,7 @@ class Exchange:
         if forward.is_event_stream(response.headers):
             first = await response.next_chunk()
             return Opened(flight, response, first, complete=not first, stream=True)
-        body, complete = await read_up_to(response, self.state.config.limits.max_response_buffer_bytes)
+        body, complete = await read_up_to(response, self.state.request_config.max_response_buffer_bytes)
         return Opened(flight, response, body, complete=complete, stream=False)
 
     async def server_error(self, flight: Flight, response: UpstreamResponse) -> Failed:
@@ -272,14 +272,14 @@ class Exchange:
         worker = opened.flight.worker
         secret = forward.worker_secret(worker)
         rid = self.note.request_id
-        if not self.state.config.tenants.decision_headers:
+        if not self.state.request_config.decision_headers:
             return forward.downstream_headers(opened.response.headers, None, None, secret, rid)
         return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
 
     def reply(self) -> ReplyAccumulator:
-        limits = self.state.config.limits
+        config = self.state.request_config
         endpoint = self.parsed.endpoint if self.parsed is not None else None
-        return ReplyAccumulator(endpoint, limits.max_generated_chars, limits.max_sse_line_bytes)
+        return ReplyAccumulator(endpoint, config.max_generated_chars, config.max_sse_line_bytes)
 
     async def send_whole(self, opened: Opened) -> web.StreamResponse:
         opened.response.release()
@@ -327,11 +327,11 @@ class Exchange:
         """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream
         failure end the stream cleanly. Returns success."""
         chunk, response = opened.prefix, opened.response
-        idle_s, loop = self.state.config.timeouts.stream_idle_s, self.loop
+        idle_s, loop = self.state.request_config.stream_idle_s, self.loop
         watch = self.state.deadlines.watch(
             opened.flight.worker.name, min(loop.time() + idle_s, self.deadline), idle_s
         )
-        held = EventHold(self.state.config.limits.max_sse_line_bytes) if opened.stream else None
+        held = EventHold(self.state.request_config.max_sse_line_bytes) if opened.stream else None
         try:
             async with watch:
                 while chunk:

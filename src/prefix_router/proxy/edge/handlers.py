@@ -78,7 +78,7 @@ def internal_error(request: EdgeRequest, note: RequestNote) -> web.Response:
 def closed(state: AppContext, note: RequestNote, status: int) -> None:
     """The request is over: count it once (``prefix_router_requests_total``) and log it (``access_log``)."""
     state.metrics.request_done(note.worker, note.model, note.policy, status)
-    if state.config.access_log:
+    if state.request_config.access_log:
         log_access(note, status, state.clock(), state.log_handler)
 
 
@@ -87,14 +87,15 @@ def admit(state: AppContext, request: EdgeRequest) -> None:
     if state.deadlines.stopping:
         raise shutting_down(state.config.limits.retry_after_s)
     check_client(state.client_keys, request.headers)
-    if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
+    if state.pool.total_in_flight() >= state.request_config.max_in_flight:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
 def read_body(state: AppContext, request: EdgeRequest) -> Awaitable[bytes]:
     """The body under the configured size limit and timeout: ``EdgeRequest.read_body``'s coroutine itself,
     no layer of its own."""
-    return request.read_body(state.config.limits.max_body_bytes, state.config.timeouts.client_body_s)
+    config = state.request_config
+    return request.read_body(config.max_body_bytes, config.client_body_s)
 
 
 def policy_override(state: AppContext, request: EdgeRequest) -> str | None:

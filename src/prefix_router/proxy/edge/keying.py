@@ -20,13 +20,13 @@ async def parse_routed(
 ) -> parsing.Parsed:
     """``raw`` parsed and keyed for the routing core (``ProxyError`` 400 when it is not a valid body);
     ``headers`` are the client's (tenant, session, cache salt)."""
-    tenant = tenant_of(headers) if state.config.routing.keys.isolate_tenants else None
-    session = parsing.session_id(headers.get(state.config.session_header), tenant)
-    salt = tenant_salt(headers) if state.config.tenants.cache_salt else None  # as the engine sees it
+    config = state.request_config
+    tenant = tenant_of(headers) if config.isolate_tenants else None
+    session = parsing.session_id(headers.get(config.session_header), tenant)
+    salt = tenant_salt(headers) if config.cache_salt else None  # as the engine sees it
     args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session, salt)
-    limits = state.config.limits
     threshold = (
-        limits.exact_parse_in_thread_bytes if state.router.keys.templates else limits.parse_in_thread_bytes
+        config.exact_parse_in_thread_bytes if state.router.keys.templates else config.parse_in_thread_bytes
     )
     if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
         parsed = await asyncio.to_thread(parsing.parse, *args)
@@ -42,7 +42,7 @@ def render_due(state: AppContext, parsed: parsing.Parsed) -> bool:
     on and the router routes on events."""
     return not (
         state.renders is None
-        or not state.config.routing.precise.render
+        or not state.request_config.render
         or parsed.route.precise_blocks
         or not state.router.precise
     )

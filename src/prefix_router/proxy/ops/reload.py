@@ -164,7 +164,7 @@ def apply(state: AppContext, plan: Plan) -> list[str]:
     state.client_keys = KeySet(config.auth.api_keys)
     state.admin_token = KeySet([config.auth.admin_token] if config.auth.admin_token else [])
     logs.configure(config.log_level, config.log_format, config.access_log)
-    state.config = config
+    state.reconfigure(config)
     return failed
 
 
