@@ -57,6 +57,37 @@ def test_cpu_seconds_counts_a_process_tree() -> None:
     assert overhead.cpu_seconds(2**22 + 12345) != overhead.cpu_seconds(2**22 + 12345)  # NaN: no such process
 
 
+SPIN = """
+import os, time
+os.sched_setaffinity(0, {0})
+end = time.monotonic() + 0.4
+while time.monotonic() < end:
+    pass
+"""
+TWO_SPINNERS = f"""
+import subprocess, sys
+spinners = [subprocess.Popen([sys.executable, "-c", {SPIN!r}]) for _ in range(2)]
+for spinner in spinners:
+    spinner.wait()
+"""
+
+
+def test_preemptions_count_a_process_tree() -> None:
+    """Two busy processes under one parent, both on one core: the scheduler takes it from them in turn."""
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", TWO_SPINNERS])
+    try:
+        time.sleep(0.3)  # both children spinning
+        counted = overhead.preemptions(parent.pid)
+    finally:
+        parent.wait()
+    assert counted > 0
+    assert overhead.preemptions(2**22 + 12345) == 0  # no such process
+
+
 @pytest.mark.timeout(1300)  # a cold compiled build first (cached per source: seconds when warm)
 def test_pure_and_compiled_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     from support.compiled import compiled_lib

@@ -79,6 +79,8 @@ class Figures:
     stream_p50_s: float = float("inf")
     cpu_plain_s: float = float("inf")  # server CPU seconds per non-streaming request
     cpu_stream_s: float = float("inf")
+    # times the server's threads were preempted (involuntary context switches) per non-streaming request
+    preempted: float = float("inf")
     errors: int = 0
 
     def merge(self, other: Figures) -> None:
@@ -90,6 +92,7 @@ class Figures:
         )
         self.cpu_plain_s = min(self.cpu_plain_s, other.cpu_plain_s)
         self.cpu_stream_s = min(self.cpu_stream_s, other.cpu_stream_s)
+        self.preempted = min(self.preempted, other.preempted)
         self.errors += other.errors
 
 
@@ -141,6 +144,18 @@ def cpu_split(pid: int) -> tuple[float, float]:
         child_user, child_system = cpu_split(child)
         user, system = user + child_user, system + child_system
     return user, system
+
+
+def preemptions(pid: int) -> int:
+    """Involuntary context switches of every thread of a process and all its descendants (Linux
+    ``/proc``; 0 elsewhere): how often the scheduler took their core away while they had work."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total + sum(preemptions(child) for child in children(pid))
 
 
 def children(pid: int) -> list[int]:
@@ -203,9 +218,9 @@ async def wait_listening(port: int, timeout_s: float = 30.0) -> None:
 async def measure(target: Target, case: Case, plan: Plan, tick: Callable[[], None]) -> Figures:
     plain_bodies = bodies(plan.requests, case.prompt_chars, False)
     stream_bodies = bodies(max(1, plan.requests // 2), case.prompt_chars, True)
-    cpu0 = cpu_seconds(target.pid)
+    cpu0, preempted0 = cpu_seconds(target.pid), preemptions(target.pid)
     plain = await loadgen.run(target.port, plain_bodies, case.concurrency, tick)
-    cpu1 = cpu_seconds(target.pid)
+    cpu1, preempted1 = cpu_seconds(target.pid), preemptions(target.pid)
     streams = await loadgen.run(target.port, stream_bodies, case.concurrency, tick)
     cpu2 = cpu_seconds(target.pid)
     return Figures(
@@ -215,6 +230,7 @@ async def measure(target: Target, case: Case, plan: Plan, tick: Callable[[], Non
         stream_p50_s=streams.percentile(0.5),
         cpu_plain_s=(cpu1 - cpu0) / len(plain_bodies),
         cpu_stream_s=(cpu2 - cpu1) / len(stream_bodies),
+        preempted=(preempted1 - preempted0) / len(plain_bodies),
         errors=plain.errors + streams.errors,
     )
 
@@ -369,7 +385,7 @@ async def measure_one(target: Target, case: Case, plan: Plan, stream: bool) -> C
 
 COLUMNS = (
     "target", "req/s", "x direct", "x peer", "p50 ms", "added p50 ms", "streams/s", "x peer", "stream p50 ms",
-    "added p50 ms", "CPU us/req", "x peer", "CPU us/stream", "x peer", "errors",
+    "added p50 ms", "CPU us/req", "x peer", "preempted /req", "CPU us/stream", "x peer", "errors",
 )  # fmt: skip
 
 
@@ -383,6 +399,7 @@ def row(name: str, f: Figures, direct: Figures, peer: Figures | None) -> list[st
         f"{f.sps:,.0f}", ratio(f.sps, peer.sps if peer else None),
         f"{f.stream_p50_s * 1e3:.2f}", f"{(f.stream_p50_s - direct.stream_p50_s) * 1e3:.2f}",
         f"{f.cpu_plain_s * 1e6:.0f}", ratio(f.cpu_plain_s, peer.cpu_plain_s if peer else None),
+        f"{f.preempted:.2f}",
         f"{f.cpu_stream_s * 1e6:.0f}", ratio(f.cpu_stream_s, peer.cpu_stream_s if peer else None),
         str(f.errors),
     ]  # fmt: skip
@@ -402,8 +419,10 @@ def report(results: dict[Case, dict[str, Figures]], args: argparse.Namespace, co
         console.print(table)
     console.print(
         "x peer: throughput (CPU) relative to the peer router's in the same run. CPU: the server's CPU "
-        "time per request, all its processes and threads (the worker's for direct). Load generator, worker "
-        "and routers share this machine's cores, so req/s also depends on whatever else runs on it."
+        "time per request, all its processes and threads (the worker's for direct). preempted: how often "
+        "per request the scheduler took a core from the server's threads while they had work. Load "
+        "generator, worker and routers share this machine's cores, so req/s also depends on whatever else "
+        "runs on it."
     )
 
 
