@@ -14,7 +14,7 @@ module stands in: every compiled module ships its source beside it, and ``hashin
 ``index`` use the C only when it imports.
 
 What mypyc needs of a compiled module: a subclass of an interpreted class marked
-``mypyc_attr(native_class=False)`` and its base imported by its own module (``asyncio.protocols``), or
+``mypyc_attr(native_class=False)`` and its base imported by its own module (``logging``), or
 kept in an uncompiled module (aiohttp's response classes: ``proxy/edge/responses.py``); a value of the
 declared type everywhere (mypyc checks them at run time: enums, not their strings); one exception type per
 ``except ... as name`` in a function (``tests/test_build.py`` checks it).
@@ -69,7 +69,8 @@ EDGE_PATH = (
     "sse",
 )
 # What the request path calls beyond the edge: the upstream client, the pool, the app's state, the access
-# log's handler, metrics.
+# log's handler, metrics; and with several processes (``serve --processes``) the channel that shares their
+# view (its index changes encoded, merged, sent and applied).
 BEYOND = (
     "proxy/upstream/http_client",
     "proxy/run/lean",
@@ -79,6 +80,10 @@ BEYOND = (
     "proxy/context",
     "proxy/ops/logs",
     "proxy/ops/metrics",
+    "replication/codec",
+    "replication/coalesce",
+    "replication/outbox",
+    "replication/local",
 )
 COMPILED = (
     [f"{ROUTING}/{name}.py" for name in CORE]

@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prefix_router.replication import codec
 from prefix_router.replication.codec import KINDS, CodecError, decode_batch, encode_batch, encode_change
 from prefix_router.routing.router import ChangeKind, IndexChange
+
+COMPILED = not codec.__file__.endswith(".py")  # the compiled build (setup.py)
 
 changes = st.builds(
     IndexChange,
@@ -54,7 +57,9 @@ def test_it_is_compact() -> None:
     ],
 )
 def test_unencodable_changes_raise(change: Any) -> None:
-    with pytest.raises(CodecError):
+    # the compiled codec takes an IndexChange only: it refuses the stand-in before looking at its kind
+    refusal = TypeError if isinstance(change, SimpleNamespace) and COMPILED else CodecError
+    with pytest.raises(refusal):
         encode_change(change, 0.0)
 
 
