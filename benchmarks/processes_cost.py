@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from prefix_router.lab.bench import loadgen
 from prefix_router.lab.bench.overhead import (
@@ -33,7 +31,7 @@ from prefix_router.lab.bench.overhead import (
     PEER_PYTHON,
     bodies,
     build_env,
-    children,
+    context_switches,
     cpu_split,
     numbers,
     peer_argv,
@@ -53,17 +51,6 @@ UNSHARED = (
 Figures = tuple[float, float, float, float, float]  # req/s, user s, system s, preempted, waited per request
 
 
-def waits(pid: int) -> int:
-    """Voluntary context switches of every thread of a process and its descendants (0 elsewhere)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    total += int(line.split()[1])
-    return total + sum(waits(child) for child in children(pid))
-
-
 def targets(worker_port: int, args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, str] | None]]:
     env = build_env("compiled" if args.compiled_lib else "pure", args.compiled_lib)
     one, two = router_argv(worker_port, 0, "uvloop", 1), router_argv(worker_port, 0, "uvloop", 2)
@@ -81,14 +68,14 @@ async def measure(port: int, pid: int, chars: int, args: argparse.Namespace) -> 
     await loadgen.run(port, bodies(args.warm, chars, False), args.concurrency)
     sent = bodies(args.requests, chars, False)
     user0, system0 = cpu_split(pid)
-    preempted0, waited0 = preemptions(pid), waits(pid)
+    preempted0, waited0 = preemptions(pid), context_switches(pid, "voluntary")
     result = await loadgen.run(port, sent, args.concurrency)
     user1, system1 = cpu_split(pid)
     if result.errors:
         raise RuntimeError(f"{result.errors} errors on port {port}")
     n = len(sent)
     return (result.rate, (user1 - user0) / n, (system1 - system0) / n, (preemptions(pid) - preempted0) / n,
-            (waits(pid) - waited0) / n)  # fmt: skip
+            (context_switches(pid, "voluntary") - waited0) / n)  # fmt: skip
 
 
 def run_target(

@@ -147,15 +147,21 @@ def cpu_split(pid: int) -> tuple[float, float]:
 
 
 def preemptions(pid: int) -> int:
-    """Involuntary context switches of every thread of a process and all its descendants (Linux
-    ``/proc``; 0 elsewhere): how often the scheduler took their core away while they had work."""
-    total = 0
+    """How often the scheduler took a core from the threads of a process and all its descendants while
+    they had work (their involuntary context switches; Linux ``/proc``, 0 elsewhere)."""
+    return context_switches(pid, "nonvoluntary")
+
+
+def context_switches(pid: int, kind: str) -> int:
+    """``kind`` (``voluntary``: waiting for work, ``nonvoluntary``: preempted) context switches of every
+    thread of a process and all its descendants (Linux ``/proc``; 0 elsewhere)."""
+    total, field = 0, f"{kind}_ctxt_switches:"
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             for line in (task / "status").read_text().splitlines():
-                if line.startswith("nonvoluntary_ctxt_switches:"):
+                if line.startswith(field):
                     total += int(line.split()[1])
-    return total + sum(preemptions(child) for child in children(pid))
+    return total + sum(context_switches(child, kind) for child in children(pid))
 
 
 def children(pid: int) -> list[int]:
