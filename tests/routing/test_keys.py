@@ -401,3 +401,25 @@ def test_tools_before_system_is_a_knob() -> None:
         a = builder.build("chat", body, route_id="a").blocks
         b = builder.build("chat", {**body, "tools": [LOOKUP_TOOL]}, route_id="b").blocks
         assert (a[0] == b[0]) is shares
+
+
+def test_a_body_given_as_another_mapping_is_keyed_as_its_dict() -> None:
+    """Bodies are JSON objects (dicts) on the request path, read as dicts; any other ``Mapping``, messages
+    and reply included, gives the same request as its dict copy."""
+    from types import MappingProxyType
+
+    messages = [
+        {"role": "system", "content": "s" * 40, "name": "sys"},
+        {"role": "user", "content": "q" * 40},
+        {"role": "assistant", "content": "<think>why</think>a" * 5, "reasoning_content": "r"},
+        {"role": "user", "content": "again" * 10},
+    ]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    extra = {"tool_choice": "none", "lora_path": "adapter", "cache_salt": "salt", "max_tokens": 7}
+    body = chat(messages, tools=tools, add_generation_prompt=False, **extra)
+    other = MappingProxyType({**body, "messages": [MappingProxyType(m) for m in messages]})
+    reply = {"role": "assistant", "content": "done", "reasoning_content": "thought"}
+    for made in (KEYS.build("chat", body, route_id="r"), KEYS.build("chat", other, route_id="r")):
+        assert made == KEYS.build("chat", body, route_id="r")
+    assert KEYS.extension("chat", other, MappingProxyType(reply)) == KEYS.extension("chat", body, reply)
+    assert KEYS.build("chat", other, route_id="r").output_tokens_hint == 7

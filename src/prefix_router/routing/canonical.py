@@ -67,6 +67,12 @@ def is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
     return type(value) is dict or isinstance(value, Mapping)
 
 
+def as_dict(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` itself when it is a dict (every JSON object is), else a copy: compiled, a dict's ``get``
+    is a lookup, a ``Mapping``'s a method call (about five times the instructions)."""
+    return value if type(value) is dict else dict(value)
+
+
 def digest(value: object) -> str:
     data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else orjson.dumps(value)
     return format(hash_bytes(data), "016x")
@@ -78,7 +84,8 @@ UNRENDERED_OPTIONS = ("add_special_tokens", "mm_processor_kwargs", "truncate_pro
 
 def prompt_options(body: Mapping[str, Any], fields: Sequence[str] = PROMPT_OPTIONS) -> str | None:
     """A digest of the fields that change the prompt at no fixed point, or None when none is set."""
-    present = {k: body[k] for k in fields if body.get(k) is not None}
+    given = as_dict(body)
+    present = {k: given[k] for k in fields if given.get(k) is not None}
     if not present:
         return None
     try:
@@ -130,8 +137,9 @@ def split_reasoning(content: str) -> tuple[str, str]:
 
 
 def reasoning_of(message: Mapping[str, Any]) -> str:
+    fields = as_dict(message)
     for key in ("reasoning_content", "reasoning"):
-        value = message.get(key)
+        value = fields.get(key)
         if isinstance(value, str) and value:
             return value
     return ""
@@ -140,10 +148,10 @@ def reasoning_of(message: Mapping[str, Any]) -> str:
 def has_reasoning(message: Mapping[str, Any]) -> bool:
     """Whether a generated reply carried reasoning (which the next turn's template drops); a reasoning
     field that is present but empty counts (the model still wrote a think block)."""
-    content = message.get("content")
+    fields = as_dict(message)
+    content = fields.get("content")
     inline = isinstance(content, str) and ("</think>" in content or content.lstrip().startswith("<think>"))
-    fields = any(isinstance(message.get(k), str) for k in ("reasoning_content", "reasoning"))
-    return fields or inline
+    return inline or any(isinstance(fields.get(k), str) for k in ("reasoning_content", "reasoning"))
 
 
 # ---------------------------------------------------------------- messages
@@ -188,18 +196,19 @@ def message_text(msg: object, i: int, keep_reasoning: bool) -> str:
     only for an error (it would cost more than the usual message's text)."""
     if not is_mapping(msg):
         raise InvalidRequest("each message must be an object", f"messages[{i}]")
-    role = msg.get("role")
+    fields = as_dict(msg)
+    role = fields.get("role")
     if not isinstance(role, str):
         raise InvalidRequest("each message needs a string 'role'", f"messages[{i}].role")
-    content = msg.get("content")
+    content = fields.get("content")
     if type(content) is not str:
         content = content_text(content, f"messages[{i}].content")
     reasoning = ""
     if role == "assistant":
         inline, content = split_reasoning(content)
-        reasoning = (reasoning_of(msg) or inline) if keep_reasoning else ""
-    calls = msg.get("tool_calls")
-    name, call_id = msg.get("name"), msg.get("tool_call_id")
+        reasoning = (reasoning_of(fields) or inline) if keep_reasoning else ""
+    calls = fields.get("tool_calls")
+    name, call_id = fields.get("name"), fields.get("tool_call_id")
     parts = [role]
     if isinstance(name, str) and name:
         parts += (_TAGS[0], name)
@@ -234,13 +243,14 @@ def last_user_index(messages: Sequence[Any]) -> int:
 
 
 def _tools_text(body: Mapping[str, Any], spaced: bool) -> str:
-    tools = body.get("tools") or body.get("functions")
+    given = as_dict(body)
+    tools = given.get("tools") or given.get("functions")
     if not tools:
         return ""
     if not isinstance(tools, list):
         raise InvalidRequest("'tools' must be an array", "tools")
     text = "\n".join(_tojson(t, spaced) for t in tools)
-    none = US + "none" if body.get("tool_choice") == "none" or body.get("function_call") == "none" else ""
+    none = US + "none" if given.get("tool_choice") == "none" or given.get("function_call") == "none" else ""
     return f"{GS}tools{US}{text}{none}{RS}"
 
 
@@ -253,8 +263,9 @@ def _documents_text(body: Mapping[str, Any]) -> str:
 
 def generation_text(body: Mapping[str, Any]) -> str:
     """The end marker: empty for the default generation prompt."""
-    add = body.get("add_generation_prompt", True)
-    cont = body.get("continue_final_message", False)
+    given = as_dict(body)
+    add = given.get("add_generation_prompt", True)
+    cont = given.get("continue_final_message", False)
     if add is not False and not cont:
         return ""
     return f"{GS}generation{US}{int(bool(add))}{int(bool(cont))}{RS}"

@@ -35,7 +35,7 @@ from typing import Any
 
 import prefix_router.routing.canonical as canonical
 from prefix_router.protocol import Endpoint
-from prefix_router.routing.canonical import MEDIA, chat_text, has_reasoning
+from prefix_router.routing.canonical import MEDIA, as_dict, chat_text, has_reasoning
 from prefix_router.routing.hashing import chain_blocks, hash_bytes, namespace_seed
 from prefix_router.routing.precise import precise_chain, precise_seed
 from prefix_router.routing.settings import KeySettings
@@ -52,14 +52,14 @@ _MEDIA_RE = re.compile(f"{MEDIA}([0-9a-f]{{16}}){MEDIA}")
 # ---------------------------------------------------------------- validation helpers
 
 
-def _require_model(body: Mapping[str, Any]) -> str:
+def _require_model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", "model")
     return model
 
 
-def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is None or isinstance(value, str):
         return value
@@ -123,9 +123,10 @@ class KeyBuilder:
         return any(fnmatch.fnmatchcase(name, pattern.lower()) for pattern in self.cfg.tools_before_system)
 
     def namespace(self, body: Mapping[str, Any], tenant: str | None, exact: bool = False) -> int:
-        model = _require_model(body)
-        adapter = _opt_str(body, "lora_path") or _opt_str(body, "lora_adapter")
-        salt = _opt_str(body, "cache_salt")
+        given = as_dict(body)
+        model = _require_model(given)
+        adapter = _opt_str(given, "lora_path") or _opt_str(given, "lora_adapter")
+        salt = _opt_str(given, "cache_salt")
         options = canonical.prompt_options(
             body, canonical.UNRENDERED_OPTIONS if exact else canonical.PROMPT_OPTIONS
         )
@@ -141,8 +142,9 @@ class KeyBuilder:
         """The bytes that are cut into blocks: UTF-8 text, or token ids as 4-byte integers."""
         if endpoint == "chat":
             more = canonical.reply_text(body, generated) if generated is not None else ""
-            tooled = body.get("tools") or body.get("functions")
-            spaced, first = self._tokenize is not None, not tooled or self.tools_first(body.get("model"))
+            given = as_dict(body)
+            tooled = given.get("tools") or given.get("functions")
+            spaced, first = self._tokenize is not None, not tooled or self.tools_first(given.get("model"))
             return self._encode_text(chat_text(body, spaced_json=spaced, tools_first=first) + more)
         prompt = _first_prompt(body)
         tail = str(generated.get("text") or "") if generated is not None else ""
@@ -250,7 +252,8 @@ class KeyBuilder:
         routing on them would tell one tenant what another sent). ``engine_salt``: the salt the proxy gives
         the tenant's requests (``tenants.cache_salt``), before the client's own, as the engine sees it."""
         size = self.precise_block_tokens
-        salt = _opt_str(body, "cache_salt")
+        given = as_dict(body)
+        salt = _opt_str(given, "cache_salt")
         if engine_salt is not None:
             salt = f"{engine_salt}-{salt}" if salt else engine_salt
         if size is None or (self.cfg.isolate_tenants and tenant is not None and salt is None):
@@ -258,7 +261,7 @@ class KeyBuilder:
         limit = self.cfg.max_prefix_chars
         if limit is not None:
             limit = int(limit / self.cfg.chars_per_token)
-        return precise_chain(ids, size, precise_seed(_require_model(body), None, salt), limit)
+        return precise_chain(ids, size, precise_seed(_require_model(given), None, salt), limit)
 
     def _exact_extension(
         self, req: RouteRequest, endpoint: Endpoint, body: Mapping[str, Any], generated: Mapping[str, Any]
@@ -418,7 +421,8 @@ def _first(ids: Sequence[int], token: int | None, start: int) -> int:
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    given = as_dict(body)
+    value = given.get("max_completion_tokens", given.get("max_tokens"))
     return value if type(value) is int and value > 0 else 0
 
 
