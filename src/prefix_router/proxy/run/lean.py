@@ -1,8 +1,9 @@
 """The router's own connection handler for its hot path: generation requests read whole by llhttp
-(``httptools``) on a plain ``asyncio.Protocol`` and answered by the edge's handlers (``handlers.ROUTED``,
-through ``handlers.answer``) without aiohttp's request machinery. Any other request, and a connection that
-turns unusual, is handed to aiohttp's connection handler with every byte received of it so far: aiohttp
-then serves that connection to its end, as if it had from the start.
+(``httptools``) on an ``asyncio`` protocol of its own (a native class when compiled) and answered by the
+edge's handlers (``handlers.ROUTED``, through ``handlers.answer``) without aiohttp's request machinery.
+Any other request, and a connection that turns unusual, is handed to aiohttp's connection handler with
+every byte received of it so far: aiohttp then serves that connection to its end, as if it had from the
+start.
 
 Served here (anything else is handed over): ``POST`` to a path of ``handlers.ROUTED`` in origin form,
 HTTP/1.1, one ``Content-Length`` of at most ``limits.max_body_bytes``, no ``Transfer-Encoding``,
