@@ -128,7 +128,7 @@ class KeyBuilder:
         adapter = _opt_str(given, "lora_path") or _opt_str(given, "lora_adapter")
         salt = _opt_str(given, "cache_salt")
         options = canonical.prompt_options(
-            body, canonical.UNRENDERED_OPTIONS if exact else canonical.PROMPT_OPTIONS
+            given, canonical.UNRENDERED_OPTIONS if exact else canonical.PROMPT_OPTIONS
         )
         mode = "exact" if exact else None
         isolated = tenant if self.cfg.isolate_tenants else None
