@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from prefix_router.lab.launch.fleet import LaunchError
 from prefix_router.lab.launch.llama_cpp import MAX_INSTANCES, LlamaCppFleet, LlamaCppSettings, default_venv
 from prefix_router.lab.launch.net import get_text
+from prefix_router.lab.launch.stopping import interrupted_by_sigterm, wait_for_stop
 from prefix_router.lab.launch.vllm_cli import register_vllm
 from prefix_router.pool import detect
 
@@ -22,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("engines", help="run local engine instances, or identify running engines")
     engines = parser.add_subparsers(dest="engines_command", required=True)
     _register_llama(engines)
-    register_vllm(engines, wait_for_stop)
+    register_vllm(engines)
     _register_detect(engines)
 
 
@@ -61,7 +59,7 @@ def settings_from(args: argparse.Namespace) -> LlamaCppSettings:
 def run_llama(args: argparse.Namespace) -> int:
     try:
         fleet = LlamaCppFleet(settings_from(args))
-        with fleet:
+        with interrupted_by_sigterm(), fleet:
             print_fleet(fleet)
             wait_for_stop()
     except (LaunchError, ValueError) as exc:
@@ -79,22 +77,6 @@ def print_fleet(fleet: LlamaCppFleet) -> None:
     workers = " ".join(f"--worker {url}" for url in fleet.urls)
     print(f"# model: {fleet.settings.model_alias}; route to them with: prefix-router serve {workers}")
     print("# Ctrl-C or SIGTERM stops them", flush=True)
-
-
-def wait_for_stop() -> None:
-    """Block until SIGINT or SIGTERM (both end the ``with`` block, which stops the fleet)."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def models_body(text: str | None) -> dict[str, Any] | None:

@@ -11,16 +11,13 @@ the file without it unless ``--kv-events`` was asked for.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import yaml
 
 from prefix_router.lab.launch.fleet import LaunchError
+from prefix_router.lab.launch.stopping import interrupted_by_sigterm, wait_for_stop
 from prefix_router.lab.launch.vllm import (
     EVENTS_TOPIC,
     MAX_INSTANCES,
@@ -34,7 +31,7 @@ from prefix_router.proxy import validate
 from prefix_router.settings import ConfigError
 
 
-def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser], wait: Callable[[], None]) -> None:
+def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("vllm", help="start N real vLLM (CPU build) instances serving SmolLM2-135M")
     p.add_argument("--instances", type=int, default=2, help=f"how many (1..{MAX_INSTANCES}; default 2)")
     p.add_argument("--port-base", type=int, default=8501, help="first port; instance i gets base+i (0: free)")
@@ -72,7 +69,7 @@ def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser], wait
     p.add_argument("--venv", type=Path, default=None, help=f"vLLM venv (default {default_venv()})")
     p.add_argument("--log-dir", type=Path, default=None, help="instance logs (default: a temporary folder)")
     p.add_argument("--write-config", type=Path, metavar="FILE", help="write a serve config naming them")
-    p.set_defaults(func=lambda args: run_vllm(args, wait))  # fmt: skip
+    p.set_defaults(func=run_vllm)
 
 
 def parse_cores(text: str | None) -> tuple[int, ...] | str | None:
@@ -159,29 +156,14 @@ def print_fleet(fleet: VllmFleet, config: Path | None) -> None:
     print("# Ctrl-C or SIGTERM stops them", flush=True)
 
 
-@contextlib.contextmanager
-def interrupted_by_sigterm() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` (as SIGINT does) while the fleet starts, so that a stop asked
-    for during the minutes of start-up still stops the instances already spawned."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run_vllm(args: argparse.Namespace, wait: Callable[[], None]) -> int:
+def run_vllm(args: argparse.Namespace) -> int:
     try:
         fleet = VllmFleet(settings_from(args))
         with interrupted_by_sigterm(), fleet:
             if args.write_config is not None:
                 write_config(fleet, args.write_config)
             print_fleet(fleet, args.write_config)
-            wait()
+            wait_for_stop()
     except (LaunchError, ValueError, ConfigError) as exc:
         print(f"prefix-router engines vllm: {exc}")
         return 1
