@@ -124,7 +124,8 @@ async def precise_router(
     start_router: RouterFactory, fleet: VllmFleet, *only: int, **settings: Any
 ) -> RouterHandle:
     """A router in precise mode (SmolLM2's template and tokenizer, the engines' 128-token blocks) in
-    front of the fleet's instances ``only`` (default all), subscribed to their events."""
+    front of the fleet's instances ``only`` (default all), subscribed to their events and heard from
+    (``hear_from``); every engine's cache is then emptied (the clearing is published with its next step)."""
     workers = workers_config(fleet, events=True)
     chosen = [workers[i] for i in only] if only else workers
     precise = {
@@ -135,7 +136,29 @@ async def precise_router(
     router = await start_router(*chosen, settings=precise | settings)
     subscribers = router.state.events.subscribers if router.state.events is not None else {}
     assert len(subscribers) == len(chosen) and all(s.running for s in subscribers.values())
+    for index in only or range(len(workers)):
+        await hear_from(router, fleet, index)
+    reset_caches(fleet)
     return router
+
+
+async def hear_from(router: RouterHandle, fleet: VllmFleet, index: int, tries: int = 20) -> None:
+    """Send instance ``index`` prompts of a block or more of their own, straight to it, until the router
+    has applied one of its event messages: its subscription has reached the engine. (A PUB drops what it
+    publishes before a new subscriber's subscription arrives; the router catches up from the replay
+    buffer at the next message, but a test's first request must not be the one lost.)"""
+    subscriber = router.state.events.subscribers[f"vllm-{index}"] if router.state.events else None
+    assert subscriber is not None
+    url = f"{fleet.urls[index]}/v1/chat/completions"
+    for attempt in range(tries):
+        before = subscriber.stats.applied
+        await post_json(url, chat(prose(10_000 + 100 * index + attempt, 2 * BLOCK), "Listening?"))
+        try:
+            await wait_until(lambda heard=before: subscriber.stats.applied > heard, 2.0)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"no kv event of vllm-{index} reached the router in {tries} prompts")
 
 
 async def ask(router: RouterHandle, messages: list[dict[str, Any]], **more: Any) -> tuple[str, int, int, int]:

@@ -11,7 +11,7 @@ import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet
 from support.routers import RouterFactory
-from support.vllm import BLOCK, ask, precise_router, prose, reset_caches
+from support.vllm import BLOCK, ask, precise_router, prose
 
 pytestmark = pytest.mark.timeout(600)
 TOOLS = [
@@ -29,7 +29,6 @@ TOOLS = [
 async def test_predictions_are_the_engines_cached_tokens(
     vllm_fleet: VllmFleet, start_router: RouterFactory
 ) -> None:
-    reset_caches(vllm_fleet)
     router = await precise_router(start_router, vllm_fleet)
     rows = []
     conversations = [[{"role": "system", "content": prose(40 + i, 300 + 60 * i)}] for i in range(4)]
@@ -57,7 +56,6 @@ async def test_predictions_are_the_engines_cached_tokens(
 async def test_eviction_under_the_small_cache_is_seen(
     vllm_fleet: VllmFleet, start_router: RouterFactory
 ) -> None:
-    reset_caches(vllm_fleet)
     router = await precise_router(start_router, vllm_fleet, 0)
     first = [{"role": "system", "content": prose(50, 300)}, {"role": "user", "content": "Hello?"}]
     _, _, _, prompt = await ask(router, first[:])

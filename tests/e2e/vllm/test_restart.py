@@ -16,7 +16,7 @@ import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet
 from support.routers import RouterFactory
-from support.vllm import ask, chat, post_json, precise_router, prose, reset_caches, workers_config
+from support.vllm import ask, chat, post_json, precise_router, prose, workers_config
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)  # a restart: up to the fleet's start-up timeout
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.timeout(900)  # a restart: up to the fleet's start-up t
 async def test_an_engine_restarted_mid_run_is_ejected_readmitted_and_its_old_view_dropped(
     vllm_fleet: VllmFleet, start_router: RouterFactory
 ) -> None:
-    reset_caches(vllm_fleet)
     precise = await precise_router(start_router, vllm_fleet, 1)
     view = precise.state.router.precise
     conv = [{"role": "system", "content": prose(80, 300)}, {"role": "user", "content": "First?"}]
