@@ -81,8 +81,9 @@ async def test_a_body_that_is_not_its_encoding_is_a_400(
     status, _, body = await kit.post(router.url, wire, {"Content-Encoding": "gzip"})
     assert status == 400, body
     error = kit.openai_error(body)
-    assert error["code"] == "invalid_encoding" and error["param"] == "Content-Encoding"
-    assert not engine.seen and "Traceback" not in caplog.text
+    assert error["code"] == "invalid_encoding" and error["param"] == "Content-Encoding", error
+    assert not engine.seen
+    assert "Traceback" not in caplog.text, caplog.text
 
 
 async def test_bombs_arriving_at_once_cost_the_limit_not_their_size(
