@@ -118,10 +118,10 @@ async def test_the_lean_install_serves_a_chat_request(
     served = ServeProcess(process, f"http://127.0.0.1:{port}", log)
     try:
         await wait_serving(served, "/ready")
-        client = AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
-        answer = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hello"}]
-        )
+        async with AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0) as client:
+            answer = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hello"}]
+            )
         assert answer.choices[0].message.content == "served by the lean install"
         assert len(engine.generations) == 1
     finally:

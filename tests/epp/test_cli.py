@@ -57,19 +57,19 @@ async def test_serves_then_the_gateway_fails_closed_when_it_is_killed(
     processes.append(epp)
     envoy = await start_envoy(tmp_path, EnvoyPorts(free_port(), free_port(), grpc_port))
     processes.append(envoy)
-    client = AsyncOpenAI(base_url=envoy.url + "/v1", api_key="x", max_retries=0)
-    messages = [{"role": "user", "content": "hi"}]
-    reply = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
-    assert reply.choices[0].message.content == "through envoy"
-    assert "event=serving_epp" in epp.logs()
-    # the access line: written when the request's ext_proc stream closes, which can come after the
-    # client has read the whole answer
-    await wait_until(lambda: "worker=a" in epp.logs(), timeout_s=10.0)
-    epp.process.send_signal(signal.SIGKILL)
-    await epp.process.wait()
-    with pytest.raises(APIStatusError) as caught:
-        await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
-    assert caught.value.status_code == 503
+    async with AsyncOpenAI(base_url=envoy.url + "/v1", api_key="x", max_retries=0) as client:
+        messages = [{"role": "user", "content": "hi"}]
+        reply = await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content == "through envoy"
+        assert "event=serving_epp" in epp.logs()
+        # the access line: written when the request's ext_proc stream closes, which can come after the
+        # client has read the whole answer
+        await wait_until(lambda: "worker=a" in epp.logs(), timeout_s=10.0)
+        epp.process.send_signal(signal.SIGKILL)
+        await epp.process.wait()
+        with pytest.raises(APIStatusError) as caught:
+            await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+        assert caught.value.status_code == 503
     assert len(engine.generations) == 1
 
 

@@ -15,13 +15,14 @@ from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, EnvoyProces
 from prefix_router.lab.launch.net import free_port
 from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import AppContext
-from support.routers import QUIET, worker_entry
+from support.routers import QUIET, close_clients, openai_client, worker_entry
 
 
 @dataclass
 class Gateway:
     envoy: EnvoyProcess
     epp: RunningEpp | None
+    clients: list[AsyncOpenAI] = field(default_factory=list)  # ``openai``'s, closed with the gateway
 
     @property
     def url(self) -> str:
@@ -37,7 +38,7 @@ class Gateway:
         return self.edge.state
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs)
+        return openai_client(self.url, self.clients, api_key, **kwargs)
 
     async def stop_epp(self) -> None:
         """Stop the picker and make sure its gRPC port refuses connections (what the gateway then meets)."""
@@ -95,5 +96,6 @@ class Gateways:
 
     async def close(self) -> None:
         for gateway in self.started:
+            await close_clients(gateway.clients)
             await gateway.envoy.stop()
             await gateway.stop_epp()

@@ -63,14 +63,14 @@ async def test_serve_end_to_end(fake_engine: Any, free_port: Any) -> None:
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_ready(url, proc)
-        client = AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-        raw = await client.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": "hi"}]
-        )
-        assert raw.parse().choices[0].message.content == "served"
-        assert raw.headers[WORKER_HEADER] == "a"
-        stream = await client.completions.create(model="m", prompt="x", stream=True)
-        assert "".join([c.choices[0].text async for c in stream]) == "served"
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert raw.parse().choices[0].message.content == "served"
+            assert raw.headers[WORKER_HEADER] == "a"
+            stream = await client.completions.create(model="m", prompt="x", stream=True)
+            assert "".join([c.choices[0].text async for c in stream]) == "served"
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 20)
