@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from openai import APIStatusError, AsyncOpenAI
 
-from prefix_router.lab.launch.envoy import EnvoyPorts, start_envoy
+from prefix_router.lab.launch.envoy import start_envoy_on_free_ports
 from prefix_router.lab.launch.net import free_port
 from support.serving import ServeProcess, wait_serving
 from support.waiting import wait_until
@@ -55,7 +55,7 @@ async def test_serves_then_the_gateway_fails_closed_when_it_is_killed(
     engine = await fake_engine("a", reply="through envoy")
     epp, grpc_port = await spawn_epp(tmp_path, "--worker", f"a={engine.url}")
     processes.append(epp)
-    envoy = await start_envoy(tmp_path, EnvoyPorts(free_port(), free_port(), grpc_port))
+    envoy = await start_envoy_on_free_ports(tmp_path, grpc_port)
     processes.append(envoy)
     async with AsyncOpenAI(base_url=envoy.url + "/v1", api_key="x", max_retries=0) as client:
         messages = [{"role": "user", "content": "hi"}]

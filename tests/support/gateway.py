@@ -11,8 +11,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from prefix_router.epp import Edge, EppSettings, RunningEpp, create_control_app, start_epp
-from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyPorts, EnvoyProcess, start_envoy
-from prefix_router.lab.launch.net import free_port
+from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyProcess, start_envoy_on_free_ports
 from prefix_router.proxy.config import load_config
 from prefix_router.proxy.context import AppContext
 from support.routers import QUIET, close_clients, openai_client, worker_entry
@@ -86,8 +85,9 @@ class Gateways:
         running = await start_epp(create_control_app(config), EppSettings(grpc_port=0, **(epp or {})))
         await admitted(running.edge.state)
         try:
-            ports = EnvoyPorts(listen=free_port(), admin=free_port(), epp=running.grpc_port)
-            proxy = await start_envoy(self.directory, ports, envoy or EnvoyOptions())
+            proxy = await start_envoy_on_free_ports(
+                self.directory, running.grpc_port, envoy or EnvoyOptions()
+            )
         except BaseException:
             await running.stop()
             raise

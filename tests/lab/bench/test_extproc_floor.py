@@ -13,7 +13,7 @@ import orjson
 from openai import AsyncOpenAI
 
 from prefix_router.lab.bench.overhead import processes
-from prefix_router.lab.launch.envoy import EnvoyPorts, start_envoy
+from prefix_router.lab.launch.envoy import start_envoy_on_free_ports
 from support.net import free_port
 from support.waiting import wait_until
 
@@ -34,7 +34,7 @@ async def test_the_floor_carries_requests_through_envoy_intact(fake_engine: Any,
         port = free_port()
         spawn([sys.executable, str(FLOOR), "--port", str(port), "--destination", engine.url[7:]], None)
         await wait_until(lambda: listening(port), timeout_s=30)
-        envoy = await start_envoy(tmp_path, EnvoyPorts(listen=free_port(), admin=free_port(), epp=port))
+        envoy = await start_envoy_on_free_ports(tmp_path, port)
         api = AsyncOpenAI(base_url=envoy.url + "/v1", api_key="none", max_retries=0, timeout=30.0)
         try:
             for text in ("hi", "".join(f"token{i} " for i in range(90_000))):  # ~650 KB: many chunks

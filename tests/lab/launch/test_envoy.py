@@ -3,20 +3,26 @@ variant the tests use (``envoy --mode validate``)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from prefix_router.lab.launch import envoy
 from prefix_router.lab.launch.envoy import (
     EnvoyOptions,
     EnvoyPorts,
+    PortTaken,
     bootstrap,
     envoy_binary,
     render,
+    start_envoy_on_free_ports,
     upstream_cluster,
 )
+from prefix_router.lab.launch.net import free_port
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "envoy"
 # deploy/envoy/envoy-fallbacks.yaml: the override_host cluster for the picker's ordered list
@@ -72,3 +78,33 @@ def test_envoy_refuses_a_broken_bootstrap(tmp_path: Path) -> None:
         [envoy_binary(), "--mode", "validate", "-c", str(config)], capture_output=True, timeout=60
     )
     assert done.returncode != 0
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port another process could have bound between its draw and Envoy's bind: held, listening."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
+async def test_a_port_taken_before_envoy_binds_it_is_drawn_again(
+    taken_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draws = iter([free_port(), taken_port])  # the first attempt's listen and admin ports; then free ones
+    monkeypatch.setattr(envoy, "free_port", lambda: next(draws, None) or free_port())
+    started = await start_envoy_on_free_ports(tmp_path, free_port())
+    try:
+        assert started.ports.admin != taken_port and started.process.returncode is None
+        assert len(list(tmp_path.glob("envoy-*.log"))) == 2  # one failed start, one live
+    finally:
+        await started.stop()
+
+
+async def test_a_port_taken_at_every_attempt_is_the_error(
+    taken_port: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(envoy, "free_port", lambda: taken_port)
+    with pytest.raises(PortTaken, match="Address already in use"):
+        await start_envoy_on_free_ports(tmp_path, free_port(), attempts=2)

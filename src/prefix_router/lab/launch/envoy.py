@@ -32,6 +32,7 @@ Knobs:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from prefix_router.lab.launch.net import free_port
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
@@ -297,19 +300,38 @@ async def start_envoy(
     return envoy
 
 
+class PortTaken(RuntimeError):
+    """Envoy exited because one of its ports was in use."""
+
+
+async def start_envoy_on_free_ports(
+    directory: Path, epp_port: int, options: EnvoyOptions = EnvoyOptions(), attempts: int = 3
+) -> EnvoyProcess:
+    """``start_envoy`` on listen and admin ports drawn free, drawn again (up to ``attempts`` in all) when
+    Envoy finds one taken: a port is free only until another process binds it, an outgoing connection's
+    source port included."""
+    for _ in range(attempts - 1):
+        with contextlib.suppress(PortTaken):
+            return await start_envoy(directory, EnvoyPorts(free_port(), free_port(), epp_port), options)
+    return await start_envoy(directory, EnvoyPorts(free_port(), free_port(), epp_port), options)
+
+
 async def _wait_live(envoy: EnvoyProcess, timeout_s: float) -> None:
     import aiohttp
 
     deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
+    # each probe bounded: until Envoy binds its admin port, whatever else holds it may never answer
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as http:
         while time.monotonic() < deadline:
             if envoy.process.returncode is not None:
-                raise RuntimeError(f"envoy exited with {envoy.process.returncode}: {envoy.logs()[-2000:]}")
+                logs = envoy.logs()
+                failure = PortTaken if "Address already in use" in logs else RuntimeError
+                raise failure(f"envoy exited with {envoy.process.returncode}: {logs[-2000:]}")
             try:
                 async with http.get(f"http://127.0.0.1:{envoy.ports.admin}/ready") as resp:
                     if resp.status == 200:
                         return
-            except aiohttp.ClientError:
+            except (aiohttp.ClientError, TimeoutError):
                 pass
             await asyncio.sleep(0.05)
     await envoy.stop()
