@@ -156,12 +156,23 @@ def context_switches(pid: int, kind: str) -> int:
     """``kind`` (``voluntary``: waiting for work, ``nonvoluntary``: preempted) context switches of every
     thread of a process and all its descendants (Linux ``/proc``; 0 elsewhere)."""
     total, field = 0, f"{kind}_ctxt_switches:"
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in threads(pid):
+        with contextlib.suppress(OSError):  # a thread that ended since
             for line in (task / "status").read_text().splitlines():
                 if line.startswith(field):
                     total += int(line.split()[1])
-    return total + sum(context_switches(child, kind) for child in children(pid))
+    return total
+
+
+def threads(pid: int) -> list[Path]:
+    """The ``/proc`` task folders of every thread of a process and all its descendants (Linux; none
+    elsewhere)."""
+    found: list[Path] = []
+    with contextlib.suppress(OSError):
+        found += Path(f"/proc/{pid}/task").iterdir()
+    for child in children(pid):
+        found += threads(child)
+    return found
 
 
 def children(pid: int) -> list[int]:

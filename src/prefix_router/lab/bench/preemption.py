@@ -11,7 +11,6 @@ switch event names threads).
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import signal
@@ -21,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from prefix_router.lab.bench.overhead import children
+from prefix_router.lab.bench.overhead import threads
 
 SERVER = "the server's own threads"
 _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=\S+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) ")
@@ -33,12 +32,7 @@ class TraceUnavailable(RuntimeError):
 
 def server_threads(pid: int) -> set[int]:
     """The thread ids of a process and all its descendants (Linux ``/proc``; empty elsewhere)."""
-    tids: set[int] = set()
-    with contextlib.suppress(OSError):
-        tids.update(int(task.name) for task in Path(f"/proc/{pid}/task").iterdir())
-    for child in children(pid):
-        tids |= server_threads(child)
-    return tids
+    return {int(task.name) for task in threads(pid)}
 
 
 def preemptors(lines: Iterable[str], victims: set[int], names: Mapping[int, str]) -> Counter[str]:
