@@ -46,6 +46,7 @@ CORE = (
     "units",
     "load",
     "backlog",
+    "placement",
     "router",
     "types",
     "policies/base",

@@ -2,7 +2,9 @@
 
 It owns the prefix index, the load tracker, the session table, the token units and one instance of every
 policy. Policies only read; the router writes, so the index reflects what was really dispatched whichever
-policy chose.
+policy chose. A decision (``route``) is the pipeline of ``routing/placement.py``: match, steer, load,
+stick, home, estimate, select (the policy), confirmed, value, round; that module lists each step's
+contract and fallback.
 
 Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``. A request
 without blocks (the proxy's pass-through calls) is counted in the load like any other and writes nothing
@@ -22,7 +24,7 @@ to a listener (``IndexChange``) when one is set (replication). Why: docs/routing
 
 Engine blocks: once a worker's engine states its KV block size (``set_engine_block``, from vLLM's
 ``cache_config_info``; 128 tokens on its CPU backend), its predictions are rounded down to whole engine
-blocks of the prompt less its last token, never a partial block.
+blocks of the prompt less its last token, never a partial block (the pipeline's ``round`` step).
 """
 
 from __future__ import annotations
@@ -47,20 +49,12 @@ from prefix_router.routing.feedback import (
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
+from prefix_router.routing.placement import Pipeline, prompt_value
 from prefix_router.routing.policies import POLICIES
-from prefix_router.routing.policies.base import load_cap, under_cap
-from prefix_router.routing.precise import PreciseMatch, PreciseView
+from prefix_router.routing.precise import PreciseView
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import (
-    Branch,
-    Context,
-    Decision,
-    Outcome,
-    Policy,
-    RouteRequest,
-    WorkerSnapshot,
-)
-from prefix_router.routing.units import Counts, TokenUnits, count_prefix
+from prefix_router.routing.types import Decision, Outcome, Policy, RouteRequest
+from prefix_router.routing.units import Counts, TokenUnits
 
 
 class ChangeKind(StrEnum):
@@ -172,6 +166,10 @@ class Router:
         self.on_units_sample: SampleHook | None = None
         self.precise = PreciseView(cfg.precise)
         self.precise.on_clear = self._engine_cleared
+        # the steps of a decision (routing/placement.py), on these parts
+        self.pipeline = Pipeline(
+            self.index, self.precise, self.load, self.units, self._sessions, self._engine_blocks
+        )
 
     def retune(self, cfg: RoutingSettings) -> None:
         """Take new knobs while serving: the default policy, each policy's knob group (a policy whose group
@@ -260,125 +258,19 @@ class Router:
     def route(
         self, req: RouteRequest, candidates: Sequence[str], now: float, policy: str | None = None
     ) -> Decision:
+        """``req`` placed on one of ``candidates`` by ``policy`` (the configured one when None; KeyError for
+        an unknown name): the steps of ``routing/placement.py`` in their order, the policy's ``select`` one
+        of them."""
         if not candidates:
             raise ValueError("route needs at least one candidate")
         name = policy or self.cfg.policy
-        chosen_policy = self.policies[name]
-        matches = self.index.match(req.blocks)
-        precise = self.precise.match(req.precise_blocks, now) if req.precise_blocks and self.precise else None
-        if precise is not None:
-            matches = self._steered(req, matches, precise)
-        snaps = self.load.snapshots(candidates, now)
-        sticky = self._sticky(req, snaps) if name in self._honour_sessions else None
-        if sticky is None and precise is not None and name in self._honour_sessions:
-            sticky = self._home(req, precise, snaps)
-        prompt = self._prompt_value(req)
-        scale = prompt / req.key_tokens if req.text_model is not None and req.key_tokens else 1.0
-        decision = sticky or chosen_policy.select(req, snaps, self._context(now, matches, scale))
-        if precise is not None and decision.worker in precise.fresh:
-            return self._precise_decision(req, decision, precise)
-        matched = matches.get(decision.worker, 0)
-        predicted = self._engine_whole(decision.worker, self._match_value(req, matched, prompt), prompt)
-        return Decision(decision.worker, decision.branch, matched, predicted, math.ceil(prompt))
-
-    def _precise_decision(self, req: RouteRequest, decision: Decision, precise: PreciseMatch) -> Decision:
-        """``decision`` on a fresh event-fed worker: predicted on the blocks its engine confirmed, its
-        prefill charged to the load on those and the ones speculated there (being computed, or stored
-        and not reported yet): what the policy chose it for."""
-        block, worker = self.cfg.precise.block_tokens, decision.worker
-        depth = precise.confirmed.get(worker, 0)
-        tokens = min(depth * block, req.precise_tokens)
-        expected = min(precise.steered.get(worker, 0) * block, req.precise_tokens)
-        matched = self._index_blocks(req, depth)
-        return Decision(worker, decision.branch, matched, tokens, req.precise_tokens, max(tokens, expected))
-
-    def _steered(self, req: RouteRequest, matches: dict[str, int], precise: PreciseMatch) -> dict[str, int]:
-        """The index's matches with each fresh event-fed worker's replaced by its event-fed view's (held
-        confirmed or speculatively), in the index's blocks."""
-        matches = dict(matches)
-        for worker in precise.fresh:
-            blocks = self._index_blocks(req, precise.steered.get(worker, 0))
-            if blocks:
-                matches[worker] = blocks
-            else:
-                matches.pop(worker, None)
-        return matches
-
-    def _index_blocks(self, req: RouteRequest, precise_blocks: int) -> int:
-        """``precise_blocks`` of the engines' block size in the index's blocks of ``req``."""
-        tokens = precise_blocks * self.cfg.precise.block_tokens
-        return min(len(req.blocks), tokens // self.index.block_tokens)
-
-    def _match_value(self, req: RouteRequest, matched: int, prompt: float) -> int:
-        """The engine tokens of ``req``'s first ``matched`` blocks: a text key's by the content of those
-        blocks once its model's value is learned, else nominal x the scale."""
-        nominal = min(matched * self.index.block_tokens, req.key_tokens)
-        if not matched or req.text_model is None:
-            return nominal
-        counts = req.counts[-1] if req.counts else None
-        if counts is not None and self.units.by_content(req.text_model):
-            size = matched * self.cfg.keys.block_chars
-            if size >= len(req.text):  # the whole key: valued by the same counts as the prompt
-                return int(prompt)
-            counts = count_prefix(req.text, size, req.counts)
-        return int(min(self.units.tokens(req.text_model, counts, nominal), prompt))
-
-    def _engine_whole(self, worker: str, predicted: int, prompt: float) -> int:
-        """A prediction in the engine's terms once its block size is known: an engine that caches whole
-        blocks and computes the prompt's last token always serves at most the whole blocks of the first
-        prompt - 1 tokens, so the prediction is rounded down to them (unknown block size: unchanged)."""
-        size = self._engine_blocks.get(worker)
-        if not size or predicted <= 0:
-            return predicted
-        limit = min(predicted, math.ceil(prompt) - 1)
-        return max(0, limit - limit % size)
-
-    def _context(self, now: float, matches: dict[str, int], scale: float) -> Context:
-        attention = self.cfg.trackers.attention_tokens
-        index = self.index
-        return Context(
-            now, self.rng, matches, index, self.load.backlog.mean_work, attention, scale, index.fills
-        )
+        chosen = self.policies[name]
+        honours = name in self._honour_sessions
+        return self.pipeline.place(req, candidates, now, self.cfg, self.rng, chosen, honours)
 
     def estimated_prompt_tokens(self, req: RouteRequest) -> int:
         """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
-        return math.ceil(self._prompt_value(req))
-
-    def _prompt_value(self, req: RouteRequest) -> float:
-        if req.text_model is None:
-            return float(req.key_tokens)
-        return self.units.tokens(req.text_model, req.counts[-1] if req.counts else None, req.key_tokens)
-
-    def _sticky(self, req: RouteRequest, snaps: Sequence[WorkerSnapshot]) -> Decision | None:
-        sessions = self.cfg.sessions
-        if not (sessions.affinity and req.session):
-            return None
-        worker = self._sessions.get(req.session)
-        snap = next((s for s in snaps if s.name == worker), None)
-        if snap is None or not under_cap(snap, load_cap(snaps, sessions.load_factor, sessions.load_slack)):
-            return None
-        return Decision(snap.name, Branch.SESSION)
-
-    def _home(
-        self, req: RouteRequest, precise: PreciseMatch, snaps: Sequence[WorkerSnapshot]
-    ) -> Decision | None:
-        """The last home of ``req``'s first block that no fresh event-fed worker holds (``PreciseView.home``),
-        if that worker is fresh, holds as much of ``req`` as any of them, is a candidate and stays under the
-        load cap of ``routing.precise.home_load_factor`` and ``home_load_slack``; else None (the policy
-        decides). Without it an evicted prefix is placed by load alone and may land where it evicts
-        another tenant's, which then moves in turn."""
-        blocks = req.precise_blocks
-        depth = max(precise.steered.values(), default=0)
-        if depth >= len(blocks):
-            return None
-        worker = self.precise.home(blocks[depth])
-        if worker is None or worker not in precise.fresh or precise.steered.get(worker, 0) < depth:
-            return None
-        snap = next((s for s in snaps if s.name == worker), None)
-        cfg = self.cfg.precise
-        if snap is None or not under_cap(snap, load_cap(snaps, cfg.home_load_factor, cfg.home_load_slack)):
-            return None
-        return Decision(snap.name, Branch.HOME)
+        return math.ceil(prompt_value(self.units, req))
 
     # ------------------------------------------------------------ lifecycle
 
