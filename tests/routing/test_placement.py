@@ -145,6 +145,14 @@ def test_a_prefix_evicted_everywhere_goes_home_before_the_policy() -> None:
     assert trace == ["match", "steer", "load", "estimate", "select", "confirmed"]
 
 
+def test_a_session_sticks_before_a_home_is_looked_for() -> None:
+    router = evicted_from_a()
+    route(router, request("elsewhere", [500 + t for t in PROMPT], session="s", precise=True), ["b"], 1.5)
+    decision = router.route(request("again", PROMPT, session="s", precise=True), ["a", "b"], 2.0)
+    assert router.pipeline.trace == ["match", "steer", "load", "stick", "estimate", "confirmed"]
+    assert (decision.worker, decision.branch) == ("b", Branch.SESSION)
+
+
 def test_the_decision_is_the_chosen_worker_with_the_prediction() -> None:
     router = make_router()
     route(router, request("r1", PROMPT), ["a"], 1.0)

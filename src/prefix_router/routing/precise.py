@@ -32,10 +32,10 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
   removal wins), until the worker has stored more blocks since than it holds now (a cache's worth: its
   place there is taken, as an approximate index forgets an entry after a capacity of newer ones). When a
   request's next block is held nowhere, the router prefers that engine, under a load cap
-  (``home_load_factor``, ``home_load_slack``; ``Router._home``): a tenant whose prefix was evicted
-  everywhere re-fills where it lived instead of displacing another tenant's prefix elsewhere, which would
-  then move too; a home that turned its cache over since (more working set than cache) is no home, so an
-  overloaded engine's tenants still spread.
+  (``home_load_factor``, ``home_load_slack``; the ``home`` step of ``routing/placement.py``): a tenant
+  whose prefix was evicted everywhere re-fills where it lived instead of displacing another tenant's
+  prefix elsewhere, which would then move too; a home that turned its cache over since (more working set
+  than cache) is no home, so an overloaded engine's tenants still spread.
 - Bounds: ``max_blocks_per_worker`` engine hashes (the oldest stored goes first, with its key),
   ``max_speculative_per_worker`` speculative keys (the oldest go first), ``max_homes`` last homes (the
   least recently removed go first).

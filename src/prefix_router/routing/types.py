@@ -134,10 +134,11 @@ class Branch(StrEnum):
 @dataclass(init=False, slots=True)
 class Decision:
     """A policy's choice. ``branch`` names the routing branch taken, for metrics. ``Router.route`` adds
-    the prediction and the prompt's estimated engine tokens (``estimated_prompt_tokens``; None: not
-    estimated yet, ``Router.dispatched`` then estimates it). ``expected_cached_tokens``: the cached
-    tokens the load tracker charges the request's prefill with, when not the prediction (precise mode:
-    the prediction counts the blocks the engine confirmed, the load also those speculated there)."""
+    (``routing/placement.py``) the prediction and the prompt's estimated engine tokens
+    (``estimated_prompt_tokens``; None: not estimated yet, ``Router.dispatched`` then estimates it).
+    ``expected_cached_tokens``: the cached tokens the load tracker charges the request's prefill with,
+    when not the prediction (precise mode: the prediction counts the blocks the engine confirmed, the
+    load also those speculated there)."""
 
     worker: str
     branch: Branch
@@ -253,8 +254,10 @@ class Policy(Protocol):
     """The one small contract every routing policy implements (one module per policy).
 
     ``select`` must return one of ``workers`` (never empty). The hooks are optional no-ops.
-    Session affinity is applied by the router before ``select``, only for policies whose row
-    (``policies.spec.PolicySpec``) honours it (the baselines do not, so that they stay honest baselines).
+    ``select`` is one step of the router's pipeline (``routing/placement.py``): session affinity (and
+    in precise mode the last home) may decide before it, only for policies whose row
+    (``policies.spec.PolicySpec``) honours sessions (the baselines do not, so that they stay honest
+    baselines); the prediction is made after it.
     """
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision: ...

@@ -1,7 +1,8 @@
 """least_load: the candidate with the fewest outstanding requests (per unit of weight).
 
 Algorithm: outstanding = requests in flight through this router plus the engine's scraped queue depth
-(when fresh). Ties break at random. Knobs: none (see ``power_of_two`` for the sampled variant).
+(when fresh). Ties break at random. Fallback: none needed. Knobs: none (see ``power_of_two`` for the
+sampled variant).
 """
 
 from __future__ import annotations

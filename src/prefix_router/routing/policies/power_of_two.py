@@ -1,7 +1,8 @@
 """power_of_two: the less loaded of two candidates drawn at random (power of two choices).
 
 Algorithm: sample two distinct candidates, keep the one with fewer outstanding requests (ties at
-random). Cheaper than a full scan and robust to stale load views. Knobs: none.
+random). Cheaper than a full scan and robust to stale load views. Fallback: none needed (one candidate:
+that one). Knobs: none.
 """
 
 from __future__ import annotations

@@ -24,6 +24,14 @@ what the peers do instead: docs/routing.md, "The prefix cost model".
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over: by cost or by the cap), ``load_balance`` (no match anywhere).
+Fallback: no candidate under its cap (nor a cheap hit under ``hit_cap_factor`` x it): the cheapest of all.
+
+This is the ``select`` step of the router's pipeline (``routing/placement.py``, where each step states
+its contract). Before it: ``match`` and ``steer`` make ``ctx.matches`` (the prefix index's, or a fresh
+event-fed worker's engine view), ``load`` the snapshots, ``stick`` (session affinity) and ``home``
+(precise: a prefix held nowhere back to its last home) may decide instead, under their own load caps, and
+``estimate`` makes ``ctx.token_scale``. After it: ``confirmed``, ``value`` and ``round`` turn the chosen
+worker's match into the prediction in engine tokens (units, whole engine blocks).
 Knobs (``routing.policies.prefix``, ``PrefixSettings`` in ``prefix_settings.py``, a pydantic class
 kept out of this module, which the release build compiles; defaults): ``load_factor`` 1.25, ``load_slack`` 2,
 ``queue_penalty_tokens`` 512, ``in_flight_penalty_tokens`` 512, ``decoding_penalty_tokens`` 512,
