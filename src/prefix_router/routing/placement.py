@@ -54,7 +54,7 @@ class Placement:
     (``matches``, ``precise``, ``snaps``, ``prompt``, ``scale``), the worker's ``chosen`` decision (by
     ``stick``, ``home`` or ``select``) and the prediction's parts (``matched``, ``predicted``,
     ``estimated``, ``expected``; ``by_events``: predicted by ``confirmed``). Made per request, never
-    kept."""
+    kept. What a step that always applies sets is unset before it (read earlier: AttributeError)."""
 
     req: RouteRequest
     candidates: Sequence[str]
@@ -63,15 +63,15 @@ class Placement:
     rng: random.Random
     policy: Policy
     honours_sessions: bool
-    matches: dict[str, int]
+    matches: dict[str, int]  # by ``match``
     precise: PreciseMatch | None
-    snaps: Sequence[WorkerSnapshot]
-    prompt: float
-    scale: float
+    snaps: Sequence[WorkerSnapshot]  # by ``load``
+    prompt: float  # by ``estimate``
+    scale: float  # by ``estimate``
     chosen: Decision | None
-    matched: int
-    predicted: int
-    estimated: int
+    matched: int  # by ``confirmed`` or ``value``
+    predicted: int  # by ``confirmed`` or ``value``
+    estimated: int  # by ``confirmed`` or ``value``
     expected: int | None
     by_events: bool
 
@@ -92,33 +92,19 @@ class Placement:
         self.rng = rng
         self.policy = policy
         self.honours_sessions = honours_sessions
-        self.matches = {}
         self.precise = None
-        self.snaps = ()
-        self.prompt = 0.0
-        self.scale = 1.0
         self.chosen = None
-        self.matched = 0
-        self.predicted = 0
-        self.estimated = 0
         self.expected = None
         self.by_events = False
-
-    def decision(self) -> Decision:
-        """What the steps decided, as the router returns it."""
-        chosen = self.chosen
-        if chosen is None:
-            raise RuntimeError("no step chose a worker")  # ``select`` runs whenever none did before it
-        return Decision(
-            chosen.worker, chosen.branch, self.matched, self.predicted, self.estimated, self.expected
-        )
 
 
 class Pipeline:
     """Runs ``STEPS`` in order over each request, on the router's parts (its prefix index, event-fed view,
-    load tracker, token units, session table and engine block sizes: shared, never copied; the steps read
-    them and write none). ``trace``: when a list, each applied step's name is appended to it (for tests
-    and debugging; None, the default, records nothing)."""
+    load tracker, token units, session table and engine block sizes: shared, never copied). The steps
+    record nothing there: what a decision changes is the parts' own upkeep on a read (the view expires
+    speculative entries, the load tracker stale ones); the router records the dispatch. ``trace``: when
+    a list, each applied step's name is appended to it (for tests and debugging; None, the default,
+    records nothing)."""
 
     def __init__(
         self,
@@ -154,7 +140,10 @@ class Pipeline:
         for step in self.steps:
             if step.run(self, p) and trace is not None:
                 trace.append(step.name)
-        return p.decision()
+        chosen = p.chosen
+        if chosen is None:  # ``select`` applies whenever no step before it chose
+            raise RuntimeError("no step chose a worker")
+        return Decision(chosen.worker, chosen.branch, p.matched, p.predicted, p.estimated, p.expected)
 
     def index_blocks(self, req: RouteRequest, precise_blocks: int, block_tokens: int) -> int:
         """``precise_blocks`` of the engines' ``block_tokens`` in the index's blocks of ``req``."""
@@ -226,8 +215,10 @@ class Stick(Step):
     name = "stick"
 
     def run(self, pipe: Pipeline, p: Placement) -> bool:
+        if not p.honours_sessions:
+            return False
         sessions, session = p.cfg.sessions, p.req.session
-        if not (p.honours_sessions and sessions.affinity and session):
+        if not (sessions.affinity and session):
             return False
         snap = _candidate(p.snaps, pipe.sessions.get(session))
         if snap is None or not under_cap(snap, load_cap(p.snaps, sessions.load_factor, sessions.load_slack)):
