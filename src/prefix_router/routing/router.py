@@ -2,9 +2,8 @@
 
 It owns the prefix index, the load tracker, the session table, the token units and one instance of every
 policy. Policies only read; the router writes, so the index reflects what was really dispatched whichever
-policy chose. A decision (``route``) is the pipeline of ``routing/placement.py``: match, steer, load,
-stick, home, estimate, select (the policy), confirmed, value, round; that module lists each step's
-contract and fallback.
+policy chose. A decision (``route``) is the ordered pipeline of ``routing/placement.py``, the policy's
+``select`` one of its steps; that module states each step's contract and fallback.
 
 Per request: ``route`` -> ``dispatched`` -> ``first_token`` (optional) -> ``finished``. A request
 without blocks (the proxy's pass-through calls) is counted in the load like any other and writes nothing
