@@ -11,8 +11,8 @@ applied (its precondition held). A step that does not apply changes nothing: the
 3. ``load``: the candidates' load snapshots.
 4. ``stick``: (a policy that honours sessions) the session's last worker under the sessions' load cap;
    else no decision yet.
-5. ``home``: (no decision yet, ``steer`` applied) a prefix held nowhere goes back to its engine's last
-   home under the homes' load cap; else no decision yet.
+5. ``home``: (no decision yet, ``steer`` applied, a policy that honours sessions) a prefix held nowhere
+   goes back to its engine's last home under the homes' load cap; else no decision yet.
 6. ``estimate``: the prompt's engine tokens (``routing/units.py``) and the policy's token scale.
 7. ``select``: (no decision yet) the policy picks a worker and names its branch.
 8. ``confirmed``: (the worker is a fresh event-fed one) the prediction is the blocks its engine confirmed,
