@@ -250,12 +250,12 @@ def test_benchmarks_doc_holds_the_present_only() -> None:
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     """Each check rejects what it is for: a missing module, attribute, file, heading."""
-    assert not resolves("prefix_router.proxy.no_such_module")
+    assert not resolves("prefix_router.routing.no_such_module")
     assert not resolves("prefix_router.routing.NoSuchName")
     assert resolves("prefix_router.routing")
     quoted = _found(RELATIVE, ROOT, 1, "``proxy.edge.head`` and the key `routing.policy`")
     assert [m.name for m in quoted] == ["proxy.edge.head"]
-    assert not path_exists("proxy/no_such_file.py", ROOT / "README.md")
+    assert not path_exists("routing/no_such_file.py", ROOT / "README.md")
     doc = tmp_path / "a.md"
     doc.write_text("# A heading\n\n```sh\n# not a heading\n```\n")
     assert not broken_link("a.md#a-heading", doc)
