@@ -35,11 +35,11 @@ round's req/s (streams/s), x sglang-router, the median latency added over the di
 server's CPU per request (``bench.overhead.cpu_seconds``: user + system of the process tree) and that CPU
 as a share of sglang-router's; then the median over rounds of each target's ratio to sglang-router
 measured in the same round (the steadiest figure on a shared machine). Then the routing core's own cost
-per request cycle, in this process (``benchmarks/floor_core.py``, as ``benchmarks/route_core.py``
-measures it), a slice after every round: routing key, route, dispatched, first token, reply extension
-and finished, with ``--core-in-flight`` requests in flight, at 1 and 16 workers; and the sum floor +
-core against sglang-router's CPU. The machine's listen-backlog overflows during the rounds are printed
-too (a dropped SYN is a one-second stall that is nobody's CPU).
+per request cycle, in this process (``benchmarks/floor_core.py``), a slice after every round: routing
+key, route, dispatched, first token, reply extension and finished, with ``--core-in-flight`` requests in
+flight, at 1 and 16 workers; and the sum floor + core against sglang-router's CPU. The machine's
+listen-backlog overflows during the rounds are printed too (a dropped SYN is a one-second stall that is
+nobody's CPU).
 
     python benchmarks/floor.py --requests 3000 --rounds 3 --peer-python /tmp/i15-peers/bin/python \
         --shim /tmp/i17-nodelay-shim.so

@@ -17,7 +17,7 @@ from prefix_router.lab.workloads.settings import WorkloadOptionError, WorkloadSe
 from prefix_router.lab.workloads.traces import TRACES_ENV, find_trace
 from prefix_router.lab.workloads.types import Workload
 
-DOCS = Path(__file__).resolve().parents[3] / "docs" / "benchmarks.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "running-benchmarks.md"
 SYNTHETIC = ["chatbots", "agents", "rag", "unique", "sglang-gsp", "vllm-prefix-repetition", "bursty"]
 SMALL = {
     "chatbots": {"system_tokens": 32},
