@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import request_path
 
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.proxy.run.server import loop_factory
+from prefix_router.node.life.server import loop_factory
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 

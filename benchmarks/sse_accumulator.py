@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from prefix_router.lab.bench.instant_worker import _event
-from prefix_router.proxy.edge import sse
+from prefix_router.node.request import sse
 
 REPO = Path(__file__).resolve().parent.parent
 

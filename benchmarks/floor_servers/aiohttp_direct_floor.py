@@ -17,7 +17,7 @@ from aiohttp import web
 from floor_common import answer_as_router, run
 
 from prefix_router.proxy import HttpUpstream
-from prefix_router.proxy.run.server import ProxyRunner
+from prefix_router.node.life.server import ProxyRunner
 
 
 def build_app(base: str) -> web.Application:

@@ -21,8 +21,8 @@ from prefix_router.epp import (
     extproc,
     start_epp,
 )
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import CONTEXT
+from prefix_router.node.config import load_config
+from prefix_router.node.state import CONTEXT
 from support.routers import QUIET
 
 WORKERS = [

@@ -12,8 +12,8 @@ from openai import AsyncOpenAI
 
 from prefix_router.epp import Edge, EppSettings, RunningEpp, create_control_app, start_epp
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyProcess, start_envoy_on_free_ports
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import AppContext
+from prefix_router.node.config import load_config
+from prefix_router.node.state import AppContext
 from support.routers import QUIET, close_clients, openai_client, worker_entry
 
 

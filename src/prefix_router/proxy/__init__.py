@@ -10,33 +10,33 @@ state and life, parsing, admission, accounting, the HTTP control routes, the fla
 
 from __future__ import annotations
 
-from prefix_router.proxy.config import Config, load_config, validate
-from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge.access import RequestNote, request_id
-from prefix_router.proxy.edge.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.edge.auth import check_client, tenant_of, tenant_salt
-from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down, unavailable
+from prefix_router.node.config import Config, load_config, validate
+from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.request.access import RequestNote, request_id
+from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.node.request.auth import check_client, tenant_of, tenant_salt
+from prefix_router.node.request.errors import ProxyError, bad_request, overloaded, shutting_down, unavailable
 from prefix_router.proxy.edge.exchange import PASSTHROUGH_POLICY, passthrough_route, read_up_to
-from prefix_router.proxy.edge.forward import is_event_stream, safe_path, salted_body, takes_cache_salt
+from prefix_router.node.request.forward import is_event_stream, safe_path, salted_body, takes_cache_salt
 from prefix_router.proxy.edge.handlers import add_catch_all
 from prefix_router.proxy.edge.handlers import closed as request_closed
 from prefix_router.proxy.edge.handlers import health as health_route
 from prefix_router.proxy.edge.handlers import metrics as metrics_route
 from prefix_router.proxy.edge.handlers import ready as ready_route
-from prefix_router.proxy.edge.keying import parse_routed
-from prefix_router.proxy.edge.parse import Parsed, body_model, session_id, too_large
-from prefix_router.proxy.edge.parse import parse as parse_request
-from prefix_router.proxy.edge.sse import ReplyAccumulator
-from prefix_router.proxy.ops.admin import add_routes as add_admin_routes
-from prefix_router.proxy.ops.logs import configure as configure_logs
-from prefix_router.proxy.ops.logs import flush as flush_logs
-from prefix_router.proxy.ops.reload import reload as reload_config
-from prefix_router.proxy.run.app import build_app, create_app
+from prefix_router.node.steps.keying import parse_routed
+from prefix_router.node.request.parse import Parsed, body_model, session_id, too_large
+from prefix_router.node.request.parse import parse as parse_request
+from prefix_router.node.request.sse import ReplyAccumulator
+from prefix_router.node.control.admin import add_routes as add_admin_routes
+from prefix_router.node.telemetry.logs import configure as configure_logs
+from prefix_router.node.telemetry.logs import flush as flush_logs
+from prefix_router.node.control.reload import reload as reload_config
+from prefix_router.node.life.build import build_app, create_app
 from prefix_router.proxy.run.cli import add_config_flags, build_config, merged_config, print_config
 from prefix_router.proxy.run.processes import parent_death_signal
-from prefix_router.proxy.run.server import Reloader, Running, bind, loop_factory, start, tune_gc
-from prefix_router.proxy.upstream.http_client import HttpUpstream
-from prefix_router.proxy.upstream.seam import (
+from prefix_router.node.life.server import Reloader, Running, bind, loop_factory, start, tune_gc
+from prefix_router.node.upstream.http_client import HttpUpstream
+from prefix_router.node.upstream.seam import (
     FailureKind,
     Upstream,
     UpstreamError,

@@ -36,8 +36,8 @@ async def in_process(
 
 def preload() -> None:
     """Import the proxy now, so that its import time does not fall into the first policy's run."""
-    import prefix_router.proxy.run.app
-    import prefix_router.proxy.run.server  # noqa: F401
+    import prefix_router.node.life.build
+    import prefix_router.node.life.server  # noqa: F401
 
 
 @contextlib.asynccontextmanager

@@ -23,24 +23,25 @@ import orjson
 from aiohttp import web
 
 from prefix_router.pool import Worker
-from prefix_router.proxy.context import AppContext
-from prefix_router.proxy.edge import forward, head
-from prefix_router.proxy.edge.access import RequestNote
-from prefix_router.proxy.edge.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.edge.auth import tenant_salt
-from prefix_router.proxy.edge.deadlines import Cause, Watch
-from prefix_router.proxy.edge.errors import (
+from prefix_router.node.state import AppContext
+from prefix_router.node.request import forward
+from prefix_router.proxy.edge import head
+from prefix_router.node.request.access import RequestNote
+from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, settle
+from prefix_router.node.request.auth import tenant_salt
+from prefix_router.node.request.deadlines import Cause, Watch
+from prefix_router.node.request.errors import (
     ProxyError,
     overloaded,
     shutting_down,
     unavailable,
     upstream_failed,
 )
-from prefix_router.proxy.edge.parse import Parsed
+from prefix_router.node.request.parse import Parsed
 from prefix_router.proxy.edge.request import EdgeRequest
 from prefix_router.proxy.edge.responses import RelayResponse
-from prefix_router.proxy.edge.sse import ReplyAccumulator
-from prefix_router.proxy.upstream.seam import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
+from prefix_router.node.request.sse import ReplyAccumulator
+from prefix_router.node.upstream.seam import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
 from prefix_router.routing import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)

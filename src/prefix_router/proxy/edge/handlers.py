@@ -12,16 +12,16 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefix_router.protocol import POLICY_HEADER, REQUEST_ID_HEADER, Endpoint
-from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge import http_errors
-from prefix_router.proxy.edge import parse as parsing
-from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
-from prefix_router.proxy.edge.accounting import CLIENT_GONE
-from prefix_router.proxy.edge.auth import check_client
-from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
+from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.control import http_errors
+from prefix_router.node.request import parse as parsing
+from prefix_router.node.request.access import RequestNote, log_access, request_id
+from prefix_router.node.steps.accounting import CLIENT_GONE
+from prefix_router.node.request.auth import check_client
+from prefix_router.node.request.errors import ProxyError, bad_request, overloaded, shutting_down
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
-from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
-from prefix_router.proxy.edge.keying import parse_routed
+from prefix_router.node.request.forward import ROOT_PASSTHROUGH
+from prefix_router.node.steps.keying import parse_routed
 from prefix_router.proxy.edge.request import AiohttpRequest, EdgeRequest
 
 log = logging.getLogger(__name__)

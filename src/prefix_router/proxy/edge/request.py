@@ -18,9 +18,9 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDictProxy
 
-from prefix_router.proxy.context import AppContext
-from prefix_router.proxy.edge import parse
-from prefix_router.proxy.edge.parse import too_large
+from prefix_router.node.state import AppContext
+from prefix_router.node.request import parse
+from prefix_router.node.request.parse import too_large
 
 
 class EdgeRequest:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefix_router.proxy.config import Config, load_config
-from prefix_router.proxy.run.server import EarlyHangup
+from prefix_router.node.config import Config, load_config
+from prefix_router.node.life.server import EarlyHangup
 from prefix_router.routing import DEFAULT_POLICY, POLICY_NAMES
 from prefix_router.settings import ConfigError
 
@@ -172,7 +172,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def print_config(config: Config) -> int:
-    from prefix_router.proxy.run.app import build_router
+    from prefix_router.node.life.build import build_router
 
     build_router(config, random.Random(0))  # the policy knobs checked too (pure: no I/O)
     print(effective_yaml(config), end="")
@@ -191,10 +191,11 @@ def serve(
 ) -> int:
     """Serve ``config`` (``adjust``: applied to it and to every reloaded one, e.g. a serving process's
     fanned-out KV event endpoints)."""
-    from prefix_router.proxy.context import CONTEXT
-    from prefix_router.proxy.ops import lifecycle, logs, reload
-    from prefix_router.proxy.run.app import create_app
-    from prefix_router.proxy.run.server import Hooks, ListenError, run
+    from prefix_router.node.state import CONTEXT
+    from prefix_router.node.control import lifecycle, reload
+    from prefix_router.node.telemetry import logs
+    from prefix_router.node.life.build import create_app
+    from prefix_router.node.life.server import Hooks, ListenError, run
 
     adjusted = adjust or (lambda c: c)
     config = adjusted(config)
@@ -236,11 +237,11 @@ def serve(
 def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int:
     """``count`` serving processes under a supervisor (``proxy.processes``). The configuration and the
     address are checked here first: a bad one is one line and an exit, not ``count`` failing children."""
-    from prefix_router.proxy.ops import logs
-    from prefix_router.proxy.run.app import create_app
+    from prefix_router.node.telemetry import logs
+    from prefix_router.node.life.build import create_app
     from prefix_router.proxy.run.event_fanout import FanoutPlan, fanned_out
     from prefix_router.proxy.run.processes import supervise
-    from prefix_router.proxy.run.server import ListenError, bind
+    from prefix_router.node.life.server import ListenError, bind
 
     create_app(config)  # every check a single process makes at start (then thrown away: each builds its own)
     try:

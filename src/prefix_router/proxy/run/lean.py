@@ -42,9 +42,9 @@ from aiohttp.tcp_helpers import tcp_nodelay
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from prefix_router.proxy.context import AppContext
+from prefix_router.node.state import AppContext
 from prefix_router.proxy.edge.handlers import GUARDED, ROUTED, NotedHandler, answer
-from prefix_router.proxy.edge.http_errors import MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES
+from prefix_router.node.control.http_errors import MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES
 from prefix_router.proxy.edge.request import WholeRequest
 
 log = logging.getLogger(__name__)
