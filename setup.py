@@ -70,6 +70,8 @@ NODE_PATH = (
     "request/parse",
     "request/sse",
     "steps/accounting",
+    "steps/admission",
+    "steps/choice",
     "steps/keying",
 )
 # What the request path calls beyond the edge and the steps: the upstream client, the pool, the node's

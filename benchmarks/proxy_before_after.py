@@ -33,7 +33,7 @@ from rich.table import Table
 from prefix_router.lab.bench import overhead
 from prefix_router.lab.bench.overhead import Case, Figures, Plan, Target
 from prefix_router.lab.launch.net import free_port
-from prefix_router.proxy import loop_factory
+from prefix_router.node import loop_factory
 
 REPO = Path(__file__).resolve().parent.parent
 Build = tuple[list[str], dict[str, str]]  # python argv prefix, extra environment

@@ -64,7 +64,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
 from prefix_router.lab.bench.instant_worker import MODEL, _event, _whole
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.proxy import (
+from prefix_router.node import (
     Config,
     Parsed,
     ReplyAccumulator,
@@ -74,17 +74,17 @@ from prefix_router.proxy import (
     request_id,
     settle,
 )
-from prefix_router.node.state import CONTEXT, AppContext
 from prefix_router.node.request import forward
-from prefix_router.proxy.edge import handlers as handlers_module
 from prefix_router.node.request.access import log_access
-from prefix_router.node.steps.accounting import Flight
-from prefix_router.proxy.edge.exchange import EventHold
-from prefix_router.proxy.edge.handlers import admit
 from prefix_router.node.request.parse import read_body
-from prefix_router.proxy.edge.request import EdgeRequest
+from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.steps.accounting import Flight
 from prefix_router.node.telemetry.logs import LineHandler
 from prefix_router.node.upstream.seam import UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge import handlers as handlers_module
+from prefix_router.proxy.edge.exchange import EventHold
+from prefix_router.proxy.edge.handlers import admit
+from prefix_router.proxy.edge.request import EdgeRequest
 
 STAGES = (
     "validation",

@@ -16,7 +16,7 @@ import asyncio
 from aiohttp import web
 from floor_common import answer_as_router, run
 
-from prefix_router.proxy import HttpUpstream
+from prefix_router.node import HttpUpstream
 from prefix_router.node.life.server import ProxyRunner
 
 

@@ -13,7 +13,8 @@ import uvloop
 from aiohttp import web
 from floor_common import BAD_GATEWAY, MAX_BODY, arguments, forward
 
-from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge.exchange import read_up_to
 
 
 def build_app(base: str) -> web.Application:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import uvloop
 from aiohttp import web
 
-from prefix_router.proxy import (
+from prefix_router.node import (
     CONTEXT,
     AppContext,
     Config,
@@ -33,9 +33,9 @@ from prefix_router.proxy import (
     UpstreamRequest,
     UpstreamResponse,
     build_app,
-    read_up_to,
 )
 from prefix_router.proxy.edge import head
+from prefix_router.proxy.edge.exchange import read_up_to
 from prefix_router.proxy.edge.request import AiohttpRequest
 
 T = TypeVar("T")

@@ -15,7 +15,8 @@ from typing import Any
 
 from floor_common import BAD_GATEWAY, MAX_BODY, forward
 
-from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge.exchange import read_up_to
 
 BASE = os.environ.get("FLOOR_UPSTREAM", "http://127.0.0.1:8000").rstrip("/")
 UPSTREAM = HttpUpstream(connect_timeout_s=5.0)  # touches no event loop until the first request

@@ -23,7 +23,8 @@ from typing import cast
 import httptools
 from floor_common import BAD_GATEWAY, MAX_BODY, forward, run_protocol
 
-from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge.exchange import read_up_to
 
 MAX_PENDING = 8  # complete requests queued on one connection before reading pauses
 Request = tuple[bytes, bytes, bytes, bytes, bool]  # method, target, content type, body, keep-alive

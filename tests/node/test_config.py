@@ -134,7 +134,7 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
 
 
 def test_routing_core_refusals_become_config_errors() -> None:
-    from prefix_router.node.life.build import create_app
+    from prefix_router.proxy.run.app import create_app
 
     cfg = load_config(env={})
     # past validation (which refuses the name, above): the router refuses it too, as a ConfigError
@@ -145,7 +145,7 @@ def test_routing_core_refusals_become_config_errors() -> None:
 
 def test_a_seed_makes_the_routers_tie_breaks_repeat() -> None:
     from prefix_router.node.state import CONTEXT
-    from prefix_router.node.life.build import create_app
+    from prefix_router.proxy.run.app import create_app
 
     def draws(seed: int | None) -> list[float]:
         cfg = load_config(env={}, overrides={} if seed is None else {"seed": seed})

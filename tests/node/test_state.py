@@ -8,10 +8,10 @@ from typing import Any
 
 import aiohttp
 
-from prefix_router.protocol import WORKER_HEADER
 from prefix_router.node.config import Config
-from prefix_router.node.state import RequestConfig
 from prefix_router.node.settings import TenantsSettings
+from prefix_router.node.state import RequestConfig
+from prefix_router.protocol import WORKER_HEADER
 from support.http1 import CHAT
 from support.routers import RouterHandle
 

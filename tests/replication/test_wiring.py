@@ -7,11 +7,11 @@ from typing import Any
 import aiohttp
 from prometheus_client import generate_latest
 
-from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
 from prefix_router.node.config import load_config
-from prefix_router.node.state import CONTEXT
-from prefix_router.node.life.build import create_app
 from prefix_router.node.life.server import Running, start
+from prefix_router.node.state import CONTEXT
+from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
+from prefix_router.proxy.run.app import create_app
 from prefix_router.replication.wiring import ReplicationCollector, ReplicationSlot, install
 from support.routers import QUIET
 

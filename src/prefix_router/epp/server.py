@@ -1,4 +1,4 @@
-"""The endpoint picker as a running thing: the router's state and life (``proxy.app.build_app``: probes,
+"""The endpoint picker as a running thing: the node's state and life (``node.build_app``: probes,
 monitor, discovery, replication) with its control routes on the HTTP listener (``config.host``/``port``:
 ``/health``, ``/ready``, ``/metrics``, the admin API), and the gRPC listener (``EppSettings``) serving
 ext_proc and health, both on one event loop (the routing core is single-threaded).
@@ -27,22 +27,20 @@ from prometheus_client.registry import Collector
 from prefix_router.epp.picker import Edge
 from prefix_router.epp.service import Health, Processor
 from prefix_router.epp.settings import EppSettings
-from prefix_router.pool import Fetcher
-from prefix_router.proxy import (
+from prefix_router.node import (
     CONTEXT,
     Config,
     Reloader,
     Running,
     add_admin_routes,
     add_catch_all,
+    add_control_routes,
     bind,
     build_app,
-    health_route,
-    metrics_route,
-    ready_route,
     reload_config,
     start,
 )
+from prefix_router.pool import Fetcher
 
 log = logging.getLogger("prefix_router.epp")
 
@@ -57,9 +55,7 @@ def create_control_app(
     """The router's state and life with the picker's HTTP routes (no ``/v1/*``: the data path is the
     gateway's)."""
     app = build_app(config, None, fetcher, clock, rng or random.Random(config.seed))
-    app.router.add_get("/health", health_route)
-    app.router.add_get("/ready", ready_route)
-    app.router.add_get("/metrics", metrics_route)
+    add_control_routes(app)
     add_admin_routes(app)
     add_catch_all(app)
     return app
@@ -134,7 +130,7 @@ async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
 async def serve_epp(
     config: Config, settings: EppSettings, load: Callable[[], Config] | None = None, source: str = "flags"
 ) -> None:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads with ``load`` as ``serve`` does (``proxy.reload``:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads with ``load`` as ``serve`` does (``node.reload_config``:
     workers, auth, routing knobs, limits; the rest named as needing a restart)."""
     running = await start_epp(create_control_app(config), settings)
     log.info(

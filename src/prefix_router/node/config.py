@@ -29,14 +29,6 @@ from typing import Any
 import pydantic
 from pydantic import Field, field_validator, model_validator
 
-from prefix_router.pool import (
-    DiscoverySettings,
-    HealthSettings,
-    ScrapeSettings,
-    WorkerSettings,
-    unique_worker_names,
-    workers_from_urls,
-)
 from prefix_router.node.settings import (
     AuthSettings,
     LimitsSettings,
@@ -45,6 +37,14 @@ from prefix_router.node.settings import (
     ServerSettings,
     TenantsSettings,
     TimeoutSettings,
+)
+from prefix_router.pool import (
+    DiscoverySettings,
+    HealthSettings,
+    ScrapeSettings,
+    WorkerSettings,
+    unique_worker_names,
+    workers_from_urls,
 )
 from prefix_router.replication import ReplicationSettings
 from prefix_router.routing import RoutingSettings

@@ -11,7 +11,6 @@ from typing import Literal
 
 from aiohttp import web
 
-from prefix_router.pool import EventSubscriptions, PoolMonitor, WorkerPool, WorkerSettings
 from prefix_router.node.config import Config
 from prefix_router.node.request.auth import KeySet
 from prefix_router.node.request.deadlines import Deadlines
@@ -20,6 +19,7 @@ from prefix_router.node.telemetry.logs import LineHandler
 from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.node.telemetry.record import TraceRecorder
 from prefix_router.node.upstream.seam import Upstream
+from prefix_router.pool import EventSubscriptions, PoolMonitor, WorkerPool, WorkerSettings
 from prefix_router.routing import Router
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prefix_router.pool.http import Fetched, FetchError
-from prefix_router.pool.settings import WorkerSettings
 from prefix_router.node.config import load_config
-from prefix_router.node.state import AdminChange, AppContext
 from prefix_router.node.control import shared_pool
 from prefix_router.node.control.shared_pool import SharedPool
 from prefix_router.node.life.build import build_state
+from prefix_router.node.state import AdminChange, AppContext
+from prefix_router.pool.http import Fetched, FetchError
+from prefix_router.pool.settings import WorkerSettings
 from prefix_router.replication.local import LocalReplication
 
 VLLM_METRICS = "vllm:num_requests_waiting 7\nvllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.5\n"

@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from prefix_router.protocol import REQUEST_ID_HEADER
 from prefix_router.node.telemetry.logs import ACCESS_LOGGER, Fields
+from prefix_router.protocol import REQUEST_ID_HEADER
 from support.waiting import wait_until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me something " * 10}]}

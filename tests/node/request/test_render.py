@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from prefix_router.pool import Worker, WorkerSettings
 from prefix_router.node.request.parse import parse
 from prefix_router.node.request.render import Renders
 from prefix_router.node.upstream.seam import UpstreamRequest
+from prefix_router.pool import Worker, WorkerSettings
 from prefix_router.routing import Router, RoutingSettings
 
 

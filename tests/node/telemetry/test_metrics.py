@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from prefix_router.node.telemetry.metrics import CounterSet, FastHistogram, ProxyMetrics
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerSettings
-from prefix_router.node.telemetry.metrics import CounterSet, FastHistogram, ProxyMetrics
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from prefix_router.node.telemetry.record import TraceRecorder
 from prefix_router.node.settings import RecordSettings
+from prefix_router.node.telemetry.record import TraceRecorder
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.types import RouteRequest

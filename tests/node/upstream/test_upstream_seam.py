@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
 from prefix_router.node.upstream.seam import UpstreamError, UpstreamRequest
+from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello " * 30}]}
 

@@ -18,10 +18,10 @@ from kubernetes.client import Configuration
 from yarl import URL
 
 from prefix_router.node.config import load_config
+from prefix_router.node.life.server import Running, start
 from prefix_router.node.state import CONTEXT
 from prefix_router.proxy.run import cli
-from prefix_router.node.life.build import create_app
-from prefix_router.node.life.server import Running, start
+from prefix_router.proxy.run.app import create_app
 from prefix_router.settings import ConfigError
 from support.waiting import wait_until
 

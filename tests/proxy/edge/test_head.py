@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
-from prefix_router.proxy import CONTEXT, AppContext, Config, build_app
+from prefix_router.node import CONTEXT, AppContext, Config, build_app
 from prefix_router.proxy.edge import head
 from prefix_router.proxy.edge.request import AiohttpRequest
 from prefix_router.proxy.edge.responses import RelayResponse, SentResponse

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from prefix_router.node.control.http_errors import OpenAIServer
-from prefix_router.proxy.run import lean
 from prefix_router.node.life.server import Dispatch
+from prefix_router.proxy.run import lean
 from support.http1 import CHAT, chat_request, read_answers
 from support.routers import RouterHandle
 

@@ -16,7 +16,7 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from prefix_router.proxy import loop_factory
+from prefix_router.node import loop_factory
 
 MODEL = "instant"
 BACKLOG = 2048  # as the router's server (proxy/run/server.py)

@@ -12,12 +12,12 @@ import orjson
 import pydantic
 from aiohttp import web
 
-from prefix_router.pool import PoolError, WorkerSettings
-from prefix_router.node.state import CONTEXT, AdminChange, AppContext
+from prefix_router.node.control.routes import Handler, json_response
 from prefix_router.node.request.auth import check_admin
 from prefix_router.node.request.errors import ProxyError, bad_request
-from prefix_router.proxy.edge.handlers import Handler, json_response
+from prefix_router.node.state import CONTEXT, AdminChange, AppContext
 from prefix_router.node.telemetry.audit import audit
+from prefix_router.pool import PoolError, WorkerSettings
 from prefix_router.settings import describe
 
 MAX_ADMIN_BODY = 64 * 1024

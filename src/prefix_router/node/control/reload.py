@@ -24,12 +24,12 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from prefix_router.pool import PoolError, WorkerSettings
 from prefix_router.node.config import Config
-from prefix_router.node.state import AppContext
 from prefix_router.node.request.auth import KeySet
+from prefix_router.node.state import AppContext
 from prefix_router.node.telemetry import logs
 from prefix_router.node.telemetry.audit import audit
+from prefix_router.pool import PoolError, WorkerSettings
 from prefix_router.settings import ConfigError, set_dotted
 
 RELOADABLE = (

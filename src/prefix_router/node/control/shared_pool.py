@@ -36,8 +36,8 @@ from typing import Any
 import orjson
 import pydantic
 
-from prefix_router.pool import EngineLoad, PoolError, Worker, WorkerSettings
 from prefix_router.node.state import AdminChange, AppContext
+from prefix_router.pool import EngineLoad, PoolError, Worker, WorkerSettings
 from prefix_router.replication import LocalReplication
 
 log = logging.getLogger("prefix_router.processes")

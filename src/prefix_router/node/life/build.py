@@ -1,4 +1,7 @@
-"""``create_app(config)``: the router as an aiohttp application, everything built per app."""
+"""``build_app(config, ...)``: the node as an aiohttp application without routes: its state (``NodeState``)
+built from the configuration, and its life: start-up probes, the monitor, discovery, replication, the
+KV event subscriptions and the health hooks. Whatever carries its requests adds its routes (``proxy``:
+the OpenAI surface; ``epp``: the control routes beside its gRPC edge)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,18 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from prefix_router.node.config import Config
+from prefix_router.node.request.auth import KeySet
+from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.telemetry import logs
+from prefix_router.node.telemetry.metrics import ProxyMetrics
+from prefix_router.node.telemetry.record import TraceRecorder
+from prefix_router.node.upstream.http_client import HttpUpstream
+from prefix_router.node.upstream.seam import Upstream
 from prefix_router.pool import (
     AiohttpFetcher,
     Fetcher,
@@ -21,42 +31,11 @@ from prefix_router.pool import (
     Worker,
     WorkerPool,
 )
-from prefix_router.node.config import Config
-from prefix_router.node.state import CONTEXT, AppContext
-from prefix_router.proxy.edge import handlers
-from prefix_router.node.request.auth import KeySet
-from prefix_router.node.control import admin
-from prefix_router.node.telemetry import logs
-from prefix_router.node.telemetry.metrics import ProxyMetrics
-from prefix_router.node.telemetry.record import TraceRecorder
-from prefix_router.node.upstream.http_client import HttpUpstream
-from prefix_router.node.upstream.seam import Upstream
 from prefix_router.routing import Router
 from prefix_router.settings import ConfigError
 
 log = logging.getLogger("prefix_router.proxy")
 EVENTS_SYNC_S = 1.0
-
-
-def create_app(
-    config: Config,
-    *,
-    upstream: Upstream | None = None,
-    fetcher: Fetcher | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    rng: random.Random | None = None,
-) -> web.Application:
-    """Build the router app. ``upstream`` and ``fetcher`` replace the network (tests); ``rng`` the random
-    source seeded by ``config.seed`` (the OS when that is None).
-
-    Serve it with ``handler_cancellation=True`` (see ``prefix_router.node.life.server``) so that a client
-    disconnect cancels the upstream request at once.
-    """
-    app = build_app(config, upstream, fetcher, clock, rng or random.Random(config.seed))
-    handlers.add_routes(app)
-    admin.add_routes(app)
-    handlers.add_catch_all(app)  # last: what no route above takes
-    return app
 
 
 def build_app(
@@ -66,9 +45,9 @@ def build_app(
     clock: Callable[[], float],
     rng: random.Random,
 ) -> web.Application:
-    """The router's state and its life, without routes: start-up probes, the monitor, discovery,
-    replication and the health hooks. ``create_app`` adds the proxy's routes; ``prefix_router.epp`` its
-    control routes beside its gRPC edge (one routing core behind both)."""
+    """The node's state and its life, without routes: start-up probes, the monitor, discovery,
+    replication and the health hooks. ``upstream`` and ``fetcher`` replace the network (tests); ``rng``
+    the random source."""
     state = build_state(config, upstream, fetcher, clock, rng)
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     app[CONTEXT] = state
@@ -192,8 +171,8 @@ def _install_events(app: web.Application, state: AppContext) -> None:
     """KV cache event subscriptions (precise mode) for the workers with ``kv_events``, kept in step with
     the pool every ``EVENTS_SYNC_S`` (admin and discovery changes); started after the first
     identification (a worker's model names its blocks), stopped on cleanup."""
-    from prefix_router.pool import EventSubscriptions, KvEventsCollector
     from prefix_router.node.request.render import RenderCollector, Renders
+    from prefix_router.pool import EventSubscriptions, KvEventsCollector
 
     subs = EventSubscriptions(state.pool, state.router, state.clock)
     state.events = subs

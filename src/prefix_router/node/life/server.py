@@ -1,10 +1,10 @@
-"""Running a router app: always with handler cancellation (a client disconnect cancels its handler,
-which aborts the upstream request), without aiohttp's access log (the router writes its own, see
-``proxy.access``), with aiohttp's connection handler made to answer errors outside the app in the OpenAI
-shape (``http_errors``) and, for the router's app (``http_server: lean``), the router's own connection
-handler in front of it (``lean``), and the event loop chosen by config. ``run`` binds the address before
-anything starts (a port in use is one line, ``ListenError``), keeps the listener open while it drains on
-SIGTERM, and reloads on SIGHUP (``Hooks``)."""
+"""Running a node's app: always with handler cancellation (a client disconnect cancels its handler,
+which aborts the upstream request), without aiohttp's access log (the node writes its own, see
+``node.request.access``), with aiohttp's connection handler made to answer errors outside the app in the
+OpenAI shape (``control.http_errors``) and, where the app names one (``FRONT``: the proxy's ``lean`` for
+``http_server: lean``), another connection handler in front of it, and the event loop chosen by config.
+``run`` binds the address before anything starts (a port in use is one line, ``ListenError``), keeps the
+listener open while it drains on SIGTERM, and reloads on SIGHUP (``Hooks``)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import PlainResource, UrlMappingMatchInfo
 
-from prefix_router.node.state import CONTEXT
-from prefix_router.node.control.http_errors import HANDLER_LIMITS, OpenAIServer
-from prefix_router.proxy.run.lean import LeanServer, lean_routes
+from prefix_router.node.control.http_errors import HANDLER_LIMITS, Connections, OpenAIServer
 
 SHUTDOWN_TIMEOUT_S = 30.0
 # a client connection must send a complete request head within this long of opening (or of the previous
@@ -31,9 +29,13 @@ KEEPALIVE_TIMEOUT_S = 60.0
 AFTER_SHUTDOWN_S = 1.0
 MAX_DIRECT = 64  # request targets whose route ``Dispatch`` remembers
 log = logging.getLogger("prefix_router")
+# the connection handler an app puts in front of aiohttp's (given the app, the factory of aiohttp's
+# handlers it hands connections to, and the keep-alive timeout), or None for that app as it is configured
+FrontDoor = Callable[[web.Application, Callable[[], asyncio.Protocol], float], Connections | None]
+FRONT = web.AppKey[FrontDoor]("prefix_router_front")
 
 
-class ProxyRunner(web.AppRunner):
+class NodeRunner(web.AppRunner):
     """aiohttp's application runner, serving connections with ``OpenAIRequestHandler`` and its limits,
     without aiohttp's decoding of request bodies (the router decodes them with a bound: ``edge.decoding``)."""
 
@@ -45,17 +47,16 @@ class ProxyRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         # aiohttp builds its Server in this (internal) step, with no way to pass a handler class: the
         # server it built is made an OpenAIServer, which differs only by the handlers it creates; its
-        # requests go to the app through ``Dispatch``; the router's app (``http_server: lean``) has its
-        # generation requests served by the router's own connection handler first (``lean``)
+        # requests go to the app through ``Dispatch``; an app that names a front door (``FRONT``) has it
+        # serve connections first
         server = await super()._make_server()
         server.__class__ = OpenAIServer
         assert isinstance(server, OpenAIServer)
         server.request_handler = Dispatch(self.app)
-        state = self.app.get(CONTEXT)
-        routes = lean_routes(self.app) if state is not None and state.config.http_server == "lean" else {}
-        if state is not None and routes:
+        front = self.app.get(FRONT)
+        if front is not None:
             keepalive = float(self._kwargs.get("keepalive_timeout", KEEPALIVE_TIMEOUT_S))
-            server.lean = LeanServer(state, routes, server.handler, keepalive)
+            server.lean = front(self.app, server.handler, keepalive)
         return server
 
 
@@ -122,7 +123,7 @@ async def start(
     keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
 ) -> Running:
     """Start serving ``app`` on ``host:port`` (0: any free port) inside the running loop."""
-    runner = ProxyRunner(app, shutdown_timeout=shutdown_timeout, keepalive_timeout=keepalive_timeout)
+    runner = NodeRunner(app, shutdown_timeout=shutdown_timeout, keepalive_timeout=keepalive_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=2048)
     try:
@@ -244,7 +245,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     _signals(loop, stop, hooks)
-    runner = ProxyRunner(
+    runner = NodeRunner(
         app,
         shutdown_timeout=AFTER_SHUTDOWN_S,  # the graceful shutdown waited already: the rest is cancelled
         keepalive_timeout=keepalive_timeout,

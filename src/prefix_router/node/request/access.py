@@ -21,8 +21,8 @@ import logging
 import re
 from collections.abc import Mapping
 
-from prefix_router.protocol import REQUEST_ID_HEADER
 from prefix_router.node.telemetry.logs import ACCESS_LOGGER, Fields, LineHandler, text_value
+from prefix_router.protocol import REQUEST_ID_HEADER
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 _VALID_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")

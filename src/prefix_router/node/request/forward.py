@@ -9,9 +9,9 @@ from urllib.parse import unquote
 
 import orjson
 
+from prefix_router.node.request import decoding
 from prefix_router.pool import Worker
 from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER
-from prefix_router.node.request import decoding
 
 # never forwarded in either direction (RFC 9110 section 7.6.1, plus what the proxy sets itself)
 HOP_BY_HOP = frozenset(

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 from aiohttp import StreamReader, web
 
-from prefix_router.protocol import Endpoint
 from prefix_router.node.request import decoding
 from prefix_router.node.request.errors import ProxyError, bad_request
+from prefix_router.protocol import Endpoint
 from prefix_router.routing import InvalidRequest, KeyBuilder, RouteRequest
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ import orjson
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prefix_router.pool import Worker
 from prefix_router.node.request import forward
 from prefix_router.node.request.parse import Parsed
 from prefix_router.node.upstream.seam import Upstream, UpstreamError, UpstreamRequest
+from prefix_router.pool import Worker
 from prefix_router.routing import Router
 
 log = logging.getLogger(__name__)

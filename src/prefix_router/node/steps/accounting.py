@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prefix_router.pool import EngineAdapter, Worker, count, dig, openai_cached_tokens
-from prefix_router.node.state import AppContext
+from prefix_router.node.request.access import RequestNote, log_access
 from prefix_router.node.request.parse import Parsed
 from prefix_router.node.request.sse import ReplyAccumulator
+from prefix_router.node.state import AppContext
 from prefix_router.node.upstream.seam import FailureKind
+from prefix_router.pool import EngineAdapter, Worker, count, dig, openai_cached_tokens
 from prefix_router.routing import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -136,3 +137,11 @@ def output_tokens(reply: ReplyAccumulator, chars_per_token: float) -> int:
     if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
         return reported
     return round(reply.chars / chars_per_token)
+
+
+def request_closed(state: AppContext, note: RequestNote, status: int) -> None:
+    """The request is over with ``status`` (the one the client got, ``CLIENT_GONE`` when it left): count
+    it once (``prefix_router_requests_total``) and log it (``access_log``)."""
+    state.metrics.request_done(note.worker, note.model, note.policy, status)
+    if state.request_config.access_log:
+        log_access(note, status, state.clock(), state.log_handler)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from prefix_router.protocol import Endpoint
-from prefix_router.node.state import AppContext
 from prefix_router.node.request import parse as parsing
 from prefix_router.node.request.auth import tenant_of, tenant_salt
 from prefix_router.node.request.render import render_worker
+from prefix_router.node.state import AppContext
+from prefix_router.protocol import Endpoint
 
 
 async def parse_routed(

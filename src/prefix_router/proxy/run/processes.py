@@ -36,9 +36,7 @@ from types import FrameType
 
 from aiohttp import web
 
-from prefix_router.node.config import Config
-from prefix_router.node.state import CONTEXT, AppContext
-from prefix_router.node.control.shared_pool import SharedPool
+from prefix_router.node import CONTEXT, AppContext, Config, SharedPool
 from prefix_router.proxy.run.event_fanout import FanoutPlan, run_fanout, wanted
 from prefix_router.replication import LocalReplication, ReplicationCollector
 
