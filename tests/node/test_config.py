@@ -144,12 +144,12 @@ def test_routing_core_refusals_become_config_errors() -> None:
 
 
 def test_a_seed_makes_the_routers_tie_breaks_repeat() -> None:
-    from prefix_router.node.state import CONTEXT
+    from prefix_router.node.state import STATE
     from prefix_router.proxy.run.app import create_app
 
     def draws(seed: int | None) -> list[float]:
         cfg = load_config(env={}, overrides={} if seed is None else {"seed": seed})
-        rng = create_app(cfg)[CONTEXT].router.rng
+        rng = create_app(cfg)[STATE].router.rng
         return [rng.random() for _ in range(4)]
 
     assert draws(7) == draws(7)

@@ -1,5 +1,5 @@
 """``RequestConfig``: the values every request reads, copied from the configuration, and replaced with it
-on a reload (``AppContext.reconfigure``)."""
+on a reload (``NodeState.reconfigure``)."""
 
 from __future__ import annotations
 

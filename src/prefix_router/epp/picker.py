@@ -35,9 +35,9 @@ from prefix_router.epp.settings import EppSettings
 from prefix_router.node import (
     CLIENT_GONE,
     PASSTHROUGH_POLICY,
-    AppContext,
     FailureKind,
     Flight,
+    NodeState,
     Parsed,
     ProxyError,
     ReplyAccumulator,
@@ -50,7 +50,7 @@ from prefix_router.node import (
     nobody,
     overloaded,
     parse_routed,
-    passthrough_route,
+    passthrough_req,
     policy_override,
     request_closed,
     request_id,
@@ -91,7 +91,7 @@ class Edge:
     """What every stream of one picker shares: the node's state (``node.build_app``) and the picker's
     knobs."""
 
-    state: AppContext
+    state: NodeState
     settings: EppSettings
     streams: int = 0  # open ext_proc streams
     # ext_proc messages received, by kind (the six of ``ProcessingRequest``): the picker's cost driver
@@ -220,11 +220,11 @@ class PickerStream:
         else:
             model = body_model(raw, self.headers.get("content-type", ""))
         policy = policy_override(self.state, self.headers) if parsed is not None else PASSTHROUGH_POLICY
-        route = parsed.route if parsed is not None else passthrough_route(self.state)
+        req = parsed.req if parsed is not None else passthrough_req(self.state)
         assert self.note is not None
         check_model(self.state, model, self.note)
-        worker, decision, others = self.choose(route, model, policy, parsed is not None)
-        flight = Flight(self.state, worker, route, decision, parsed, self.started)
+        worker, decision, others = self.choose(req, model, policy, parsed is not None)
+        flight = Flight(self.state, worker, req, decision, parsed, self.started)
         config = self.state.request_config
         self.pick = Pick(
             flight,
@@ -251,7 +251,7 @@ class PickerStream:
         return await parse_routed(self.state, endpoint, raw, self.headers)
 
     def choose(
-        self, route: RouteRequest, model: str | None, policy: str | None, routed: bool
+        self, req: RouteRequest, model: str | None, policy: str | None, routed: bool
     ) -> tuple[Worker, Decision, list[str]]:
         """The routing core's choice among the eligible workers (the pool's candidates, within the subset
         hint), and the fallbacks after it."""
@@ -265,7 +265,7 @@ class PickerStream:
                 raise overloaded("every eligible worker is at its in-flight cap", self.retry_after)
             raise nobody(state, model)
         label = policy or state.request_config.policy
-        worker, decision = choose(state, route, names, policy, label if routed else None, note)
+        worker, decision = choose(state, req, names, policy, label if routed else None, note)
         note.policy = label if routed else PASSTHROUGH_POLICY
         others = sorted((n for n in names if n != decision.worker), key=state.pool.in_flight)
         fallbacks = [address_of(state.pool.require(n)) for n in others[: self.edge.settings.fallbacks]]
@@ -362,7 +362,7 @@ class PickerStream:
         old = pick.flight
         old.finish(0, Outcome(ok=False))
         decision = Decision(worker.name, old.decision.branch)
-        pick.flight = Flight(self.state, worker, old.route, decision, old.parsed, old.started)
+        pick.flight = Flight(self.state, worker, old.req, decision, old.parsed, old.started)
         if self.note is not None:
             self.note.worker, self.note.attempts = worker.name, self.note.attempts + 1
 

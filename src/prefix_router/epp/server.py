@@ -28,7 +28,7 @@ from prefix_router.epp.picker import Edge
 from prefix_router.epp.service import Health, Processor
 from prefix_router.epp.settings import EppSettings
 from prefix_router.node import (
-    CONTEXT,
+    STATE,
     Config,
     Reloader,
     Running,
@@ -99,12 +99,12 @@ class RunningEpp:
 async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
     """Serve ``app`` (``create_control_app``) on its configured HTTP address and the picker on
     ``settings``' gRPC address (port 0: any free one), in the running loop."""
-    config = app[CONTEXT].config
+    config = app[STATE].config
     if settings.grpc_port:  # taken: one line (ListenError) before anything starts, not grpcio's log
         for sock in bind(settings.grpc_host, settings.grpc_port):
             sock.close()
     http = await start(app, config.host, config.port, keepalive_timeout=config.timeouts.client_header_s)
-    edge = Edge(app[CONTEXT], settings)
+    edge = Edge(app[STATE], settings)
     edge.state.metrics.registry.register(StreamsCollector(edge))
     health = Health(edge)
     # no SO_REUSEPORT: a second picker on the same port fails to start instead of sharing the streams

@@ -4,7 +4,7 @@ OpenAI HTTP data plane; ``prefix_router.epp``: a gateway's ext_proc stream).
 Subpackages, from the bottom: ``upstream`` (the one-method seam to the engines and its llhttp client),
 ``telemetry`` (logs, metrics, trace records, audit), ``request`` (a request's transport-free parts: errors,
 client credentials, parsing and keying input, forwarded headers, the reply's reading, deadlines, the
-access note, engine-rendered keys), then the state (``state``: ``AppContext``, built from ``config``),
+access note, engine-rendered keys), then the state (``state``: ``NodeState``, built from ``config``),
 ``steps`` (what the node does with one request: admission, keying, the model check, the choice,
 accounting), ``control`` (the control plane: ``/health``, ``/ready``, ``/metrics``, the admin API, reload,
 the lifecycle, the pool shared by several processes) and ``life`` (the state built and run: probes,
@@ -68,10 +68,10 @@ from prefix_router.node.request.forward import (
 )
 from prefix_router.node.request.parse import Parsed, body_model, read_body, too_large
 from prefix_router.node.request.sse import ReplyAccumulator
-from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.state import STATE, NodeState
 from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_closed, settle
 from prefix_router.node.steps.admission import admit, policy_override
-from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_route
+from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_req
 from prefix_router.node.steps.keying import parse_routed
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
@@ -87,14 +87,13 @@ from prefix_router.node.upstream.seam import (
 __all__ = [
     "ANY_PATH",
     "CLIENT_GONE",
-    "CONTEXT",
     "FRONT",
     "MAX_HEADERS",
     "MAX_HEADER_BYTES",
     "MAX_URL_BYTES",
     "PASSTHROUGH_POLICY",
     "ROOT_PASSTHROUGH",
-    "AppContext",
+    "STATE",
     "Cause",
     "Config",
     "EarlyHangup",
@@ -104,6 +103,7 @@ __all__ = [
     "Hooks",
     "HttpUpstream",
     "ListenError",
+    "NodeState",
     "Parsed",
     "ProxyError",
     "Reloader",
@@ -142,7 +142,7 @@ __all__ = [
     "nobody",
     "overloaded",
     "parse_routed",
-    "passthrough_route",
+    "passthrough_req",
     "policy_override",
     "print_config",
     "read_body",

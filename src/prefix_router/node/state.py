@@ -1,4 +1,5 @@
-"""Everything one router app owns, built by ``create_app`` and stored on the application."""
+"""The node's state: everything one router process owns (``NodeState``), built by ``node.build_app`` and
+stored on its application under ``STATE``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Literal
 from aiohttp import web
 
 from prefix_router.node.config import Config
-from prefix_router.node.request.auth import KeySet
+from prefix_router.node.request.auth import Credentials
 from prefix_router.node.request.deadlines import Deadlines
 from prefix_router.node.request.render import Renders
 from prefix_router.node.telemetry.logs import LineHandler
@@ -34,7 +35,7 @@ class AdminChange:
 
 class RequestConfig:
     """The configuration's values that every routed request reads, copied from one ``Config``
-    (``AppContext.reconfigure`` makes a new one with each). In the compiled build a read of one is a load
+    (``NodeState.reconfigure`` makes a new one with each). In the compiled build a read of one is a load
     from this object; a read of a pydantic section's field is a dictionary lookup behind its
     ``__getattr__`` hook (about 250 instructions, some 30 a request). The sections are frozen, so the copy
     stays exact. Each name is its setting's last part."""
@@ -73,15 +74,18 @@ class RequestConfig:
 
 
 @dataclass(eq=False)
-class AppContext:
+class NodeState:
+    """The node's configuration, routing core, worker pool and its monitor, metrics, upstream client,
+    credentials and the counters every request shares, whatever carries it."""
+
     config: Config  # replaced only through ``reconfigure``
     router: Router
     pool: WorkerPool
     monitor: PoolMonitor
     metrics: ProxyMetrics
     upstream: Upstream
-    client_keys: KeySet
-    admin_token: KeySet
+    client_credentials: Credentials
+    admin_token: Credentials
     clock: Callable[[], float]
     policies: frozenset[str]
     recorder: TraceRecorder | None = None
@@ -116,4 +120,4 @@ class AppContext:
         return self._uuid_prefix + format(next(self._ids) & 0xFFFFFFFFFFFF, "012x")
 
 
-CONTEXT = web.AppKey("prefix_router_context", AppContext)
+STATE = web.AppKey("prefix_router_state", NodeState)

@@ -18,7 +18,7 @@ from prefix_router.node.config import load_config
 from prefix_router.node.control import shared_pool
 from prefix_router.node.control.shared_pool import SharedPool
 from prefix_router.node.life.build import build_state
-from prefix_router.node.state import AdminChange, AppContext
+from prefix_router.node.state import AdminChange, NodeState
 from prefix_router.pool.http import Fetched, FetchError
 from prefix_router.pool.settings import WorkerSettings
 from prefix_router.replication.local import LocalReplication
@@ -56,16 +56,16 @@ class Process:
         }
         config = load_config(env={}, overrides=settings)
         self.fetcher = fetcher
-        self.context: AppContext = build_state(config, None, fetcher, time.monotonic, random.Random(index))
-        self.channel = LocalReplication(self.context.router, directory, index, 3)
-        self.shared = SharedPool(self.context, self.channel, index, wall)
+        self.state: NodeState = build_state(config, None, fetcher, time.monotonic, random.Random(index))
+        self.channel = LocalReplication(self.state.router, directory, index, 3)
+        self.shared = SharedPool(self.state, self.channel, index, wall)
         self.shared.install()
 
     async def start(self) -> None:
         await self.channel.start(run_tasks=False)
 
     def worker_names(self) -> list[str]:
-        return [w.name for w in self.context.pool]
+        return [w.name for w in self.state.pool]
 
 
 class Group:
@@ -115,8 +115,8 @@ async def group() -> AsyncIterator[Group]:
 
 def admin_add(proc: Process, name: str, url: str) -> None:
     cfg = WorkerSettings(url=url, name=name, api_key="sk-secret-key")  # type: ignore[arg-type]
-    proc.context.pool.add(cfg)
-    proc.context.on_admin(AdminChange("add", name, cfg))  # type: ignore[misc]
+    proc.state.pool.add(cfg)
+    proc.state.on_admin(AdminChange("add", name, cfg))  # type: ignore[misc]
 
 
 async def test_admin_changes_reach_every_process_and_a_restarted_one_catches_up(group: Group) -> None:
@@ -124,20 +124,20 @@ async def test_admin_changes_reach_every_process_and_a_restarted_one_catches_up(
     admin_add(one, "b", "http://b:1")
     group.deliver()
     assert zero.worker_names() == two.worker_names() == ["a", "b"]
-    assert zero.context.pool.require("b").api_key.get_secret_value() == "sk-secret-key"  # type: ignore[union-attr]
-    two.context.pool.drain("a")
-    two.context.on_admin(AdminChange("drain", "a"))  # type: ignore[misc]
-    zero.context.pool.remove("b")
-    zero.context.on_admin(AdminChange("remove", "b"))  # type: ignore[misc]
+    assert zero.state.pool.require("b").api_key.get_secret_value() == "sk-secret-key"  # type: ignore[union-attr]
+    two.state.pool.drain("a")
+    two.state.on_admin(AdminChange("drain", "a"))  # type: ignore[misc]
+    zero.state.pool.remove("b")
+    zero.state.on_admin(AdminChange("remove", "b"))  # type: ignore[misc]
     group.deliver()
     for proc in (zero, one, two):
-        assert proc.worker_names() == ["a"] and proc.context.pool.require("a").draining
+        assert proc.worker_names() == ["a"] and proc.state.pool.require("a").draining
     await group.stop(1)
     fresh = await group.start(1)  # restarted: the configured workers only
-    assert fresh.worker_names() == ["a"] and not fresh.context.pool.require("a").draining
+    assert fresh.worker_names() == ["a"] and not fresh.state.pool.require("a").draining
     zero.shared.publish()
     group.deliver()
-    assert fresh.context.pool.require("a").draining
+    assert fresh.state.pool.require("a").draining
 
 
 async def test_older_news_never_undoes_newer_and_repeats_are_harmless(group: Group) -> None:
@@ -145,8 +145,8 @@ async def test_older_news_never_undoes_newer_and_repeats_are_harmless(group: Gro
     admin_add(zero, "b", "http://b:1")
     stale = orjson.dumps([zero.shared.registers["b"].wire("b")])
     group.deliver()
-    one.context.pool.remove("b")
-    one.context.on_admin(AdminChange("remove", "b"))  # type: ignore[misc]
+    one.state.pool.remove("b")
+    one.state.on_admin(AdminChange("remove", "b"))  # type: ignore[misc]
     group.deliver()
     zero.shared._on_admin(stale)  # the add again, late: older than the removal
     one.shared._on_admin(stale)
@@ -159,37 +159,37 @@ async def test_older_news_never_undoes_newer_and_repeats_are_harmless(group: Gro
 async def test_only_process_zero_probes_and_the_others_take_its_verdicts(group: Group) -> None:
     zero, one = [await group.start(i) for i in range(2)]
     for proc in (zero, one):
-        proc.context.monitor.start()
+        proc.state.monitor.start()
     await asyncio.sleep(0.5)  # ten rounds of probes and scrapes, had they run
     for proc in (zero, one):
-        await proc.context.monitor.stop()
+        await proc.state.monitor.stop()
     assert any(call.endswith("/health") for call in zero.fetcher.calls)
     assert not any(call.endswith(("/health", "/metrics")) for call in one.fetcher.calls)
     group.down.add("http://a:1")
     for _ in range(2):  # health.fail_threshold
-        await zero.context.monitor.prober.probe_all()
+        await zero.state.monitor.prober.probe_all()
         group.deliver()
-    assert not zero.context.pool.require("a").health.healthy
-    assert not one.context.pool.require("a").health.healthy  # ejected without probing
-    assert one.context.pool.require("a").health.last_error is not None
+    assert not zero.state.pool.require("a").health.healthy
+    assert not one.state.pool.require("a").health.healthy  # ejected without probing
+    assert one.state.pool.require("a").health.last_error is not None
 
 
 async def test_process_zeros_scrapes_feed_every_routing_core(group: Group) -> None:
     zero, one = [await group.start(i) for i in range(2)]
-    worker = zero.context.pool.require("a")
-    await zero.context.monitor.identifier.identify(worker)  # learns it is a vLLM engine
-    await zero.context.monitor.scraper.scrape(worker)
+    worker = zero.state.pool.require("a")
+    await zero.state.monitor.identifier.identify(worker)  # learns it is a vLLM engine
+    await zero.state.monitor.scraper.scrape(worker)
     group.deliver()
     now = time.monotonic()
-    assert one.context.router.load.snapshot("a", now).queue_depth == 7
-    assert one.context.router.load.snapshot("a", now).kv_usage == 0.5
+    assert one.state.router.load.snapshot("a", now).queue_depth == 7
+    assert one.state.router.load.snapshot("a", now).kv_usage == 0.5
 
 
 async def test_registers_are_bounded(group: Group, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shared_pool, "MAX_NAMES", 5)
     zero, one = [await group.start(i) for i in range(2)]
     for i in range(12):
-        zero.context.on_admin(AdminChange("drain", f"w{i}"))  # type: ignore[misc]
+        zero.state.on_admin(AdminChange("drain", f"w{i}"))  # type: ignore[misc]
     group.deliver()
     assert len(zero.shared.registers) == 5 and len(one.shared.registers) == 5
     assert set(zero.shared.registers) == {f"w{i}" for i in range(7, 12)}  # the newest stay

@@ -60,7 +60,7 @@ async def test_rendered_ids_are_cached_by_the_character_key_and_bounded() -> Non
     renders, engine = Renders(capacity=2), Engine()
     for text in ["one " * 20, "two " * 20, "one " * 20, "three " * 20, "one " * 20, "two " * 20]:
         got = await renders.precise(router, engine, worker, parsed(router, text), 1.0, None)
-        assert got.route.precise_blocks and got.route.precise_tokens > 0
+        assert got.req.precise_blocks and got.req.precise_tokens > 0
         assert len(renders) <= 2
     # "two", the least recently used, fell out when "three" came: asked again
     assert (engine.asked, renders.stats.cached) == (4, 2)

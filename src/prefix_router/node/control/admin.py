@@ -15,7 +15,7 @@ from aiohttp import web
 from prefix_router.node.control.routes import Handler, json_response
 from prefix_router.node.request.auth import check_admin
 from prefix_router.node.request.errors import ProxyError, bad_request
-from prefix_router.node.state import CONTEXT, AdminChange, AppContext
+from prefix_router.node.state import STATE, AdminChange, NodeState
 from prefix_router.node.telemetry.audit import audit
 from prefix_router.pool import PoolError, WorkerSettings
 from prefix_router.settings import describe
@@ -35,7 +35,7 @@ def admin_change(action: str) -> Callable[[Handler], Handler]:
 def guard(handler: Handler, action: str | None) -> Handler:
     async def wrapper(request: web.Request) -> web.StreamResponse:
         try:
-            check_admin(request.app[CONTEXT].admin_token, request.headers)
+            check_admin(request.app[STATE].admin_token, request.headers)
         except ProxyError as err:
             if err.status == 401:
                 audit("admin_refused", logging.WARNING, method=request.method, path=request.path,
@@ -70,13 +70,13 @@ ADDED_URL = web.RequestKey("prefix_router_added_url", str)
 
 @admin_only
 async def list_workers(request: web.Request) -> web.StreamResponse:
-    pool = request.app[CONTEXT].pool
+    pool = request.app[STATE].pool
     return json_response({"workers": [pool.public(w) for w in pool]})
 
 
 @admin_change("admin_add_worker")
 async def add_worker(request: web.Request) -> web.StreamResponse:
-    state = request.app[CONTEXT]
+    state = request.app[STATE]
     cfg = worker_config(await read_json(request))
     request[ADDED_NAME], request[ADDED_URL] = cfg.resolved_name(), cfg.url
     worker = state.pool.add(cfg)
@@ -87,7 +87,7 @@ async def add_worker(request: web.Request) -> web.StreamResponse:
 
 @admin_change("admin_remove_worker")
 async def remove_worker(request: web.Request) -> web.StreamResponse:
-    state = request.app[CONTEXT]
+    state = request.app[STATE]
     view = state.pool.public(state.pool.require(request.match_info["name"]))  # with what still runs there
     worker = state.pool.remove(request.match_info["name"])
     state.metrics.forget_worker(worker.name)
@@ -97,29 +97,29 @@ async def remove_worker(request: web.Request) -> web.StreamResponse:
 
 @admin_change("admin_drain_worker")
 async def drain_worker(request: web.Request) -> web.StreamResponse:
-    return set_draining(request.app[CONTEXT], request.match_info["name"], True)
+    return set_draining(request.app[STATE], request.match_info["name"], True)
 
 
 @admin_change("admin_undrain_worker")
 async def undrain_worker(request: web.Request) -> web.StreamResponse:
-    return set_draining(request.app[CONTEXT], request.match_info["name"], False)
+    return set_draining(request.app[STATE], request.match_info["name"], False)
 
 
 @admin_only
 async def routing_summary(request: web.Request) -> web.StreamResponse:
-    state = request.app[CONTEXT]
+    state = request.app[STATE]
     return json_response(
         {"policy": state.config.routing.policy, "summary": state.router.summary(state.clock())}
     )
 
 
-def set_draining(state: AppContext, name: str, draining: bool) -> web.Response:
+def set_draining(state: NodeState, name: str, draining: bool) -> web.Response:
     worker = state.pool.drain(name, draining)
     told(state, AdminChange("drain" if draining else "undrain", worker.name))
     return json_response({"worker": state.pool.public(worker)})
 
 
-def told(state: AppContext, change: AdminChange) -> None:
+def told(state: NodeState, change: AdminChange) -> None:
     """Tell whoever follows this process's admin changes (the other processes of ``serve --processes``)."""
     if state.on_admin is not None:
         state.on_admin(change)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from prefix_router.node.config import Config
-from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.state import STATE, NodeState
 from prefix_router.node.telemetry.logs import Fields
 
 log = logging.getLogger("prefix_router")
@@ -28,7 +28,7 @@ MAX_NAMES = 8  # worker names in the summary line (then "+N")
 
 async def shutdown(app: web.Application) -> None:
     """Stop taking requests and wait for those running, up to ``timeouts.shutdown_s``."""
-    state = app[CONTEXT]
+    state = app[STATE]
     loop = asyncio.get_running_loop()
     shutdown_s = state.config.timeouts.shutdown_s
     deadline = loop.time() + shutdown_s
@@ -44,10 +44,10 @@ async def shutdown(app: web.Application) -> None:
 
 def summary(app: web.Application, addresses: list[str]) -> None:
     """One line saying what this router is: where it listens, workers, policy, auth, replication."""
-    log.info(Fields(summary_fields(app[CONTEXT], addresses)))
+    log.info(Fields(summary_fields(app[STATE], addresses)))
 
 
-def summary_fields(state: AppContext, addresses: list[str]) -> dict[str, object]:
+def summary_fields(state: NodeState, addresses: list[str]) -> dict[str, object]:
     config = state.config
     names = [w.name for w in state.pool]
     shown = ",".join(names[:MAX_NAMES]) + (f",+{len(names) - MAX_NAMES}" if len(names) > MAX_NAMES else "")

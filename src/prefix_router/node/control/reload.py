@@ -25,8 +25,8 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefix_router.node.config import Config
-from prefix_router.node.request.auth import KeySet
-from prefix_router.node.state import AppContext
+from prefix_router.node.request.auth import Credentials
+from prefix_router.node.state import NodeState
 from prefix_router.node.telemetry import logs
 from prefix_router.node.telemetry.audit import audit
 from prefix_router.pool import PoolError, WorkerSettings
@@ -122,7 +122,7 @@ def _secret(value: Any) -> bool:
     return isinstance(value, SecretStr) or (isinstance(value, list) and any(_secret(v) for v in value))
 
 
-async def reload(state: AppContext, load: Callable[[], Config], source: str) -> Plan | None:
+async def reload(state: NodeState, load: Callable[[], Config], source: str) -> Plan | None:
     """Load the configuration again and apply it; returns the plan (None when the new one is invalid)."""
     try:
         plan = Plan(state.config, load())
@@ -147,7 +147,7 @@ async def reload(state: AppContext, load: Callable[[], Config], source: str) -> 
     return plan
 
 
-def apply(state: AppContext, plan: Plan) -> list[str]:
+def apply(state: NodeState, plan: Plan) -> list[str]:
     """Apply ``plan`` to the running router; returns the workers that could not be added (and why)."""
     config = plan.config
     failed = []
@@ -161,8 +161,8 @@ def apply(state: AppContext, plan: Plan) -> list[str]:
         except PoolError as exc:
             failed.append(f"{worker.resolved_name()}({exc})")
     state.router.retune(config.routing)
-    state.client_keys = KeySet(config.auth.api_keys)
-    state.admin_token = KeySet([config.auth.admin_token] if config.auth.admin_token else [])
+    state.client_credentials = Credentials(config.auth.api_keys)
+    state.admin_token = Credentials([config.auth.admin_token] if config.auth.admin_token else [])
     logs.configure(config.log_level, config.log_format, config.access_log)
     state.reconfigure(config)
     return failed

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prefix_router.node.control import http_errors
 from prefix_router.node.request.access import RequestNote, request_id
 from prefix_router.node.request.errors import ProxyError
-from prefix_router.node.state import CONTEXT
+from prefix_router.node.state import STATE
 from prefix_router.node.steps.accounting import CLIENT_GONE, request_closed
 from prefix_router.protocol import REQUEST_ID_HEADER
 
@@ -26,7 +26,7 @@ async def health(request: web.Request) -> web.StreamResponse:
 
 
 async def ready(request: web.Request) -> web.StreamResponse:
-    state = request.app[CONTEXT]
+    state = request.app[STATE]
     if state.deadlines.stopping:
         return ProxyError(503, "shutting down", type="service_unavailable", code="shutting_down").response()
     up = sum(1 for w in state.pool if w.available)
@@ -37,7 +37,7 @@ async def ready(request: web.Request) -> web.StreamResponse:
 
 async def metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(
-        body=request.app[CONTEXT].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        body=request.app[STATE].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 
@@ -47,7 +47,7 @@ def json_response(data: object, status: int = 200) -> web.Response:
 
 async def not_routed(request: web.Request) -> web.StreamResponse:
     """``http_errors.not_routed``'s 404 or 405, with the request's id, counted and logged once."""
-    state = request.app[CONTEXT]
+    state = request.app[STATE]
     note = RequestNote(
         request_id(request.headers) or state.next_request_id(),
         request.method,

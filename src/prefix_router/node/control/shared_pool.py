@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 import pydantic
 
-from prefix_router.node.state import AdminChange, AppContext
+from prefix_router.node.state import AdminChange, NodeState
 from prefix_router.pool import EngineLoad, PoolError, Worker, WorkerSettings
 from prefix_router.replication import LocalReplication
 
@@ -72,16 +72,16 @@ class Registers:
 
 
 class SharedPool:
-    """This process's side (``index``) of the shared pool; ``install`` wires it into the app's context."""
+    """This process's side (``index``) of the shared pool; ``install`` wires it into the node's state."""
 
     def __init__(
         self,
-        context: AppContext,
+        state: NodeState,
         channel: LocalReplication,
         index: int,
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.context, self.channel, self.index, self.wall_ns = context, channel, index, wall_ns
+        self.state, self.channel, self.index, self.wall_ns = state, channel, index, wall_ns
         self.leader = index == 0
         self.registers: dict[str, Registers] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -90,13 +90,13 @@ class SharedPool:
         self._relay_timer: asyncio.TimerHandle | None = None
 
     def install(self) -> None:
-        monitor = self.context.monitor
+        monitor = self.state.monitor
         self.channel.subscribe(ADMIN, self._on_admin)
         self.channel.subscribe(PROBE, self._on_probe)
         self.channel.subscribe(SCRAPE, self._on_scrape)
         self.channel.subscribe(UNITS, self._on_units)
-        self.context.router.on_units_sample = self._sampled
-        self.context.on_admin = self.admin_changed
+        self.state.router.on_units_sample = self._sampled
+        self.state.on_admin = self.admin_changed
         monitor.probe_and_scrape = self.leader
         if self.leader:
             monitor.prober.on_result = self._probed
@@ -149,23 +149,23 @@ class SharedPool:
             self._apply_membership(name, regs)
         if newer_drain:
             regs.drain_at, regs.draining = drain_at, bool(item["dr"])
-        worker = self.context.pool.get(name)
+        worker = self.state.pool.get(name)
         if worker is not None and worker.draining != regs.draining and regs.drain_at != ZERO:
-            self.context.pool.drain(name, regs.draining)
+            self.state.pool.drain(name, regs.draining)
         self._bound()
 
     def _apply_membership(self, name: str, regs: Registers) -> None:
-        pool, here = self.context.pool, self.context.pool.get(name)
+        pool, here = self.state.pool, self.state.pool.get(name)
         if not regs.present and here is not None:
             pool.remove(name)
-            self.context.metrics.forget_worker(name)
+            self.state.metrics.forget_worker(name)
         elif regs.present and here is None and regs.worker is not None:
             try:
                 worker = pool.add(WorkerSettings.model_validate(regs.worker))
             except (PoolError, pydantic.ValidationError) as exc:
                 log.warning("admin change from another process not applied: %s", exc)
                 return
-            self._spawn(self.context.monitor.refresh(worker))
+            self._spawn(self.state.monitor.refresh(worker))
 
     def _bound(self) -> None:
         while len(self.registers) > MAX_NAMES:
@@ -187,7 +187,7 @@ class SharedPool:
 
     def _on_units(self, payload: bytes) -> None:
         """Another process's token-unit samples, learned here too (every process values matches alike)."""
-        router = self.context.router
+        router = self.state.router
         for model, worker, nominal, reported, counts in orjson.loads(payload):
             router.learn_units(model, worker, int(nominal), int(reported), tuple(counts) if counts else None)
 
@@ -215,18 +215,18 @@ class SharedPool:
             self._take_probe(item)
 
     def _take_probe(self, item: dict[str, Any]) -> None:
-        worker = self.context.pool.get(item["n"])
+        worker = self.state.pool.get(item["n"])
         if worker is None:
             return
         ok, error = bool(item["ok"]), item["e"] if isinstance(item["e"], str) else None
         if ok and not worker.health.healthy and worker.name not in self._identifying:
             self._spawn(self._identify(worker))  # what it serves now, as process 0 looked before probing
-        self.context.pool.report(worker, ok, error)  # at once, in the order process 0 sent them
+        self.state.pool.report(worker, ok, error)  # at once, in the order process 0 sent them
 
     async def _identify(self, worker: Worker) -> None:
         self._identifying.add(worker.name)
         try:
-            await self.context.monitor.identifier.identify(worker)
+            await self.state.monitor.identifier.identify(worker)
         finally:
             self._identifying.discard(worker.name)
 
@@ -237,10 +237,10 @@ class SharedPool:
 
     def _on_scrape(self, payload: bytes) -> None:
         for item in orjson.loads(payload):
-            worker = self.context.pool.get(item["n"])
+            worker = self.state.pool.get(item["n"])
             if worker is not None:
                 fields = {k: v for k, v in item["l"].items() if k in LOAD_FIELDS}
-                self.context.monitor.scraper.apply(worker, EngineLoad(**fields))
+                self.state.monitor.scraper.apply(worker, EngineLoad(**fields))
 
 
 def stamp(value: Any) -> Stamp:

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from prefix_router.node.config import Config
-from prefix_router.node.request.auth import KeySet
-from prefix_router.node.state import CONTEXT, AppContext
+from prefix_router.node.request.auth import Credentials
+from prefix_router.node.state import STATE, NodeState
 from prefix_router.node.telemetry import logs
 from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.node.telemetry.record import TraceRecorder
@@ -50,7 +50,7 @@ def build_app(
     the random source."""
     state = build_state(config, upstream, fetcher, clock, rng)
     app = web.Application(client_max_size=config.limits.max_body_bytes)
-    app[CONTEXT] = state
+    app[STATE] = state
     app.on_startup.append(_startup)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)
@@ -68,19 +68,19 @@ def build_state(
     fetcher: Fetcher | None,
     clock: Callable[[], float],
     rng: random.Random,
-) -> AppContext:
+) -> NodeState:
     router = build_router(config, rng)
     pool = build_pool(config, router)
     metrics = ProxyMetrics(pool, router)
-    return AppContext(
+    return NodeState(
         config=config,
         router=router,
         pool=pool,
         monitor=PoolMonitor(pool, router, fetcher or AiohttpFetcher(), monitor_settings(config), clock),
         metrics=metrics,
         upstream=upstream or build_upstream(config),
-        client_keys=KeySet(config.auth.api_keys),
-        admin_token=KeySet([config.auth.admin_token] if config.auth.admin_token else []),
+        client_credentials=Credentials(config.auth.api_keys),
+        admin_token=Credentials([config.auth.admin_token] if config.auth.admin_token else []),
         clock=clock,
         policies=frozenset(router.policy_names()),
         recorder=build_recorder(config, clock, metrics),
@@ -122,7 +122,7 @@ def build_recorder(config: Config, clock: Callable[[], float], metrics: ProxyMet
 
 
 async def _startup(app: web.Application) -> None:
-    state = app[CONTEXT]
+    state = app[STATE]
     timeout = state.config.health.timeout_s * 3 + 1
     try:
         await asyncio.wait_for(state.monitor.refresh_all(), timeout)
@@ -137,13 +137,13 @@ async def _shutdown(app: web.Application) -> None:
     """The listener is closed. After ``serve``'s graceful shutdown (``lifecycle.shutdown``, SIGTERM)
     nothing is left to wait for; an app stopped without one (``server.start``'s ``Running.stop``) gives
     what runs ``timeouts.shutdown_s``."""
-    state = app[CONTEXT]
+    state = app[STATE]
     if not state.deadlines.stopping:
         state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
         log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
 
 
-def _ejection_cutter(state: AppContext) -> Callable[[Worker, bool], None]:
+def _ejection_cutter(state: NodeState) -> Callable[[Worker, bool], None]:
     """When a worker is ejected, requests waiting for its first byte are retried elsewhere at once, and
     its streams end unless they show a chunk within every ``health.timeout_s`` (see ``Deadlines``)."""
 
@@ -156,7 +156,7 @@ def _ejection_cutter(state: AppContext) -> Callable[[Worker, bool], None]:
 
 
 async def _cleanup(app: web.Application) -> None:
-    state = app[CONTEXT]
+    state = app[STATE]
     await state.monitor.stop()
     if state.recorder is not None:
         await state.recorder.close()
@@ -167,7 +167,7 @@ async def _cleanup(app: web.Application) -> None:
         await fetcher.close()
 
 
-def _install_events(app: web.Application, state: AppContext) -> None:
+def _install_events(app: web.Application, state: NodeState) -> None:
     """KV cache event subscriptions (precise mode) for the workers with ``kv_events``, kept in step with
     the pool every ``EVENTS_SYNC_S`` (admin and discovery changes); started after the first
     identification (a worker's model names its blocks), stopped on cleanup."""
@@ -209,7 +209,7 @@ def _log_health(worker: Worker, healthy: bool) -> None:
         log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
 
 
-def _install_replication(app: web.Application, state: AppContext) -> None:
+def _install_replication(app: web.Application, state: NodeState) -> None:
     settings = state.config.replication
     if settings.url is None:
         return
@@ -219,7 +219,7 @@ def _install_replication(app: web.Application, state: AppContext) -> None:
     state.metrics.registry.register(ReplicationCollector(slot))
 
 
-def _install_discovery(app: web.Application, state: AppContext) -> None:
+def _install_discovery(app: web.Application, state: NodeState) -> None:
     """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the replication's
     warm-up knows the workers) and stops first on cleanup (before the monitor's fetcher closes)."""
     settings = state.config.discovery

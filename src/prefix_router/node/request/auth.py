@@ -31,7 +31,7 @@ def bearer(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None
 
 
-class KeySet:
+class Credentials:
     """A set of secrets checked in constant time. Empty: every request is accepted."""
 
     def __init__(self, secrets: Iterable[SecretStr]) -> None:
@@ -46,9 +46,9 @@ class KeySet:
         return hmac.compare_digest(presented, stored) and token is not None
 
 
-def check_client(keys: KeySet, headers: Mapping[str, str]) -> None:
-    """401 unless client keys are off or the request carries a valid one."""
-    if keys and not keys.accepts(bearer(headers)):
+def check_client(credentials: Credentials, headers: Mapping[str, str]) -> None:
+    """401 unless client credentials are off (no API key configured) or the request carries a valid one."""
+    if credentials and not credentials.accepts(bearer(headers)):
         raise ProxyError(
             401,
             "invalid or missing API key (Authorization: Bearer <key>)",
@@ -57,7 +57,7 @@ def check_client(keys: KeySet, headers: Mapping[str, str]) -> None:
         )
 
 
-def check_admin(token: KeySet, headers: Mapping[str, str]) -> None:
+def check_admin(token: Credentials, headers: Mapping[str, str]) -> None:
     """404 when the admin API is off (no token configured), 401 without the right bearer token."""
     if not token:
         raise ProxyError(404, "the admin API is off (no admin token configured)", code="not_found")

@@ -27,7 +27,7 @@ class Parsed:
     endpoint: Endpoint
     raw: bytes
     body: dict[str, Any]
-    route: RouteRequest
+    req: RouteRequest
     stream: bool
     tenant: str | None
     engine_salt: str | None = None  # the cache_salt the proxy adds for the engine (precise keys)
@@ -37,7 +37,7 @@ class Parsed:
         endpoint: Endpoint,
         raw: bytes,
         body: dict[str, Any],
-        route: RouteRequest,
+        req: RouteRequest,
         stream: bool,
         tenant: str | None,
         engine_salt: str | None = None,
@@ -45,7 +45,7 @@ class Parsed:
         self.endpoint = endpoint
         self.raw = raw
         self.body = body
-        self.route = route
+        self.req = req
         self.stream = stream
         self.tenant = tenant
         self.engine_salt = engine_salt
@@ -165,8 +165,8 @@ def parse(
 ) -> Parsed:
     body = parse_json(raw)
     stream = stream_flag(body)
-    route = route_request(endpoint, body, builder, request_id, tenant, session, engine_salt)
-    return Parsed(endpoint, raw, body, route, stream, tenant, engine_salt)
+    req = route_request(endpoint, body, builder, request_id, tenant, session, engine_salt)
+    return Parsed(endpoint, raw, body, req, stream, tenant, engine_salt)
 
 
 def session_id(value: str | None, tenant: str | None = None) -> str | None:

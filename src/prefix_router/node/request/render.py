@@ -64,12 +64,12 @@ class Renders:
         engine_salt: str | None,
     ) -> Parsed:
         """``parsed`` with a precise key from ``worker``'s rendering (cached), or as it was."""
-        route = parsed.route
+        req = parsed.req
         key = (
-            route.namespace,
-            route.blocks[-1] if route.blocks else route.hash_key,
-            route.tail,
-            route.key_tokens,
+            req.namespace,
+            req.blocks[-1] if req.blocks else req.hash_key,
+            req.tail,
+            req.key_tokens,
         )
         ids = self._ids.get(key)
         if ids is not None:
@@ -87,7 +87,7 @@ class Renders:
         if not blocks:
             return parsed
         return dataclasses.replace(
-            parsed, route=dataclasses.replace(route, precise_blocks=blocks, precise_tokens=len(ids))
+            parsed, req=dataclasses.replace(req, precise_blocks=blocks, precise_tokens=len(ids))
         )
 
     async def _ask(

@@ -15,7 +15,7 @@ from typing import Any
 from prefix_router.node.request.access import RequestNote, log_access
 from prefix_router.node.request.parse import Parsed
 from prefix_router.node.request.sse import ReplyAccumulator
-from prefix_router.node.state import AppContext
+from prefix_router.node.state import NodeState
 from prefix_router.node.upstream.seam import FailureKind
 from prefix_router.pool import EngineAdapter, Worker, count, dig, openai_cached_tokens
 from prefix_router.routing import Decision, Outcome, RouteRequest
@@ -26,27 +26,27 @@ CLIENT_GONE = 499  # the client disconnected (nginx's convention), for metrics o
 
 class Flight:
     """One attempt: counted in flight by the routing core from dispatch until ``finish``. ``parsed`` is
-    None for a pass-through call (``route`` then has no blocks)."""
+    None for a pass-through call (``req`` then has no blocks)."""
 
-    __slots__ = ("_done", "_state", "decision", "parsed", "route", "started", "worker")
+    __slots__ = ("_done", "_state", "decision", "parsed", "req", "started", "worker")
 
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         worker: Worker,
-        route: RouteRequest,
+        req: RouteRequest,
         decision: Decision,
         parsed: Parsed | None,
         started: float,
     ) -> None:
         self._state = state
         self.worker = worker
-        self.route = route
+        self.req = req
         self.decision = decision
         self.parsed = parsed
         self.started = started
         self._done = False
-        state.router.dispatched(route, decision, state.clock())
+        state.router.dispatched(req, decision, state.clock())
 
     def first_byte(self, status: int) -> float:
         """The response's status and first bytes arrived (a 2xx: the engine's first token); returns the
@@ -55,7 +55,7 @@ class Flight:
         ttft = now - self.started
         self._state.metrics.ttft.observe(ttft)
         if 200 <= status < 300:
-            self._state.router.first_token(self.route.route_id, now)
+            self._state.router.first_token(self.req.route_id, now)
         return ttft
 
     def fail(self, kind: FailureKind, status: int, error: str) -> None:
@@ -70,12 +70,12 @@ class Flight:
             return
         self._done = True
         state, now = self._state, self._state.clock()
-        state.router.finished(self.route, self.worker.name, outcome, now)  # also if it left meanwhile
+        state.router.finished(self.req, self.worker.name, outcome, now)  # also if it left meanwhile
         state.metrics.attempt_done(self.worker.name, status)
         state.metrics.latency.observe(now - self.started)
 
 
-def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: int, ok: bool) -> None:
+def settle(state: NodeState, flight: Flight, reply: ReplyAccumulator, status: int, ok: bool) -> None:
     """Finish a flight whose response reached the client, learning what the engine cached (routed
     requests only: a pass-through call teaches the index nothing)."""
     parsed = flight.parsed
@@ -90,7 +90,7 @@ def settle(state: AppContext, flight: Flight, reply: ReplyAccumulator, status: i
     precise = precise_extension(state, parsed, generated)
     flight.finish(status, Outcome(ok, cached, extension, prompt, precise))  # the router judges the report
     if state.recorder is not None:
-        state.recorder.record(parsed.route, output_tokens(reply, state.config.routing.keys.chars_per_token))
+        state.recorder.record(parsed.req, output_tokens(reply, state.config.routing.keys.chars_per_token))
 
 
 def cached_tokens(body: dict[str, Any] | None, adapter: EngineAdapter | None) -> int | None:
@@ -102,25 +102,25 @@ def cached_tokens(body: dict[str, Any] | None, adapter: EngineAdapter | None) ->
     return found
 
 
-def extension_blocks(state: AppContext, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
+def extension_blocks(state: NodeState, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
     if generated is None:
         return ()
     try:
         return state.router.keys.extend(
-            parsed.route, parsed.endpoint, parsed.body, generated, tenant=parsed.tenant
+            parsed.req, parsed.endpoint, parsed.body, generated, tenant=parsed.tenant
         )
     except Exception as exc:  # learning is best effort; never fail a served request
         log.debug("extension blocks failed: %s", type(exc).__name__)
         return ()
 
 
-def precise_extension(state: AppContext, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
+def precise_extension(state: NodeState, parsed: Parsed, generated: dict[str, Any] | None) -> tuple[int, ...]:
     """The reply's blocks as the next turn carries them, in precise keys (exact mode only)."""
-    if generated is None or not parsed.route.precise_blocks:
+    if generated is None or not parsed.req.precise_blocks:
         return ()
     try:
         return state.router.keys.precise_extension(
-            parsed.route,
+            parsed.req,
             parsed.endpoint,
             parsed.body,
             generated,
@@ -139,7 +139,7 @@ def output_tokens(reply: ReplyAccumulator, chars_per_token: float) -> int:
     return round(reply.chars / chars_per_token)
 
 
-def request_closed(state: AppContext, note: RequestNote, status: int) -> None:
+def request_closed(state: NodeState, note: RequestNote, status: int) -> None:
     """The request is over with ``status`` (the one the client got, ``CLIENT_GONE`` when it left): count
     it once (``prefix_router_requests_total``) and log it (``access_log``)."""
     state.metrics.request_done(note.worker, note.model, note.policy, status)

@@ -8,20 +8,20 @@ from collections.abc import Mapping
 
 from prefix_router.node.request.auth import check_client
 from prefix_router.node.request.errors import bad_request, overloaded, shutting_down
-from prefix_router.node.state import AppContext
+from prefix_router.node.state import NodeState
 from prefix_router.protocol import POLICY_HEADER
 
 
-def admit(state: AppContext, headers: Mapping[str, str]) -> None:
+def admit(state: NodeState, headers: Mapping[str, str]) -> None:
     """Shutdown, the client key (``headers``: the client's) and the global in-flight cap."""
     if state.deadlines.stopping:
         raise shutting_down(state.config.limits.retry_after_s)
-    check_client(state.client_keys, headers)
+    check_client(state.client_credentials, headers)
     if state.pool.total_in_flight() >= state.request_config.max_in_flight:
         raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
 
 
-def policy_override(state: AppContext, headers: Mapping[str, str]) -> str | None:
+def policy_override(state: NodeState, headers: Mapping[str, str]) -> str | None:
     """The routing policy the client names (``POLICY_HEADER``), None when it names none."""
     name = headers.get(POLICY_HEADER)
     if name is None:

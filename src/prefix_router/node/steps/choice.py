@@ -7,19 +7,19 @@ from __future__ import annotations
 
 from prefix_router.node.request.access import RequestNote
 from prefix_router.node.request.errors import ProxyError, overloaded, unavailable
-from prefix_router.node.state import AppContext
+from prefix_router.node.state import NodeState
 from prefix_router.pool import Worker
 from prefix_router.routing import Decision, RouteRequest
 
 PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
 
 
-def passthrough_route(state: AppContext) -> RouteRequest:
+def passthrough_req(state: NodeState) -> RouteRequest:
     """A pass-through call as the routing core sees it: an id, no blocks (nothing to match or index)."""
     return RouteRequest(state.next_id(), (), state.router.index.block_tokens, 0, hash_key=0)
 
 
-def check_model(state: AppContext, model: str | None, note: RequestNote) -> None:
+def check_model(state: NodeState, model: str | None, note: RequestNote) -> None:
     """``model`` (None: the request names none) is served by some worker of the pool (404 otherwise);
     noted then (a bounded label)."""
     if model is None:
@@ -30,8 +30,8 @@ def check_model(state: AppContext, model: str | None, note: RequestNote) -> None
 
 
 def choose(
-    state: AppContext,
-    route: RouteRequest,
+    state: NodeState,
+    req: RouteRequest,
     names: list[str],
     policy: str | None,
     label: str | None,
@@ -40,7 +40,7 @@ def choose(
     """The routing core's choice among ``names`` (the eligible workers, not empty) by ``policy`` (None:
     the configured one), noted (the worker, one attempt more); a routed request (``label``: its policy's
     name, None for a pass-through) is counted by branch and predicted tokens."""
-    decision = state.router.route(route, names, state.clock(), policy)
+    decision = state.router.route(req, names, state.clock(), policy)
     note.worker, note.attempts = decision.worker, note.attempts + 1
     if label is not None:
         state.metrics.branches.inc((label, decision.branch))
@@ -49,7 +49,7 @@ def choose(
     return state.pool.require(decision.worker), decision
 
 
-def nobody(state: AppContext, model: str | None) -> ProxyError:
+def nobody(state: NodeState, model: str | None) -> ProxyError:
     """The refusal when no worker is eligible: 429 while a worker serving ``model`` is available but at
     its in-flight cap, 503 when none is available."""
     retry_after = state.config.limits.retry_after_s

@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from prefix_router.node.request import parse as parsing
 from prefix_router.node.request.auth import tenant_of, tenant_salt
 from prefix_router.node.request.render import render_worker
-from prefix_router.node.state import AppContext
+from prefix_router.node.state import NodeState
 from prefix_router.protocol import Endpoint
 
 
 async def parse_routed(
-    state: AppContext, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]
+    state: NodeState, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]
 ) -> parsing.Parsed:
     """``raw`` parsed and keyed for the routing core (``ProxyError`` 400 when it is not a valid body);
     ``headers`` are the client's (tenant, session, cache salt)."""
@@ -37,18 +37,18 @@ async def parse_routed(
     return await rendered(state, parsed, salt)
 
 
-def render_due(state: AppContext, parsed: parsing.Parsed) -> bool:
+def render_due(state: NodeState, parsed: parsing.Parsed) -> bool:
     """Whether ``rendered`` would have an engine render ``parsed``'s precise key: it has none, rendering is
     on and the router routes on events."""
     return not (
         state.renders is None
         or not state.request_config.render
-        or parsed.route.precise_blocks
+        or parsed.req.precise_blocks
         or not state.router.precise
     )
 
 
-async def rendered(state: AppContext, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
+async def rendered(state: NodeState, parsed: parsing.Parsed, salt: str | None) -> parsing.Parsed:
     """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
     if state.renders is None or not render_due(state, parsed):
         return parsed

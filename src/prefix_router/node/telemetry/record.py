@@ -44,21 +44,21 @@ class TraceRecorder:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def hash_ids(self, route: RouteRequest) -> list[int]:
+    def hash_ids(self, req: RouteRequest) -> list[int]:
         """One salted id per ``block_tokens`` tokens of the prompt, Mooncake style."""
-        return [self._salted(block) for block in record_hash_ids(route, self._cfg.block_tokens)]
+        return [self._salted(block) for block in record_hash_ids(req, self._cfg.block_tokens)]
 
     def _salted(self, block: int) -> int:
         return xxhash.xxh3_64_intdigest((block & _MASK64).to_bytes(8, "little"), seed=self._salt) & _MASK63
 
-    def record(self, route: RouteRequest, output_tokens: int) -> bool:
+    def record(self, req: RouteRequest, output_tokens: int) -> bool:
         """Queue one line; False (and counted as dropped) when the buffer or the file cap is full."""
         line = orjson.dumps(
             {
                 "timestamp": int((self._clock() - self._start) * 1000),
-                "input_length": route.key_tokens,
+                "input_length": req.key_tokens,
                 "output_length": output_tokens,
-                "hash_ids": self.hash_ids(route),
+                "hash_ids": self.hash_ids(req),
             }
         )
         size = len(line) + 1

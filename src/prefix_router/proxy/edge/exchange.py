@@ -25,10 +25,10 @@ from aiohttp import web
 from prefix_router.node import (
     CLIENT_GONE,
     PASSTHROUGH_POLICY,
-    AppContext,
     Cause,
     FailureKind,
     Flight,
+    NodeState,
     Parsed,
     ProxyError,
     ReplyAccumulator,
@@ -43,7 +43,7 @@ from prefix_router.node import (
     is_event_stream,
     nobody,
     overloaded,
-    passthrough_route,
+    passthrough_req,
     redact,
     safe_path,
     salted_body,
@@ -106,7 +106,7 @@ class Failed:
 class Exchange:
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         request: EdgeRequest,
         raw: bytes,
         parsed: Parsed | None,
@@ -124,7 +124,7 @@ class Exchange:
         label = policy or state.request_config.policy
         self.label = label if parsed is not None else None  # what a routed request is counted under
         note.policy = label if parsed is not None else PASSTHROUGH_POLICY
-        self.route = parsed.route if parsed is not None else passthrough_route(state)
+        self.req = parsed.req if parsed is not None else passthrough_req(state)
         self.path_qs = request.target  # origin form, even for an absolute-form target
         self.started = state.clock()
         self.loop = asyncio.get_running_loop()  # once: each call asks the kernel for the process id
@@ -172,7 +172,7 @@ class Exchange:
             names = self.eligible(excluded)
             if not names:
                 break
-            pick = choose(self.state, self.route, names, self.policy, self.label, self.note)
+            pick = choose(self.state, self.req, names, self.policy, self.label, self.note)
             excluded.add(pick[0].name)
             if attempt:
                 self.state.metrics.retries.inc()
@@ -197,7 +197,7 @@ class Exchange:
         return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
-        flight = Flight(self.state, worker, self.route, decision, self.parsed, self.started)
+        flight = Flight(self.state, worker, self.req, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
         try:
             async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):

@@ -12,10 +12,10 @@ from aiohttp import web
 from prefix_router.node import (
     ANY_PATH,
     CLIENT_GONE,
-    CONTEXT,
     ROOT_PASSTHROUGH,
-    AppContext,
+    STATE,
     Handler,
+    NodeState,
     ProxyError,
     RequestNote,
     add_control_routes,
@@ -41,7 +41,7 @@ def guarded(handler: NotedHandler) -> Handler:
     """aiohttp's handler of ``handler``: the request seen as an ``AiohttpRequest``, then ``answer``."""
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
-        return await answer(AiohttpRequest(request.app[CONTEXT], request), handler)
+        return await answer(AiohttpRequest(request.app[STATE], request), handler)
 
     return wrapper
 
@@ -83,7 +83,7 @@ def internal_error(request: EdgeRequest, note: RequestNote) -> web.Response:
     return ProxyError(500, "internal router error", type="server_error", code="internal_error").response()
 
 
-def read_body(state: AppContext, request: EdgeRequest) -> Awaitable[bytes]:
+def read_body(state: NodeState, request: EdgeRequest) -> Awaitable[bytes]:
     """The body under the configured size limit and timeout: ``EdgeRequest.read_body``'s coroutine itself,
     no layer of its own."""
     config = state.request_config
@@ -131,7 +131,7 @@ async def passthrough(request: EdgeRequest, note: RequestNote) -> web.StreamResp
 @guarded
 async def list_models(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
     state = request.state
-    check_client(state.client_keys, request.headers)
+    check_client(state.client_credentials, request.headers)
     return json_response({"object": "list", "data": state.pool.models()})
 
 

@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDictProxy
 
-from prefix_router.node import AppContext, read_body, too_large
+from prefix_router.node import NodeState, read_body, too_large
 
 
 class EdgeRequest:
@@ -28,7 +28,7 @@ class EdgeRequest:
 
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         method: str,
         path: str,
         target: str,
@@ -73,7 +73,7 @@ class EdgeRequest:
 class AiohttpRequest(EdgeRequest):
     """aiohttp's request (``request``) as the edge reads it."""
 
-    def __init__(self, state: AppContext, request: web.Request) -> None:
+    def __init__(self, state: NodeState, request: web.Request) -> None:
         super().__init__(
             state,
             request.method,
@@ -116,7 +116,7 @@ class WholeRequest(EdgeRequest):
 
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         method: str,
         path: str,
         target: str,

@@ -70,7 +70,7 @@ def serve(
 ) -> int:
     """Serve ``config`` (``adjust``: applied to it and to every reloaded one, e.g. a serving process's
     fanned-out KV event endpoints)."""
-    from prefix_router.node import CONTEXT, Hooks, ListenError, run_app
+    from prefix_router.node import STATE, Hooks, ListenError, run_app
     from prefix_router.proxy.run.app import create_app
 
     adjusted = adjust or (lambda c: c)
@@ -84,7 +84,7 @@ def serve(
     source = args.config or "environment and flags"
 
     async def reloaded() -> None:
-        await reload_config(app[CONTEXT], lambda: adjusted(build_config(args)), source)
+        await reload_config(app[STATE], lambda: adjusted(build_config(args)), source)
 
     hooks = Hooks(
         serving=lambda addresses: log_summary(app, addresses),

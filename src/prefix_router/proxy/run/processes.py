@@ -36,7 +36,7 @@ from types import FrameType
 
 from aiohttp import web
 
-from prefix_router.node import CONTEXT, AppContext, Config, SharedPool
+from prefix_router.node import STATE, Config, NodeState, SharedPool
 from prefix_router.proxy.run.event_fanout import FanoutPlan, run_fanout, wanted
 from prefix_router.replication import LocalReplication, ReplicationCollector
 
@@ -66,7 +66,7 @@ def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 
 def install_local_replication(app: web.Application, directory: Path, index: int, count: int) -> None:
     """Join the local channel of ``count`` processes for the app's lifetime; /metrics adds the others'."""
-    state: AppContext = app[CONTEXT]
+    state: NodeState = app[STATE]
     local = LocalReplication(state.router, directory, index, count, clock=state.clock)
     state.metrics.peers = local.snapshots
     shared = SharedPool(state, local, index)
@@ -85,7 +85,7 @@ def install_local_replication(app: web.Application, directory: Path, index: int,
     state.metrics.registry.register(ReplicationCollector(local))
 
 
-async def _publish(state: AppContext, local: LocalReplication, shared: SharedPool) -> None:
+async def _publish(state: NodeState, local: LocalReplication, shared: SharedPool) -> None:
     """Every ``METRICS_INTERVAL_S``: this process's metrics and the admin changes it knows."""
     while True:
         await asyncio.sleep(METRICS_INTERVAL_S)
