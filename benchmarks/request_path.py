@@ -1,8 +1,8 @@
 """The proxy's own request path, stage by stage, in-process (issue 26): what each step of a request's trip
 costs in CPU, apart from the HTTP server, the sockets and the routing core's per-block work.
 
-The same objects ``serve`` builds (``proxy.build_state`` on the default config, one worker serving the
-benchmark's model), fed the benchmark's own requests (``bench.overhead.bodies``: a shared system prompt of
+The same objects ``serve`` builds (``node.life.build.build_state`` on the default config, one worker serving
+the benchmark's model), fed the benchmark's own requests (``bench.overhead.bodies``: a shared system prompt of
 ``--prompt-chars``, a question of each request's own) and the instant worker's answers. Every cycle runs
 the proxy's calls for one request, each stage timed with ``time.thread_time_ns`` (the thread's CPU time:
 preemption by the rest of the machine does not count):

@@ -1,8 +1,8 @@
 """Floor server for ``benchmarks/floor.py``: granian (a Rust HTTP server, RSGI interface) around an app
 that reads the body, forwards it to one worker through the project's upstream client
-(``proxy.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a ``Content-Length``
-answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging, no metrics: a
-measuring instrument, not product code.
+(``node.upstream.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a
+``Content-Length`` answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging, no
+metrics: a measuring instrument, not product code.
 
 granian is pinned in the dev extra as a measuring instrument (never the router's server); the command
 line is ``floor_common.floor_argv("granian", ...)``'s, the worker's URL in ``FLOOR_UPSTREAM``.

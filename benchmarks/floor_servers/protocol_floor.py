@@ -1,6 +1,6 @@
 """Floor server for ``benchmarks/floor.py``: the leanest Python HTTP/1.1 proxy we can write on the stack
 we ship. An ``asyncio.Protocol`` on uvloop, requests parsed by llhttp (``httptools.HttpRequestParser``),
-forwarded to one worker through the project's upstream client (``proxy.http_client.HttpUpstream``, the
+forwarded to one worker through the project's upstream client (``node.upstream.http_client.HttpUpstream``, the
 ``Upstream`` seam) and the answer relayed: a ``Content-Length`` answer whole, any other one as chunks as
 they arrive (chunked transfer encoding). No routing, no JSON, no logging, no metrics: a measuring
 instrument, not product code.

@@ -1,7 +1,7 @@
 """The one configuration of ``prefix-router serve``: every package's settings composed, and loaded.
 
 Each package owns its settings (``routing.settings``, ``pool.settings``, ``replication.settings``,
-``proxy.settings``); this module only composes them into ``Config`` and reads them from three sources,
+``node.settings``); this module only composes them into ``Config`` and reads them from three sources,
 later ones winning: a YAML file, environment variables, command-line flags. Environment variables are
 named ``PREFIX_ROUTER_<KEY>``, nested keys joined by ``__``, values read as YAML scalars:
 ``PREFIX_ROUTER_PORT=9000``, ``PREFIX_ROUTER_ROUTING__POLICY=random``,

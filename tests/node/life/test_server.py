@@ -1,4 +1,4 @@
-"""How a served router's requests reach its app (``proxy.run.server``): ``Dispatch`` remembers the routes of
+"""How a served router's requests reach its app (``node.life.server``): ``Dispatch`` remembers the routes of
 plain paths and answers from them as the app's own resolution would (aiohttp's connection handler:
 ``http_server: aiohttp``; with the router's own, ``tests/proxy/run/test_lean.py``)."""
 

@@ -1,6 +1,6 @@
 """The admin API under ``/admin``: bearer-token protected, off without a configured token. Every change
 (add, remove, drain, undrain a worker) and every refused call is written to the audit log
-(``proxy.audit``)."""
+(``node.telemetry.audit``)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ replication, discovery, health and scrape sections, the upstream client...) size
 is named in the audit line as ``restart_needed`` and keeps its old value until the next start.
 
 An invalid configuration changes nothing: the audit line says why (one line) and the router goes on
-with the configuration it has. Every reload writes one audit line (``proxy.audit``) naming the keys
+with the configuration it has. Every reload writes one audit line (``node.telemetry.audit``) naming the keys
 that changed; values are shown except under ``auth`` and for credentials, which are only named.
 """
 

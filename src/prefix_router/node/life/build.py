@@ -100,7 +100,7 @@ def build_router(config: Config, rng: random.Random) -> Router:
 
 
 def build_upstream(config: Config) -> HttpUpstream:
-    """The upstream client: pooled keep-alive HTTP/1.1, parsed by llhttp (see ``proxy.http_client``)."""
+    """The upstream client: pooled keep-alive HTTP/1.1, parsed by llhttp (``upstream.http_client``)."""
     return HttpUpstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
 
 

@@ -1,4 +1,4 @@
-"""What goes upstream and what comes back: URLs and the headers that cross the proxy."""
+"""What goes upstream and what comes back: URLs and the headers that cross the router."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ _NOT_UPSTREAM = HOP_BY_HOP | {
     "expect",
     "cookie",
     POLICY_HEADER,
-    REQUEST_ID_HEADER,  # x-request-id crosses both ways as the request's own id (``proxy.access``)
+    REQUEST_ID_HEADER,  # x-request-id crosses both ways as the request's own id (``node.request.access``)
 }
 _NOT_DOWNSTREAM = HOP_BY_HOP | {
     "server",
@@ -85,7 +85,7 @@ def upstream_headers(
     incoming: Mapping[str, str], worker: Worker, forward_auth: bool, request_id: str
 ) -> dict[str, str]:
     """Client headers minus hop-by-hop ones; the worker's own credentials replace the client's; the
-    request's id (``proxy.access``) replaces the client's ``x-request-id``."""
+    request's id (``node.request.access``) replaces the client's ``x-request-id``."""
     dropped = hop_by_hop(incoming, _NOT_UPSTREAM)
     encoding = incoming.get("Content-Encoding")
     if decoding.decodes(encoding):  # read decoded (``parse.read_body``): it goes upstream decoded

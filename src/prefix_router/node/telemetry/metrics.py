@@ -126,7 +126,7 @@ def _bound(value: float) -> str:
 
 
 class ProxyMetrics:
-    """Everything the proxy counts, plus per-worker gauges read from the pool at scrape time: a
+    """Everything the node counts, plus per-worker gauges read from the pool at scrape time: a
     prometheus ``Collector`` by its method (``collect``), not by its base, so that the compiled build makes
     it a native class (the request path reads its counters without a dictionary lookup)."""
 

@@ -1,6 +1,6 @@
-"""The network seam: one ``Upstream.send`` between the proxy and the engines.
+"""The network seam: one ``Upstream.send`` between the router and the engines.
 
-Tests replace it with an in-memory fake; production uses ``HttpUpstream`` (``proxy.http_client``).
+Tests replace it with an in-memory fake; production uses ``HttpUpstream`` (``node.upstream.http_client``).
 Responses are read chunk by chunk with ``next_chunk`` (``b""`` at the end) and either ``release``-d (fully
 read) or ``abort``-ed (the connection is closed, so the engine sees the disconnect and stops generating).
 """

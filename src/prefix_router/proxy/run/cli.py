@@ -111,7 +111,7 @@ def serve(
 
 
 def serve_processes(config: Config, args: argparse.Namespace, count: int) -> int:
-    """``count`` serving processes under a supervisor (``proxy.processes``). The configuration and the
+    """``count`` serving processes under a supervisor (``proxy.run.processes``). The configuration and the
     address are checked here first: a bad one is one line and an exit, not ``count`` failing children."""
     from prefix_router.node import ListenError, bind
     from prefix_router.proxy.run.app import create_app

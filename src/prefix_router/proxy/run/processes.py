@@ -8,7 +8,7 @@ children's worst exit status. Each child binds the same port with ``SO_REUSEPORT
 new connections across them) and joins the local channel (``replication.local``): index changes and
 in-flight counts reach the other processes within about 10 ms (50 ms), and every ``/metrics`` scrape,
 whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
-worker pool is shared too (``proxy.shared_pool``): admin changes reach every process, and process 0
+worker pool is shared too (``node.control.shared_pool``): admin changes reach every process, and process 0
 alone probes and scrapes the engines, for all of them. Workers whose KV events the router binds
 (``kv_events.bind``) get one more process, started first: the fan-out (``event_fanout``), which binds
 those endpoints once and forwards every message to every serving process; it is restarted as they are.
