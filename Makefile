@@ -49,7 +49,7 @@ compiled: $(STAMP)
 # test module runs whole on one worker, and the real-vLLM package on one (tests/conftest.py: the groups).
 # The slowest tests are listed at the end of the run.
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
-COMPILED_TESTS := tests/routing tests/proxy tests/reliability tests/security tests/pool tests/epp tests/replication \
+COMPILED_TESTS := tests/routing tests/node tests/proxy tests/reliability tests/security tests/pool tests/epp tests/replication \
     tests/e2e
 
 pytest: $(STAMP) llama vllm redis compiled

@@ -32,6 +32,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 ROUTING = "src/prefix_router/routing"
 EDGE = "src/prefix_router/proxy/edge"
+NODE = "src/prefix_router/node"
 CHAIN = "prefix_router.routing._chain"
 LRU = "prefix_router.routing._lru"
 # The hot path of a routed request (profiled with benchmarks/route_core.py). Pydantic settings classes stay
@@ -53,34 +54,39 @@ CORE = (
     "policies/prefix",
 )
 # The proxy's request path (profiled served: bench-overhead --profile). Its subclasses of aiohttp's classes
-# stay in uncompiled modules (edge/responses.py, edge/http_errors.py): mypyc cannot build them.
+# stay in uncompiled modules (edge/responses.py, node/control/http_errors.py): mypyc cannot build them.
 EDGE_PATH = (
-    "access",
-    "accounting",
-    "auth",
-    "deadlines",
-    "errors",
     "exchange",
-    "forward",
     "handlers",
     "head",
-    "keying",
-    "parse",
     "request",
-    "sse",
 )
-# What the request path calls beyond the edge: the upstream client, the pool, the app's state, the access
-# log's handler, metrics; and with several processes (``serve --processes``) the channel that shares their
-# view (its index changes encoded, merged, sent and applied).
+# The node's request steps and parts that every routed request runs, whatever carries it.
+NODE_PATH = (
+    "request/access",
+    "request/auth",
+    "request/deadlines",
+    "request/errors",
+    "request/forward",
+    "request/parse",
+    "request/sse",
+    "steps/accounting",
+    "steps/admission",
+    "steps/choice",
+    "steps/keying",
+)
+# What the request path calls beyond the edge and the steps: the upstream client, the pool, the node's
+# state, the access log's handler, metrics; and with several processes (``serve --processes``) the channel
+# that shares their view (its index changes encoded, merged, sent and applied).
 BEYOND = (
-    "proxy/upstream/http_client",
+    "node/upstream/http_client",
     "proxy/run/lean",
     "pool/engines/usage",
     "pool/pool",
     "pool/worker",
-    "proxy/context",
-    "proxy/ops/logs",
-    "proxy/ops/metrics",
+    "node/state",
+    "node/telemetry/logs",
+    "node/telemetry/metrics",
     "replication/codec",
     "replication/coalesce",
     "replication/outbox",
@@ -89,6 +95,7 @@ BEYOND = (
 COMPILED = (
     [f"{ROUTING}/{name}.py" for name in CORE]
     + [f"{EDGE}/{name}.py" for name in EDGE_PATH]
+    + [f"{NODE}/{name}.py" for name in NODE_PATH]
     + [f"src/prefix_router/{name}.py" for name in BEYOND]
 )
 

@@ -82,7 +82,7 @@ from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings
 from prefix_router.lab.workloads.arrivals import Arrivals
 from prefix_router.lab.workloads.registry import get_workload
 from prefix_router.lab.workloads.types import Workload
-from prefix_router.proxy import loop_factory
+from prefix_router.node import loop_factory
 
 CLI = [sys.executable, "-c", "import sys; from prefix_router.cli import main; main(sys.argv[1:])"]
 DIRECT, SERVE, GATEWAY, SGLANG = "direct", "prefix-router", "envoy+epp", "sglang-router"

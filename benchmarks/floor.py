@@ -77,7 +77,7 @@ from prefix_router.lab.bench.overhead import (
     wait_listening,
 )
 from prefix_router.lab.launch.net import free_port
-from prefix_router.proxy import loop_factory
+from prefix_router.node import loop_factory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "floor_servers"))

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.proxy import Config
+from prefix_router.node import Config
 from prefix_router.routing import Decision, Outcome, Router, RouteRequest
 
 STAGES = ("key", "route", "dispatched", "first_token", "extension", "finished")

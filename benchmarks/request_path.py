@@ -1,8 +1,8 @@
 """The proxy's own request path, stage by stage, in-process (issue 26): what each step of a request's trip
 costs in CPU, apart from the HTTP server, the sockets and the routing core's per-block work.
 
-The same objects ``serve`` builds (``proxy.build_state`` on the default config, one worker serving the
-benchmark's model), fed the benchmark's own requests (``bench.overhead.bodies``: a shared system prompt of
+The same objects ``serve`` builds (``node.life.build.build_state`` on the default config, one worker serving
+the benchmark's model), fed the benchmark's own requests (``bench.overhead.bodies``: a shared system prompt of
 ``--prompt-chars``, a question of each request's own) and the instant worker's answers. Every cycle runs
 the proxy's calls for one request, each stage timed with ``time.thread_time_ns`` (the thread's CPU time:
 preemption by the rest of the machine does not count):
@@ -64,7 +64,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
 from prefix_router.lab.bench.instant_worker import MODEL, _event, _whole
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.proxy import (
+from prefix_router.node import (
     Config,
     Parsed,
     ReplyAccumulator,
@@ -74,17 +74,17 @@ from prefix_router.proxy import (
     request_id,
     settle,
 )
-from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge import forward
+from prefix_router.node.request import forward
+from prefix_router.node.request.access import log_access
+from prefix_router.node.request.parse import read_body
+from prefix_router.node.state import STATE, NodeState
+from prefix_router.node.steps.accounting import Flight
+from prefix_router.node.telemetry.logs import LineHandler
+from prefix_router.node.upstream.seam import UpstreamRequest, UpstreamResponse
 from prefix_router.proxy.edge import handlers as handlers_module
-from prefix_router.proxy.edge.access import log_access
-from prefix_router.proxy.edge.accounting import Flight
 from prefix_router.proxy.edge.exchange import EventHold
 from prefix_router.proxy.edge.handlers import admit
-from prefix_router.proxy.edge.parse import read_body
 from prefix_router.proxy.edge.request import EdgeRequest
-from prefix_router.proxy.ops.logs import LineHandler
-from prefix_router.proxy.upstream.seam import UpstreamRequest, UpstreamResponse
 
 STAGES = (
     "validation",
@@ -124,8 +124,8 @@ class _Request:
         self.content.feed_eof()
 
 
-def state_for() -> AppContext:
-    return app_for()[CONTEXT]
+def state_for() -> NodeState:
+    return app_for()[STATE]
 
 
 def app_for() -> web.Application:
@@ -138,7 +138,7 @@ def app_for() -> web.Application:
         }
     )
     app = build_app(config, None, None, time.monotonic, random.Random(0))
-    state = app[CONTEXT]
+    state = app[STATE]
     for worker in state.pool:
         state.pool.report(worker, True, "")
     handler = LineHandler(io.TextIOWrapper(open("/dev/null", "wb")))  # noqa: SIM115 (lives with the run)
@@ -171,7 +171,7 @@ def timer_overhead(n: int = 20_000) -> float:
     return t.ns["json"] / n
 
 
-async def cycle(state: AppContext, raw: bytes, stream: bool, t: Timer) -> None:
+async def cycle(state: NodeState, raw: bytes, stream: bool, t: Timer) -> None:
     request = _Request(raw)
     loop = asyncio.get_running_loop()
     with t.stage("validation"):
@@ -231,7 +231,7 @@ WHOLE = _whole(True)
 EVENTS = [_event(True)] * 8 + [b"data: [DONE]\n\n"]
 
 
-async def relay_stream(state: AppContext, worker: str, reply: ReplyAccumulator, t: Timer) -> None:
+async def relay_stream(state: NodeState, worker: str, reply: ReplyAccumulator, t: Timer) -> None:
     loop = asyncio.get_running_loop()
     with t.stage("deadlines"):
         watch = state.deadlines.watch(worker, loop.time() + 60.0, 60.0)
@@ -247,7 +247,7 @@ async def relay_stream(state: AppContext, worker: str, reply: ReplyAccumulator, 
         await watch.__aexit__(None, None, None)
 
 
-async def run(state: AppContext, sent: list[bytes], stream: bool, warm: int) -> dict[str, float]:
+async def run(state: NodeState, sent: list[bytes], stream: bool, warm: int) -> dict[str, float]:
     global PROTOCOL
     PROTOCOL = BaseProtocol(asyncio.get_running_loop())
     raws = [orjson.dumps(orjson.loads(r.split(b"\r\n\r\n", 1)[1])) for r in sent]
@@ -297,7 +297,7 @@ class InstantUpstream:
 async def forward_only(request: web.Request) -> web.StreamResponse:
     """A forward-only handler on the same stack: read the body, send it to the worker, relay its answer
     (a whole body, or its chunks as they come), nothing else."""
-    app_state = request.app[CONTEXT]
+    app_state = request.app[STATE]
     body = await request.read()
     headers = {"Content-Type": request.headers.get("Content-Type", "")}
     answer = await app_state.upstream.send(
@@ -327,7 +327,7 @@ class HandlerBench:
     def __init__(self, stream: bool) -> None:
         self.loop = asyncio.get_running_loop()
         self.app = app_for()
-        self.state = self.app[CONTEXT]
+        self.state = self.app[STATE]
         self.state.upstream = InstantUpstream(stream)
         self.app.freeze()
         self.transport = MemoryTransport(keep=False)

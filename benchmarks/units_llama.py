@@ -34,9 +34,10 @@ import aiohttp
 
 from prefix_router.lab.bench.fidelity.corpus import prose
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
+from prefix_router.node import load_config
 from prefix_router.pool import get_adapter
 from prefix_router.protocol import MATCH_HEADER
-from prefix_router.proxy import create_app, load_config, start
+from prefix_router.proxy import create_app, start
 from prefix_router.routing import KeyBuilder, KeySettings
 
 MODEL = "smollm2-135m"

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.pool.pool import WorkerPool
-from prefix_router.proxy.ops.metrics import ProxyMetrics
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from hypothesis import settings
 
-from prefix_router.proxy.run.server import Running, start
+from prefix_router.node.life.server import Running, start
 from support import net
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers

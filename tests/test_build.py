@@ -367,7 +367,8 @@ def test_the_values_a_request_makes_have_compiled_inits(compiled_lib: Path, reco
     assert {name for name, count in found["made"].items() if count * 10 >= found["routes"]} == set()
     edge = (
         "import inspect\n"
-        "from prefix_router.proxy.edge import exchange, parse\n"
+        "from prefix_router.node.request import parse\n"
+        "from prefix_router.proxy.edge import exchange\n"
         "from prefix_router.routing import types\n"
         "print([c.__name__ for c in (exchange.Opened, parse.Parsed, types.RouteRequest)"
         " if inspect.isfunction(c.__init__)])\n"

@@ -1,6 +1,7 @@
-"""The package layout's rules, checked over the source: no import cycle between modules anywhere, and other
-packages reach a product package only through its front door (the names its ``__init__`` lists in
-``__all__``). import-linter (``.importlinter``, run by ``make lint``) checks the layers and the pure core."""
+"""The package layout's rules, checked over the source: no import cycle between modules anywhere, none
+between the parts of any package (its subpackages and modules, each taken whole), and other packages
+reach a product package only through its front door (the names its ``__init__`` lists in ``__all__``).
+import-linter (``.importlinter``, run by ``make lint``) checks the layers and the pure core."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PRODUCT = ("routing", "pool", "replication", "proxy")
+PRODUCT = ("routing", "pool", "replication", "node", "proxy")
 
 
 def modules() -> dict[str, Path]:
@@ -116,6 +117,39 @@ def test_cycles_are_found() -> None:
 
 def test_no_import_cycle_between_modules() -> None:
     assert cycles(edges(modules())) == []
+
+
+def parts_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The imports between ``package``'s parts: each module or subpackage directly inside it, taken whole
+    (what any module inside a part imports from inside another part). The package's own ``__init__``
+    belongs to no part."""
+    prefix = package + "."
+
+    def part(module: str) -> str | None:
+        return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+    found: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        source = part(name)
+        if source is None:
+            continue
+        found.setdefault(source, set()).update(t for t in map(part, targets) if t is not None and t != source)
+    return found
+
+
+def test_parts_loops_are_found() -> None:
+    """The checker itself: two subpackages that import each other, through any of their modules, form a
+    loop; a module's import of the package's front door does not."""
+    graph = {"p": {"p.a.x"}, "p.a.x": {"p.b.y"}, "p.b.y": set(), "p.b.z": {"p.a"}, "p.a": {"p"}}
+    assert cycles(parts_graph(graph, "p")) == [["a", "b"]]
+    assert cycles(parts_graph({**graph, "p.b.z": set()}, "p")) == []
+
+
+def test_no_import_loop_between_the_parts_of_a_package() -> None:
+    graph = edges(mods := modules())
+    packages = sorted(name for name, path in mods.items() if path.name == "__init__.py")
+    loops = {p: found for p in packages if (found := cycles(parts_graph(graph, p)))}
+    assert loops == {}
 
 
 def _owner(module: str) -> str:

@@ -8,7 +8,7 @@ from typing import get_args
 import orjson
 
 from prefix_router import protocol
-from prefix_router.proxy.upstream.seam import FailureKind
+from prefix_router.node.upstream.seam import FailureKind
 from prefix_router.replication.codec import KINDS
 from prefix_router.routing.router import ChangeKind
 from prefix_router.routing.types import Branch

@@ -1,5 +1,5 @@
 """Floor server for ``benchmarks/floor.py``: aiohttp's server as prefix-router drives it, around a handler
-that forwards and does nothing else. ``serve``'s own runner (``proxy.run.server.ProxyRunner``: the
+that forwards and does nothing else. ``serve``'s own runner (``node.life.server.NodeRunner``: the
 router's connection handler, and ``Dispatch``, which calls a plain route's handler without resolving it
 again), one plain route (``POST /v1/chat/completions``), the body read, forwarded to one worker through
 the project's upstream client and the answer written as the router writes its own
@@ -16,8 +16,8 @@ import asyncio
 from aiohttp import web
 from floor_common import answer_as_router, run
 
-from prefix_router.proxy import HttpUpstream
-from prefix_router.proxy.run.server import ProxyRunner
+from prefix_router.node import HttpUpstream
+from prefix_router.node.life.server import NodeRunner
 
 
 def build_app(base: str) -> web.Application:
@@ -36,7 +36,7 @@ def build_app(base: str) -> web.Application:
 
 
 async def serve(port: int, base: str, reuse_port: bool) -> None:
-    runner = ProxyRunner(build_app(base))
+    runner = NodeRunner(build_app(base))
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", port, backlog=2048, reuse_port=reuse_port).start()

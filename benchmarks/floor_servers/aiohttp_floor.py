@@ -1,8 +1,8 @@
 """Floor server for ``benchmarks/floor.py``: aiohttp's web server (the one prefix-router ships on) around
 a handler that reads the body, forwards it to one worker through the project's upstream client
-(``proxy.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a ``Content-Length``
-answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging (aiohttp's access
-log off), no metrics, on uvloop: a measuring instrument, not product code.
+(``node.upstream.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a
+``Content-Length`` answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging
+(aiohttp's access log off), no metrics, on uvloop: a measuring instrument, not product code.
 
     python benchmarks/floor_servers/aiohttp_floor.py --port 8001 --upstream http://127.0.0.1:8000
 """
@@ -13,7 +13,8 @@ import uvloop
 from aiohttp import web
 from floor_common import BAD_GATEWAY, MAX_BODY, arguments, forward
 
-from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge.exchange import read_up_to
 
 
 def build_app(base: str) -> web.Application:

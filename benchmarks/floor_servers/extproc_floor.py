@@ -29,7 +29,7 @@ from prefix_router.epp.extproc import (
     continue_trailers,
     destination,
 )
-from prefix_router.proxy import loop_factory, tune_gc
+from prefix_router.node import loop_factory, tune_gc
 
 Answers = Iterator[ext.ProcessingResponse]
 

@@ -23,19 +23,19 @@ from typing import Any, TypeVar
 import uvloop
 from aiohttp import web
 
-from prefix_router.proxy import (
-    CONTEXT,
-    AppContext,
+from prefix_router.node import (
+    STATE,
     Config,
     HttpUpstream,
+    NodeState,
     Upstream,
     UpstreamError,
     UpstreamRequest,
     UpstreamResponse,
     build_app,
-    read_up_to,
 )
 from prefix_router.proxy.edge import head
+from prefix_router.proxy.edge.exchange import read_up_to
 from prefix_router.proxy.edge.request import AiohttpRequest
 
 T = TypeVar("T")
@@ -86,10 +86,10 @@ async def answer_as_router(
 
 
 @functools.cache
-def state() -> AppContext:
+def state() -> NodeState:
     """A router's state, never used: what an edge request carries (``head`` reads only the request)."""
     config = Config.model_validate({"workers": [{"url": "http://127.0.0.1:9", "name": "w0"}]})
-    return build_app(config, None, None, time.monotonic, random.Random(0))[CONTEXT]
+    return build_app(config, None, None, time.monotonic, random.Random(0))[STATE]
 
 
 async def relayed(request: AiohttpRequest, response: UpstreamResponse) -> web.StreamResponse:

@@ -1,8 +1,8 @@
 """Floor server for ``benchmarks/floor.py``: granian (a Rust HTTP server, RSGI interface) around an app
 that reads the body, forwards it to one worker through the project's upstream client
-(``proxy.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a ``Content-Length``
-answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging, no metrics: a
-measuring instrument, not product code.
+(``node.upstream.http_client.HttpUpstream``, the ``Upstream`` seam) and relays the answer: a
+``Content-Length`` answer whole, any other one as chunks as they arrive. No routing, no JSON, no logging, no
+metrics: a measuring instrument, not product code.
 
 granian is pinned in the dev extra as a measuring instrument (never the router's server); the command
 line is ``floor_common.floor_argv("granian", ...)``'s, the worker's URL in ``FLOOR_UPSTREAM``.
@@ -15,7 +15,8 @@ from typing import Any
 
 from floor_common import BAD_GATEWAY, MAX_BODY, forward
 
-from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge.exchange import read_up_to
 
 BASE = os.environ.get("FLOOR_UPSTREAM", "http://127.0.0.1:8000").rstrip("/")
 UPSTREAM = HttpUpstream(connect_timeout_s=5.0)  # touches no event loop until the first request

@@ -1,6 +1,6 @@
 """Floor server for ``benchmarks/floor.py``: the leanest Python HTTP/1.1 proxy we can write on the stack
 we ship. An ``asyncio.Protocol`` on uvloop, requests parsed by llhttp (``httptools.HttpRequestParser``),
-forwarded to one worker through the project's upstream client (``proxy.http_client.HttpUpstream``, the
+forwarded to one worker through the project's upstream client (``node.upstream.http_client.HttpUpstream``, the
 ``Upstream`` seam) and the answer relayed: a ``Content-Length`` answer whole, any other one as chunks as
 they arrive (chunked transfer encoding). No routing, no JSON, no logging, no metrics: a measuring
 instrument, not product code.
@@ -23,7 +23,8 @@ from typing import cast
 import httptools
 from floor_common import BAD_GATEWAY, MAX_BODY, forward, run_protocol
 
-from prefix_router.proxy import HttpUpstream, UpstreamRequest, UpstreamResponse, read_up_to
+from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
+from prefix_router.proxy.edge.exchange import read_up_to
 
 MAX_PENDING = 8  # complete requests queued on one connection before reading pauses
 Request = tuple[bytes, bytes, bytes, bytes, bool]  # method, target, content type, body, keep-alive

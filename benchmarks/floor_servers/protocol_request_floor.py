@@ -28,7 +28,7 @@ from floor_common import answer_as_router, run_protocol
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from prefix_router.proxy import HttpUpstream
+from prefix_router.node import HttpUpstream
 
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 MAX_PENDING = 8  # complete requests queued on one connection before reading pauses

@@ -2,7 +2,7 @@
 helpers that read a configuration (YAML files, dotted keys, YAML scalars, one-line validation errors).
 
 A leaf module: each package owns its settings (``routing.settings``, ``pool.settings``,
-``replication.settings``, ``proxy.settings``) built on :class:`Section`; ``prefix_router.proxy.config``
+``replication.settings``, ``node.settings``) built on :class:`Section`; ``prefix_router.node.config``
 only composes them.
 """
 

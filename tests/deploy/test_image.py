@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from prefix_router.proxy.config import validate
+from prefix_router.node.config import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "kubernetes" / "Dockerfile"

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from kubernetes.client import models
 
-from prefix_router.proxy.config import validate
+from prefix_router.node.config import validate
 from support.manifests import MODELS, unknown_fields
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -160,8 +160,8 @@ def test_service_links_are_off(documents: list[dict[str, Any]]) -> None:
 
 
 def test_the_grace_period_covers_pre_stop_and_drain(documents: list[dict[str, Any]]) -> None:
-    from prefix_router.proxy.ops.lifecycle import AFTER_DEADLINE_S
-    from prefix_router.proxy.run.server import AFTER_SHUTDOWN_S
+    from prefix_router.node.control.lifecycle import AFTER_DEADLINE_S
+    from prefix_router.node.life.server import AFTER_SHUTDOWN_S
 
     spec = pod(find(documents, "Deployment", "prefix-router"))
     pre_stop = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]

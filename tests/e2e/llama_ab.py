@@ -31,10 +31,10 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, LlamaCppSettings
+from prefix_router.node.config import load_config
+from prefix_router.node.life.server import start
 from prefix_router.pool.engines import get_adapter
-from prefix_router.proxy.config import load_config
 from prefix_router.proxy.run.app import create_app
-from prefix_router.proxy.run.server import start
 
 # Every word is one SmolLM2 token after a space, so a prompt's length in tokens is known exactly.
 WORD_TEXT = (

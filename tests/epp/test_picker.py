@@ -21,8 +21,8 @@ from prefix_router.epp import (
     extproc,
     start_epp,
 )
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import CONTEXT
+from prefix_router.node.config import load_config
+from prefix_router.node.state import STATE
 from support.routers import QUIET
 
 WORKERS = [
@@ -34,7 +34,7 @@ WORKERS = [
 
 def edge(fallbacks: int = 0, **settings: Any) -> Edge:
     config = load_config(env={}, overrides={**QUIET, "workers": WORKERS, **settings})
-    state = create_control_app(config)[CONTEXT]
+    state = create_control_app(config)[STATE]
     for worker in state.pool:
         state.pool.report(worker, True)
     return Edge(state, EppSettings(fallbacks=fallbacks))

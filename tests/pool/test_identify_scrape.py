@@ -112,7 +112,7 @@ async def test_garbage_metrics_do_not_break_the_scrape(
 async def test_a_hung_metrics_endpoint_is_bounded_by_its_timeout(fake_engine: Any) -> None:
     from aiohttp import web
 
-    from prefix_router.proxy.run.server import start
+    from prefix_router.node.life.server import start
 
     async def hang(request: web.Request) -> web.Response:
         await asyncio.sleep(30)

@@ -165,7 +165,7 @@ async def test_policy_header_selects_the_policy(fake_engine: Any, start_router: 
 
 
 def test_session_ids_are_bounded() -> None:
-    from prefix_router.proxy.edge.parse import MAX_SESSION_CHARS, session_id
+    from prefix_router.node.request.parse import MAX_SESSION_CHARS, session_id
 
     assert session_id(None) is None and session_id("") is None
     assert session_id("abc") == "abc"

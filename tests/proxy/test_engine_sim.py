@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from prefix_router.lab.sim.server import EngineSimSettings, build_app
+from prefix_router.node.life.server import Running, start
 from prefix_router.protocol import WORKER_HEADER
-from prefix_router.proxy.run.server import Running, start
 
 
 @pytest.fixture

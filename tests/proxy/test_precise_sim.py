@@ -16,8 +16,8 @@ import pytest
 from prefix_router.lab.launch.net import restartable_ports
 from prefix_router.lab.sim.kv_publisher import KvEventsConfig
 from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
+from prefix_router.node.life.server import Running, start
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
-from prefix_router.proxy.run.server import Running, start
 from support.waiting import wait_until
 
 MODEL = "sim"

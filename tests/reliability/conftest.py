@@ -22,8 +22,8 @@ import pytest
 from aiohttp import web
 
 from prefix_router.lab.sim.server import READY_PREFIX
+from prefix_router.node.life.server import Running
 from prefix_router.protocol import POLICY_HEADER
-from prefix_router.proxy.run.server import Running
 from support.routers import RouterFactory, RouterHandle, Routers
 from support.waiting import wait_until
 

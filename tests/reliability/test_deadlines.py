@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from prefix_router.proxy.edge.deadlines import Cause, Deadlines
+from prefix_router.node.request.deadlines import Cause, Deadlines
 
 
 async def wait_for_ever(deadlines: Deadlines, worker: str, idle_s: float | None = None) -> Cause | str:

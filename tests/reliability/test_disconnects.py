@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
-from prefix_router.proxy.run.server import Running, start
+from prefix_router.node.life.server import Running, start
 
 STREAMS = 40
 BOUND_S = 1.0  # the engine's streams would run for 10 s and more

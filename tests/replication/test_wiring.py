@@ -7,11 +7,11 @@ from typing import Any
 import aiohttp
 from prometheus_client import generate_latest
 
+from prefix_router.node.config import load_config
+from prefix_router.node.life.server import Running, start
+from prefix_router.node.state import STATE
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import CONTEXT
 from prefix_router.proxy.run.app import create_app
-from prefix_router.proxy.run.server import Running, start
 from prefix_router.replication.wiring import ReplicationCollector, ReplicationSlot, install
 from support.routers import QUIET
 
@@ -19,7 +19,7 @@ from support.routers import QUIET
 async def start_replica(url: str, engines: list[Any], kit: Any) -> tuple[Running, ReplicationSlot, Any]:
     workers = [{"url": e.url, "name": e.name} for e in engines]
     app = create_app(load_config(env={}, overrides={**QUIET, "workers": workers}))
-    app_state = app[CONTEXT]
+    app_state = app[STATE]
     slot = install(app, app_state.router, kit.fast_config(url=url), clock=app_state.clock)
     app_state.metrics.registry.register(ReplicationCollector(slot))
     return await start(app, shutdown_timeout=0.2), slot, app_state

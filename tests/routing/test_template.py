@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prefix_router.proxy.config import load_config
+from prefix_router.node.config import load_config
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from prefix_router.proxy.run.server import Running
+from prefix_router.node.life.server import Running
 from support.waiting import wait_until
 
 

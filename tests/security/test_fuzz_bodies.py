@@ -21,10 +21,10 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from prefix_router.node.config import load_config
+from prefix_router.node.life.server import start
 from prefix_router.protocol import WORKER_HEADER
-from prefix_router.proxy.config import load_config
 from prefix_router.proxy.run.app import create_app
-from prefix_router.proxy.run.server import start
 
 MAX_BODY = 24 * 1024 * 1024
 FUZZ = settings(

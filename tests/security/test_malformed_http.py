@@ -162,7 +162,7 @@ async def test_bad_heads_get_an_openai_error_that_quotes_nothing(
     assert kit.openai_error(body)["type"] == "invalid_request_error"
     assert TOKEN.encode() not in response
     assert TOKEN not in caplog.text and not [r for r in caplog.records if r.exc_info]
-    assert any(r.name == "prefix_router.proxy.edge.http_errors" for r in caplog.records)
+    assert any(r.name == "prefix_router.node.control.http_errors" for r in caplog.records)
     assert not router.engine.seen and await serves_normally(router, kit)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-import prefix_router.proxy.edge.auth as auth_module
+import prefix_router.node.request.auth as auth_module
 
 CLIENT_KEY = "sk-client-7f3a9c1e5b"
 OTHER_KEY = "sk-client-other-d41d8c"

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from prefix_router.lab.sim.server import EngineSimSettings, build_app
+from prefix_router.node.request.auth import tenant_of
 from prefix_router.protocol import MATCH_HEADER, SESSION_HEADER, WORKER_HEADER
-from prefix_router.proxy.edge.auth import tenant_of
 
 SYSTEM = "Confidential system prompt of tenant A: the merger closes on Friday. " * 20
 A, B = {"Authorization": "Bearer key-tenant-a"}, {"Authorization": "Bearer key-tenant-b"}

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
+from prefix_router.node.request import forward
 from prefix_router.protocol import POLICY_HEADER, WORKER_HEADER
-from prefix_router.proxy.edge import forward
 
 BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from prefix_router.node.life.server import Running
 from prefix_router.protocol import WORKER_HEADER
-from prefix_router.proxy.run.server import Running
 
 
 @dataclass

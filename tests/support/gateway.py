@@ -12,8 +12,8 @@ from openai import AsyncOpenAI
 
 from prefix_router.epp import Edge, EppSettings, RunningEpp, create_control_app, start_epp
 from prefix_router.lab.launch.envoy import EnvoyOptions, EnvoyProcess, start_envoy_on_free_ports
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import AppContext
+from prefix_router.node.config import load_config
+from prefix_router.node.state import NodeState
 from support.routers import QUIET, close_clients, openai_client, worker_entry
 
 
@@ -33,7 +33,7 @@ class Gateway:
         return self.epp.edge
 
     @property
-    def state(self) -> AppContext:
+    def state(self) -> NodeState:
         return self.edge.state
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
@@ -57,7 +57,7 @@ class Gateway:
         raise AssertionError(f"the picker's port {port} still accepts connections")
 
 
-async def admitted(state: AppContext, rounds: int = 3) -> None:
+async def admitted(state: NodeState, rounds: int = 3) -> None:
     """Probe again the workers whose start-up probe did not pass (on a loaded machine one may time out;
     the next scheduled probe would be an hour away, ``QUIET``); the engines of a test are up."""
     for _ in range(rounds):

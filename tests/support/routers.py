@@ -9,12 +9,12 @@ from typing import Any
 from aiohttp import web
 from openai import AsyncOpenAI
 
+from prefix_router.node.config import load_config
+from prefix_router.node.life.server import Running, start
+from prefix_router.node.state import STATE, NodeState
+from prefix_router.node.upstream.seam import Upstream
 from prefix_router.pool.http import Fetched
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import CONTEXT, AppContext
 from prefix_router.proxy.run.app import create_app
-from prefix_router.proxy.run.server import Running, start
-from prefix_router.proxy.upstream.seam import Upstream
 
 # no background probe, identification or scrape during a test: only the start-up round
 QUIET = {"health.interval_s": 3600, "health.models_interval_s": 3600, "scrape.interval_s": 3600}
@@ -49,8 +49,8 @@ class RouterHandle:
         return self.running.port
 
     @property
-    def state(self) -> AppContext:
-        return self.app[CONTEXT]
+    def state(self) -> NodeState:
+        return self.app[STATE]
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> AsyncOpenAI:
         return openai_client(self.url, self.clients, api_key, **kwargs)

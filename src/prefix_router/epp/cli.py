@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import sys
 
-from prefix_router.proxy import add_config_flags, build_config, merged_config, print_config
+from prefix_router.node import add_config_flags, build_config, merged_config, print_config
 from prefix_router.settings import ConfigError
 
 
@@ -59,7 +59,7 @@ def run_epp(args: argparse.Namespace) -> int:
         print(f"prefix-router epp: {exc}", file=sys.stderr)
         return 2
     from prefix_router.epp.server import serve_epp
-    from prefix_router.proxy import configure_logs, flush_logs, loop_factory, tune_gc
+    from prefix_router.node import configure_logs, flush_logs, loop_factory, tune_gc
 
     configure_logs(config.log_level, config.log_format, config.access_log)
     try:

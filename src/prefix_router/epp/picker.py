@@ -32,36 +32,38 @@ from multidict import CIMultiDict
 
 import prefix_router.epp.extproc as extproc
 from prefix_router.epp.settings import EppSettings
-from prefix_router.pool import Worker
-from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER, Endpoint
-from prefix_router.proxy import (
+from prefix_router.node import (
     CLIENT_GONE,
     PASSTHROUGH_POLICY,
-    AppContext,
     FailureKind,
     Flight,
+    NodeState,
     Parsed,
     ProxyError,
     ReplyAccumulator,
     RequestNote,
-    bad_request,
+    admit,
     body_model,
-    check_client,
+    check_model,
+    choose,
     is_event_stream,
+    nobody,
     overloaded,
     parse_routed,
-    passthrough_route,
+    passthrough_req,
+    policy_override,
     request_closed,
     request_id,
     safe_path,
     salted_body,
     settle,
-    shutting_down,
     takes_cache_salt,
     tenant_salt,
     too_large,
     unavailable,
 )
+from prefix_router.pool import Worker
+from prefix_router.protocol import MATCH_HEADER, POLICY_HEADER, REQUEST_ID_HEADER, WORKER_HEADER, Endpoint
 from prefix_router.routing import Decision, Outcome, RouteRequest
 
 log = logging.getLogger(__name__)
@@ -86,10 +88,10 @@ def _address(url: str) -> str:
 
 @dataclass(slots=True)
 class Edge:
-    """What every stream of one picker shares: the router's state (``proxy.app.build_app``) and the
-    picker's knobs."""
+    """What every stream of one picker shares: the node's state (``node.build_app``) and the picker's
+    knobs."""
 
-    state: AppContext
+    state: NodeState
     settings: EppSettings
     streams: int = 0  # open ext_proc streams
     # ext_proc messages received, by kind (the six of ``ProcessingRequest``): the picker's cost driver
@@ -173,7 +175,7 @@ class PickerStream:
         rid = request_id(self.headers) or self.state.next_request_id()
         path = self.headers.get(":path", "")
         self.note = RequestNote(rid, self.headers.get(":method", "GET"), path.split("?", 1)[0], self.started)
-        self.admit()
+        admit(self.state, self.headers)
         length = self.headers.get("content-length")
         limit = self.state.config.limits.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
@@ -198,15 +200,6 @@ class PickerStream:
             return await self.decide()
         return []
 
-    def admit(self) -> None:
-        """Shutdown, client key and the global in-flight cap, before the body is buffered (``serve``'s)."""
-        state = self.state
-        if state.deadlines.stopping:
-            raise shutting_down(state.config.limits.retry_after_s)
-        check_client(state.client_keys, self.headers)
-        if state.pool.total_in_flight() >= state.config.limits.max_in_flight:
-            raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
-
     async def decide(self, trailers: bool = False) -> Answers:
         """The whole body is here: parse, choose, answer the headers, stream the body back (its end said
         by the trailers that follow, with ``trailers``)."""
@@ -226,16 +219,16 @@ class PickerStream:
             model = model if isinstance(model, str) else None
         else:
             model = body_model(raw, self.headers.get("content-type", ""))
-        policy = self.policy() if parsed is not None else PASSTHROUGH_POLICY
-        route = parsed.route if parsed is not None else passthrough_route(self.state)
-        self.check_model(model)
-        worker, decision, others = self.choose(route, model, policy, parsed is not None)
+        policy = policy_override(self.state, self.headers) if parsed is not None else PASSTHROUGH_POLICY
+        req = parsed.req if parsed is not None else passthrough_req(self.state)
         assert self.note is not None
-        flight = Flight(self.state, worker, route, decision, parsed, self.started)
-        limits = self.state.config.limits
+        check_model(self.state, model, self.note)
+        worker, decision, others = self.choose(req, model, policy, parsed is not None)
+        flight = Flight(self.state, worker, req, decision, parsed, self.started)
+        config = self.state.request_config
         self.pick = Pick(
             flight,
-            ReplyAccumulator(endpoint, limits.max_generated_chars, limits.max_sse_line_bytes),
+            ReplyAccumulator(endpoint, config.max_generated_chars, config.max_sse_line_bytes),
             parsed.stream if parsed is not None else False,
         )
         set_headers = {extproc.DESTINATION_HEADER: ",".join([address_of(worker), *others])}
@@ -257,55 +250,39 @@ class PickerStream:
         """Keyed as ``serve`` keys it (``parse_routed``: tenant, session, cache salt, precise render)."""
         return await parse_routed(self.state, endpoint, raw, self.headers)
 
-    def policy(self) -> str | None:
-        name = self.headers.get(POLICY_HEADER)
-        if name is None:
-            return None
-        if name not in self.state.policies:
-            choices = ", ".join(sorted(self.state.policies))
-            raise bad_request(f"unknown routing policy {name[:64]!r} (one of {choices})", param=POLICY_HEADER)
-        return name
-
-    def check_model(self, model: str | None) -> None:
-        assert self.note is not None
-        if model is not None and not self.state.pool.knows_model(model):
-            raise ProxyError(
-                404, f"the model {model!r} does not exist", param="model", code="model_not_found"
-            )
-        if model is not None:
-            self.note.model = model
-
     def choose(
-        self, route: RouteRequest, model: str | None, policy: str | None, routed: bool
+        self, req: RouteRequest, model: str | None, policy: str | None, routed: bool
     ) -> tuple[Worker, Decision, list[str]]:
         """The routing core's choice among the eligible workers (the pool's candidates, within the subset
         hint), and the fallbacks after it."""
-        state, limits = self.state, self.state.config.limits
-        names = state.pool.candidates(model, limits.max_in_flight_per_worker)
-        if self.subset is not None:
-            by_address = self.edge.addresses()
-            allowed = {by_address[a] for a in self.subset if a in by_address}
-            names = [n for n in names if n in allowed]
-            if not any(state.pool.require(n).available for n in allowed):
-                raise unavailable("no eligible endpoint in the gateway's subset", limits.retry_after_s)
-        if not names:
-            if state.pool.any_available(model) and self.subset is None:
-                raise overloaded("every worker for this model is at its in-flight cap", limits.retry_after_s)
-            if self.subset is not None:
-                raise overloaded("every eligible worker is at its in-flight cap", limits.retry_after_s)
-            raise unavailable("no healthy worker available", limits.retry_after_s)
-        decision = state.router.route(route, names, state.clock(), policy)
-        note = self.note
+        state, note = self.state, self.note
         assert note is not None
-        label = policy or state.config.routing.policy
-        note.worker, note.attempts, note.policy = decision.worker, 1, label if routed else PASSTHROUGH_POLICY
-        if routed:
-            state.metrics.branches.inc((label, decision.branch))
-            state.metrics.predicted.observe(decision.predicted_tokens)
-            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
+        names = state.pool.candidates(model, state.request_config.max_in_flight_per_worker)
+        if self.subset is not None:
+            names = self.within_subset(names)
+        if not names:
+            if self.subset is not None:
+                raise overloaded("every eligible worker is at its in-flight cap", self.retry_after)
+            raise nobody(state, model)
+        label = policy or state.request_config.policy
+        worker, decision = choose(state, req, names, policy, label if routed else None, note)
+        note.policy = label if routed else PASSTHROUGH_POLICY
         others = sorted((n for n in names if n != decision.worker), key=state.pool.in_flight)
         fallbacks = [address_of(state.pool.require(n)) for n in others[: self.edge.settings.fallbacks]]
-        return state.pool.require(decision.worker), decision, fallbacks
+        return worker, decision, fallbacks
+
+    def within_subset(self, names: list[str]) -> list[str]:
+        """``names`` within the gateway's subset hint (503 when no worker of the subset is available)."""
+        assert self.subset is not None
+        by_address = self.edge.addresses()
+        allowed = {by_address[a] for a in self.subset if a in by_address}
+        if not any(self.state.pool.require(n).available for n in allowed):
+            raise unavailable("no eligible endpoint in the gateway's subset", self.retry_after)
+        return [n for n in names if n in allowed]
+
+    @property
+    def retry_after(self) -> int:
+        return self.state.config.limits.retry_after_s
 
     def salted(self, parsed: Parsed | None, worker: Worker) -> bytes | None:
         """``tenants.cache_salt``: the body with the client's ``cache_salt`` for the chosen worker (a vLLM
@@ -385,7 +362,7 @@ class PickerStream:
         old = pick.flight
         old.finish(0, Outcome(ok=False))
         decision = Decision(worker.name, old.decision.branch)
-        pick.flight = Flight(self.state, worker, old.route, decision, old.parsed, old.started)
+        pick.flight = Flight(self.state, worker, old.req, decision, old.parsed, old.started)
         if self.note is not None:
             self.note.worker, self.note.attempts = worker.name, self.note.attempts + 1
 

@@ -1,4 +1,4 @@
-"""The endpoint picker as a running thing: the router's state and life (``proxy.app.build_app``: probes,
+"""The endpoint picker as a running thing: the node's state and life (``node.build_app``: probes,
 monitor, discovery, replication) with its control routes on the HTTP listener (``config.host``/``port``:
 ``/health``, ``/ready``, ``/metrics``, the admin API), and the gRPC listener (``EppSettings``) serving
 ext_proc and health, both on one event loop (the routing core is single-threaded).
@@ -27,22 +27,20 @@ from prometheus_client.registry import Collector
 from prefix_router.epp.picker import Edge
 from prefix_router.epp.service import Health, Processor
 from prefix_router.epp.settings import EppSettings
-from prefix_router.pool import Fetcher
-from prefix_router.proxy import (
-    CONTEXT,
+from prefix_router.node import (
+    STATE,
     Config,
     Reloader,
     Running,
     add_admin_routes,
     add_catch_all,
+    add_control_routes,
     bind,
     build_app,
-    health_route,
-    metrics_route,
-    ready_route,
     reload_config,
     start,
 )
+from prefix_router.pool import Fetcher
 
 log = logging.getLogger("prefix_router.epp")
 
@@ -57,9 +55,7 @@ def create_control_app(
     """The router's state and life with the picker's HTTP routes (no ``/v1/*``: the data path is the
     gateway's)."""
     app = build_app(config, None, fetcher, clock, rng or random.Random(config.seed))
-    app.router.add_get("/health", health_route)
-    app.router.add_get("/ready", ready_route)
-    app.router.add_get("/metrics", metrics_route)
+    add_control_routes(app)
     add_admin_routes(app)
     add_catch_all(app)
     return app
@@ -103,12 +99,12 @@ class RunningEpp:
 async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
     """Serve ``app`` (``create_control_app``) on its configured HTTP address and the picker on
     ``settings``' gRPC address (port 0: any free one), in the running loop."""
-    config = app[CONTEXT].config
+    config = app[STATE].config
     if settings.grpc_port:  # taken: one line (ListenError) before anything starts, not grpcio's log
         for sock in bind(settings.grpc_host, settings.grpc_port):
             sock.close()
     http = await start(app, config.host, config.port, keepalive_timeout=config.timeouts.client_header_s)
-    edge = Edge(app[CONTEXT], settings)
+    edge = Edge(app[STATE], settings)
     edge.state.metrics.registry.register(StreamsCollector(edge))
     health = Health(edge)
     # no SO_REUSEPORT: a second picker on the same port fails to start instead of sharing the streams
@@ -134,7 +130,7 @@ async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
 async def serve_epp(
     config: Config, settings: EppSettings, load: Callable[[], Config] | None = None, source: str = "flags"
 ) -> None:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads with ``load`` as ``serve`` does (``proxy.reload``:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads with ``load`` as ``serve`` does (``node.reload_config``:
     workers, auth, routing knobs, limits; the rest named as needing a restart)."""
     running = await start_epp(create_control_app(config), settings)
     log.info(

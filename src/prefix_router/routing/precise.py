@@ -75,7 +75,7 @@ class PreciseSettings(Section):
     # under ceil(home_load_factor x mean in flight after it) + home_load_slack (the sessions' rule)
     home_load_factor: float = Field(default=1.25, ge=1.0)
     home_load_slack: int = Field(default=2, ge=0)
-    # token parity without a local template: an event-fed engine renders the request (proxy/edge/render.py)
+    # token parity without a local template: an event-fed engine renders the request (node/request/render.py)
     render: bool = True
     render_timeout_s: float = Field(default=2.0, gt=0)
     max_rendered: int = Field(default=10_000, gt=0)  # rendered token ids cached by the character key

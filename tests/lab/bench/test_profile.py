@@ -18,20 +18,20 @@ EXCHANGE = HANDLER + ";Exchange.run (prefix_router/proxy/edge/exchange.py:82)"
     [
         (
             HANDLER
-            + ";parse (prefix_router/proxy/edge/parse.py:107);build (prefix_router/routing/keys.py:247)",
+            + ";parse (prefix_router/node/request/parse.py:107);build (prefix_router/routing/keys.py:247)",
             "key",
         ),
-        (HANDLER + ";parse_json (prefix_router/proxy/edge/parse.py:62)", "parse"),
+        (HANDLER + ";parse_json (prefix_router/node/request/parse.py:62)", "parse"),
         (EXCHANGE + ";Exchange.choose (x);match (prefix_router/routing/index.py:95)", "route"),
-        (EXCHANGE + ";Exchange.attempt (x);send (prefix_router/proxy/upstream/http_client.py:1)", "forward"),
+        (EXCHANGE + ";Exchange.attempt (x);send (prefix_router/node/upstream/http_client.py:1)", "forward"),
         (EXCHANGE + ";write_eof (aiohttp/web_response.py:820)", "relay"),
         (
             HANDLER
-            + ";settle (prefix_router/proxy/edge/accounting.py:78)"
-            + ";inc (prefix_router/proxy/ops/metrics.py:40)",
+            + ";settle (prefix_router/node/steps/accounting.py:78)"
+            + ";inc (prefix_router/node/telemetry/metrics.py:40)",
             "metrics",
         ),
-        (HANDLER + ";settle (prefix_router/proxy/edge/accounting.py:78)", "accounting"),
+        (HANDLER + ";settle (prefix_router/node/steps/accounting.py:78)", "accounting"),
         (HANDLER + ";warning (logging/__init__.py:1500)", "logging"),
         (ROOT + ";data_received (aiohttp/web_protocol.py:446)", "server"),
         (ROOT + ";_on_readable (prefix_router/replication/local.py:240)", "share"),
@@ -42,7 +42,7 @@ EXCHANGE = HANDLER + ";Exchange.run (prefix_router/proxy/edge/exchange.py:82)"
         ("run_app (aiohttp/web.py:502)", "loop"),
         (
             EXCHANGE
-            + ";Exchange.attempt (x);Connection.start (prefix_router/proxy/upstream/http_client.py:186)",
+            + ";Exchange.attempt (x);Connection.start (prefix_router/node/upstream/http_client.py:186)",
             "send",
         ),
         (EXCHANGE + ";write_eof (x);StreamWriter._writelines (aiohttp/http_writer.py:116)", "send"),
@@ -55,9 +55,9 @@ def test_each_sample_lands_in_its_stage(stack: str, stage: str) -> None:
 
 def test_breakdown_and_per_request_shares() -> None:
     lines = [
-        HANDLER + ";parse_json (prefix_router/proxy/edge/parse.py:62) 30\n",
+        HANDLER + ";parse_json (prefix_router/node/request/parse.py:62) 30\n",
         "run_app (aiohttp/web.py:502) 10\n",
-        EXCHANGE + ";Connection.start (prefix_router/proxy/upstream/http_client.py:186) 50\n",
+        EXCHANGE + ";Connection.start (prefix_router/node/upstream/http_client.py:186) 50\n",
         "junk\n",
     ]
     samples = breakdown(lines)

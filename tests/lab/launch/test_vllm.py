@@ -24,7 +24,7 @@ from prefix_router.lab.launch.vllm import (
     environment,
     resolved_dtype,
 )
-from prefix_router.proxy import load_config
+from prefix_router.node import load_config
 
 
 def parser() -> argparse.ArgumentParser:

@@ -257,7 +257,7 @@ REPLAY_PORT_TAKEN = """
 import asyncio, gc, socket, sys
 from prefix_router.lab.sim.kv_publisher import KvEventsConfig
 from prefix_router.lab.sim.server import EngineSimSettings, build_app
-from prefix_router.proxy.run.server import start
+from prefix_router.node.life.server import start
 
 async def main() -> None:
     taken = socket.socket()

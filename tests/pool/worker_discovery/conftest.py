@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes.client import ApiClient, Configuration, DiscoveryV1Api
 
-from prefix_router.proxy.run.server import Running, start
+from prefix_router.node.life.server import Running, start
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"

@@ -17,11 +17,11 @@ from aiohttp import web
 from kubernetes.client import Configuration
 from yarl import URL
 
-from prefix_router.proxy.config import load_config
-from prefix_router.proxy.context import CONTEXT
+from prefix_router.node.config import load_config
+from prefix_router.node.life.server import Running, start
+from prefix_router.node.state import STATE
 from prefix_router.proxy.run import cli
 from prefix_router.proxy.run.app import create_app
-from prefix_router.proxy.run.server import Running, start
 from prefix_router.settings import ConfigError
 from support.waiting import wait_until
 
@@ -48,7 +48,7 @@ async def serve() -> AsyncIterator[Serve]:
 
 
 def pool_names(app: web.Application) -> list[str]:
-    return sorted(w.name for w in app[CONTEXT].pool)
+    return sorted(w.name for w in app[STATE].pool)
 
 
 async def chat(router_url: str) -> dict[str, Any]:
@@ -106,7 +106,7 @@ async def test_discovered_workers_get_the_worker_template(fake_engine: Any, serv
     app, running = await serve(
         {**settings, "discovery.worker.weight": 3.0, "discovery.worker.api_key": "k-123"}
     )
-    assert app[CONTEXT].pool.require(f"127.0.0.1:{port}").weight == 3.0
+    assert app[STATE].pool.require(f"127.0.0.1:{port}").weight == 3.0
     await chat(running.url)
     assert engine.generations[0].headers.get("Authorization") == "Bearer k-123"
 

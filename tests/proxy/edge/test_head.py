@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
-from prefix_router.proxy import CONTEXT, AppContext, Config, build_app
+from prefix_router.node import STATE, Config, NodeState, build_app
 from prefix_router.proxy.edge import head
 from prefix_router.proxy.edge.request import AiohttpRequest
 from prefix_router.proxy.edge.responses import RelayResponse, SentResponse
@@ -29,9 +29,9 @@ from support.http1 import STREAMED, Parsed, chat_request, read_answers
 
 
 @functools.cache
-def state() -> AppContext:
+def state() -> NodeState:
     config = Config.model_validate({"workers": [{"url": "http://127.0.0.1:9", "name": "w0"}]})
-    return build_app(config, None, None, time.monotonic, random.Random(0))[CONTEXT]
+    return build_app(config, None, None, time.monotonic, random.Random(0))[STATE]
 
 
 def request_on(

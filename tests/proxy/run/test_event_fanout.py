@@ -17,9 +17,9 @@ import zmq
 from prefix_router.events import DROPPED_CONNECTION
 from prefix_router.lab.sim.kv_publisher import KvEventsConfig
 from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
-from prefix_router.proxy.config import load_config
+from prefix_router.node.config import load_config
+from prefix_router.node.life.server import start
 from prefix_router.proxy.run.event_fanout import MAX_TOPICS, FanoutPlan, _forward, _track, fanned_out, wanted
-from prefix_router.proxy.run.server import start
 from support.net import free_port
 from support.waiting import wait_until
 

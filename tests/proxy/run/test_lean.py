@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from prefix_router.proxy.edge.http_errors import OpenAIServer
+from prefix_router.node.control.http_errors import OpenAIServer
+from prefix_router.node.life.server import Dispatch
 from prefix_router.proxy.run import lean
-from prefix_router.proxy.run.server import Dispatch
 from support.http1 import CHAT, chat_request, read_answers
 from support.routers import RouterHandle
 

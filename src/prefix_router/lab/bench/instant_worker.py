@@ -16,10 +16,10 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from prefix_router.proxy import loop_factory
+from prefix_router.node import loop_factory
 
 MODEL = "instant"
-BACKLOG = 2048  # as the router's server (proxy/run/server.py)
+BACKLOG = 2048  # as the router's server (node/life/server.py)
 _USAGE = {"prompt_tokens": 100, "completion_tokens": 8, "total_tokens": 108}
 
 

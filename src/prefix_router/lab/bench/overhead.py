@@ -40,7 +40,8 @@ from rich.table import Table
 from prefix_router.lab.bench import loadgen, profile
 from prefix_router.lab.launch.fleet import signal_group
 from prefix_router.lab.launch.net import free_port
-from prefix_router.proxy import loop_factory, parent_death_signal
+from prefix_router.node import loop_factory
+from prefix_router.proxy import parent_death_signal
 
 PEERS = ("sglang-router",)
 PEER_PYTHON = os.environ.get("PREFIX_ROUTER_PEERS_VENV", "/tmp/peers") + "/bin/python"

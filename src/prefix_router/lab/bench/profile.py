@@ -42,7 +42,7 @@ STAGES = (
 )  # fmt: skip
 SEND = "send"  # not a stage: samples inside socket writes (see the module doc)
 SEND_LEAVES = (  # py-spy's frames: "qualified name (path:line)"
-    "Connection.start (prefix_router/proxy/upstream/http_client.py",
+    "Connection.start (prefix_router/node/upstream/http_client.py",
     "StreamWriter._write (aiohttp/http_writer.py",
     "StreamWriter._writelines (aiohttp/http_writer.py",
 )
@@ -50,26 +50,27 @@ SEND_LEAVES = (  # py-spy's frames: "qualified name (path:line)"
 # (stage, substring of a frame "function (path:line)"), tried in order on each of the router's own frames
 OWN_RULES: tuple[tuple[str, str], ...] = (
     ("logging", "logging/"),
-    ("metrics", "proxy/ops/metrics.py"),
+    ("metrics", "node/telemetry/metrics.py"),
     ("share", "replication/"),
     ("key", "routing/keys.py"),
     ("key", "routing/hashing.py"),
     ("route", "routing/"),
-    ("route", "Exchange.choose"),
+    ("route", "node/steps/choice.py"),
+    ("route", "Exchange.eligible"),
     ("route", "pool/pool.py"),
-    ("accounting", "proxy/edge/accounting.py"),
-    ("accounting", "proxy/edge/sse.py"),
-    ("accounting", "proxy/edge/deadlines.py"),
-    ("parse", "proxy/edge/parse.py"),
+    ("accounting", "node/steps/accounting.py"),
+    ("accounting", "node/request/sse.py"),
+    ("accounting", "node/request/deadlines.py"),
+    ("parse", "node/request/parse.py"),
     ("parse", "handlers.py"),
-    ("forward", "proxy/upstream/seam.py"),
-    ("forward", "proxy/upstream/http_client.py"),
+    ("forward", "node/upstream/seam.py"),
+    ("forward", "node/upstream/http_client.py"),
     ("forward", "upstream_headers"),
     ("forward", "Exchange.attempt"),
     ("forward", "Exchange.upstream_request"),
     ("forward", "Exchange.read_prefix"),
     ("forward", "Exchange.open"),
-    ("relay", "proxy/edge/forward.py"),
+    ("relay", "node/request/forward.py"),
     ("relay", "proxy/edge/exchange.py"),
 )
 LIBRARY_RULES: tuple[tuple[str, str], ...] = (
@@ -93,7 +94,7 @@ def stage_of(frames: list[str]) -> str:
     for frame in reversed(frames):
         if "logging/" in frame:
             return "logging"
-        if "prefix_router/" not in frame or "prefix_router/proxy/run/server.py" in frame:
+        if "prefix_router/" not in frame or "prefix_router/node/life/server.py" in frame:
             continue
         for stage, needle in OWN_RULES:
             if needle in frame:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from prefix_router.proxy import Config, validate
+from prefix_router.node import Config, validate
 from prefix_router.settings import set_dotted
 
 
@@ -36,8 +36,6 @@ async def in_process(
 
 def preload() -> None:
     """Import the proxy now, so that its import time does not fall into the first policy's run."""
-    import prefix_router.proxy.run.app
-    import prefix_router.proxy.run.server  # noqa: F401
 
 
 @contextlib.asynccontextmanager

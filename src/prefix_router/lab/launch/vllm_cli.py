@@ -26,8 +26,8 @@ from prefix_router.lab.launch.vllm import (
     VllmSettings,
     default_venv,
 )
+from prefix_router.node import validate
 from prefix_router.pool import WorkerSettings
-from prefix_router.proxy import validate
 from prefix_router.settings import ConfigError
 
 

@@ -193,7 +193,7 @@ def routing_knobs(path: str | None, pairs: list[str]) -> dict[str, Any]:
     """The ``routing`` section given by ``--config FILE`` and ``--set routing.KEY=VALUE`` (dotted keys as
     ``serve --set``: ``routing.policies.prefix.load_factor=1.5``), validated exactly as ``serve`` validates
     it; nested as in the YAML file, only the keys given (the policy comes from --policies)."""
-    from prefix_router.proxy import validate
+    from prefix_router.node import validate
     from prefix_router.settings import parse_scalar, read_yaml, set_dotted
 
     section = read_yaml(path).get("routing") if path else None

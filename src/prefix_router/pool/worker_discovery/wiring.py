@@ -1,5 +1,5 @@
 """The ``discovery:`` config section as a running source that feeds a ``WorkerPool`` (``serve`` starts it
-on start-up and stops it on cleanup, see ``prefix_router.proxy.run.app``)."""
+on start-up and stops it on cleanup, see ``prefix_router.node.life.build``)."""
 
 from __future__ import annotations
 

@@ -22,30 +22,48 @@ from typing import Any, TypeAlias
 import orjson
 from aiohttp import web
 
-from prefix_router.pool import Worker
-from prefix_router.proxy.context import AppContext
-from prefix_router.proxy.edge import forward, head
-from prefix_router.proxy.edge.access import RequestNote
-from prefix_router.proxy.edge.accounting import CLIENT_GONE, Flight, settle
-from prefix_router.proxy.edge.auth import tenant_salt
-from prefix_router.proxy.edge.deadlines import Cause, Watch
-from prefix_router.proxy.edge.errors import (
+from prefix_router.node import (
+    CLIENT_GONE,
+    PASSTHROUGH_POLICY,
+    Cause,
+    FailureKind,
+    Flight,
+    NodeState,
+    Parsed,
     ProxyError,
+    ReplyAccumulator,
+    RequestNote,
+    UpstreamError,
+    UpstreamRequest,
+    UpstreamResponse,
+    Watch,
+    check_model,
+    choose,
+    downstream_headers,
+    is_event_stream,
+    nobody,
     overloaded,
+    passthrough_req,
+    redact,
+    safe_path,
+    salted_body,
+    settle,
     shutting_down,
-    unavailable,
+    takes_cache_salt,
+    tenant_salt,
     upstream_failed,
+    upstream_headers,
+    upstream_url,
+    worker_secret,
 )
-from prefix_router.proxy.edge.parse import Parsed
+from prefix_router.pool import Worker
+from prefix_router.proxy.edge import head
 from prefix_router.proxy.edge.request import EdgeRequest
 from prefix_router.proxy.edge.responses import RelayResponse
-from prefix_router.proxy.edge.sse import ReplyAccumulator
-from prefix_router.proxy.upstream.seam import FailureKind, UpstreamError, UpstreamRequest, UpstreamResponse
-from prefix_router.routing import Decision, Outcome, RouteRequest
+from prefix_router.routing import Decision, Outcome
 
 log = logging.getLogger(__name__)
 Writer: TypeAlias = head.Relay | web.StreamResponse  # where a relayed stream is written
-PASSTHROUGH_POLICY = "least_load"  # other /v1/* calls carry no prompt to match
 
 
 @dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
@@ -88,7 +106,7 @@ class Failed:
 class Exchange:
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         request: EdgeRequest,
         raw: bytes,
         parsed: Parsed | None,
@@ -103,9 +121,10 @@ class Exchange:
         self.parsed = parsed
         self.model = model
         self.policy = policy if parsed is not None else PASSTHROUGH_POLICY
-        self.policy_label = policy or state.request_config.policy
-        note.policy = self.policy_label if parsed is not None else PASSTHROUGH_POLICY
-        self.route = parsed.route if parsed is not None else passthrough_route(state)
+        label = policy or state.request_config.policy
+        self.label = label if parsed is not None else None  # what a routed request is counted under
+        note.policy = label if parsed is not None else PASSTHROUGH_POLICY
+        self.req = parsed.req if parsed is not None else passthrough_req(state)
         self.path_qs = request.target  # origin form, even for an absolute-form target
         self.started = state.clock()
         self.loop = asyncio.get_running_loop()  # once: each call asks the kernel for the process id
@@ -117,7 +136,7 @@ class Exchange:
 
     async def run(self) -> web.StreamResponse:
         self.check_path()
-        self.check_model()
+        check_model(self.state, self.model, self.note)
         opened = await self.open()
         if opened.complete:
             return await self.send_whole(opened)
@@ -126,40 +145,18 @@ class Exchange:
     # ------------------------------------------------------------------ choosing
 
     def check_path(self) -> None:
-        if not forward.safe_path(self.path_qs):
+        if not safe_path(self.path_qs):
             raise ProxyError(400, "invalid request path", code="invalid_path")
 
-    def check_model(self) -> None:
-        if self.model is not None and not self.state.pool.knows_model(self.model):
-            raise ProxyError(
-                404, f"the model {self.model!r} does not exist", param="model", code="model_not_found"
-            )
-        if self.model is not None:
-            self.note.model = self.model  # known to the pool: a bounded label
-
-    def choose(self, excluded: set[str]) -> tuple[Worker, Decision] | None:
+    def eligible(self, excluded: set[str]) -> list[str]:
+        """The workers that may take the request now, but those in ``excluded`` (tried already)."""
         pool, config = self.state.pool, self.state.request_config
         if pool.total_in_flight() >= config.max_in_flight:  # admit() checked before the body was read
             raise overloaded("the router is at its in-flight cap", self.state.config.limits.retry_after_s)
         names = pool.candidates(self.model, config.max_in_flight_per_worker)
         if excluded:
             names = [n for n in names if n not in excluded]
-        if not names:
-            return None
-        decision = self.state.router.route(self.route, names, self.state.clock(), self.policy)
-        note = self.note
-        note.worker, note.attempts = decision.worker, note.attempts + 1
-        if self.parsed is not None:
-            self.state.metrics.branches.inc((self.policy_label, decision.branch))
-            self.state.metrics.predicted.observe(decision.predicted_tokens)
-            note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
-        return pool.require(decision.worker), decision
-
-    def nobody(self) -> ProxyError:
-        retry_after = self.state.config.limits.retry_after_s
-        if self.state.pool.any_available(self.model):
-            return overloaded("every worker for this model is at its in-flight cap", retry_after)
-        return unavailable("no healthy worker available", retry_after)
+        return names
 
     # ------------------------------------------------------------------ opening, with retries
 
@@ -172,9 +169,10 @@ class Exchange:
                 raise shutting_down(self.state.config.limits.retry_after_s)
             if attempt and loop.time() >= self.first_byte_deadline:
                 break  # the first-byte budget is spent: no further generation is started
-            pick = self.choose(excluded)
-            if pick is None:
+            names = self.eligible(excluded)
+            if not names:
                 break
+            pick = choose(self.state, self.req, names, self.policy, self.label, self.note)
             excluded.add(pick[0].name)
             if attempt:
                 self.state.metrics.retries.inc()
@@ -186,12 +184,12 @@ class Exchange:
 
     def give_up(self, last: Failed | None) -> Exception:
         if last is None:
-            return self.nobody()
+            return nobody(self.state, self.model)
         if last.status is not None:
-            secret = forward.worker_secret(self.state.pool.get(last.worker))
+            secret = worker_secret(self.state.pool.get(last.worker))
             shown = last.worker if self.state.request_config.decision_headers else None
-            headers = forward.downstream_headers(last.headers, shown, None, secret, self.note.request_id)
-            body = forward.redact(last.body, secret)
+            headers = downstream_headers(last.headers, shown, None, secret, self.note.request_id)
+            body = redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
         log.info("giving up on %s after %s failure: %s", last.worker, last.kind, last.message)
@@ -199,7 +197,7 @@ class Exchange:
         return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
-        flight = Flight(self.state, worker, self.route, decision, self.parsed, self.started)
+        flight = Flight(self.state, worker, self.req, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
         try:
             async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):
@@ -219,10 +217,10 @@ class Exchange:
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
-        headers = forward.upstream_headers(
+        headers = upstream_headers(
             self.request.headers, worker, self.state.request_config.forward_client_auth, self.note.request_id
         )
-        url = forward.upstream_url(worker, self.path_qs)
+        url = upstream_url(worker, self.path_qs)
         return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
 
     def body_for(self, worker: Worker) -> bytes:
@@ -230,18 +228,18 @@ class Exchange:
         with the tenant's ``cache_salt``, so that the engine's prefix cache is not shared across tenants."""
         if self.parsed is None or not self.state.request_config.cache_salt:
             return self.raw
-        salted = forward.takes_cache_salt(worker)
+        salted = takes_cache_salt(worker)
         if self.bodies is None:
             self.bodies = {}
         body = self.bodies.get(salted)
         if body is None:
             salt = tenant_salt(self.request.headers) if salted else None
-            body = self.raw if salt is None else forward.salted_body(self.parsed.body, salt)
+            body = self.raw if salt is None else salted_body(self.parsed.body, salt)
             self.bodies[salted] = body
         return body
 
     async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
-        if forward.is_event_stream(response.headers):
+        if is_event_stream(response.headers):
             first = await response.next_chunk()
             return Opened(flight, response, first, complete=not first, stream=True)
         body, complete = await read_up_to(response, self.state.request_config.max_response_buffer_bytes)
@@ -270,11 +268,11 @@ class Exchange:
     def response_headers(self, opened: Opened) -> list[tuple[str, str]]:
         predicted = opened.flight.decision.predicted_tokens if self.parsed is not None else None
         worker = opened.flight.worker
-        secret = forward.worker_secret(worker)
+        secret = worker_secret(worker)
         rid = self.note.request_id
         if not self.state.request_config.decision_headers:
-            return forward.downstream_headers(opened.response.headers, None, None, secret, rid)
-        return forward.downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
+            return downstream_headers(opened.response.headers, None, None, secret, rid)
+        return downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
 
     def reply(self) -> ReplyAccumulator:
         config = self.state.request_config
@@ -284,7 +282,7 @@ class Exchange:
     async def send_whole(self, opened: Opened) -> web.StreamResponse:
         opened.response.release()
         status = opened.response.status
-        body = forward.redact(opened.prefix, forward.worker_secret(opened.flight.worker))
+        body = redact(opened.prefix, worker_secret(opened.flight.worker))
         headers = self.response_headers(opened)
         reply = self.reply()
         try:
@@ -434,11 +432,6 @@ def stream_cut(watch: Watch, exc: Exception, idle: bool) -> tuple[str, str]:
 def sse_error(message: str, code: str) -> bytes:
     error = {"message": message, "type": "upstream_error", "param": None, "code": code}
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
-
-
-def passthrough_route(state: AppContext) -> RouteRequest:
-    """A pass-through call as the routing core sees it: an id, no blocks (nothing to match or index)."""
-    return RouteRequest(state.next_id(), (), state.router.index.block_tokens, 0, hash_key=0)
 
 
 async def read_up_to(response: UpstreamResponse, limit: int) -> tuple[bytes, bool]:

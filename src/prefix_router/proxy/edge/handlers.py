@@ -7,25 +7,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from prefix_router.protocol import POLICY_HEADER, REQUEST_ID_HEADER, Endpoint
-from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.edge import http_errors
-from prefix_router.proxy.edge import parse as parsing
-from prefix_router.proxy.edge.access import RequestNote, log_access, request_id
-from prefix_router.proxy.edge.accounting import CLIENT_GONE
-from prefix_router.proxy.edge.auth import check_client
-from prefix_router.proxy.edge.errors import ProxyError, bad_request, overloaded, shutting_down
+from prefix_router.node import (
+    ANY_PATH,
+    CLIENT_GONE,
+    ROOT_PASSTHROUGH,
+    STATE,
+    Handler,
+    NodeState,
+    ProxyError,
+    RequestNote,
+    add_control_routes,
+    admit,
+    body_model,
+    check_client,
+    json_response,
+    method_not_allowed,
+    parse_routed,
+    policy_override,
+    request_closed,
+    request_id,
+)
+from prefix_router.protocol import REQUEST_ID_HEADER, Endpoint
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
-from prefix_router.proxy.edge.forward import ROOT_PASSTHROUGH
-from prefix_router.proxy.edge.keying import parse_routed
 from prefix_router.proxy.edge.request import AiohttpRequest, EdgeRequest
 
 log = logging.getLogger(__name__)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NotedHandler = Callable[[EdgeRequest, RequestNote], Awaitable[web.StreamResponse]]
 
 
@@ -33,7 +41,7 @@ def guarded(handler: NotedHandler) -> Handler:
     """aiohttp's handler of ``handler``: the request seen as an ``AiohttpRequest``, then ``answer``."""
 
     async def wrapper(request: web.Request) -> web.StreamResponse:
-        return await answer(AiohttpRequest(request.app[CONTEXT], request), handler)
+        return await answer(AiohttpRequest(request.app[STATE], request), handler)
 
     return wrapper
 
@@ -65,7 +73,7 @@ async def answer(request: EdgeRequest, handler: NotedHandler) -> web.StreamRespo
         return response
     finally:
         state.active -= 1
-        closed(state, note, status)
+        request_closed(state, note, status)
 
 
 def internal_error(request: EdgeRequest, note: RequestNote) -> web.Response:
@@ -75,37 +83,11 @@ def internal_error(request: EdgeRequest, note: RequestNote) -> web.Response:
     return ProxyError(500, "internal router error", type="server_error", code="internal_error").response()
 
 
-def closed(state: AppContext, note: RequestNote, status: int) -> None:
-    """The request is over: count it once (``prefix_router_requests_total``) and log it (``access_log``)."""
-    state.metrics.request_done(note.worker, note.model, note.policy, status)
-    if state.request_config.access_log:
-        log_access(note, status, state.clock(), state.log_handler)
-
-
-def admit(state: AppContext, request: EdgeRequest) -> None:
-    """Shutdown, client key check and the global in-flight cap, before reading the body."""
-    if state.deadlines.stopping:
-        raise shutting_down(state.config.limits.retry_after_s)
-    check_client(state.client_keys, request.headers)
-    if state.pool.total_in_flight() >= state.request_config.max_in_flight:
-        raise overloaded("the router is at its in-flight cap", state.config.limits.retry_after_s)
-
-
-def read_body(state: AppContext, request: EdgeRequest) -> Awaitable[bytes]:
+def read_body(state: NodeState, request: EdgeRequest) -> Awaitable[bytes]:
     """The body under the configured size limit and timeout: ``EdgeRequest.read_body``'s coroutine itself,
     no layer of its own."""
     config = state.request_config
     return request.read_body(config.max_body_bytes, config.client_body_s)
-
-
-def policy_override(state: AppContext, request: EdgeRequest) -> str | None:
-    name = request.headers.get(POLICY_HEADER)
-    if name is None:
-        return None
-    if name not in state.policies:
-        choices = ", ".join(sorted(state.policies))
-        raise bad_request(f"unknown routing policy {name[:64]!r} (one of {choices})", param=POLICY_HEADER)
-    return name
 
 
 def routed(endpoint: Endpoint) -> NotedHandler:
@@ -114,10 +96,10 @@ def routed(endpoint: Endpoint) -> NotedHandler:
 
     async def handler(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
         state = request.state
-        admit(state, request)
+        admit(state, request.headers)
         raw = await read_body(state, request)
         parsed = await parse_routed(state, endpoint, raw, request.headers)
-        policy = policy_override(state, request)
+        policy = policy_override(state, request.headers)
         model = parsed.body.get("model")
         return await Exchange(
             state, request, raw, parsed, model if isinstance(model, str) else None, policy, note
@@ -140,70 +122,33 @@ async def passthrough(request: EdgeRequest, note: RequestNote) -> web.StreamResp
     vLLM's and SGLang's ``/tokenize``, ``/detokenize``), goes to the least loaded worker (serving the
     body's model, if named), chosen and counted by the routing core like any request."""
     state = request.state
-    admit(state, request)
+    admit(state, request.headers)
     raw = await read_body(state, request)
-    model = parsing.body_model(raw, request.content_type())
+    model = body_model(raw, request.content_type())
     return await Exchange(state, request, raw, None, model, None, note).run()
 
 
 @guarded
 async def list_models(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
     state = request.state
-    check_client(state.client_keys, request.headers)
+    check_client(state.client_credentials, request.headers)
     return json_response({"object": "list", "data": state.pool.models()})
-
-
-async def health(request: web.Request) -> web.StreamResponse:
-    return json_response({"status": "ok"})
-
-
-async def ready(request: web.Request) -> web.StreamResponse:
-    state = request.app[CONTEXT]
-    if state.deadlines.stopping:
-        return ProxyError(503, "shutting down", type="service_unavailable", code="shutting_down").response()
-    up = sum(1 for w in state.pool if w.available)
-    if up == 0:
-        return ProxyError(503, "no healthy worker", type="service_unavailable", code="not_ready").response()
-    return json_response({"status": "ready", "workers_available": up})
-
-
-async def metrics(request: web.Request) -> web.StreamResponse:
-    return web.Response(
-        body=request.app[CONTEXT].metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
-
-
-def json_response(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 @guarded
 async def post_only(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
     """The generation endpoints under another method: the router's own 405, not an engine's answer."""
-    return http_errors.method_not_allowed(request.method, "POST")
-
-
-@guarded
-async def not_routed(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
-    """Unknown paths (404) and methods (405), noted and logged like every request (aiohttp's routes: only
-    aiohttp's server sends these here)."""
-    assert isinstance(request, AiohttpRequest)
-    return await http_errors.not_routed(request.request)
+    return method_not_allowed(request.method, "POST")
 
 
 def add_routes(app: web.Application) -> None:
-    """The OpenAI surface and the operational endpoints; ``add_catch_all`` goes after every other route."""
+    """The OpenAI surface and the node's own routes (``/health``, ``/ready``, ``/metrics``); the node's
+    catch-all (``add_catch_all``) goes after every other route."""
     for path, handler in (("/v1/chat/completions", chat_completions), ("/v1/completions", completions)):
         app.router.add_post(path, handler)
         app.router.add_route("*", path, post_only)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_route("*", "/v1/{tail:" + http_errors.ANY_PATH + "+}", passthrough)
+    app.router.add_route("*", "/v1/{tail:" + ANY_PATH + "+}", passthrough)
     for path in ROOT_PASSTHROUGH:
         app.router.add_post(path, passthrough)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
-
-
-def add_catch_all(app: web.Application) -> None:
-    http_errors.add_catch_all(app, not_routed)
+    add_control_routes(app)

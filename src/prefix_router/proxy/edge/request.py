@@ -18,9 +18,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from multidict import CIMultiDictProxy
 
-from prefix_router.proxy.context import AppContext
-from prefix_router.proxy.edge import parse
-from prefix_router.proxy.edge.parse import too_large
+from prefix_router.node import NodeState, read_body, too_large
 
 
 class EdgeRequest:
@@ -30,7 +28,7 @@ class EdgeRequest:
 
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         method: str,
         path: str,
         target: str,
@@ -55,7 +53,7 @@ class EdgeRequest:
         raise NotImplementedError
 
     async def read_body(self, limit: int, timeout_s: float) -> bytes:
-        """The body (``parse.read_body``'s contract: 413 over ``limit`` bytes, 408 slower than
+        """The body (``read_body``'s contract: 413 over ``limit`` bytes, 408 slower than
         ``timeout_s``, decoded when it has a ``Content-Encoding``)."""
         raise NotImplementedError
 
@@ -75,7 +73,7 @@ class EdgeRequest:
 class AiohttpRequest(EdgeRequest):
     """aiohttp's request (``request``) as the edge reads it."""
 
-    def __init__(self, state: AppContext, request: web.Request) -> None:
+    def __init__(self, state: NodeState, request: web.Request) -> None:
         super().__init__(
             state,
             request.method,
@@ -94,7 +92,7 @@ class AiohttpRequest(EdgeRequest):
         await self.request.writer.drain()
 
     async def read_body(self, limit: int, timeout_s: float) -> bytes:
-        return await parse.read_body(self.request, limit, timeout_s)
+        return await read_body(self.request, limit, timeout_s)
 
     async def respond(self, response: web.StreamResponse) -> None:
         await response.prepare(self.request)
@@ -118,7 +116,7 @@ class WholeRequest(EdgeRequest):
 
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         method: str,
         path: str,
         target: str,

@@ -1,40 +1,19 @@
-"""``create_app(config)``: the router as an aiohttp application, everything built per app."""
+"""``create_app(config)``: the router as an aiohttp application: the node (``node.life.build``) with the
+OpenAI surface, the node's control routes and admin API, and the proxy's own connection handler in
+front (``lean``, for ``http_server: lean``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from aiohttp import web
 
-from prefix_router.pool import (
-    AiohttpFetcher,
-    Fetcher,
-    HealthSettings,
-    PoolError,
-    PoolMonitor,
-    ScrapeSettings,
-    Worker,
-    WorkerPool,
-)
-from prefix_router.proxy.config import Config
-from prefix_router.proxy.context import CONTEXT, AppContext
+from prefix_router.node import FRONT, Config, Upstream, add_admin_routes, add_catch_all, build_app
+from prefix_router.pool import Fetcher
 from prefix_router.proxy.edge import handlers
-from prefix_router.proxy.edge.auth import KeySet
-from prefix_router.proxy.ops import admin, logs
-from prefix_router.proxy.ops.metrics import ProxyMetrics
-from prefix_router.proxy.ops.record import TraceRecorder
-from prefix_router.proxy.upstream.http_client import HttpUpstream
-from prefix_router.proxy.upstream.seam import Upstream
-from prefix_router.routing import Router
-from prefix_router.settings import ConfigError
-
-log = logging.getLogger("prefix_router.proxy")
-EVENTS_SYNC_S = 1.0
+from prefix_router.proxy.run import lean
 
 
 def create_app(
@@ -48,211 +27,12 @@ def create_app(
     """Build the router app. ``upstream`` and ``fetcher`` replace the network (tests); ``rng`` the random
     source seeded by ``config.seed`` (the OS when that is None).
 
-    Serve it with ``handler_cancellation=True`` (see ``prefix_router.proxy.run.server``) so that a client
+    Serve it with ``handler_cancellation=True`` (see ``prefix_router.node.life.server``) so that a client
     disconnect cancels the upstream request at once.
     """
     app = build_app(config, upstream, fetcher, clock, rng or random.Random(config.seed))
     handlers.add_routes(app)
-    admin.add_routes(app)
-    handlers.add_catch_all(app)  # last: what no route above takes
+    add_admin_routes(app)
+    add_catch_all(app)  # last: what no route above takes
+    app[FRONT] = lean.front_door
     return app
-
-
-def build_app(
-    config: Config,
-    upstream: Upstream | None,
-    fetcher: Fetcher | None,
-    clock: Callable[[], float],
-    rng: random.Random,
-) -> web.Application:
-    """The router's state and its life, without routes: start-up probes, the monitor, discovery,
-    replication and the health hooks. ``create_app`` adds the proxy's routes; ``prefix_router.epp`` its
-    control routes beside its gRPC edge (one routing core behind both)."""
-    state = build_state(config, upstream, fetcher, clock, rng)
-    app = web.Application(client_max_size=config.limits.max_body_bytes)
-    app[CONTEXT] = state
-    app.on_startup.append(_startup)
-    app.on_shutdown.append(_shutdown)
-    app.on_cleanup.append(_cleanup)
-    _install_replication(app, state)
-    _install_discovery(app, state)
-    _install_events(app, state)
-    state.pool.on_health_change(_log_health)
-    state.pool.on_health_change(_ejection_cutter(state))
-    return app
-
-
-def build_state(
-    config: Config,
-    upstream: Upstream | None,
-    fetcher: Fetcher | None,
-    clock: Callable[[], float],
-    rng: random.Random,
-) -> AppContext:
-    router = build_router(config, rng)
-    pool = build_pool(config, router)
-    metrics = ProxyMetrics(pool, router)
-    return AppContext(
-        config=config,
-        router=router,
-        pool=pool,
-        monitor=PoolMonitor(pool, router, fetcher or AiohttpFetcher(), monitor_settings(config), clock),
-        metrics=metrics,
-        upstream=upstream or build_upstream(config),
-        client_keys=KeySet(config.auth.api_keys),
-        admin_token=KeySet([config.auth.admin_token] if config.auth.admin_token else []),
-        clock=clock,
-        policies=frozenset(router.policy_names()),
-        recorder=build_recorder(config, clock, metrics),
-        log_handler=logs.line_handler(),
-    )
-
-
-def monitor_settings(config: Config) -> tuple[HealthSettings, ScrapeSettings, int]:
-    return config.health, config.scrape, config.limits.max_models_per_worker
-
-
-def build_router(config: Config, rng: random.Random) -> Router:
-    try:
-        return Router(config.routing, rng=random.Random(rng.getrandbits(64)))
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"invalid config: routing: {str(exc).strip(chr(34) + chr(39))}") from None
-
-
-def build_upstream(config: Config) -> HttpUpstream:
-    """The upstream client: pooled keep-alive HTTP/1.1, parsed by llhttp (see ``proxy.http_client``)."""
-    return HttpUpstream(config.timeouts.connect_s, max_idle_per_host=config.limits.max_idle_connections)
-
-
-def build_pool(config: Config, router: Router) -> WorkerPool:
-    thresholds = (config.health.fail_threshold, config.health.success_threshold)
-    pool = WorkerPool(router, config.limits.max_workers, thresholds)
-    for worker in config.workers:
-        try:
-            pool.add(worker)
-        except PoolError as exc:
-            raise ConfigError(f"invalid config: workers: {exc}") from None
-    return pool
-
-
-def build_recorder(config: Config, clock: Callable[[], float], metrics: ProxyMetrics) -> TraceRecorder | None:
-    if config.record.file is None:
-        return None
-    return TraceRecorder(config.record, clock, metrics.record_dropped.inc)
-
-
-async def _startup(app: web.Application) -> None:
-    state = app[CONTEXT]
-    timeout = state.config.health.timeout_s * 3 + 1
-    try:
-        await asyncio.wait_for(state.monitor.refresh_all(), timeout)
-    except TimeoutError:
-        log.warning("start-up identification and probes did not finish within %.1fs; continuing", timeout)
-    state.monitor.start()
-    if state.recorder is not None:
-        state.recorder.start()
-
-
-async def _shutdown(app: web.Application) -> None:
-    """The listener is closed. After ``serve``'s graceful shutdown (``lifecycle.shutdown``, SIGTERM)
-    nothing is left to wait for; an app stopped without one (``server.start``'s ``Running.stop``) gives
-    what runs ``timeouts.shutdown_s``."""
-    state = app[CONTEXT]
-    if not state.deadlines.stopping:
-        state.deadlines.stop(asyncio.get_running_loop().time() + state.config.timeouts.shutdown_s)
-        log.info("shutting down: draining %d in-flight requests", state.pool.total_in_flight())
-
-
-def _ejection_cutter(state: AppContext) -> Callable[[Worker, bool], None]:
-    """When a worker is ejected, requests waiting for its first byte are retried elsewhere at once, and
-    its streams end unless they show a chunk within every ``health.timeout_s`` (see ``Deadlines``)."""
-
-    def cut(worker: Worker, healthy: bool) -> None:
-        if not healthy:
-            now, grace = asyncio.get_running_loop().time(), state.config.health.timeout_s
-            state.deadlines.eject(worker.name, now, grace)
-
-    return cut
-
-
-async def _cleanup(app: web.Application) -> None:
-    state = app[CONTEXT]
-    await state.monitor.stop()
-    if state.recorder is not None:
-        await state.recorder.close()
-    if isinstance(state.upstream, HttpUpstream):
-        await state.upstream.close()
-    fetcher = state.monitor.fetcher
-    if isinstance(fetcher, AiohttpFetcher):
-        await fetcher.close()
-
-
-def _install_events(app: web.Application, state: AppContext) -> None:
-    """KV cache event subscriptions (precise mode) for the workers with ``kv_events``, kept in step with
-    the pool every ``EVENTS_SYNC_S`` (admin and discovery changes); started after the first
-    identification (a worker's model names its blocks), stopped on cleanup."""
-    from prefix_router.pool import EventSubscriptions, KvEventsCollector
-    from prefix_router.proxy.edge.render import RenderCollector, Renders
-
-    subs = EventSubscriptions(state.pool, state.router, state.clock)
-    state.events = subs
-    state.metrics.registry.register(KvEventsCollector(subs))
-    state.renders = Renders(state.config.routing.precise.max_rendered)
-    state.metrics.registry.register(RenderCollector(state.renders))
-
-    async def keep_in_step() -> None:
-        while True:
-            await asyncio.sleep(EVENTS_SYNC_S)
-            try:
-                await subs.sync()
-            except Exception:
-                log.exception("kv events: sync with the pool failed")
-
-    async def lifetime(_: web.Application) -> AsyncIterator[None]:
-        await subs.sync()
-        task = asyncio.create_task(keep_in_step())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await subs.close()
-
-    app.cleanup_ctx.append(lifetime)
-
-
-def _log_health(worker: Worker, healthy: bool) -> None:
-    if healthy and not worker.health.ejections:
-        log.info("worker %s admitted (its first probe passed)", worker.name)
-    elif healthy:
-        log.warning("worker %s re-admitted", worker.name)
-    else:
-        log.warning("worker %s ejected: %s", worker.name, worker.health.last_error)
-
-
-def _install_replication(app: web.Application, state: AppContext) -> None:
-    settings = state.config.replication
-    if settings.url is None:
-        return
-    from prefix_router.replication import ReplicationCollector, install
-
-    slot = install(app, state.router, settings, clock=state.clock)
-    state.metrics.registry.register(ReplicationCollector(slot))
-
-
-def _install_discovery(app: web.Application, state: AppContext) -> None:
-    """Workers from ``discovery:`` join and leave the pool; runs first on start-up (so the replication's
-    warm-up knows the workers) and stops first on cleanup (before the monitor's fetcher closes)."""
-    settings = state.config.discovery
-    if settings.kind is None:
-        return
-    from prefix_router.pool import DiscoveryCollector, WorkerDiscovery
-
-    found = WorkerDiscovery(settings, state.pool, state.config.limits.max_workers, state.monitor.refresh)
-
-    async def lifetime(_: web.Application) -> AsyncIterator[None]:
-        await found.start()
-        yield
-        await found.stop()
-
-    app.cleanup_ctx.append(lifetime)
-    state.metrics.registry.register(DiscoveryCollector(found))

@@ -32,7 +32,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from prefix_router.events import DROPPED_CONNECTION
-from prefix_router.proxy.config import Config
+from prefix_router.node import Config
 
 log = logging.getLogger("prefix_router.processes")
 

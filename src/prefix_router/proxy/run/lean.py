@@ -42,9 +42,8 @@ from aiohttp.tcp_helpers import tcp_nodelay
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from prefix_router.proxy.context import AppContext
+from prefix_router.node import MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES, STATE, NodeState
 from prefix_router.proxy.edge.handlers import GUARDED, ROUTED, NotedHandler, answer
-from prefix_router.proxy.edge.http_errors import MAX_HEADER_BYTES, MAX_HEADERS, MAX_URL_BYTES
 from prefix_router.proxy.edge.request import WholeRequest
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ class LeanServer:
 
     def __init__(
         self,
-        state: AppContext,
+        state: NodeState,
         routes: dict[bytes, NotedHandler],
         fallback: Callable[[], asyncio.Protocol],
         keepalive_timeout: float,
@@ -145,6 +144,16 @@ def lean_routes(app: web.Application) -> dict[bytes, NotedHandler]:
             if route.method == "POST" and route.handler is GUARDED[path]:
                 found[path.encode()] = ROUTED[path]
     return found
+
+
+def front_door(
+    app: web.Application, fallback: Callable[[], asyncio.Protocol], keepalive_timeout: float
+) -> LeanServer | None:
+    """The proxy's app's front door (``node.life.server.FRONT``): a ``LeanServer`` for its generation
+    routes under ``http_server: lean``, else None (aiohttp's connection handler serves alone)."""
+    state = app[STATE]
+    routes = lean_routes(app) if state.config.http_server == "lean" else {}
+    return LeanServer(state, routes, fallback, keepalive_timeout) if routes else None
 
 
 class LeanConnection:

@@ -8,7 +8,7 @@ children's worst exit status. Each child binds the same port with ``SO_REUSEPORT
 new connections across them) and joins the local channel (``replication.local``): index changes and
 in-flight counts reach the other processes within about 10 ms (50 ms), and every ``/metrics`` scrape,
 whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
-worker pool is shared too (``proxy.shared_pool``): admin changes reach every process, and process 0
+worker pool is shared too (``node.control.shared_pool``): admin changes reach every process, and process 0
 alone probes and scrapes the engines, for all of them. Workers whose KV events the router binds
 (``kv_events.bind``) get one more process, started first: the fan-out (``event_fanout``), which binds
 those endpoints once and forwards every message to every serving process; it is restarted as they are.
@@ -36,9 +36,7 @@ from types import FrameType
 
 from aiohttp import web
 
-from prefix_router.proxy.config import Config
-from prefix_router.proxy.context import CONTEXT, AppContext
-from prefix_router.proxy.ops.shared_pool import SharedPool
+from prefix_router.node import STATE, Config, NodeState, SharedPool
 from prefix_router.proxy.run.event_fanout import FanoutPlan, run_fanout, wanted
 from prefix_router.replication import LocalReplication, ReplicationCollector
 
@@ -68,7 +66,7 @@ def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
 
 def install_local_replication(app: web.Application, directory: Path, index: int, count: int) -> None:
     """Join the local channel of ``count`` processes for the app's lifetime; /metrics adds the others'."""
-    state: AppContext = app[CONTEXT]
+    state: NodeState = app[STATE]
     local = LocalReplication(state.router, directory, index, count, clock=state.clock)
     state.metrics.peers = local.snapshots
     shared = SharedPool(state, local, index)
@@ -87,7 +85,7 @@ def install_local_replication(app: web.Application, directory: Path, index: int,
     state.metrics.registry.register(ReplicationCollector(local))
 
 
-async def _publish(state: AppContext, local: LocalReplication, shared: SharedPool) -> None:
+async def _publish(state: NodeState, local: LocalReplication, shared: SharedPool) -> None:
     """Every ``METRICS_INTERVAL_S``: this process's metrics and the admin changes it knows."""
     while True:
         await asyncio.sleep(METRICS_INTERVAL_S)

@@ -1,0 +1,152 @@
+"""The admin API under ``/admin``: bearer-token protected, off without a configured token. Every change
+(add, remove, drain, undrain a worker) and every refused call is written to the audit log
+(``node.telemetry.audit``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pydantic
+from aiohttp import web
+
+from prefix_router.node.control.routes import Handler, json_response
+from prefix_router.node.request.auth import check_admin
+from prefix_router.node.request.errors import ProxyError, bad_request
+from prefix_router.node.state import STATE, AdminChange, NodeState
+from prefix_router.node.telemetry.audit import audit
+from prefix_router.pool import PoolError, WorkerSettings
+from prefix_router.settings import describe
+
+MAX_ADMIN_BODY = 64 * 1024
+
+
+def admin_only(handler: Handler) -> Handler:
+    return guard(handler, None)
+
+
+def admin_change(action: str) -> Callable[[Handler], Handler]:
+    """An admin call that changes the pool: audited with its outcome (the status it answered)."""
+    return lambda handler: guard(handler, action)
+
+
+def guard(handler: Handler, action: str | None) -> Handler:
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        try:
+            check_admin(request.app[STATE].admin_token, request.headers)
+        except ProxyError as err:
+            if err.status == 401:
+                audit("admin_refused", logging.WARNING, method=request.method, path=request.path,
+                      remote=request.remote)  # fmt: skip
+            return err.response()
+        response = await answer(handler, request)
+        if action is not None:
+            worker = request.match_info.get("name") or request.get(ADDED_NAME)
+            audit(action, worker=worker, url=request.get(ADDED_URL), status=response.status,
+                  remote=request.remote)  # fmt: skip
+        return response
+
+    return wrapper
+
+
+async def answer(handler: Handler, request: web.Request) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as err:
+        return err.response()
+    except PoolError as err:
+        status = 404 if str(err).startswith("unknown") else 409
+        return ProxyError(
+            status, str(err), code="worker_conflict" if status == 409 else "not_found"
+        ).response()
+
+
+# what add_worker was asked to add, for its audit line
+ADDED_NAME = web.RequestKey("prefix_router_added_name", str)
+ADDED_URL = web.RequestKey("prefix_router_added_url", str)
+
+
+@admin_only
+async def list_workers(request: web.Request) -> web.StreamResponse:
+    pool = request.app[STATE].pool
+    return json_response({"workers": [pool.public(w) for w in pool]})
+
+
+@admin_change("admin_add_worker")
+async def add_worker(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    cfg = worker_config(await read_json(request))
+    request[ADDED_NAME], request[ADDED_URL] = cfg.resolved_name(), cfg.url
+    worker = state.pool.add(cfg)
+    told(state, AdminChange("add", worker.name, cfg))
+    await state.monitor.refresh(worker)
+    return json_response({"worker": state.pool.public(worker)}, status=201)
+
+
+@admin_change("admin_remove_worker")
+async def remove_worker(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    view = state.pool.public(state.pool.require(request.match_info["name"]))  # with what still runs there
+    worker = state.pool.remove(request.match_info["name"])
+    state.metrics.forget_worker(worker.name)
+    told(state, AdminChange("remove", worker.name))
+    return json_response({"removed": view})
+
+
+@admin_change("admin_drain_worker")
+async def drain_worker(request: web.Request) -> web.StreamResponse:
+    return set_draining(request.app[STATE], request.match_info["name"], True)
+
+
+@admin_change("admin_undrain_worker")
+async def undrain_worker(request: web.Request) -> web.StreamResponse:
+    return set_draining(request.app[STATE], request.match_info["name"], False)
+
+
+@admin_only
+async def routing_summary(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    return json_response(
+        {"policy": state.config.routing.policy, "summary": state.router.summary(state.clock())}
+    )
+
+
+def set_draining(state: NodeState, name: str, draining: bool) -> web.Response:
+    worker = state.pool.drain(name, draining)
+    told(state, AdminChange("drain" if draining else "undrain", worker.name))
+    return json_response({"worker": state.pool.public(worker)})
+
+
+def told(state: NodeState, change: AdminChange) -> None:
+    """Tell whoever follows this process's admin changes (the other processes of ``serve --processes``)."""
+    if state.on_admin is not None:
+        state.on_admin(change)
+
+
+async def read_json(request: web.Request) -> Any:
+    too_big = request.content_length is not None and request.content_length > MAX_ADMIN_BODY
+    raw = b"" if too_big else await request.read()
+    if too_big or len(raw) > MAX_ADMIN_BODY:
+        raise ProxyError(413, f"admin request body over {MAX_ADMIN_BODY} bytes", code="request_too_large")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"invalid JSON body: {exc}", code="invalid_json") from None
+
+
+def worker_config(data: Any) -> WorkerSettings:
+    try:
+        return WorkerSettings.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise bad_request(describe(exc).removeprefix("invalid config: "), code="invalid_worker") from None
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/workers", list_workers)
+    app.router.add_post("/admin/workers", add_worker)
+    app.router.add_delete("/admin/workers/{name}", remove_worker)
+    app.router.add_post("/admin/workers/{name}/drain", drain_worker)
+    app.router.add_post("/admin/workers/{name}/undrain", undrain_worker)
+    app.router.add_get("/admin/routing", routing_summary)

@@ -1,0 +1,138 @@
+"""Answers to requests the router cannot parse or route, in the OpenAI error shape like every other error.
+
+- HTTP parse errors (a control byte in a header, a header or URL over its limit, too many headers, bad
+  framing) never reach the application: aiohttp's ``RequestHandler.handle_error`` answers them, and by
+  default logs a traceback whose message quotes the offending bytes (a bearer token, say) and echoes them in
+  a ``text/plain`` body. ``OpenAIRequestHandler`` answers 414 (request target over ``MAX_URL_BYTES``),
+  431 (a header line over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS`` headers) or 400, with a fixed
+  message, and logs one line naming the error class, never a byte of the request.
+- Unknown paths and wrong methods: ``not_routed``, a catch-all route registered last (``CATCH_ALL``, any
+  path, newlines included: ``/health%0a`` decodes to one), answers 404, or 405 with ``Allow`` when the
+  path exists under other methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from prefix_router.node.request.errors import ProxyError
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# aiohttp checks the request target against max_line_size and each header line against max_field_size;
+# the two limits differ so that an over-long line says which it was (414 or 431)
+MAX_URL_BYTES = 16 * 1024
+MAX_HEADER_BYTES = 8190
+MAX_HEADERS = 128
+HANDLER_LIMITS: dict[str, Any] = {
+    "max_line_size": MAX_URL_BYTES,
+    "max_field_size": MAX_HEADER_BYTES,
+    "max_headers": MAX_HEADERS,
+}
+
+
+def parse_error(exc: BaseException | None) -> ProxyError:
+    """The answer to a request aiohttp's parser refused, without a byte of the request in it."""
+    if isinstance(exc, LineTooLong) and len(exc.args) > 1 and str(exc.args[1]) == str(MAX_URL_BYTES):
+        return ProxyError(414, f"request target over {MAX_URL_BYTES} bytes", code="uri_too_long")
+    if isinstance(exc, LineTooLong):
+        return ProxyError(431, f"a header line over {MAX_HEADER_BYTES} bytes", code="header_too_large")
+    if isinstance(exc, HttpProcessingError) and exc.message == "Too many headers received":
+        return ProxyError(431, f"more than {MAX_HEADERS} headers", code="header_too_large")
+    name = type(exc).__name__ if exc is not None else "unknown"
+    return ProxyError(400, f"malformed HTTP request ({name})", code="bad_http_request")
+
+
+class OpenAIRequestHandler(RequestHandler):
+    """aiohttp's connection handler, answering errors outside the application in the OpenAI error shape."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        if status == 400 and isinstance(exc, HttpProcessingError):
+            err = parse_error(exc)
+            name = type(exc).__name__
+            log.info("refused a malformed request from %s: %d %s", request.remote, err.status, name)
+        else:  # a bug of the router's, not the client's input: logged with its traceback
+            self.log_exception("error handling a request from %s", request.remote, exc_info=exc)
+            err = ProxyError(500, "internal router error", type="server_error", code="internal_error")
+        response = err.response()
+        response.force_close()
+        return response
+
+
+class Connections(Protocol):
+    """Another connection handler's connections (``proxy.run.lean``): made, and closed at shutdown."""
+
+    def __call__(self) -> asyncio.Protocol: ...
+
+    def pre_shutdown(self) -> None: ...
+
+    async def shutdown(self, timeout: float | None) -> None: ...
+
+
+class OpenAIServer(web.Server):
+    """``web.Server`` whose connections are handled by ``OpenAIRequestHandler``, or first by ``lean``
+    when set (which hands connections to ``handler``'s)."""
+
+    lean: Connections | None = None
+
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]  # any connection handler
+        return self.handler() if self.lean is None else self.lean()
+
+    def handler(self) -> RequestHandler:
+        return OpenAIRequestHandler(self, loop=self._loop, **self._kwargs)
+
+    def pre_shutdown(self) -> None:
+        if self.lean is not None:
+            self.lean.pre_shutdown()
+        super().pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        if self.lean is not None:
+            await self.lean.shutdown(timeout)
+        await super().shutdown(timeout)
+
+
+CATCH_ALL = "not_routed"
+# what a route's {tail} takes: anything, newlines included (a pattern of "." stops at a decoded %0A)
+ANY_PATH = r"[\s\S]"
+
+
+async def not_routed(request: web.Request) -> web.StreamResponse:
+    """404 for an unknown path, 405 (with ``Allow``) for a known path under another method."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.name != CATCH_ALL:
+            allowed |= (await resource.resolve(request))[1]
+    if not allowed:
+        return ProxyError(404, "unknown path (the API is under /v1/)", code="not_found").response()
+    return method_not_allowed(request.method, ", ".join(sorted(allowed)))
+
+
+def method_not_allowed(method: str, allowed: str) -> web.Response:
+    response = ProxyError(405, f"method {method} not allowed here", code="method_not_allowed").response()
+    response.headers["Allow"] = allowed
+    return response
+
+
+def add_catch_all(app: web.Application, handler: Handler) -> None:
+    """Register ``handler`` (``not_routed``, or a wrapper of it) for every path and method: call after
+    every other route."""
+    app.router.add_route("*", "/{tail:" + ANY_PATH + "*}", handler, name=CATCH_ALL)
