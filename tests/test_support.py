@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from support import needs
+from support.bodies import ask, turns
 from support.routers import Routers
 
 TESTS = Path(__file__).parent
@@ -49,3 +50,15 @@ def test_each_providing_fixture_is_defined() -> None:
         for name in re.findall(r"@pytest\.fixture[^\n]*\n(?:async )?def (\w+)", path.read_text())
     }
     assert set(needs.BY_FIXTURE) <= defined, set(needs.BY_FIXTURE) - defined
+
+
+def test_bodies_are_built_as_the_api_reads_them() -> None:
+    assert ask("q", "s", stream=True) == {
+        "model": "m",
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}],
+        "stream": True,
+    }
+    assert list(ask("q", max_tokens=1)) == ["model", "messages", "max_tokens"]
+    assert turns([{"type": "text", "text": "t"}]) == [
+        {"role": "user", "content": [{"type": "text", "text": "t"}]}
+    ]

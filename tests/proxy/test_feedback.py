@@ -12,6 +12,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.protocol import MATCH_HEADER
+from support.bodies import ask
 from support.waiting import wait_until
 
 TOKEN = "admin-token-for-feedback-tests"
@@ -19,8 +20,7 @@ SYSTEMS = [f"system prompt number {i}. " + "Answer like a careful librarian woul
 
 
 def chat(system: str, question: str = "hello?", stream: bool = False) -> dict[str, Any]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    return {"model": "m", "messages": messages, "stream": stream}
+    return ask(question, system, stream=stream)
 
 
 async def predicted(url: str, body: dict[str, Any]) -> int:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.events import BlockStored
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
+from support.bodies import ask
 from support.kv_events import FakePublisher, free_port
 from support.waiting import wait_until
 
@@ -23,10 +24,7 @@ SYSTEM = "You answer questions about parcels, politely and briefly. " * 40
 
 
 def chat(question: str) -> dict[str, Any]:
-    return {
-        "model": "m",
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-    }
+    return ask(question, SYSTEM)
 
 
 async def send(url: str, body: dict[str, Any]) -> tuple[str, int]:

@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, model_dir, unavailable_reason
-from support import needs
+from support import bodies, needs
 from support.routers import RouterFactory, RouterHandle
 from support.waiting import wait_until
 
@@ -103,8 +103,7 @@ def prose(seed: int, words: int) -> str:
 
 
 def chat(system: str, question: str, **extra: Any) -> dict[str, Any]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    return {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0, **extra}
+    return bodies.ask(question, system, MODEL, **({"max_tokens": 4, "temperature": 0} | extra))
 
 
 async def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
