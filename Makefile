@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest pytest-compiled compiled clean llama vllm redis
+.PHONY: demo test unit lint typecheck pytest pytest-compiled compiled clean llama vllm redis
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,11 @@ compiled: $(STAMP)
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
 COMPILED_TESTS := tests/routing tests/node tests/proxy tests/reliability tests/security tests/pool tests/epp tests/replication \
     tests/e2e
+
+# The fast loop: the tests that need no real engine, no Redis and no compiled build (pytest markers, applied
+# by tests/support/needs.py), on the pure source; the venv is all it installs.
+unit: $(STAMP)
+	$(PYTEST) -m "not engine and not redis and not compiled"
 
 pytest: $(STAMP) llama vllm redis compiled
 	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST)

@@ -5,7 +5,7 @@ any aiohttp app served and stopped, free ports and recorded engine pages."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from aiohttp import web
 from hypothesis import settings
 
 from prefix_router.node.life.server import Running, start
-from support import net
+from support import needs, net
 from support.engines import Behaviour, FakeEngine
 from support.routers import RouterFactory, Routers
 from support.serving import ServeFactory, ServeProcesses
@@ -33,11 +33,20 @@ VLLM_PACKAGE = TESTS / "e2e" / "vllm"
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n N --dist loadgroup`` (``make pytest``) each module runs on one worker, so its
     module-scoped fixtures start once, and the real-vLLM package runs on one worker, so its one fleet
-    serves all three modules. Without ``-n`` the groups do nothing."""
+    serves all three modules. Without ``-n`` the groups do nothing. Each test is marked with what its
+    fixtures need (``support.needs``: ``make unit`` leaves those out) before ``-m`` selects."""
     for item in items:
         in_vllm = item.path.is_relative_to(VLLM_PACKAGE)
         group = VLLM_PACKAGE if in_vllm else item.path
         item.add_marker(pytest.mark.xdist_group(str(group.relative_to(TESTS))))
+        needs.mark(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """The test being run, for ``support.needs.require`` to check its markers."""
+    with needs.running(item):
+        yield
 
 
 ServeApp = Callable[[web.Application], Awaitable[Running]]
@@ -133,6 +142,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from the GGUF that ``make llama`` installs (missing: a failure, never a skip)."""
     from prefix_router.lab.bench.fidelity.models import all_model_dirs, smollm2_gguf
 
+    needs.require("engine")
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.fail("the SmolLM2 GGUF is not installed: run scripts/install-llama-cpp.sh (make llama)")

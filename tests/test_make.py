@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from support import needs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,3 +76,17 @@ def test_make_pytest_runs_two_workers_by_module() -> None:
     )
     run = next(line for line in dry.stdout.splitlines() if "-m pytest" in line)
     assert "-n 2 --dist loadgroup" in run
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_unit_leaves_out_every_need() -> None:
+    """``make unit`` selects the tests with none of ``support.needs.NEEDS``' markers, and installs no
+    engine, Redis or compiled build first."""
+    dry = subprocess.run(
+        ["make", "-n", "unit"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    run = next(line for line in dry.stdout.splitlines() if "-m pytest" in line)
+    assert f'-m "{needs.UNIT}"' in run and "-n 2" in run
+    assert not any(
+        script in dry.stdout for script in ("install-llama", "install-vllm", "redis-server", "build-compiled")
+    )

@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from prefix_router.lab.launch.llama_cpp import LlamaCppFleet, unavailable_reason
+from support import needs
 
 
 def load_harness() -> ModuleType:
@@ -28,6 +29,7 @@ def load_harness() -> ModuleType:
 
 
 def require_llama_venv() -> None:
+    needs.require("engine")
     reason = unavailable_reason()
     if reason is not None:  # make test installs it (make llama): missing is a failure, never a skip
         pytest.fail(reason)

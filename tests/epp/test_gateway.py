@@ -15,6 +15,7 @@ from openai import APIStatusError
 from prefix_router.events import BlockStored
 from prefix_router.lab.launch.envoy import DESTINATION_HEADER, EnvoyOptions
 from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
+from support.bodies import turns
 from support.gateway import Gateway, Gateways
 from support.kv_events import FakePublisher, free_port
 from support.waiting import wait_until
@@ -23,7 +24,7 @@ SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
 
 
 def chat(user: str, system: str = SYSTEM) -> list[Any]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return turns(user, system)
 
 
 WITHOUT_RESPONSE_HEADERS = {

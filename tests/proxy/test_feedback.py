@@ -11,7 +11,8 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefix_router.protocol import MATCH_HEADER
+from support.bodies import ask
+from support.client import routed
 from support.waiting import wait_until
 
 TOKEN = "admin-token-for-feedback-tests"
@@ -19,17 +20,12 @@ SYSTEMS = [f"system prompt number {i}. " + "Answer like a careful librarian woul
 
 
 def chat(system: str, question: str = "hello?", stream: bool = False) -> dict[str, Any]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    return {"model": "m", "messages": messages, "stream": stream}
+    return ask(question, system, stream=stream)
 
 
 async def predicted(url: str, body: dict[str, Any]) -> int:
     """Send ``body`` (not streamed) and return the router's prediction for it."""
-    async with aiohttp.ClientSession() as http:
-        resp = await http.post(url + "/v1/chat/completions", json=body)
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-        return int(resp.headers[MATCH_HEADER])
+    return (await routed(url, body))[1]
 
 
 async def admin_routing(url: str) -> Any:

@@ -13,7 +13,8 @@ import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.events import BlockStored
-from prefix_router.protocol import MATCH_HEADER, WORKER_HEADER
+from support.bodies import ask
+from support.client import routed
 from support.kv_events import FakePublisher, free_port
 from support.waiting import wait_until
 
@@ -23,18 +24,7 @@ SYSTEM = "You answer questions about parcels, politely and briefly. " * 40
 
 
 def chat(question: str) -> dict[str, Any]:
-    return {
-        "model": "m",
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-    }
-
-
-async def send(url: str, body: dict[str, Any]) -> tuple[str, int]:
-    async with aiohttp.ClientSession() as http:
-        resp = await http.post(url + "/v1/chat/completions", json=body)
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-        return resp.headers[WORKER_HEADER], int(resp.headers[MATCH_HEADER])
+    return ask(question, SYSTEM)
 
 
 async def test_routing_and_predictions_follow_the_engines_events(
@@ -71,8 +61,8 @@ async def test_routing_and_predictions_follow_the_engines_events(
         event = BlockStored(tuple(range(1, held // BS + 1)), None, tuple(ids[:held]), BS)
         await pubs["b"].publish([event])
         await wait_until(lambda: state.router.precise.held_blocks("b") == held // BS)
-        assert await send(router.url, body) == ("b", held)
-        assert await send(router.url, chat("Where is parcel 7?")) == ("b", held)  # the same: no event yet
+        assert await routed(router.url, body) == ("b", held)
+        assert await routed(router.url, chat("Where is parcel 7?")) == ("b", held)  # the same: no event yet
 
         async with aiohttp.ClientSession() as http:
             text = await (await http.get(router.url + "/metrics")).text()
@@ -132,13 +122,13 @@ async def test_without_a_local_template_the_engine_renders_the_request(
         held = len(ids) // BS * BS
         await pub.publish([BlockStored(tuple(range(1, held // BS + 1)), None, tuple(ids[:held]), BS)])
         await wait_until(lambda: state.router.precise.held_blocks("b") == held // BS)
-        assert await send(router.url, body) == ("b", held)
-        assert await send(router.url, body) == ("b", held)
+        assert await routed(router.url, body) == ("b", held)
+        assert await routed(router.url, body) == ("b", held)
         renders = state.renders
         assert renders is not None and (renders.stats.requests, renders.stats.cached) == (1, 1)
         assert len([s for s in b.seen if s.path.endswith("/render")]) == 1 and not a.generations
         b.b.render_status = 500  # a failing render: the approximate view, nothing else changes
-        worker, _ = await send(router.url, chat("Something else entirely?"))
+        worker, _ = await routed(router.url, chat("Something else entirely?"))
         assert worker in ("a", "b") and renders.stats.failures == 1
     finally:
         await pub.close()

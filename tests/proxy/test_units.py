@@ -11,6 +11,8 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefix_router.protocol import MATCH_HEADER
+from support.bodies import ask
+from support.client import routed
 
 TOKEN = "admin-token-for-units-tests"
 WORDS = "the quick brown fox jumps over a lazy dog while careful librarians answer every question "
@@ -18,17 +20,11 @@ WORDS = "the quick brown fox jumps over a lazy dog while careful librarians answ
 
 def chat(n: int, question: str = "what is in the catalogue?") -> dict[str, Any]:
     system = f"system prompt {n:04d}. " + WORDS * 50  # ~4,300 characters: ~1,080 nominal tokens
-    return {
-        "model": "m",
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
-    }
+    return ask(question, system)
 
 
 async def predicted(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
-    async with http.post(url + "/v1/chat/completions", json=body) as resp:
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-        return int(resp.headers[MATCH_HEADER])
+    return (await routed(url, body, http))[1]
 
 
 async def repeat_after_warmup(engine: Any, url: str) -> tuple[int, int]:

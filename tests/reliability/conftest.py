@@ -1,7 +1,6 @@
 """Fixtures for fault tests: routers (``support.routers``), scriptable
 misbehaving engines on raw sockets, an engine that records when each request is cancelled, and the ``kit``
-of helpers (test modules are imported with ``--import-mode=importlib`` and cannot import this file; shared
-helpers live in ``support``)."""
+of helpers (``support.kits.ReliabilityKit``)."""
 
 from __future__ import annotations
 
@@ -15,21 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
-import psutil
 import pytest
 from aiohttp import web
 
 from prefix_router.lab.sim.server import READY_PREFIX
 from prefix_router.node.life.server import Running
-from prefix_router.protocol import POLICY_HEADER
+from support.kits import ReliabilityKit
 from support.routers import RouterFactory, RouterHandle, Routers
-from support.waiting import wait_until
-
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "tell me a story " * 20}]}
-RR = {POLICY_HEADER: "round_robin"}
-
 
 # ------------------------------------------------------------------------------------------ routers
 
@@ -341,50 +333,6 @@ async def sim_process() -> AsyncIterator[SimFactory]:
             await proc.kill()
 
 
-# ------------------------------------------------------------------------------------------ helpers
-
-
-class Kit:
-    CHAT = CHAT
-    RR = RR
-
-    wait_until = staticmethod(wait_until)
-
-    @staticmethod
-    def client_sockets(port: int) -> list[Any]:
-        """This process's TCP sockets connected to ``port`` (the router's side of upstream connections)."""
-        return [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port]
-
-    @staticmethod
-    def lingering_sockets(port: int) -> list[Any]:
-        """Sockets to ``port`` the peer already closed but this process kept open: a leak."""
-        return [c for c in Kit.client_sockets(port) if c.status == psutil.CONN_CLOSE_WAIT]
-
-    @staticmethod
-    def quiescent(router: RouterHandle) -> bool:
-        """Nothing in flight anywhere: the pool, each worker, the routing core, the deadline registry."""
-        state = router.state
-        return (
-            state.pool.total_in_flight() == 0
-            and all(state.pool.in_flight(w.name) == 0 for w in state.pool)
-            and state.router.load.tracked() == 0
-            and len(state.deadlines) == 0
-        )
-
-    @staticmethod
-    async def post(
-        url: str, body: Any = CHAT, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions"
-    ) -> tuple[int, Any, bytes]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
-            resp = await http.post(url + path, data=orjson.dumps(body), headers=headers)
-            return resp.status, resp.headers, await resp.read()
-
-    @staticmethod
-    def events(raw: bytes) -> list[bytes]:
-        """The ``data:`` payloads of an SSE body."""
-        return [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
-
-
 @pytest.fixture
-def kit() -> type[Kit]:
-    return Kit
+def kit() -> type[ReliabilityKit]:
+    return ReliabilityKit

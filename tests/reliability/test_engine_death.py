@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from prefix_router.protocol import WORKER_HEADER
+from support.bodies import ask
 
 SETTINGS = {
     "health.interval_s": 0.1,
@@ -29,8 +30,7 @@ SYSTEM = "You are the assistant of a team that tests routers by killing engines.
 
 
 def chat(i: int, stream: bool, max_tokens: int = 300) -> dict[str, Any]:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"request {i}"}]
-    return {"model": "m", "messages": messages, "max_tokens": max_tokens, "stream": stream}
+    return ask(f"request {i}", SYSTEM, max_tokens=max_tokens, stream=stream)
 
 
 def outcome(status: int, headers: Any, raw: bytes, stream: bool, kit: Any) -> str:

@@ -1,8 +1,8 @@
-"""A real ``redis-server`` per test (on a free loopback port, no persistence), stopped by the fixture."""
+"""A real ``redis-server`` per test (on a free loopback port, no persistence), stopped by the fixture;
+replicas attached to it, and the ``kit`` of helpers (``support.kits.ReplicationKit``)."""
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
 import socket
@@ -14,14 +14,11 @@ from pathlib import Path
 import pytest
 
 from prefix_router.replication import RedisReplication, ReplicationSettings, attach
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Outcome, RouteRequest
+from support import needs
+from support.kits import ReplicationKit
 from support.net import free_port
-from support.waiting import wait_until
 
 REDIS = shutil.which("redis-server")
-WORKERS = ("w0", "w1", "w2", "w3")
 
 
 class RedisProcess:
@@ -73,6 +70,7 @@ class RedisProcess:
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    needs.require("redis")
     if REDIS is None:  # a failure, never a skip: `make test` installs it (make redis)
         pytest.fail("redis-server is not installed: run `make redis` (scripts/redis-server.sh ensure)")
     server = RedisProcess(REDIS, tmp_path)
@@ -85,25 +83,6 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
         server.kill()
 
 
-def make_router(seed: int = 0, **knobs: object) -> Router:
-    cfg = RoutingSettings.model_validate(
-        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 10_000}, **knobs}
-    )
-    router = Router(cfg, random.Random(seed))
-    for name in WORKERS:
-        router.add_worker(name)
-    return router
-
-
-def fast_config(**changes: object) -> ReplicationSettings:
-    base: dict[str, object] = dict(
-        read_block_ms=50, load_interval_s=0.05, load_ttl_s=1.0, backoff_initial_s=0.02, backoff_max_s=0.2,
-        op_timeout_s=0.5, connect_timeout_s=0.5, warmup_timeout_s=2.0,
-    )  # fmt: skip
-    base.update(changes)
-    return ReplicationSettings(**base)  # type: ignore[arg-type]
-
-
 class Replicas:
     """Routers attached to one Redis; all stopped at teardown."""
 
@@ -114,8 +93,8 @@ class Replicas:
     async def add(
         self, seed: int = 0, cfg: ReplicationSettings | None = None, **kw: object
     ) -> RedisReplication:
-        router = make_router(seed)
-        state = await attach(router, self.url, f"r{len(self.states)}", cfg or fast_config(), **kw)  # type: ignore[arg-type]
+        router, config = ReplicationKit.make_router(seed), cfg or ReplicationKit.fast_config()
+        state = await attach(router, self.url, f"r{len(self.states)}", config, **kw)  # type: ignore[arg-type]
         self.states.append(state)
         return state
 
@@ -133,41 +112,6 @@ async def replicas(redis_server: RedisProcess) -> AsyncIterator[Replicas]:
         await group.close()
 
 
-class Kit:
-    """Helpers for the tests (a fixture: test modules cannot import each other here)."""
-
-    WORKERS = WORKERS
-    make_router = staticmethod(make_router)
-    fast_config = staticmethod(fast_config)
-
-    @staticmethod
-    def request(rid: str, blocks: tuple[int, ...]) -> RouteRequest:
-        return RouteRequest(rid, blocks, 16, 16 * len(blocks) + 3, hash_key=blocks[0] if blocks else 0)
-
-    @staticmethod
-    def dispatch(
-        router: Router,
-        rid: str,
-        blocks: tuple[int, ...],
-        now: float,
-        finish: bool = True,
-        candidates: list[str] | None = None,
-    ) -> str:
-        """Route and dispatch one request (the index insert is shared); optionally finish it."""
-        req = Kit.request(rid, blocks)
-        decision = router.route(req, candidates or list(WORKERS), now)
-        router.dispatched(req, decision, now)
-        if finish:
-            router.finished(req, decision.worker, Outcome(), now)
-        return decision.worker
-
-    @staticmethod
-    def prefix(tag: int, length: int = 4) -> tuple[int, ...]:
-        return tuple(tag * 1000 + i for i in range(length))
-
-    wait_until = staticmethod(wait_until)
-
-
 @pytest.fixture
-def kit() -> type[Kit]:
-    return Kit
+def kit() -> type[ReplicationKit]:
+    return ReplicationKit

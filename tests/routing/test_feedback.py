@@ -14,29 +14,20 @@ from hypothesis import strategies as st
 from prefix_router.routing.router import ChangeKind, IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
+from support.routing import new_router, prefix
+from support.routing import route_request as req
 
 CAPACITY = 16 * 1000  # tokens, 1000 blocks of 16
 
 
 def make_router(**feedback: object) -> Router:
-    cfg = RoutingSettings.model_validate(
+    return new_router(
         {
             "keys": {"block_tokens": 16},
             "index": {"worker_capacity_tokens": CAPACITY},
             "feedback": {"min_capacity_tokens": 16 * 100, **feedback},
         }
     )
-    router = Router(cfg, random.Random(0))
-    router.add_worker("a")
-    return router
-
-
-def prefix(tag: int, length: int = 4) -> tuple[int, ...]:
-    return tuple(tag * 1000 + i for i in range(length))
-
-
-def req(rid: str, blocks: tuple[int, ...]) -> RouteRequest:
-    return RouteRequest(rid, blocks, 16, 16 * len(blocks) + 5, hash_key=blocks[0] if blocks else 0)
 
 
 def serve(router: Router, request: RouteRequest, now: float, first: bool = True, **outcome: object) -> int:

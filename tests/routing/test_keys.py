@@ -11,13 +11,10 @@ from hypothesis import strategies as st
 
 from prefix_router.routing.keys import InvalidRequest, KeyBuilder
 from prefix_router.routing.settings import KeySettings
+from support.bodies import chat
 
 CFG = KeySettings(block_chars=16, block_tokens=4)
 KEYS = KeyBuilder(CFG)
-
-
-def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": messages, **extra}
 
 
 def blocks(body: dict[str, Any], tenant: str | None = None, cfg: KeySettings = CFG) -> tuple[int, ...]:

@@ -3,33 +3,26 @@ workers removed and re-added while their requests run, late finishes."""
 
 from __future__ import annotations
 
-import random
-
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.router import IndexChange, Router
-from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings
 from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
+from support.routing import new_router, route_request
 
 WORKERS = ("a", "b", "c")
 
 
 def make_router() -> tuple[Router, list[IndexChange]]:
-    router = Router(
-        RoutingSettings(keys=KeySettings(block_tokens=16), index=IndexSettings(worker_capacity_tokens=1600)),
-        random.Random(0),
-    )
-    for name in WORKERS:
-        router.add_worker(name)
+    router = new_router({"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 1600}}, WORKERS)
     changes: list[IndexChange] = []
     router.on_change = changes.append
     return router, changes
 
 
 def request(rid: str, blocks: tuple[int, ...] = (1, 2, 3), session: str | None = None) -> RouteRequest:
-    return RouteRequest(rid, blocks, 16, 16 * len(blocks) + 5, hash_key=1, session=session)
+    return route_request(rid, blocks, hash_key=1, session=session)
 
 
 def passthrough(rid: str) -> RouteRequest:

@@ -7,21 +7,13 @@ import pytest
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
+from support.routing import new_router
+from support.routing import route_request as rr
 
 
 def make_router(**kw: object) -> Router:
-    cfg = RoutingSettings.model_validate(
-        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 100}, **kw}
-    )
-    router = Router(cfg, random.Random(0))
-    for name in ("a", "b", "c"):
-        router.add_worker(name)
-    return router
-
-
-def rr(rid: str, blocks: tuple[int, ...], session: str | None = None) -> RouteRequest:
-    return RouteRequest(
-        rid, blocks, 16, 16 * len(blocks) + 5, hash_key=blocks[0] if blocks else 0, session=session
+    return new_router(
+        {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": 16 * 100}, **kw}, ("a", "b", "c")
     )
 
 

@@ -4,25 +4,19 @@ view after a restart's first message, and the agreement counted against the engi
 
 from __future__ import annotations
 
-import random
-
 from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefix_router.routing.precise import precise_chain, precise_seed
 from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Outcome, RouteRequest
+from support.routing import new_router
 
 BS = 8  # the engines' block size; the index's is 4 (keys.block_tokens)
 WORKERS = ["a", "b", "c"]
 
 
 def make_router() -> Router:
-    cfg = RoutingSettings.model_validate(
-        {"keys": {"block_tokens": 4}, "precise": {"block_tokens": BS, "silence_s": 5, "speculative_ttl_s": 2}}
-    )
-    router = Router(cfg, rng=random.Random(3))
-    for w in WORKERS:
-        router.add_worker(w)
+    precise = {"block_tokens": BS, "silence_s": 5, "speculative_ttl_s": 2}
+    router = new_router({"keys": {"block_tokens": 4}, "precise": precise}, WORKERS, seed=3)
     router.add_event_worker("a", "m")
     router.add_event_worker("b", "m")  # "c" publishes nothing: the approximate view (hybrid)
     return router

@@ -13,6 +13,7 @@ from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.settings import KeySettings
 from prefix_router.routing.template import ChatTemplate, TemplateError
 from prefix_router.settings import ConfigError
+from support.bodies import chat
 
 SYSTEM = {"role": "system", "content": "You run the storage cluster. Follow the runbook to the letter. " * 20}
 TOOL = {
@@ -23,10 +24,6 @@ TOOL = {
         "parameters": {"type": "object", "properties": {}},
     },
 }
-
-
-def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": messages, **extra}
 
 
 def builder(path: Path, **knobs: Any) -> KeyBuilder:

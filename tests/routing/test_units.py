@@ -29,6 +29,7 @@ from prefix_router.routing.units import (
     count_marks,
     count_prefix,
 )
+from support.routing import new_router
 
 BLOCKS = 100  # blocks of 16 nominal tokens (64 characters at 4 per token)
 
@@ -43,12 +44,7 @@ def text_req(rid: str, tag: int = 1, blocks: int = BLOCKS, model: str | None = "
 
 
 def make_router(**units_knobs: object) -> Router:
-    cfg = RoutingSettings.model_validate(
-        {"index": {"worker_capacity_tokens": 16 * 1000}, "units": units_knobs}
-    )
-    router = Router(cfg, random.Random(0))
-    router.add_worker("a")
-    return router
+    return new_router({"index": {"worker_capacity_tokens": 16 * 1000}, "units": units_knobs})
 
 
 def serve(router: Router, req: RouteRequest, engine_tokens: int | None, now: float = 0.0) -> int:

@@ -1,23 +1,20 @@
 """Fixtures for security tests: a router over real HTTP (``support.routers``), an engine that records (and
-can echo) what it receives, a listener that must never be reached, and raw-socket helpers (``kit``: test
-modules are imported with ``--import-mode=importlib`` and cannot import this file)."""
+can echo) what it receives, a listener that must never be reached, and raw-socket helpers (``kit``:
+``support.kits.SecurityKit``)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 
 from prefix_router.node.life.server import Running
-from support.waiting import wait_until
+from support.kits import SecurityKit
 
 
 @dataclass
@@ -113,84 +110,6 @@ async def tripwire() -> AsyncIterator[Tripwire]:
         await wire.server.wait_closed()
 
 
-class Kit:
-    CHAT: ClassVar[dict[str, Any]] = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "hello there " * 10}],
-    }
-    # a body that every generation endpoint accepts
-    ANY: ClassVar[dict[str, Any]] = {**CHAT, "prompt": "hello there " * 10, "input": "hello"}
-
-    @staticmethod
-    async def post(
-        url: str, body: Any = None, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions"
-    ) -> tuple[int, Any, bytes]:
-        data = body if isinstance(body, bytes) else orjson.dumps(Kit.CHAT if body is None else body)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
-            resp = await http.post(url + path, data=data, headers=headers)
-            return resp.status, resp.headers, await resp.read()
-
-    @staticmethod
-    async def raw(port: int, data: bytes, timeout_s: float = 10.0, pause_s: float = 0.0) -> bytes:
-        """Send raw bytes (in pieces ``pause_s`` apart when ``data`` is split with b"|PAUSE|") and read
-        until the router closes the connection or ``timeout_s``; returns what came back (``<cut>`` when
-        the router hung up on a request without a word)."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        received = bytearray()
-        try:
-            for i, piece in enumerate(data.split(b"|PAUSE|")):
-                if i:
-                    await asyncio.sleep(pause_s)
-                writer.write(piece)
-                await writer.drain()
-            await asyncio.wait_for(_read_all(reader, received), timeout_s)
-        except (ConnectionError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-        return bytes(received) or b"<cut>"
-
-    @staticmethod
-    def status_of(response: bytes) -> int:
-        """The status code of a raw HTTP response (0 if there is none)."""
-        parts = response.split(b" ", 2)
-        return int(parts[1]) if len(parts) > 1 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else 0
-
-    wait_until = staticmethod(wait_until)
-
-    @staticmethod
-    async def refused_config(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-        """Run ``serve`` with a configuration it must refuse: (exit code, stderr)."""
-        return await _refused_config(*args, env=env)
-
-    @staticmethod
-    def openai_error(raw: bytes) -> dict[str, Any]:
-        body = orjson.loads(raw)
-        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-        error: dict[str, Any] = body["error"]
-        return error
-
-
-async def _read_all(reader: asyncio.StreamReader, into: bytearray) -> None:
-    while chunk := await reader.read(65536):
-        into += chunk
-
-
 @pytest.fixture
-def kit() -> type[Kit]:
-    return Kit
-
-
-async def _refused_config(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``serve`` with a configuration it must refuse: (exit code, stderr)."""
-    argv = ["-m", "prefix_router.proxy", "serve", "--port", "0", *args]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})}
-    )
-    try:
-        _, err = await asyncio.wait_for(process.communicate(), 30)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return int(process.returncode or 0), err.decode()
+def kit() -> type[SecurityKit]:
+    return SecurityKit

@@ -25,6 +25,7 @@ from prefix_router.node.config import load_config
 from prefix_router.node.life.server import start
 from prefix_router.protocol import WORKER_HEADER
 from prefix_router.proxy.run.app import create_app
+from support import bodies
 
 MAX_BODY = 24 * 1024 * 1024
 FUZZ = settings(
@@ -216,7 +217,7 @@ def _is_utf8(data: bytes) -> bool:
 
 
 def chat(content: Any, n: int = 1) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": content}] * n}
+    return bodies.chat(bodies.turns(content) * n)
 
 
 def _nest(depth: int) -> Any:

@@ -14,16 +14,14 @@ import pytest
 from prefix_router.lab.sim.server import EngineSimSettings, build_app
 from prefix_router.node.request.auth import tenant_of
 from prefix_router.protocol import MATCH_HEADER, SESSION_HEADER, WORKER_HEADER
+from support.bodies import ask
 
 SYSTEM = "Confidential system prompt of tenant A: the merger closes on Friday. " * 20
 A, B = {"Authorization": "Bearer key-tenant-a"}, {"Authorization": "Bearer key-tenant-b"}
 
 
 def chat(user: str, system: str = SYSTEM) -> dict[str, Any]:
-    return {
-        "model": "m",
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-    }
+    return ask(user, system)
 
 
 async def three_workers(echo_engine: Any, start_router: Any, isolate: bool, **settings: Any) -> Any:

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 1100  # a cold build: about 4 minutes on a busy 2-core machine
 
 
 def compiled_lib() -> Path:
+    needs.require("compiled")
     given = os.environ.get("COMPILED_ROUTING_CORE_LIB")
     if given:
         return Path(given)

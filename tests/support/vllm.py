@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 
 from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, model_dir, unavailable_reason
+from support import bodies, needs
 from support.routers import RouterFactory, RouterHandle
 from support.waiting import wait_until
 
@@ -55,6 +56,7 @@ def fleet_settings(log_dir: Path) -> VllmSettings:
 
 
 def require_vllm_venv() -> None:
+    needs.require("engine")
     reason = unavailable_reason()
     if reason is not None:  # make test installs it (make vllm): missing is a failure, never a skip
         pytest.fail(reason)
@@ -101,8 +103,7 @@ def prose(seed: int, words: int) -> str:
 
 
 def chat(system: str, question: str, **extra: Any) -> dict[str, Any]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    return {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0, **extra}
+    return bodies.ask(question, system, MODEL, **({"max_tokens": 4, "temperature": 0} | extra))
 
 
 async def post_json(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:

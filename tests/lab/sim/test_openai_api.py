@@ -5,12 +5,13 @@ from typing import Any
 import pytest
 
 from prefix_router.lab.sim.openai_api import MAX_BATCH, ApiError, EngineLimits, parse
+from support.bodies import ask
 
 LIMITS = EngineLimits("m", 16, 4096)
 
 
 def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    return ask("hi") | extra
 
 
 @pytest.mark.parametrize(
