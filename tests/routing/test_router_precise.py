@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored
-from prefix_router.routing.precise import precise_chain, precise_seed
+from prefix_router.routing.precise import PreciseTuning, precise_chain, precise_seed
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Outcome, RouteRequest
@@ -18,9 +18,9 @@ WORKERS = ["a", "b", "c"]
 
 def make_router() -> Router:
     cfg = RoutingSettings.model_validate(
-        {"keys": {"block_tokens": 4}, "precise": {"block_tokens": BS, "silence_s": 5, "speculative_ttl_s": 2}}
+        {"keys": {"block_tokens": 4, "mode": "events"}, "events": {"block_tokens": BS}}
     )
-    router = Router(cfg, rng=random.Random(3))
+    router = Router(cfg, rng=random.Random(3), precise=PreciseTuning(silence_s=5, speculative_ttl_s=2))
     for w in WORKERS:
         router.add_worker(w)
     router.add_event_worker("a", "m")
