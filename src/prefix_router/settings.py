@@ -94,8 +94,8 @@ def describe(exc: pydantic.ValidationError) -> str:
     return f"invalid config: {key + ': ' if key else ''}{msg}{more}"
 
 
-# old dotted key -> what to write instead (a key refused for one release; a removed section's key covers
-# every key under it)
+# old dotted key -> what to write instead, refused for one release (``retired_key``: ``A.*`` stands for every
+# key of section ``A``)
 _DERIVED = "removed: derived from"
 _CONSTANT = "removed: a constant of"
 RETIRED_KEYS: dict[str, str] = {
@@ -116,13 +116,13 @@ RETIRED_KEYS: dict[str, str] = {
     "routing.precise.home_load_slack": f"{_DERIVED} routing.sessions.load_slack",
     "routing.precise.render_timeout_s": f"{_CONSTANT} proxy/edge/render.py (RENDER_TIMEOUT_S, 2 s)",
     "routing.precise.max_rendered": f"{_CONSTANT} proxy/edge/render.py (MAX_RENDERED, 10000)",
-    "routing.precise": f"{_CONSTANT} routing/precise.py (PreciseTuning); the section is routing.events",
+    "routing.precise.*": f"{_CONSTANT} routing/precise.py (PreciseTuning); the section is routing.events",
     "limits.exact_parse_in_thread_bytes": "renamed limits.template_parse_in_thread_bytes",
     # constants beside their algorithms
     "routing.feedback.page_tokens": f"{_CONSTANT} routing/feedback.py (FeedbackTuning, vLLM's 16-token page)",
-    "routing.feedback": f"{_CONSTANT} routing/feedback.py (FeedbackTuning)",
+    "routing.feedback.*": f"{_CONSTANT} routing/feedback.py (FeedbackTuning)",
     "routing.units.learn": "",  # still a key (listed so that its section's entry below spares it)
-    "routing.units": f"{_CONSTANT} routing/units.py (UnitTuning); routing.units.learn stays",
+    "routing.units.*": f"{_CONSTANT} routing/units.py (UnitTuning); routing.units.learn stays",
     "routing.trackers.engine_load_stale_s": f"{_CONSTANT} routing/load.py (ENGINE_LOAD_STALE_S, 10 s)",
     "routing.policies.consistent_hash.max_rings": (
         f"{_CONSTANT} routing/policies/consistent_hash.py (MAX_RINGS, 32)"
@@ -137,17 +137,20 @@ RETIRED_KEYS: dict[str, str] = {
 
 
 def retired_key(data: Mapping[str, Any], table: Mapping[str, str] = RETIRED_KEYS) -> str | None:
-    """The first leaf of ``data`` (nested mappings; an empty one is a leaf) that ``table`` retires, as
-    ``"KEY: HINT"`` (KEY: the table's entry, the leaf or a section above it; the longest entry decides,
-    an empty hint sparing the key); None when there is none."""
+    """The first key of ``data`` (nested mappings) that ``table`` retires, as ``"KEY: HINT"``; None when
+    there is none. An entry ``A.B`` retires that key (and anything under it: KEY is ``A.B``); ``A.*``
+    every key in section ``A`` (KEY is the one given). The longest entry decides; an empty hint spares
+    the key."""
     for leaf in _leaf_keys(data):
         parts = leaf.split(".")
         for end in range(len(parts), 0, -1):
             key = ".".join(parts[:end])
-            hint = table.get(key)
+            hint, named = table.get(key), key
+            if hint is None and end < len(parts):
+                hint, named = table.get(key + ".*"), ".".join(parts[: end + 1])
             if hint is not None:
                 if hint:
-                    return f"{key}: {hint}"
+                    return f"{named}: {hint}"
                 break
     return None
 

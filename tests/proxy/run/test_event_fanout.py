@@ -130,7 +130,11 @@ async def test_every_process_gets_every_event(tmp_path: Path, serve_process: Any
     config = tmp_path / "serve.yaml"
     worker = {"url": engine.url, "name": "sim", "models": ["sim"],
               "kv_events": {"endpoint": endpoint, "bind": True, "topic": "kv"}}  # fmt: skip
-    config.write_text(json.dumps({"workers": [worker], "routing": {"precise": {"block_tokens": 16}}}))
+    config.write_text(
+        json.dumps(
+            {"workers": [worker], "routing": {"keys": {"mode": "events"}, "events": {"block_tokens": 16}}}
+        )
+    )
     try:
         served = await serve_process(
             "--config", str(config), "--processes", "2", "--set", f"auth.admin_token={TOKEN}",
