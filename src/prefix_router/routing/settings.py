@@ -8,7 +8,8 @@ routing:
     tokenizer: null           # mode tokenizer: a local tokenizer.json
     templates: {}             # mode template (events: optional): model -> local model directory
     block_tokens: 16          # tokens per block, in every mode
-    chars_per_token: 4.0      # ...
+    chars_per_token: 4.0      # a text token's bytes until learned (a text block: 64 bytes)
+    max_prefix_chars: 1048576 # the key's examined prefix
   index: {worker_capacity_tokens: 1000000, max_total_blocks: 2000000, ttl_s: 3600, max_prefix_blocks: null}
   trackers: {max_tracked_requests: 100000, attention_tokens: 32768}
   sessions: {header: x-session-id, affinity: true, max_sessions: 100000, load_factor: 1.25, load_slack: 2}
@@ -41,7 +42,6 @@ from prefix_router.routing.precise import PreciseSettings
 from prefix_router.settings import Section
 
 KeyMode = Literal["characters", "tokenizer", "template", "events"]
-KEY_MODES: tuple[KeyMode, ...] = ("characters", "tokenizer", "template", "events")
 
 
 class KeySettings(Section):
