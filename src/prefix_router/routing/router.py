@@ -190,7 +190,7 @@ class Router:
         changed is rebuilt, its own state, such as a round-robin position, starting over), session
         affinity, feedback tolerance and tenant isolation (``keys.isolate_tenants``: new requests are keyed
         in their tenant's namespace, or not). What sizes live state (the rest of ``keys``, ``index``,
-        ``trackers``, ``units``, ``precise``, ``sessions.max_sessions``) must not change (ValueError):
+        ``trackers``, ``units``, ``events``, ``sessions.max_sessions``) must not change (ValueError):
         that needs a new ``Router``."""
         same = ("index", "trackers", "units", "events")
         isolation = {"isolate_tenants": self.cfg.keys.isolate_tenants}
