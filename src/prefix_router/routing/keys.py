@@ -2,7 +2,7 @@
 
 Two keys, per model (``routing.keys.mode`` names what they read):
 
-- Canonical (``routing/canonical.py``; modes ``characters`` and ``tokenizer``): chat requests become a
+- Default (``routing/canonical.py``; modes ``characters`` and ``tokenizer``): chat requests become a
   canonical text in the order chat templates render them (first system message, tools with the client's
   key order, documents, the other messages; reasoning only where templates keep it). Blocks are
   ``block_chars`` UTF-8 bytes, or ``block_tokens`` token ids of a local ``tokenizer.json`` (mode
@@ -10,7 +10,7 @@ Two keys, per model (``routing.keys.mode`` names what they read):
 - Exact (``routing/template.py``; mode ``template``, or ``events``, for the models in ``templates``): the
   model's own chat template and tokenizer render and tokenize the request; blocks are ``block_tokens``
   ids, the engine's page size. A request the template refuses, or one bringing its own
-  ``chat_template``, falls back to the canonical key.
+  ``chat_template``, falls back to the default key.
 
 Completions use the prompt string, or token ids hashed as ids; a batch routes by its first prompt. The first
 block is seeded with a namespace (model, LoRA adapter, ``cache_salt``, the digest of prompt options that
