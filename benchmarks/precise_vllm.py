@@ -206,8 +206,11 @@ def run_mode(
         "workers": workers,
         "routing": {
             "policy": "prefix",
-            "keys": {"exact_models": {} if mode == "render" else {MODEL: str(MODEL_DIR)}},
-            "precise": {"block_tokens": BLOCK},
+            "keys": {
+                "mode": "events" if mode in ("precise", "render") else "template",
+                "templates": {} if mode == "render" else {MODEL: str(MODEL_DIR)},
+            },
+            "events": {"block_tokens": BLOCK},
         },
     }
     path = tmp / f"{mode}.yaml"

@@ -42,15 +42,21 @@ def make_router(package: str, seed: int, cap_tokens: int) -> tuple[Any, Any]:
     router_mod = importlib.import_module(f"{package}.routing.router")
     settings = importlib.import_module(f"{package}.routing.settings")
     types = importlib.import_module(f"{package}.routing.types")
+    learning = {"warmup": 2, "min_sample_tokens": 16}
+    # the learning's constants: ``routing.units`` knobs before issue 40, ``UnitTuning`` since
+    knobs = "warmup" in settings.UnitSettings.model_fields
     cfg = settings.RoutingSettings.model_validate(
         {
             "policy": "prefix",
             "keys": {"block_tokens": 16},
             "index": {"worker_capacity_tokens": cap_tokens, "max_total_blocks": 3000, "ttl_s": 50.0},
-            "units": {"warmup": 2, "min_sample_tokens": 16},
+            "units": learning if knobs else {},
         }
     )
-    return router_mod.Router(cfg, random.Random(seed)), types
+    if knobs:
+        return router_mod.Router(cfg, random.Random(seed)), types
+    tuning = importlib.import_module(f"{package}.routing.units").UnitTuning(**learning)
+    return router_mod.Router(cfg, random.Random(seed), units=tuning), types
 
 
 class Trial:

@@ -4,7 +4,7 @@ resident memory, descriptors and tables sampled as it runs.
 
 The traffic mixes multi-turn conversations (with session ids, so the session table churns), one-off prompts
 over shared system prompts (so the prefix index fills up and evicts), completions, streams and not, several
-tenants (``routing.keys.isolate_tenants``), and two injected faults: clients that hang up mid-stream, and
+tenants (``tenants.isolate``), and two injected faults: clients that hang up mid-stream, and
 (with ``--kill-every``) an engine killed with SIGKILL and restarted on its address a few seconds later.
 Small table bounds are configured so that they bind within minutes.
 
@@ -128,7 +128,7 @@ def wait_ready_line(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> N
 def router_argv(opts: argparse.Namespace, engines: list[Engine], port: int, token: str) -> list[str]:
     settings = {
         "auth.admin_token": token,
-        "routing.keys.isolate_tenants": "true",
+        "tenants.isolate": "true",
         "routing.index.max_total_blocks": opts.max_total_blocks,
         "routing.sessions.max_sessions": opts.max_sessions,
         "health.interval_s": 0.5,

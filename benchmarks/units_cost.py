@@ -10,7 +10,7 @@ in ``rounds`` rounds so that the shared machine's noise falls on every column al
 - ``count``: ``count_marks`` over the key's bytes alone (the part of ``key`` the content value adds);
 - ``route``: ``Router.route`` of the prompt fully indexed on 3 of 64 workers (1,000,000 blocks indexed),
   and of a prompt whose first half only is indexed (on 3 others), the model's units learned (10 reports),
-  with ``routing.units.by_content`` on (the match valued by the classes of its own blocks: one more count,
+  with ``UnitTuning.by_content`` on (the match valued by the classes of its own blocks: one more count,
   of the matched bytes or of the rest, whichever is shorter) and off (nominal x the scale).
 
 Printed: the median over rounds of each mean, in microseconds, and the ratios.
@@ -35,7 +35,7 @@ from prefix_router.routing import (
     Router,
     RouteRequest,
     RoutingSettings,
-    UnitSettings,
+    UnitTuning,
     count_marks,
 )
 
@@ -45,8 +45,8 @@ BLOCKS = 1_000_000
 
 def make_router(by_content: bool) -> Router:
     index = IndexSettings(max_total_blocks=2 * BLOCKS, ttl_s=1e9, worker_capacity_tokens=1 << 40)
-    cfg = RoutingSettings(policy="prefix", index=index, units=UnitSettings(by_content=by_content))
-    router = Router(cfg, rng=random.Random(0))
+    cfg = RoutingSettings(policy="prefix", index=index)
+    router = Router(cfg, rng=random.Random(0), units=UnitTuning(by_content=by_content))
     for i in range(WORKERS):
         router.add_worker(f"w{i}")
     fill(router, BLOCKS, IndexBenchSettings().seed)

@@ -24,7 +24,7 @@ REQUEST_ID_HEADER = "x-request-id"
 router, sent to the engine and returned to the client; the access log's ``request_id``."""
 
 SESSION_HEADER = "x-session-id"
-"""Request header carrying the session id for sticky routing (the default of ``session_header``)."""
+"""Request header carrying the session id for sticky routing (the default of ``routing.sessions.header``)."""
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry in the Mooncake trace format (traces read and ``--record`` lines written)."""

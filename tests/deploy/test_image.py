@@ -30,7 +30,7 @@ def needed_modules(config: Any) -> set[str]:
     needs = set()
     if config.discovery.kind == "kubernetes":
         needs.add("kubernetes")
-    if config.routing.keys.exact_models or config.routing.keys.tokenizer_path:
+    if config.routing.keys.templates or config.routing.keys.tokenizer:
         needs.add("tokenizers")  # exact mode / token-id keys
     return needs
 

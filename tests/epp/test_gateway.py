@@ -445,7 +445,7 @@ async def test_precise_mode_keys_rendered_by_the_event_fed_engine(
     fake_engine: Any, gateways: Gateways
 ) -> None:
     """Precise mode as ``serve`` runs it: without a local template, the event-fed engine renders the
-    request's token ids (``routing.precise.render``); its KV events then decide the choice and the
+    request's token ids (``routing.events.render``); its KV events then decide the choice and the
     prediction, and a second request finds the render cached."""
     block = 16
     a = await fake_engine("a", render_ids=fake_ids)
@@ -456,7 +456,9 @@ async def test_precise_mode_keys_rendered_by_the_event_fed_engine(
         {"url": a.url, "name": "a", "models": ["m"]},
         {"url": b.url, "name": "b", "models": ["m"], "kv_events": events},
     ]
-    gateway = await gateways.start(*entries, settings={"routing.precise.block_tokens": block})
+    gateway = await gateways.start(
+        *entries, settings={"routing.keys.mode": "events", "routing.events.block_tokens": block}
+    )
     state = gateway.state
     context = zmq.asyncio.Context()
     publisher = FakePublisher(context, f"tcp://127.0.0.1:{port}", bind=False)

@@ -8,8 +8,10 @@ from typing import Any
 
 import pydantic
 import pytest
+import yaml
 
 from prefix_router.node.config import Config, load_config
+from prefix_router.node.life.flags import effective_yaml
 from prefix_router.settings import ConfigError, set_dotted
 
 YAML = """
@@ -24,7 +26,7 @@ workers:
     api_key: upstream-key
 routing:
   policy: least_load
-  keys: {block_chars: 128}
+  keys: {block_tokens: 32}
 timeouts: {connect_s: 1.5}
 auth: {admin_token: abcdefgh12}
 """
@@ -46,8 +48,8 @@ def test_yaml_is_read(config_file: Path) -> None:
     assert worker.api_key is not None and worker.api_key.get_secret_value() == "upstream-key"
     assert "upstream-key" not in repr(cfg)
     assert cfg.routing.policy == "least_load" and cfg.routing.keys.block_chars == 128
-    assert cfg.routing.keys.block_tokens == 32  # a block of 128 chars is 32 tokens (chars_per_token 4)
-    assert cfg.routing.keys.hash_prefix_chars == 512  # untouched knobs keep their defaults
+    assert cfg.routing.keys.block_tokens == 32  # a block of 32 tokens is 128 chars (chars_per_token 4)
+    assert cfg.routing.keys.max_prefix_chars == 1_048_576  # untouched knobs keep their defaults
     assert cfg.timeouts.connect_s == 1.5
 
 
@@ -83,7 +85,7 @@ def test_workers_from_env_and_flags_replace_the_file_list(config_file: Path) -> 
     [
         ({"port": "eighty"}, "port"),
         ({"port": 70000}, "port"),
-        ({"routing.keys.block_chars": 0}, "routing.keys.block_chars"),
+        ({"routing.keys.block_tokens": 0}, "routing.keys.block_tokens"),
         ({"routing.keys.max_prefix_chars": 0}, "routing.keys.max_prefix_chars"),
         ({"routing.policy": "nope"}, "routing.policy"),
         ({"routing.bogus_knob": 1}, "routing.bogus_knob"),
@@ -219,22 +221,23 @@ def test_one_engine_twice_under_different_base_paths_is_two_workers() -> None:
         ({}, False),
         ({"auth.api_keys": ["k1"]}, False),
         ({"auth.api_keys": ["k1", "k2"]}, True),
-        ({"auth.forward_client_auth": True}, True),
-        ({"auth.api_keys": ["k1", "k2"], "routing.keys.isolate_tenants": False}, False),
-        ({"routing.keys.isolate_tenants": True}, True),
+        ({"tenants.forward_client_auth": True}, True),
+        ({"auth.api_keys": ["k1", "k2"], "tenants.isolate": False}, False),
+        ({"tenants.isolate": True}, True),
     ],
 )
 def test_tenant_isolation_defaults_to_on_with_several_tenants(
     settings: dict[str, object], isolated: bool
 ) -> None:
-    assert load_config(env={}, overrides=settings).routing.keys.isolate_tenants is isolated
+    loaded = load_config(env={}, overrides=settings)
+    assert loaded.tenants.isolate is loaded.routing.keys.isolate_tenants is isolated
     data: dict[str, Any] = {}
     for key, value in settings.items():
         set_dotted(data, key, value)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # pydantic warns when a validator's result would be dropped
         built = Config(**data)  # built directly (tests, embedders), not through model_validate
-    assert built.routing.keys.isolate_tenants is isolated
+    assert built.tenants.isolate is built.routing.keys.isolate_tenants is isolated
 
 
 # ---------------------------------------------------------------------------------------- service links
@@ -287,3 +290,79 @@ def test_other_unknown_keys_still_fail_on_one_line(name: str, value: str) -> Non
         load_config(env={**LINKS, name: value})
     message = str(err.value)
     assert "\n" not in message and name.removeprefix("PREFIX_ROUTER_").lower().replace("__", ".") in message
+
+
+# ---------------------------------------------------------------------------------------- fewer knobs
+
+
+def leaf_count(value: Any) -> int:
+    """The leaves of a printed configuration (``serve --print-config``): an empty mapping has none."""
+    if isinstance(value, dict):
+        return sum(leaf_count(item) for item in value.values())
+    return 1
+
+
+def test_the_knobs_stay_few() -> None:
+    """A knob stays only where an operator has a real choice: adding one must be a decision (this count)."""
+    printed = yaml.safe_load(effective_yaml(load_config(env={})))
+    assert leaf_count(printed["routing"]) <= 45
+    assert leaf_count(printed) == 126
+
+
+@pytest.mark.parametrize(
+    ("old", "value", "new"),
+    [
+        ("routing.keys.exact_models", {"m": "/models/m"}, "routing.keys.templates"),
+        ("routing.keys.tokenizer_path", "/models/m/tokenizer.json", "routing.keys.tokenizer"),
+        ("routing.keys.isolate_tenants", True, "tenants.isolate"),
+        ("auth.forward_client_auth", True, "tenants.forward_client_auth"),
+        ("session_header", "x-conv", "routing.sessions.header"),
+        ("routing.precise.block_tokens", 128, "routing.events.block_tokens"),
+        ("routing.precise.silence_s", 5, "PreciseTuning"),
+        ("routing.precise.home_load_slack", 1, "routing.sessions.load_slack"),
+        ("routing.keys.block_chars", 128, "routing.keys.block_tokens"),
+        ("routing.feedback.tolerance", 0.4, "FeedbackTuning"),
+        ("routing.units.warmup", 2, "UnitTuning"),
+        ("limits.exact_parse_in_thread_bytes", 1, "limits.template_parse_in_thread_bytes"),
+    ],
+)
+def test_a_retired_key_is_refused_with_its_new_name(old: str, value: Any, new: str, tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    nested: dict[str, Any] = {}
+    set_dotted(nested, old, value)
+    path.write_text(yaml.safe_dump(nested))
+    env = {"PREFIX_ROUTER_" + old.upper().replace(".", "__"): yaml.safe_dump(value, default_flow_style=True)}
+    for source in ({"path": path, "env": {}}, {"env": env}, {"env": {}, "overrides": {old: value}}):
+        with pytest.raises(ConfigError) as err:
+            load_config(**source)  # type: ignore[arg-type]
+        message = str(err.value)
+        assert "\n" not in message and old.split(".")[-1] in message and new in message, (source, message)
+
+
+def test_a_kept_key_under_a_retired_section_is_accepted() -> None:
+    assert load_config(env={"PREFIX_ROUTER_ROUTING__UNITS__LEARN": "false"}).routing.units.learn is False
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"routing.keys.mode": "tokenizer"}, "mode tokenizer needs routing.keys.tokenizer"),
+        ({"routing.keys.tokenizer": "/t.json"}, "tokenizer: only with mode tokenizer"),
+        ({"routing.keys.mode": "template"}, "mode template needs routing.keys.templates"),
+        ({"routing.keys.mode": "word"}, "routing.keys.mode"),
+        (
+            {"workers": [{"url": "http://a:1", "kv_events": {"endpoint": "tcp://a:5557"}}]},
+            "workers.0.kv_events: needs routing.keys.mode: events",
+        ),
+    ],
+)
+def test_a_key_mode_and_its_inputs_must_agree(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(env={}, overrides=settings)
+    assert "\n" not in str(err.value)
+
+
+def test_workers_with_kv_events_in_mode_events() -> None:
+    workers = [{"url": "http://a:1", "kv_events": {"endpoint": "tcp://a:5557"}}]
+    cfg = load_config(env={}, overrides={"workers": workers, "routing.keys.mode": "events"})
+    assert cfg.routing.keys.mode == "events" and cfg.workers[0].kv_events is not None

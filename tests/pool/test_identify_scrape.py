@@ -12,6 +12,7 @@ from prefix_router.pool.identify import Identifier, parse_models
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.scrape import MetricsScraper
 from prefix_router.pool.settings import ScrapeSettings, WorkerSettings
+from prefix_router.routing.load import ENGINE_LOAD_STALE_S
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 
@@ -75,7 +76,7 @@ async def test_scrape_feeds_engine_load_and_capacity(router: Router, pool: Worke
     assert worker.learned_capacity == 16_000 and router.index.capacity_tokens("w1") == 16_000
     # the engine stops answering: its last load goes stale and stops counting, routing carries on
     fetcher.table["http://w1:8000/metrics"] = FetchError("timeout")
-    clock[0] = 100.0 + RoutingSettings().trackers.engine_load_stale_s + 1
+    clock[0] = 100.0 + ENGINE_LOAD_STALE_S + 1
     assert await scraper.scrape(worker) is None
     assert router.load.snapshot("w1", clock[0]).queue_depth == 0
 

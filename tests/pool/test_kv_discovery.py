@@ -77,7 +77,8 @@ async def test_the_router_follows_an_advertised_endpoint(
     pub.tagged = False  # SGLang's events are positional arrays
     try:
         router = await start_router(
-            {"url": engine.url, "name": "sg"}, settings={"routing.precise.block_tokens": BS}
+            {"url": engine.url, "name": "sg"},
+            settings={"routing.keys.mode": "events", "routing.events.block_tokens": BS},
         )
         state = router.state
         worker = state.pool.require("sg")

@@ -15,7 +15,7 @@ from prefix_router.events import DROPPED_CONNECTION, BlockStored
 from prefix_router.pool.kv_events import EventSubscriptions
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerSettings
-from prefix_router.routing.precise import Staleness, precise_chain, precise_seed
+from prefix_router.routing.precise import PreciseTuning, Staleness, precise_chain, precise_seed
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from support.kv_events import FakePublisher, free_port
@@ -50,7 +50,8 @@ async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
 
 
 def setup(bind: bool, endpoint: str, replay: str | None = None) -> tuple[Router, EventSubscriptions, Clock]:
-    router = Router(RoutingSettings.model_validate({"precise": {"block_tokens": BS, "stale_hold_s": 5}}))
+    cfg = RoutingSettings.model_validate({"keys": {"mode": "events"}, "events": {"block_tokens": BS}})
+    router = Router(cfg, precise=PreciseTuning(stale_hold_s=5))
     pool = WorkerPool(router, 8)
     events = {"endpoint": endpoint, "bind": bind, "topic": "kv", "model": "m", "replay_endpoint": replay}
     pool.add(WorkerSettings.model_validate({"url": "http://127.0.0.1:9", "name": "w", "kv_events": events}))

@@ -115,7 +115,7 @@ async def test_upstream_credentials_replace_the_clients_and_never_come_back(
 
 async def test_client_auth_is_forwarded_only_when_configured(fake_engine: Any, start_router: Any) -> None:
     engine = await fake_engine("a")
-    router = await start_router(engine, settings={"auth.forward_client_auth": True})
+    router = await start_router(engine, settings={"tenants.forward_client_auth": True})
     await router.openai(api_key="client-key").chat.completions.create(**CHAT)
     assert engine.generations[0].headers["Authorization"] == "Bearer client-key"
 

@@ -153,7 +153,9 @@ async def test_exact_mode_predicts_whole_pages_of_the_rendered_tokens(
 
     path = model_dirs["qwen2.5"].path
     engines = [await fake_engine(n, reply="ok") for n in ("a", "b")]
-    router = await start_router(*engines, settings={"routing.keys.exact_models": {"m": str(path)}})
+    router = await start_router(
+        *engines, settings={"routing.keys.mode": "template", "routing.keys.templates": {"m": str(path)}}
+    )
     template = ChatTemplate(path)
     ids = template.chat_ids(body(tools=TOOLS))
     other = template.chat_ids(body(tools=OTHER_TOOLS))

@@ -100,7 +100,7 @@ async def test_engine_tokenize_endpoint_outside_v1_is_passed_through(
 
 async def test_session_header_gives_sticky_routing(fake_engine: Any, start_router: Any) -> None:
     engines = [await fake_engine(n) for n in ("a", "b", "c", "d")]
-    router = await start_router(*engines, settings={"session_header": "x-conv"})
+    router = await start_router(*engines, settings={"routing.sessions.header": "x-conv"})
     client = router.openai()
     for session in ("s1", "s2"):
         seen = set()

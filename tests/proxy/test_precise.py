@@ -41,8 +41,9 @@ async def test_routing_and_predictions_follow_the_engines_events(
         }
     settings = {
         "auth.admin_token": TOKEN,
-        "routing.keys.exact_models": {"m": str(model_dirs["smollm2"].path)},
-        "routing.precise.block_tokens": BS,
+        "routing.keys.mode": "events",
+        "routing.keys.templates": {"m": str(model_dirs["smollm2"].path)},
+        "routing.events.block_tokens": BS,
     }
     router = await start_router(*entries, settings=settings)
     state = router.state
@@ -108,7 +109,9 @@ async def test_without_a_local_template_the_engine_renders_the_request(
         {"url": b.url, "name": "b", "models": ["m"],
          "kv_events": {"endpoint": f"tcp://127.0.0.1:{port}", "bind": True, "topic": "kv"}},
     ]  # fmt: skip
-    router = await start_router(*entries, settings={"routing.precise.block_tokens": BS})
+    router = await start_router(
+        *entries, settings={"routing.keys.mode": "events", "routing.events.block_tokens": BS}
+    )
     state = router.state
     ctx = zmq.asyncio.Context()
     pub = FakePublisher(ctx, f"tcp://127.0.0.1:{port}", bind=False)

@@ -86,7 +86,9 @@ async def fleet(start_router: Any) -> AsyncIterator[Fleet]:
             })  # fmt: skip
             if engine_binds:
                 await engine.start()
-        router = await start_router(*entries, settings={"routing.precise.block_tokens": 16})
+        router = await start_router(
+            *entries, settings={"routing.keys.mode": "events", "routing.events.block_tokens": 16}
+        )
         for engine in engines[-n:]:
             if engine.running is None:  # started after the router (it binds): admitted as if probed
                 await engine.start()

@@ -129,7 +129,7 @@ async def test_a_second_client_key_turns_tenant_isolation_on(
             assert other.status == 200
             assert other.headers["x-prefix-router-prefix-match"] == "0"
     line = served.lines("audit=config_reload ")[0]
-    assert "routing.keys.isolate_tenants=False->True" in line and "restart_needed=none" in line
+    assert "tenants.isolate=False->True" in line and "restart_needed=none" in line
 
 
 async def test_sighup_with_a_file_that_is_not_utf8_changes_nothing(

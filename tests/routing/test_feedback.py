@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prefix_router.routing.feedback import FeedbackTuning
 from prefix_router.routing.router import ChangeKind, IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
@@ -21,13 +22,9 @@ CAPACITY = 16 * 1000  # tokens, 1000 blocks of 16
 
 
 def make_router(**feedback: object) -> Router:
-    return new_router(
-        {
-            "keys": {"block_tokens": 16},
-            "index": {"worker_capacity_tokens": CAPACITY},
-            "feedback": {"min_capacity_tokens": 16 * 100, **feedback},
-        }
-    )
+    tuning = FeedbackTuning(**{"min_capacity_tokens": 16 * 100, **feedback})  # type: ignore[arg-type]
+    settings = {"keys": {"block_tokens": 16}, "index": {"worker_capacity_tokens": CAPACITY}}
+    return new_router(settings, feedback=tuning)
 
 
 def serve(router: Router, request: RouteRequest, now: float, first: bool = True, **outcome: object) -> int:
@@ -234,10 +231,10 @@ def small_router(**feedback: object) -> Router:
         {
             "keys": {"block_tokens": 16},
             "index": {"worker_capacity_tokens": 16 * 12},
-            "feedback": {"min_capacity_tokens": 16, **feedback},
         }
     )
-    router = Router(cfg, random.Random(0))
+    tuning = FeedbackTuning(**{"min_capacity_tokens": 16, **feedback})  # type: ignore[arg-type]
+    router = Router(cfg, random.Random(0), feedback=tuning)
     router.add_worker("a")
     for tag, at in ((1, 0.0), (2, 50.0), (3, 90.0)):
         serve(router, req(f"p{tag}", prefix(tag)), at)

@@ -13,7 +13,7 @@ from prefix_router.routing.keys import InvalidRequest, KeyBuilder
 from prefix_router.routing.settings import KeySettings
 from support.bodies import chat
 
-CFG = KeySettings(block_chars=16, block_tokens=4)
+CFG = KeySettings(block_tokens=4)
 KEYS = KeyBuilder(CFG)
 
 
@@ -58,7 +58,7 @@ def test_tools_change_or_tenant_change_the_key() -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
     other = {"type": "function", "function": {"name": "g", "parameters": {}}}
     assert blocks(chat(msgs, tools=[tool])) != blocks(chat(msgs, tools=[other]))
-    isolated = KeySettings(block_chars=16, block_tokens=4, isolate_tenants=True)
+    isolated = KeySettings(block_tokens=4, isolate_tenants=True)
     assert blocks(chat(msgs), "t1", isolated)[0] != blocks(chat(msgs), "t2", isolated)[0]
     assert blocks(chat(msgs), "t1")[0] == blocks(chat(msgs), "t2")[0]  # shared when not isolated
 
@@ -139,7 +139,7 @@ def test_arbitrary_json_is_routed_or_rejected_never_crashes(body: dict[str, Any]
 
 
 def test_max_prefix_chars_caps_the_examined_prefix() -> None:
-    cfg = KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=32)
+    cfg = KeySettings(block_tokens=4, max_prefix_chars=32)
     body = chat([{"role": "user", "content": "x" * 500}])
     assert len(blocks(body, cfg=cfg)) == 2
 
@@ -169,7 +169,7 @@ def test_incremental_extension_equals_full_rehash(
 def test_incremental_extension_respects_the_prefix_cap(
     turn: list[dict[str, Any]], reply: str, cap: int
 ) -> None:
-    builder = KeyBuilder(KeySettings(block_chars=16, block_tokens=4, max_prefix_chars=cap))
+    builder = KeyBuilder(KeySettings(block_tokens=4, max_prefix_chars=cap))
     body, generated = chat(turn), {"role": "assistant", "content": reply}
     req = builder.build("chat", body, route_id="r")
     fast = builder.extend(req, "chat", body, generated)
@@ -234,7 +234,7 @@ def test_text_parts_are_joined_with_a_newline() -> None:
 
 
 def test_an_image_is_valued_at_image_tokens() -> None:
-    cfg = KeySettings(block_chars=16, block_tokens=4, image_tokens=300)
+    cfg = KeySettings(block_tokens=4, image_tokens=300)
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     text = {"type": "text", "text": "t" * 64}
     with_image = KeyBuilder(cfg).build(

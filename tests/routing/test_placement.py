@@ -5,16 +5,15 @@ order is the one the module's docstring and docs/routing.md list."""
 from __future__ import annotations
 
 import ast
-import random
 import re
 from pathlib import Path
 
 from prefix_router.events import BlockRemoved, BlockStored
 from prefix_router.routing.placement import STEPS
-from prefix_router.routing.precise import precise_chain, precise_seed
+from prefix_router.routing.precise import PreciseTuning, precise_chain, precise_seed
 from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Decision, RouteRequest
+from support.routing import new_router
 
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs" / "routing.md"
@@ -24,12 +23,8 @@ PROMPT = list(range(1, 43))  # 5 engine blocks and 2 tokens
 
 
 def make_router(**kw: object) -> Router:
-    cfg = RoutingSettings.model_validate(
-        {"keys": {"block_tokens": 4}, "precise": {"block_tokens": BS, "silence_s": 5}, **kw}
-    )
-    router = Router(cfg, rng=random.Random(3))
-    for w in ("a", "b", "c"):
-        router.add_worker(w)
+    settings = {"keys": {"block_tokens": 4, "mode": "events"}, "events": {"block_tokens": BS}, **kw}
+    router = new_router(settings, ("a", "b", "c"), seed=3, precise=PreciseTuning(silence_s=5))
     router.pipeline.trace = []
     return router
 

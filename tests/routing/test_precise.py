@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored
 from prefix_router.routing.precise import (
     PreciseSettings,
+    PreciseTuning,
     PreciseView,
     SeqVerdict,
     Staleness,
@@ -23,7 +24,7 @@ MODEL = "m"
 
 
 def view(**knobs: object) -> PreciseView:
-    v = PreciseView(PreciseSettings(block_tokens=BS, **knobs))  # type: ignore[arg-type]
+    v = PreciseView(PreciseSettings(block_tokens=BS), PreciseTuning(**knobs))  # type: ignore[arg-type]
     v.add_worker("a", MODEL)
     v.add_worker("b", MODEL)
     return v

@@ -24,7 +24,7 @@ def test_recorded_requests_predicted_as_the_engine_reported(model_dirs: dict[str
     for f in data["frames"]:
         m = decode_message([bytes.fromhex(x) for x in f])
         messages[m.seq] = m
-    keys = KeyBuilder(KeySettings(exact_models={MODEL: str(model_dirs["smollm2"].path)}))
+    keys = KeyBuilder(KeySettings(mode="events", templates={MODEL: str(model_dirs["smollm2"].path)}))
     keys.precise_block_tokens = 128
     view = PreciseView(PreciseSettings(block_tokens=128))
     view.add_worker("w", MODEL)
@@ -54,7 +54,7 @@ def test_recorded_requests_predicted_as_the_engine_reported(model_dirs: dict[str
 def test_precise_keys_carry_the_salt_the_engine_sees_and_none_for_unsalted_isolated_tenants(
     model_dirs: dict[str, Any],
 ) -> None:
-    base = {"exact_models": {MODEL: str(model_dirs["smollm2"].path)}}
+    base = {"mode": "events", "templates": {MODEL: str(model_dirs["smollm2"].path)}}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 400}]}
     keys = KeyBuilder(KeySettings(**base))
     assert keys.build("chat", body, route_id="r").precise_blocks == ()  # no event-fed worker yet

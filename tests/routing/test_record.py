@@ -4,7 +4,7 @@ from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.settings import KeySettings
 
-CFG = KeySettings(block_chars=64, block_tokens=16)
+CFG = KeySettings(block_tokens=16)
 KEYS = KeyBuilder(CFG)
 
 

@@ -7,6 +7,7 @@ import pytest
 from prefix_router.routing.router import IndexChange, Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Branch, Decision, Outcome, RouteRequest
+from prefix_router.routing.units import UnitTuning
 from support.routing import new_router
 from support.routing import route_request as rr
 
@@ -192,7 +193,8 @@ def test_retune_switches_tenant_isolation_for_new_requests() -> None:
 @pytest.mark.parametrize("block_chars", [64, 256, 1024])
 def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block_chars: int) -> None:
     """A matched block is worth the tokens of text it holds (block_chars / chars_per_token), in every mode."""
-    router = Router(RoutingSettings.model_validate({"keys": {"block_chars": block_chars}}), random.Random(0))
+    keys = {"block_tokens": block_chars // 4}  # 4 characters a token
+    router = Router(RoutingSettings.model_validate({"keys": keys}), random.Random(0))
     router.add_worker("a")
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 16_384}]}
     first = router.keys.build("chat", body, route_id="1")
@@ -206,7 +208,7 @@ def test_the_prompt_estimate_is_made_once_at_route_and_counted_at_dispatch() -> 
     """A decision carries the prompt's estimated engine tokens; dispatch counts its uncached part as pending
     prefill without estimating again (a learned value that moves in between does not change the count),
     and a decision made elsewhere (no estimate) is estimated at dispatch."""
-    router = Router(RoutingSettings.model_validate({"units": {"warmup": 1}}), random.Random(0))
+    router = Router(RoutingSettings(), random.Random(0), units=UnitTuning(warmup=1))
     router.add_worker("a")
     body = {"model": "m", "messages": [{"role": "user", "content": "word " * 1_000}]}
     req = router.keys.build("chat", body, route_id="1")

@@ -5,7 +5,7 @@ view after a restart's first message, and the agreement counted against the engi
 from __future__ import annotations
 
 from prefix_router.events import AllBlocksCleared, BlockRemoved, BlockStored
-from prefix_router.routing.precise import precise_chain, precise_seed
+from prefix_router.routing.precise import PreciseTuning, precise_chain, precise_seed
 from prefix_router.routing.router import Router
 from prefix_router.routing.types import Branch, Outcome, RouteRequest
 from support.routing import new_router
@@ -15,8 +15,9 @@ WORKERS = ["a", "b", "c"]
 
 
 def make_router() -> Router:
-    precise = {"block_tokens": BS, "silence_s": 5, "speculative_ttl_s": 2}
-    router = new_router({"keys": {"block_tokens": 4}, "precise": precise}, WORKERS, seed=3)
+    settings = {"keys": {"block_tokens": 4, "mode": "events"}, "events": {"block_tokens": BS}}
+    tuning = PreciseTuning(silence_s=5, speculative_ttl_s=2)
+    router = new_router(settings, WORKERS, seed=3, precise=tuning)
     router.add_event_worker("a", "m")
     router.add_event_worker("b", "m")  # "c" publishes nothing: the approximate view (hybrid)
     return router

@@ -20,6 +20,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "routing.md"
 def leaves(model: type[Section], prefix: str) -> Iterator[tuple[str, type[Section], str, Any]]:
     """(dotted key, owning group, field name, default) for every knob under ``model``."""
     for name, field in model.model_fields.items():
+        if field.exclude:  # set by the composition root, not a configuration key
+            continue
         kind = field.annotation
         if isinstance(kind, type) and issubclass(kind, Section):
             yield from leaves(kind, f"{prefix}.{name}")
@@ -32,10 +34,10 @@ KNOBS = list(leaves(RoutingSettings, "routing"))
 
 def test_the_groups_cover_every_policy_and_the_core() -> None:
     keys = {key for key, *_ in KNOBS}
-    assert {"routing.policy", "routing.keys.block_chars", "routing.index.max_total_blocks"} <= keys
+    assert {"routing.policy", "routing.keys.block_tokens", "routing.index.max_total_blocks"} <= keys
     assert {
         "routing.sessions.affinity",
-        "routing.feedback.tolerance",
+        "routing.units.learn",
         "routing.trackers.max_tracked_requests",
     } <= keys
     for spec in POLICIES:
@@ -52,7 +54,7 @@ def test_every_knob_is_documented_with_its_default(
     row = next((line for line in DOCS.read_text().splitlines() if line.startswith(start)), None)
     assert row is not None, f"docs/routing.md: no row for {key}"
     cell = row[len(start) :].split("|")[0].strip().replace(",", "")
-    if isinstance(default, dict):  # a mapping knob (exact_models): empty by default
+    if isinstance(default, dict):  # a mapping knob (templates): empty by default
         assert cell == "`{}`" and not default
     elif isinstance(default, list):  # a list knob (tools_before_system): its items as JSON strings
         assert cell == "`[" + " ".join(f'"{item}"' for item in default) + "]`"
@@ -79,7 +81,7 @@ def test_every_bound_is_enforced(key: str, group: type[Section], name: str, defa
 def test_settings_are_frozen_and_refuse_unknown_knobs() -> None:
     cfg = RoutingSettings()
     with pytest.raises(pydantic.ValidationError):
-        cfg.keys.block_chars = 1  # type: ignore[misc]
+        cfg.keys.block_tokens = 1  # type: ignore[misc]
     with pytest.raises(pydantic.ValidationError, match="bogus"):
         KeySettings.model_validate({"bogus": 1})
     with pytest.raises(pydantic.ValidationError, match="unknown policy"):
@@ -90,11 +92,11 @@ def test_settings_are_frozen_and_refuse_unknown_knobs() -> None:
     ("given", "chars", "tokens"),
     [
         ({}, 64, 16),
-        ({"block_chars": 256}, 256, 64),  # the tokens of a block follow its characters ...
-        ({"block_tokens": 512}, 2048, 512),  # ... and its characters its tokens
+        ({"block_tokens": 64}, 256, 64),  # the characters of a block follow its tokens
+        ({"block_tokens": 512}, 2048, 512),
         ({"chars_per_token": 3.5}, 56, 16),
-        ({"block_chars": 63, "chars_per_token": 3.5}, 63, 18),
-        ({"block_chars": 128, "block_tokens": 32}, 128, 32),
+        ({"block_tokens": 18, "chars_per_token": 3.5}, 63, 18),
+        ({"block_tokens": 32}, 128, 32),
     ],
 )
 def test_every_block_is_worth_block_tokens_tokens(given: dict[str, Any], chars: int, tokens: int) -> None:
@@ -106,8 +108,8 @@ def test_every_block_is_worth_block_tokens_tokens(given: dict[str, Any], chars: 
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ({"block_chars": 256, "block_tokens": 16}, "every block is worth block_tokens tokens"),
-        ({"block_chars": 64, "chars_per_token": 3.5}, "not a whole number of tokens"),
+        ({"block_chars": 256, "block_tokens": 16}, "block_chars"),  # derived: not a knob
+        ({"block_tokens": 1, "chars_per_token": 0.25}, "under one byte"),
     ],
 )
 def test_inconsistent_block_units_are_refused_at_load(given: dict[str, Any], message: str) -> None:

@@ -27,7 +27,7 @@ TOOL = {
 
 
 def builder(path: Path, **knobs: Any) -> KeyBuilder:
-    return KeyBuilder(KeySettings(exact_models={"m": str(path)}, **knobs))
+    return KeyBuilder(KeySettings(mode="template", templates={"m": str(path)}, **knobs))
 
 
 def shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -163,13 +163,16 @@ def test_completions_prompts_are_tokenized_like_chat(model_dirs: dict[str, Any])
     assert by_chat.blocks == by_text.blocks == by_ids.blocks
 
 
-def test_exact_models_are_checked_at_config_load(tmp_path: Path, model_dirs: dict[str, Any]) -> None:
+def test_templates_are_checked_at_config_load(tmp_path: Path, model_dirs: dict[str, Any]) -> None:
     good = str(model_dirs["smollm2"].path)
     assert load_config(
-        env={}, overrides={"routing.keys.exact_models": {"m": good}}
-    ).routing.keys.exact_models == {"m": good}
-    with pytest.raises(ConfigError, match=r"exact_models"):
-        load_config(env={}, overrides={"routing.keys.exact_models": {"m": str(tmp_path)}})
+        env={}, overrides={"routing.keys.mode": "template", "routing.keys.templates": {"m": good}}
+    ).routing.keys.templates == {"m": good}
+    with pytest.raises(ConfigError, match=r"templates"):
+        load_config(
+            env={},
+            overrides={"routing.keys.mode": "template", "routing.keys.templates": {"m": str(tmp_path)}},
+        )
     (tmp_path / "tokenizer.json").write_text((model_dirs["smollm2"].path / "tokenizer.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "x"}))
     with pytest.raises(TemplateError, match="no chat_template"):

@@ -24,6 +24,7 @@ from prefix_router.routing.units import (
     ContentFit,
     ContentValue,
     TokenUnits,
+    UnitTuning,
     _inverse3,
     count_classes,
     count_marks,
@@ -34,8 +35,8 @@ from support.routing import new_router
 BLOCKS = 100  # blocks of 16 nominal tokens (64 characters at 4 per token)
 
 
-def units(**knobs: object) -> TokenUnits:
-    return TokenUnits(UnitSettings.model_validate(knobs), chars_per_token=4.0)
+def units(learn: bool = True, **knobs: object) -> TokenUnits:
+    return TokenUnits(UnitSettings(learn=learn), chars_per_token=4.0, tuning=UnitTuning(**knobs))  # type: ignore[arg-type]
 
 
 def text_req(rid: str, tag: int = 1, blocks: int = BLOCKS, model: str | None = "m") -> RouteRequest:
@@ -43,8 +44,9 @@ def text_req(rid: str, tag: int = 1, blocks: int = BLOCKS, model: str | None = "
     return RouteRequest(rid, chain, 16, 16 * blocks + 3, chain[0], text_model=model)
 
 
-def make_router(**units_knobs: object) -> Router:
-    return new_router({"index": {"worker_capacity_tokens": 16 * 1000}, "units": units_knobs})
+def make_router(learn: bool = True, **units_knobs: object) -> Router:
+    settings = {"index": {"worker_capacity_tokens": 16 * 1000}, "units": {"learn": learn}}
+    return new_router(settings, units=UnitTuning(**units_knobs))  # type: ignore[arg-type]
 
 
 def serve(router: Router, req: RouteRequest, engine_tokens: int | None, now: float = 0.0) -> int:
@@ -195,7 +197,7 @@ def test_the_index_keeps_a_workers_capacity_in_tokens_when_its_blocks_are_worth_
 def test_retune_refuses_new_units_knobs() -> None:
     router = make_router()
     with pytest.raises(ValueError, match="units"):
-        router.retune(RoutingSettings.model_validate({"units": {"margin": 2.0}}))
+        router.retune(RoutingSettings.model_validate({"units": {"learn": False}}))
 
 
 # ---------------------------------------------------------------- by content (byte classes)
@@ -302,7 +304,9 @@ def test_the_value_by_class_learns_a_linear_engine_that_one_scale_cannot_follow(
 
 
 def test_images_are_worth_image_tokens_and_spans_stay_within_the_clamp() -> None:
-    table = TokenUnits(UnitSettings(warmup=1, margin=0.0), chars_per_token=4.0, image_tokens=100)
+    table = TokenUnits(
+        UnitSettings(), chars_per_token=4.0, image_tokens=100, tuning=UnitTuning(warmup=1, margin=0.0)
+    )
     table.observe("m", 2_000, 1_600, (6_000, 500, 1_500, 0))
     placeholder = 400 - 16  # 100 tokens at 4 bytes each, less the 16 hex digits of the image's name
     text = table.tokens("m", (600, 50, 150, 0), 200)

@@ -133,3 +133,11 @@ async def test_one_engine_under_one_name_only(echo_engine: Any, start_router: An
         status, body = await admin(router.url, "POST", "/admin/workers", {"url": twin, "name": "twin"})
         assert status in (400, 409) and body["error"]["code"] in ("worker_conflict", "invalid_worker"), twin
     assert [w.name for w in router.state.pool] == ["w"]
+
+
+async def test_kv_events_outside_key_mode_events_are_refused(echo_engine: Any, start_router: Any) -> None:
+    router = await start_router(await echo_engine("w"), settings={"auth.admin_token": TOKEN})
+    worker = {"url": "http://127.0.0.1:9", "name": "e", "kv_events": {"endpoint": "tcp://127.0.0.1:5557"}}
+    status, body = await admin(router.url, "POST", "/admin/workers", worker)
+    assert status == 400 and body["error"]["code"] == "invalid_worker", body
+    assert "routing.keys.mode: events" in body["error"]["message"] and len(router.state.pool) == 1

@@ -149,7 +149,7 @@ async def test_client_keys_are_forwarded_only_when_configured(
     echo_engine: Any, start_router: Any, kit: Any, forward: bool
 ) -> None:
     engine = await echo_engine()
-    router = await start_router(engine, settings=secured(**{"auth.forward_client_auth": forward}))
+    router = await start_router(engine, settings=secured(**{"tenants.forward_client_auth": forward}))
     status, _, _ = await kit.post(router.url, headers={**bearer(CLIENT_KEY), "Cookie": "session=abc"})
     assert status == 200
     sent = engine.seen[-1][2]
@@ -163,7 +163,7 @@ async def test_a_worker_credential_replaces_the_client_key(
 ) -> None:
     engine = await echo_engine()
     worker = {"url": engine.url, "name": "w", "api_key": WORKER_KEY}
-    router = await start_router(worker, settings=secured(**{"auth.forward_client_auth": forward}))
+    router = await start_router(worker, settings=secured(**{"tenants.forward_client_auth": forward}))
     await kit.post(router.url, headers=bearer(CLIENT_KEY))
     assert engine.seen[-1][2]["Authorization"] == f"Bearer {WORKER_KEY}"
     assert all(CLIENT_KEY not in str(headers) for _, _, headers, _ in engine.seen)

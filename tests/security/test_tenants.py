@@ -1,4 +1,4 @@
-"""Tenant isolation (``routing.keys.isolate_tenants``, on by default with several client keys; a tenant
+"""Tenant isolation (``tenants.isolate``, on by default with several client keys; a tenant
 is the client's bearer token): one tenant's requests can never match, probe or evict another tenant's
 prefixes, nor follow or redirect its sessions; the decision headers can be hidden; with
 ``tenants.cache_salt`` the engines' own caches (vLLM) are kept apart too. The control runs show the side
@@ -26,11 +26,11 @@ def chat(user: str, system: str = SYSTEM) -> dict[str, Any]:
 
 async def three_workers(echo_engine: Any, start_router: Any, isolate: bool, **settings: Any) -> Any:
     engines = [await echo_engine(f"w{i}") for i in range(3)]
-    return await start_router(*engines, settings={"routing.keys.isolate_tenants": isolate, **settings})
+    return await start_router(*engines, settings={"tenants.isolate": isolate, **settings})
 
 
 def blocks_of(router: Any, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, ...]:
-    tenant = tenant_of(headers) if router.state.config.routing.keys.isolate_tenants else None
+    tenant = tenant_of(headers) if router.state.config.tenants.isolate else None
     route = router.state.router.keys.build("chat", body, route_id="probe", tenant=tenant)
     blocks: tuple[int, ...] = route.blocks
     return blocks
@@ -56,9 +56,7 @@ async def test_another_tenant_cannot_evict_a_prefix(echo_engine: Any, start_rout
     """B replays A's prompts on workers that fail (the index trims what a failed request inserted) and
     floods the index with them: A's entries stay."""
     failing = [await echo_engine(f"f{i}", status=503) for i in range(2)]
-    router = await start_router(
-        *failing, settings={"routing.keys.isolate_tenants": True, "retries.max_attempts": 2}
-    )
+    router = await start_router(*failing, settings={"tenants.isolate": True, "retries.max_attempts": 2})
     index = router.state.router.index
     for engine in failing:
         engine.status = 200
@@ -95,19 +93,19 @@ async def test_another_tenant_cannot_follow_or_redirect_a_session(
 async def test_isolation_is_on_by_default_with_several_keys(
     echo_engine: Any, start_router: Any, kit: Any
 ) -> None:
-    """Several client keys, ``routing.keys.isolate_tenants`` left unset: tenants are isolated (before: the
+    """Several client keys, ``tenants.isolate`` left unset: tenants are isolated (before: the
     side channel of the control run above was open by default)."""
     engines = [await echo_engine(f"w{i}") for i in range(3)]
     keys = ["key-tenant-a", "key-tenant-b"]
     router = await start_router(*engines, settings={"auth.api_keys": keys})
-    assert router.state.config.routing.keys.isolate_tenants is True
+    assert router.state.config.tenants.isolate is True
     for i in range(2):
         _, headers, _ = await kit.post(router.url, chat(f"question {i}"), A)
     assert int(headers[MATCH_HEADER]) > 0
     _, probe, _ = await kit.post(router.url, chat("question 0"), B)
     assert int(probe[MATCH_HEADER]) == 0
     one_key = await start_router(*engines, settings={"auth.api_keys": keys[:1]})
-    assert one_key.state.config.routing.keys.isolate_tenants is False  # one key: one tenant
+    assert one_key.state.config.tenants.isolate is False  # one key: one tenant
 
 
 DECISION_HEADERS = (WORKER_HEADER, MATCH_HEADER)

@@ -14,10 +14,13 @@ from prefix_router.routing.types import RouteRequest
 BLOCK_TOKENS = 16
 
 
-def new_router(settings: dict[str, Any], workers: Iterable[str] = ("a",), seed: int = 0) -> Router:
+def new_router(
+    settings: dict[str, Any], workers: Iterable[str] = ("a",), seed: int = 0, **tuning: Any
+) -> Router:
     """A router on ``settings`` (``RoutingSettings`` as a dict) drawing from ``random.Random(seed)``, with
-    ``workers`` added in order."""
-    router = Router(RoutingSettings.model_validate(settings), random.Random(seed))
+    ``workers`` added in order; ``tuning``: ``Router``'s keyword arguments (``feedback``, ``units``,
+    ``precise``: its algorithms' constants)."""
+    router = Router(RoutingSettings.model_validate(settings), random.Random(seed), **tuning)
     for name in workers:
         router.add_worker(name)
     return router

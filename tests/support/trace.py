@@ -31,16 +31,16 @@ Event = dict[str, Any]
 def make_router(seed: int, cap_tokens: int) -> Any:
     from prefix_router.routing.router import Router
     from prefix_router.routing.settings import RoutingSettings
+    from prefix_router.routing.units import UnitTuning
 
     cfg = RoutingSettings.model_validate(
         {
             "policy": "prefix",
             "keys": {"block_tokens": 16},
             "index": {"worker_capacity_tokens": cap_tokens, "max_total_blocks": 3000, "ttl_s": 50.0},
-            "units": {"warmup": 2, "min_sample_tokens": 16},
         }
     )
-    return Router(cfg, random.Random(seed))
+    return Router(cfg, random.Random(seed), units=UnitTuning(warmup=2, min_sample_tokens=16))
 
 
 class Replay:

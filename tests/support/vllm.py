@@ -131,8 +131,9 @@ async def precise_router(
     chosen = [workers[i] for i in only] if only else workers
     precise = {
         "routing.policy": "prefix",
-        "routing.keys.exact_models": {MODEL: str(model_dir(fleet.settings))},
-        "routing.precise.block_tokens": BLOCK,
+        "routing.keys.mode": "events",
+        "routing.keys.templates": {MODEL: str(model_dir(fleet.settings))},
+        "routing.events.block_tokens": BLOCK,
     }
     router = await start_router(*chosen, settings=precise | settings)
     subscribers = router.state.events.subscribers if router.state.events is not None else {}

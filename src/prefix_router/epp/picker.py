@@ -295,13 +295,13 @@ class PickerStream:
 
     def upstream_headers(self, set_headers: dict[str, str], worker: Worker) -> list[str]:
         """The worker's own key replaces the client's (or the client's is dropped, as ``serve`` does
-        unless ``auth.forward_client_auth``); the request's id goes upstream. Returns the headers to
+        unless ``tenants.forward_client_auth``); the request's id goes upstream. Returns the headers to
         remove."""
         assert self.note is not None
         removed = []
         if worker.api_key is not None:
             set_headers["authorization"] = f"Bearer {worker.api_key.get_secret_value()}"
-        elif not self.state.config.auth.forward_client_auth and "authorization" in self.headers:
+        elif not self.state.config.tenants.forward_client_auth and "authorization" in self.headers:
             removed.append("authorization")
         set_headers[REQUEST_ID_HEADER] = self.note.request_id
         return removed

@@ -7,7 +7,8 @@ named ``PREFIX_ROUTER_<KEY>``, nested keys joined by ``__``, values read as YAML
 ``PREFIX_ROUTER_PORT=9000``, ``PREFIX_ROUTER_ROUTING__POLICY=random``,
 ``PREFIX_ROUTER_ROUTING__POLICIES__PREFIX__LOAD_FACTOR=1.5``,
 ``PREFIX_ROUTER_WORKERS=http://a:8000,http://b:8000``. Everything is validated at start-up; a bad value
-raises ``ConfigError`` with a one-line message naming the key; so does an unknown ``PREFIX_ROUTER_*`` key.
+raises ``ConfigError`` with a one-line message naming the key; so does an unknown ``PREFIX_ROUTER_*`` key,
+and a key renamed or removed (``prefix_router.settings.RETIRED_KEYS``: the message names the new key).
 
 Kubernetes service links are not configuration: Kubernetes gives every pod variables for every Service of
 its namespace (unless the pod says ``enableServiceLinks: false``), named after the Service, and the
@@ -48,7 +49,7 @@ from prefix_router.pool import (
 )
 from prefix_router.replication import ReplicationSettings
 from prefix_router.routing import RoutingSettings
-from prefix_router.settings import ConfigError, describe, parse_scalar, read_yaml, set_dotted
+from prefix_router.settings import ConfigError, describe, parse_scalar, read_yaml, retired_key, set_dotted
 
 ENV_PREFIX = "PREFIX_ROUTER_"
 _LINK_NAME = re.compile(
@@ -78,17 +79,27 @@ class Config(ServerSettings):
     _unique_names = field_validator("workers")(unique_worker_names)
 
     @model_validator(mode="after")
-    def _isolation_default(self) -> Config:
-        """``routing.keys.isolate_tenants`` unset: on when clients are told apart by more than one key, or
-        their own credentials go to the engines."""
-        keys = self.routing.keys
-        if keys.isolate_tenants is not None:
-            return self
-        isolate = len(self.auth.api_keys) > 1 or self.auth.forward_client_auth
-        keys = keys.model_copy(update={"isolate_tenants": isolate})
+    def _isolation(self) -> Config:
+        """``tenants.isolate`` unset: on when clients are told apart by more than one key, or their own
+        credentials go to the engines; the routing core reads it as ``routing.keys.isolate_tenants``."""
+        tenants = self.tenants
+        if tenants.isolate is None:
+            isolate = len(self.auth.api_keys) > 1 or tenants.forward_client_auth
+            tenants = tenants.model_copy(update={"isolate": isolate})
+        keys = self.routing.keys.model_copy(update={"isolate_tenants": tenants.isolate})
         # set on this instance (frozen, so past pydantic's guard): an "after" validator's returned copy is
         # dropped when the model is built by ``Config(...)`` rather than ``model_validate``
+        object.__setattr__(self, "tenants", tenants)
         object.__setattr__(self, "routing", self.routing.model_copy(update={"keys": keys}))
+        return self
+
+    @model_validator(mode="after")
+    def _events_mode(self) -> Config:
+        """A worker's ``kv_events`` are read in key mode ``events`` only."""
+        mode = self.routing.keys.mode
+        given = next((i for i, w in enumerate(self.workers) if w.kv_events is not None), None)
+        if given is not None and mode != "events":
+            raise ValueError(f"workers.{given}.kv_events: needs routing.keys.mode: events (mode is {mode})")
         return self
 
 
@@ -138,6 +149,9 @@ def service_link(name: str, value: str) -> bool:
 
 
 def validate(data: Mapping[str, Any]) -> Config:
+    retired = retired_key(data)
+    if retired is not None:
+        raise ConfigError(f"invalid config: {retired}")
     try:
         return Config.model_validate(data)
     except pydantic.ValidationError as exc:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS, SESSION_HEADER
+from prefix_router.protocol import MOONCAKE_BLOCK_TOKENS
 from prefix_router.settings import Section, header_secret, split_list
 
 
@@ -52,9 +52,9 @@ class LimitsSettings(Section):
     # bodies larger than this are parsed (JSON, routing key) in a worker thread: a 7 MB prompt of a million
     # token ids takes about half a second, which would otherwise stall every request on the event loop
     parse_in_thread_bytes: int = Field(default=1024 * 1024, ge=0)
-    # with exact-mode models configured (routing.keys.exact_models), rendering the chat template and
+    # with chat templates configured (routing.keys.templates), rendering the chat template and
     # tokenizing cost milliseconds for a long prompt: bodies over this are keyed in a worker thread
-    exact_parse_in_thread_bytes: int = Field(default=8 * 1024, ge=0)
+    template_parse_in_thread_bytes: int = Field(default=8 * 1024, ge=0)
 
 
 class AuthSettings(Section):
@@ -62,7 +62,6 @@ class AuthSettings(Section):
 
     admin_token: SecretStr | None = None
     api_keys: list[SecretStr] = Field(default_factory=list, max_length=100_000)
-    forward_client_auth: bool = False
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -91,9 +90,13 @@ class AuthSettings(Section):
 
 
 class TenantsSettings(Section):
-    """What clients learn of the router's decisions and how far tenants are kept apart (docs/security.md).
-    Isolation in the router's own index is ``routing.keys.isolate_tenants``."""
+    """How far tenants (clients told apart by their bearer token) are kept apart, and what they learn of
+    the router's decisions (docs/security.md). ``isolate``: the tenant seeds every routing key's namespace
+    (none: decided by the composition root, on with more than one client key or with
+    ``forward_client_auth``)."""
 
+    isolate: bool | None = None
+    forward_client_auth: bool = False  # the client's Authorization goes to the engines (else dropped)
     decision_headers: bool = True  # x-prefix-router-worker / -prefix-match on every routed answer
     cache_salt: bool = False  # set vLLM's per-request cache_salt per tenant in bodies sent to vLLM workers
 
@@ -109,11 +112,10 @@ class RecordSettings(Section):
 
 
 class ServerSettings(Section):
-    """The proxy's top-level fields: where it listens, how it runs, the session header it reads."""
+    """The proxy's top-level fields: where it listens and how it runs."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    session_header: str = Field(default=SESSION_HEADER, min_length=1, max_length=128)
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # lean: the router's own connection handler serves the generation requests and hands anything else to
     # aiohttp's (proxy/run/lean.py); aiohttp: aiohttp's serves every request

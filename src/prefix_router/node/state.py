@@ -41,11 +41,11 @@ class RequestConfig:
     stays exact. Each name is its setting's last part."""
 
     __slots__ = (
-        "access_log", "cache_salt", "client_body_s", "decision_headers", "exact_parse_in_thread_bytes",
-        "first_byte_s", "forward_client_auth", "isolate_tenants", "max_attempts", "max_body_bytes",
-        "max_generated_chars", "max_in_flight", "max_in_flight_per_worker", "max_response_buffer_bytes",
-        "max_sse_line_bytes", "parse_in_thread_bytes", "policy", "render", "session_header",
-        "stream_idle_s", "total_s",
+        "access_log", "cache_salt", "client_body_s", "decision_headers", "first_byte_s",
+        "forward_client_auth", "isolate_tenants", "max_attempts", "max_body_bytes", "max_generated_chars",
+        "max_in_flight", "max_in_flight_per_worker", "max_response_buffer_bytes", "max_sse_line_bytes",
+        "parse_in_thread_bytes", "policy", "render", "session_header", "stream_idle_s",
+        "template_parse_in_thread_bytes", "total_s",
     )  # fmt: skip
 
     def __init__(self, config: Config) -> None:
@@ -54,7 +54,7 @@ class RequestConfig:
         self.max_in_flight_per_worker = limits.max_in_flight_per_worker
         self.max_body_bytes = limits.max_body_bytes
         self.parse_in_thread_bytes = limits.parse_in_thread_bytes
-        self.exact_parse_in_thread_bytes = limits.exact_parse_in_thread_bytes
+        self.template_parse_in_thread_bytes = limits.template_parse_in_thread_bytes
         self.max_response_buffer_bytes = limits.max_response_buffer_bytes
         self.max_generated_chars = limits.max_generated_chars
         self.max_sse_line_bytes = limits.max_sse_line_bytes
@@ -65,11 +65,11 @@ class RequestConfig:
         self.max_attempts = config.retries.max_attempts
         self.policy = routing.policy
         self.isolate_tenants = routing.keys.isolate_tenants
-        self.render = routing.precise.render
-        self.session_header = config.session_header
+        self.render = routing.events.render
+        self.session_header = routing.sessions.header
         self.cache_salt = config.tenants.cache_salt
         self.decision_headers = config.tenants.decision_headers
-        self.forward_client_auth = config.auth.forward_client_auth
+        self.forward_client_auth = config.tenants.forward_client_auth
         self.access_log = config.access_log
 
 

@@ -16,7 +16,7 @@ JSON object: ``kv_events_config`` (null, or the JSON string given to ``--kv-even
   one subscription per worker cannot follow them: nothing (configure one worker per rank).
 
 The block size is not taken from the advert: the event-fed view checks each event's against
-``routing.precise.block_tokens`` and routes a worker whose engine differs on the approximate view.
+``routing.events.block_tokens`` and routes a worker whose engine differs on the approximate view.
 """
 
 from __future__ import annotations

@@ -252,7 +252,8 @@ def _last_seq(router: Router, name: str) -> int | None:
 
 
 class EventSubscriptions:
-    """The subscribers of the pool's workers that have ``kv_events``, kept in step by ``sync``."""
+    """The subscribers of the pool's workers that have ``kv_events``, kept in step by ``sync``; none unless
+    the routing key reads the engines' events (``routing.keys.mode: events``)."""
 
     def __init__(self, pool: WorkerPool, router: Router, clock: Callable[[], float]) -> None:
         self.pool, self.router, self.clock = pool, router, clock
@@ -260,7 +261,8 @@ class EventSubscriptions:
         self.subscribers: dict[str, EventSubscriber] = {}
 
     async def sync(self) -> None:
-        wanted = {w.name: w for w in self.pool if w.kv_events is not None}
+        events = self.router.cfg.keys.mode == "events"
+        wanted = {w.name: w for w in self.pool if events and w.kv_events is not None}
         gone = [
             n
             for n, s in self.subscribers.items()

@@ -1,7 +1,7 @@
 """Scraping engines' ``/metrics`` (parsed by the engine adapters) into the routing core's load view.
 
 A scrape that fails or hangs is bounded by its timeout and simply not applied: the router ignores engine
-load older than ``routing.engine_load_stale_s``, so routing falls back to its own in-flight counts. A
+load older than ``routing.load.ENGINE_LOAD_STALE_S``, so routing falls back to its own in-flight counts. A
 scrape that ends after its worker left the pool (removed, or replaced by a new worker of the same name)
 is dropped: it re-creates no state for the removed worker and never lands on its successor.
 """

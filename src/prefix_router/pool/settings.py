@@ -50,12 +50,12 @@ class WorkerTraits(Section):
 
 class KvEventsSettings(Section):
     """``workers[].kv_events``: where the worker's engine publishes its KV cache events (ZMQ PUB) and the
-    router subscribes (``pool/kv_events.py``; precise mode, ``routing/precise.py``).
+    router subscribes (``pool/kv_events.py``; key mode ``events``, ``routing/precise.py``).
 
     ``bind``: the router binds ``endpoint`` and the engine connects (vLLM's publisher connects to a
     non-wildcard tcp endpoint); false: the router connects to the engine's bound socket. ``replay_endpoint``:
     the engine's ROUTER socket (vLLM's ``replay_endpoint``) asked for the batches a gap skipped; None: a
-    gap leaves the worker's view stale for a while (``routing.precise.stale_hold_s``). ``model``: the name
+    gap leaves the worker's view stale for a while (``PreciseTuning.stale_hold_s``). ``model``: the name
     requests use for the engine's base model (default: the worker's first configured or listed model).
     ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap)."""
 

@@ -8,7 +8,7 @@ edge (the HTTP proxy, the simulator, the benchmarks) drives the same ``Router``:
 
 from __future__ import annotations
 
-from prefix_router.routing.feedback import FeedbackStats, Verdict
+from prefix_router.routing.feedback import FeedbackStats, FeedbackTuning, Verdict
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import InvalidRequest, KeyBuilder
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
@@ -16,6 +16,7 @@ from prefix_router.routing.precise import (
     PreciseMatch,
     PreciseSettings,
     PreciseStats,
+    PreciseTuning,
     PreciseView,
     SeqVerdict,
     Staleness,
@@ -26,7 +27,7 @@ from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.router import ChangeHook, ChangeKind, IndexChange, Router
 from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings, UnitSettings
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
-from prefix_router.routing.units import count_marks
+from prefix_router.routing.units import UnitTuning, count_marks
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -35,6 +36,7 @@ __all__ = [
     "ChangeKind",
     "Decision",
     "FeedbackStats",
+    "FeedbackTuning",
     "IndexChange",
     "IndexSettings",
     "InvalidRequest",
@@ -44,6 +46,7 @@ __all__ = [
     "PreciseMatch",
     "PreciseSettings",
     "PreciseStats",
+    "PreciseTuning",
     "PreciseView",
     "PrefixIndex",
     "RouteRequest",
@@ -52,6 +55,7 @@ __all__ = [
     "SeqVerdict",
     "Staleness",
     "UnitSettings",
+    "UnitTuning",
     "Verdict",
     "count_marks",
     "precise_chain",

@@ -32,12 +32,32 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
-from prefix_router.routing.settings import FeedbackSettings
 from prefix_router.routing.types import Outcome
 
 # no KV cache holds this many tokens: a larger prompt count is not taken as the bound of a report
 MAX_REPORT_TOKENS = 1 << 31
+
+
+class FeedbackTuning(NamedTuple):
+    """The verdicts' thresholds and the capacity learning's step: constants of this algorithm, passed to
+    ``Router`` (its ``feedback`` argument) where a test or the simulator wants others.
+
+    ``page_tokens``: an engine's KV page, vLLM's default block size (16), the unit of its reports;
+    ``slack_pages``: two pages (a report rounds down to whole pages and the last prompt token is always
+    recomputed: up to two pages below a prediction in tokens); ``tolerance``: a report at least half the
+    prediction agrees with it (the character estimate of tokens is approximate); ``capacity_step``: a
+    tenth of the learned capacity per report (0: never learn it); ``min_capacity_tokens``: 4 Ki tokens, the
+    smallest KV cache an engine serves a long prompt with; ``queued_turnover``: one index turnover
+    (``explained_by_queueing``; None: a queued request's report is a miss)."""
+
+    tolerance: float = 0.5
+    page_tokens: int = 16
+    slack_pages: int = 2
+    capacity_step: float = 0.1
+    min_capacity_tokens: int = 4096
+    queued_turnover: float | None = 1.0
 
 
 class Verdict(StrEnum):
@@ -90,7 +110,7 @@ def clamp_report(reported: int, prompt_tokens: int) -> tuple[int, bool]:
     return bounded, bounded != reported
 
 
-def judge(cfg: FeedbackSettings, predicted: int, reported: int, raced: bool, queued: bool = False) -> Verdict:
+def judge(cfg: FeedbackTuning, predicted: int, reported: int, raced: bool, queued: bool = False) -> Verdict:
     """The verdict on a (clamped) report of a request predicted at ``predicted`` tokens; ``queued``:
     the shortfall is explained by its wait in the engine's queue (``explained_by_queueing``)."""
     slack = cfg.slack_pages * cfg.page_tokens
@@ -104,7 +124,7 @@ def judge(cfg: FeedbackSettings, predicted: int, reported: int, raced: bool, que
 
 
 def explained_by_queueing(
-    cfg: FeedbackSettings, last_touched: float | None, started: float | None, turnover: float | None
+    cfg: FeedbackTuning, last_touched: float | None, started: float | None, turnover: float | None
 ) -> bool:
     """Whether a short report is explained by the request's wait in the engine's queue.
 

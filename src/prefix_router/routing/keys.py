@@ -1,15 +1,16 @@
 """Routing keys: a request's prompt as the engine will cache it, cut into chained block hashes.
 
-Two modes, per model:
+Two keys, per model (``routing.keys.mode`` names what they read):
 
-- Default (``routing/canonical.py``): chat requests become a canonical text in the order chat templates
-  render them (first system message, tools with the client's key order, documents, the other messages;
-  reasoning only where templates keep it). Blocks are ``block_chars`` UTF-8 bytes, or ``block_tokens``
-  token ids when a local ``tokenizer.json`` is configured (``tokenizer_path``). An image is valued at
-  ``image_tokens`` (``image_tokens x chars_per_token`` key bytes).
-- Exact (``routing/template.py``; models named in ``exact_models``): the model's own chat template and
-  tokenizer render and tokenize the request; blocks are ``block_tokens`` ids, the engine's page size. A
-  request the template refuses, or one bringing its own ``chat_template``, falls back to the default key.
+- Default (``routing/canonical.py``; modes ``characters`` and ``tokenizer``): chat requests become a
+  canonical text in the order chat templates render them (first system message, tools with the client's
+  key order, documents, the other messages; reasoning only where templates keep it). Blocks are
+  ``block_chars`` UTF-8 bytes, or ``block_tokens`` token ids of a local ``tokenizer.json`` (mode
+  ``tokenizer``). An image is valued at ``image_tokens`` (``image_tokens x chars_per_token`` key bytes).
+- Exact (``routing/template.py``; mode ``template``, or ``events``, for the models in ``templates``): the
+  model's own chat template and tokenizer render and tokenize the request; blocks are ``block_tokens``
+  ids, the engine's page size. A request the template refuses, or one bringing its own
+  ``chat_template``, falls back to the default key.
 
 Completions use the prompt string, or token ids hashed as ids; a batch routes by its first prompt. The first
 block is seeded with a namespace (model, LoRA adapter, ``cache_salt``, the digest of prompt options that
@@ -46,6 +47,9 @@ from prefix_router.routing.units import count_marks
 __all__ = ["Endpoint", "InvalidRequest", "KeyBuilder", "chat_text"]
 
 log = logging.getLogger(__name__)
+# the key prefix ``hash_key`` hashes (``consistent_hash``'s ring position): 512 bytes, a system prompt's
+# opening, long enough to tell applications apart and short enough that their users' texts share it
+HASH_PREFIX_CHARS = 512
 _MEDIA_RE = re.compile(f"{MEDIA}([0-9a-f]{{16}}){MEDIA}")
 
 
@@ -106,9 +110,9 @@ class KeyBuilder:
         templates: Mapping[str, ChatTemplate] | None = None,
     ) -> None:
         self.cfg = cfg
-        self._tokenize = tokenize if tokenize is not None else _load_tokenizer(cfg.tokenizer_path)
+        self._tokenize = tokenize if tokenize is not None else _load_tokenizer(cfg.tokenizer)
         if templates is None:
-            templates = load_templates(cfg.exact_models, cfg.image_tokens, cfg.tool_choice_none_drops_tools)
+            templates = load_templates(cfg.templates, cfg.image_tokens, cfg.tool_choice_none_drops_tools)
         self.templates = dict(templates)
         self._media_chars = max(17, round(cfg.image_tokens * cfg.chars_per_token))
         # precise mode's block size (set while some worker publishes KV events); None: no precise keys
@@ -233,7 +237,7 @@ class KeyBuilder:
             blocks=self._blocks(data, True, seed),
             block_tokens=self.cfg.block_tokens,
             key_tokens=len(ids),
-            hash_key=hash_bytes(data[: self.cfg.hash_prefix_chars], seed),
+            hash_key=hash_bytes(data[:HASH_PREFIX_CHARS], seed),
             namespace=seed,
             session=session,
             output_tokens_hint=_max_tokens(body),
@@ -346,7 +350,7 @@ class KeyBuilder:
             blocks=self._blocks(data, tokens_mode, seed),
             block_tokens=self.cfg.block_tokens,
             key_tokens=self._key_tokens(data, tokens_mode),
-            hash_key=hash_bytes(data[: self.cfg.hash_prefix_chars], seed),
+            hash_key=hash_bytes(data[:HASH_PREFIX_CHARS], seed),
             namespace=seed,
             session=session,
             output_tokens_hint=_max_tokens(body),

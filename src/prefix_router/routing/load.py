@@ -63,8 +63,13 @@ class _Tracked:
         self.prefilling = prefilling
 
 
+# a scraped engine load older than this is ignored: five of the pool's default scrape intervals (2 s), so a
+# scrape or two may fail before routing falls back to the router's own in-flight counts
+ENGINE_LOAD_STALE_S = 10.0
+
+
 class LoadTracker:
-    def __init__(self, max_tracked: int, engine_stale_s: float) -> None:
+    def __init__(self, max_tracked: int, engine_stale_s: float = ENGINE_LOAD_STALE_S) -> None:
         if max_tracked <= 0:
             raise ValueError("max_tracked must be positive")
         self.max_tracked = max_tracked

@@ -176,7 +176,7 @@ class Steer(Step):
     cache events. Sets ``precise``: the event-fed view's match (its fresh workers, their blocks held
     confirmed or speculatively, and confirmed only; the view's expired speculative entries go first).
     Replaces in ``matches`` each fresh event-fed worker's match by its view's (confirmed or speculative,
-    in the index's blocks), or drops it. Knob: ``routing.precise.block_tokens``."""
+    in the index's blocks), or drops it. Knob: ``routing.events.block_tokens``."""
 
     name = "steer"
 
@@ -186,7 +186,7 @@ class Steer(Step):
             return False
         precise = p.precise = pipe.view.match(req.precise_blocks, p.now)
         matches = p.matches = dict(p.matches)
-        block = p.cfg.precise.block_tokens
+        block = p.cfg.events.block_tokens
         for worker in precise.fresh:
             blocks = pipe.index_blocks(req, precise.steered.get(worker, 0), block)
             if blocks:
@@ -233,7 +233,7 @@ class Home(Step):
     that is fresh, holds as much of the request as any fresh worker, is a candidate and is under the
     homes' load cap: ``chosen`` is that worker, branch ``home``. Without it a prefix evicted everywhere is
     placed by load alone and may land where it evicts another tenant's, which then moves in turn. Knobs:
-    ``routing.precise.home_load_factor``, ``home_load_slack``."""
+    ``routing.sessions.load_factor``, ``load_slack`` (the sessions' cap)."""
 
     name = "home"
 
@@ -249,8 +249,8 @@ class Home(Step):
         if worker is None or worker not in precise.fresh or precise.steered.get(worker, 0) < depth:
             return False
         snap = _candidate(p.snaps, worker)
-        cfg = p.cfg.precise
-        if snap is None or not under_cap(snap, load_cap(p.snaps, cfg.home_load_factor, cfg.home_load_slack)):
+        cfg = p.cfg.sessions
+        if snap is None or not under_cap(snap, load_cap(p.snaps, cfg.load_factor, cfg.load_slack)):
             return False
         p.chosen = Decision(snap.name, Branch.HOME)
         return True
@@ -291,7 +291,7 @@ class Confirmed(Step):
     """Applies when the chosen worker is a fresh event-fed one: ``predicted`` is the tokens of the blocks
     its engine confirmed (at most the prompt's), ``matched`` those in the index's blocks, ``estimated``
     the exact prompt length and ``expected`` the tokens of the blocks held confirmed or speculatively
-    (what the load's prefill is charged with); sets ``by_events``. Knob: ``routing.precise.block_tokens``."""
+    (what the load's prefill is charged with); sets ``by_events``. Knob: ``routing.events.block_tokens``."""
 
     name = "confirmed"
 
@@ -299,7 +299,7 @@ class Confirmed(Step):
         precise, chosen = p.precise, p.chosen
         if precise is None or chosen is None or chosen.worker not in precise.fresh:
             return False
-        req, worker, block = p.req, chosen.worker, p.cfg.precise.block_tokens
+        req, worker, block = p.req, chosen.worker, p.cfg.events.block_tokens
         depth = precise.confirmed.get(worker, 0)
         p.predicted = tokens = min(depth * block, req.precise_tokens)
         p.matched = pipe.index_blocks(req, depth, block)

@@ -4,7 +4,7 @@ An engine's KV cache events (``prefix_router.events``) name blocks by the engine
 the engine's hash function and a per-process random seed: never reproduced here. Instead every stored
 block's ``token_ids`` are hashed again by the router's own chain (``routing/hashing.py``): a chain's first
 block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent's router key, the blocks
-``block_tokens`` token ids each (the engine's block size, ``routing.precise.block_tokens``). A request's
+``block_tokens`` token ids each (the engine's block size, ``routing.events.block_tokens``). A request's
 ``precise_blocks`` are its exact token ids cut the same way (``routing/keys.py``), so a request's block
 ``i`` equals a stored block's key exactly when the engine holds that prefix. Per worker, a bounded map
 ``engine hash -> router key`` resolves parents and removals.
@@ -31,11 +31,11 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
 - Last homes (``home``): for each block a BlockRemoved took from a worker, that worker (the latest
   removal wins), until the worker has stored more blocks since than it holds now (a cache's worth: its
   place there is taken, as an approximate index forgets an entry after a capacity of newer ones). When a
-  request's next block is held nowhere, the router prefers that engine, under a load cap
-  (``home_load_factor``, ``home_load_slack``; the ``home`` step of ``routing/placement.py``): a tenant
-  whose prefix was evicted everywhere re-fills where it lived instead of displacing another tenant's
-  prefix elsewhere, which would then move too; a home that turned its cache over since (more working set
-  than cache) is no home, so an overloaded engine's tenants still spread.
+  request's next block is held nowhere, the router prefers that engine, under the sessions' load cap
+  (``routing.sessions.load_factor``, ``load_slack``; the ``home`` step of ``routing/placement.py``): a
+  tenant whose prefix was evicted everywhere re-fills where it lived instead of displacing another
+  tenant's prefix elsewhere, which would then move too; a home that turned its cache over since (more
+  working set than cache) is no home, so an overloaded engine's tenants still spread.
 - Bounds: ``max_blocks_per_worker`` engine hashes (the oldest stored goes first, with its key),
   ``max_speculative_per_worker`` speculative keys (the oldest go first), ``max_homes`` last homes (the
   least recently removed go first).
@@ -48,7 +48,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
@@ -62,23 +62,30 @@ _GPU = "GPU"
 
 
 class PreciseSettings(Section):
-    """``routing.precise``: the event-fed view of workers configured with ``kv_events``."""
+    """``routing.events``: the event-fed view of workers configured with ``kv_events`` (key mode
+    ``events``); its constants are ``PreciseTuning``'s."""
 
     block_tokens: int = Field(default=16, gt=0, le=1 << 20)  # the engines' KV block size (CPU vLLM: 128)
-    max_blocks_per_worker: int = Field(default=1_000_000, gt=0)  # engine hash -> key entries per worker
-    speculative_ttl_s: float = Field(default=2.0, gt=0)
-    max_speculative_per_worker: int = Field(default=65_536, gt=0)
-    silence_s: float = Field(default=10.0, gt=0)  # new blocks expected and no event this long: stale
-    stale_hold_s: float = Field(default=30.0, gt=0)  # after an unrepaired gap: approximate this long
-    max_homes: int = Field(default=65_536, gt=0)  # removed block key -> the worker that held it last
-    # a prefix held nowhere goes back to its last home while that worker's in-flight requests stay
-    # under ceil(home_load_factor x mean in flight after it) + home_load_slack (the sessions' rule)
-    home_load_factor: float = Field(default=1.25, ge=1.0)
-    home_load_slack: int = Field(default=2, ge=0)
     # token parity without a local template: an event-fed engine renders the request (node/request/render.py)
     render: bool = True
-    render_timeout_s: float = Field(default=2.0, gt=0)
-    max_rendered: int = Field(default=10_000, gt=0)  # rendered token ids cached by the character key
+
+
+class PreciseTuning(NamedTuple):
+    """The event-fed view's bounds and timings: constants, each a constructor argument of ``PreciseView``
+    for the tests that shorten them.
+
+    ``max_blocks_per_worker``: engine hash -> key entries per worker, a memory bound (1 M blocks: 16 M
+    tokens at vLLM's 16-token blocks, more than one engine's cache); ``speculative_ttl_s``: how long a
+    dispatched prefix steers routing before its events must have come; ``silence_s``: five such TTLs with
+    new blocks expected and no message; ``stale_hold_s``: the approximate view after an unrepaired gap;
+    ``max_speculative_per_worker`` and ``max_homes``: 64 Ki blocks each (a 1 M-token prompt's blocks)."""
+
+    max_blocks_per_worker: int = 1_000_000
+    speculative_ttl_s: float = 2.0
+    max_speculative_per_worker: int = 65_536
+    silence_s: float = 10.0  # new blocks expected and no event this long: stale
+    stale_hold_s: float = 30.0  # after an unrepaired gap: approximate this long
+    max_homes: int = 65_536  # removed block key -> the worker that held it last
 
 
 def precise_seed(model: str, lora: str | None, salt: str | None) -> int:
@@ -114,7 +121,7 @@ class Staleness(StrEnum):
     FRESH = "fresh"
     GAP = "gap"  # a sequence gap not repaired by a replay
     SILENT = "silent"  # new blocks expected, no event for silence_s
-    BLOCK_SIZE = "block_size"  # the events' block size is not routing.precise.block_tokens
+    BLOCK_SIZE = "block_size"  # the events' block size is not routing.events.block_tokens
 
 
 @dataclass(slots=True)
@@ -167,14 +174,15 @@ class PreciseMatch:
 
 
 class PreciseView:
-    def __init__(self, cfg: PreciseSettings) -> None:
+    def __init__(self, cfg: PreciseSettings, tuning: PreciseTuning | None = None) -> None:
         self.cfg = cfg
+        self.tuning = tuning if tuning is not None else PreciseTuning()
         self._workers: dict[str, _Worker] = {}
         self._name: dict[int, str] = {}
         self._confirmed: dict[int, int] = {}  # router key -> bits of the workers holding it
         self._spec: dict[int, int] = {}  # router key -> bits of the workers it is speculated on
         # removed key -> (last holder, its stored_blocks count at the removal)
-        self._homes: BoundedLRU[int, tuple[str, int]] = BoundedLRU(cfg.max_homes)
+        self._homes: BoundedLRU[int, tuple[str, int]] = BoundedLRU(self.tuning.max_homes)
         self.on_clear: Callable[[str], None] | None = None  # the engine said its cache is empty
 
     # ------------------------------------------------------------ workers
@@ -215,7 +223,7 @@ class PreciseView:
             return Staleness.BLOCK_SIZE
         if now < worker.stale_until:
             return Staleness.GAP
-        if worker.expect_since is not None and now - worker.expect_since > self.cfg.silence_s:
+        if worker.expect_since is not None and now - worker.expect_since > self.tuning.silence_s:
             return Staleness.SILENT
         return Staleness.FRESH
 
@@ -226,7 +234,7 @@ class PreciseView:
         """A gap the caller could not repair: the approximate view for ``stale_hold_s``."""
         worker = self._workers.get(name)
         if worker is not None:
-            worker.stale_until = now + self.cfg.stale_hold_s
+            worker.stale_until = now + self.tuning.stale_hold_s
 
     # ------------------------------------------------------------ events
 
@@ -304,7 +312,7 @@ class PreciseView:
             return
         if entry is not None:  # the engine reused a hash for other tokens: the new one wins
             self._unhold(worker, engine_hash)
-        while len(worker.keys) >= self.cfg.max_blocks_per_worker:
+        while len(worker.keys) >= self.tuning.max_blocks_per_worker:
             self._unhold(worker, next(iter(worker.keys)))
             worker.stats.evicted_mappings += 1
         worker.keys[engine_hash] = (key, {tier})
@@ -369,7 +377,7 @@ class PreciseView:
         if worker is None or len(blocks) <= confirmed:
             return
         self._expire(worker, now)
-        until = now + self.cfg.speculative_ttl_s
+        until = now + self.tuning.speculative_ttl_s
         bit, expected = 1 << worker.bit, False
         for key in blocks[confirmed:]:
             if key in worker.held:
@@ -379,7 +387,7 @@ class PreciseView:
             worker.spec[key] = until
             worker.spec.move_to_end(key)
             expected = True
-        extra = len(worker.spec) - self.cfg.max_speculative_per_worker
+        extra = len(worker.spec) - self.tuning.max_speculative_per_worker
         if extra > 0:
             self._drop_spec(worker, extra)
         if expected and worker.expect_since is None:

@@ -15,7 +15,7 @@ Workers: ``remove_worker`` forgets a worker entirely; ``forget_cache`` keeps it 
 but drops what the index and the session table say it caches (an ejected engine probably restarted).
 
 Engine feedback (``routing/feedback.py`` judges each report against the prediction made at dispatch)
-moves a worker's learned capacity by at most ``feedback.capacity_step`` (a miss shrinks it, an
+moves a worker's learned capacity by at most ``FeedbackTuning.capacity_step`` (a miss shrinks it, an
 over-report on a full index grows it back, up to the known capacity) and never forgets a prefix. Token
 units (``routing/units.py``) value a text key's tokens wherever they are used: the prediction, the load
 tracker, the policy's cost (``Context.token_scale``) and the index's capacity in blocks. Index changes go
@@ -38,6 +38,7 @@ from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.bounded import BoundedLRU
 from prefix_router.routing.feedback import (
     FeedbackStats,
+    FeedbackTuning,
     PrefillTracker,
     Verdict,
     clamp_report,
@@ -50,10 +51,10 @@ from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.placement import Pipeline, prompt_value
 from prefix_router.routing.policies import POLICIES
-from prefix_router.routing.precise import PreciseView
+from prefix_router.routing.precise import PreciseTuning, PreciseView
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Decision, Outcome, Policy, RouteRequest
-from prefix_router.routing.units import Counts, TokenUnits
+from prefix_router.routing.units import Counts, TokenUnits, UnitTuning
 
 
 class ChangeKind(StrEnum):
@@ -138,11 +139,22 @@ SampleHook = Callable[[str, str, int, int, Counts | None], None]
 
 
 class Router:
-    def __init__(self, cfg: RoutingSettings, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RoutingSettings,
+        rng: random.Random | None = None,
+        *,
+        feedback: FeedbackTuning | None = None,
+        units: UnitTuning | None = None,
+        precise: PreciseTuning | None = None,
+    ) -> None:
+        """``feedback``, ``units``, ``precise``: the constants of those algorithms (their defaults when
+        None), for the tests and the lab that want others; operators set ``cfg`` only."""
         self.cfg = cfg
         self.rng = rng if rng is not None else random.Random()
+        self.feedback_tuning = feedback if feedback is not None else FeedbackTuning()
         self.keys = KeyBuilder(cfg.keys)
-        self.units = TokenUnits(cfg.units, cfg.keys.chars_per_token, cfg.keys.image_tokens)
+        self.units = TokenUnits(cfg.units, cfg.keys.chars_per_token, cfg.keys.image_tokens, units)
         self.index = PrefixIndex(
             block_tokens=cfg.keys.block_tokens,
             default_capacity_tokens=cfg.index.worker_capacity_tokens,
@@ -150,7 +162,7 @@ class Router:
             ttl_s=cfg.index.ttl_s,
             max_prefix_blocks=cfg.index.max_prefix_blocks,
         )
-        self.load = LoadTracker(cfg.trackers.max_tracked_requests, cfg.trackers.engine_load_stale_s)
+        self.load = LoadTracker(cfg.trackers.max_tracked_requests)
         self.policies: dict[str, Policy] = {spec.name: spec.build(cfg.knobs(spec.name)) for spec in POLICIES}
         self._honour_sessions = frozenset(spec.name for spec in POLICIES if spec.honours_sessions)
         if cfg.policy not in self.policies:
@@ -163,7 +175,7 @@ class Router:
         self.on_change: ChangeHook | None = None
         # told of every report the token units learned from (``serve --processes``: the others learn it too)
         self.on_units_sample: SampleHook | None = None
-        self.precise = PreciseView(cfg.precise)
+        self.precise = PreciseView(cfg.events, precise)
         self.precise.on_clear = self._engine_cleared
         # the steps of a decision (routing/placement.py), on these parts
         self.pipeline = Pipeline(
@@ -175,9 +187,9 @@ class Router:
         changed is rebuilt, its own state, such as a round-robin position, starting over), session
         affinity, feedback tolerance and tenant isolation (``keys.isolate_tenants``: new requests are keyed
         in their tenant's namespace, or not). What sizes live state (the rest of ``keys``, ``index``,
-        ``trackers``, ``units``, ``precise``, ``sessions.max_sessions``) must not change (ValueError):
+        ``trackers``, ``units``, ``events``, ``sessions.max_sessions``) must not change (ValueError):
         that needs a new ``Router``."""
-        same = ("index", "trackers", "units", "precise")
+        same = ("index", "trackers", "units", "events")
         isolation = {"isolate_tenants": self.cfg.keys.isolate_tenants}
         if (
             any(getattr(cfg, k) != getattr(self.cfg, k) for k in same)
@@ -185,7 +197,7 @@ class Router:
             or cfg.sessions.max_sessions != self.cfg.sessions.max_sessions
         ):
             raise ValueError(
-                "retune: keys, index, trackers, units, precise and sessions.max_sessions need a new Router"
+                "retune: keys, index, trackers, units, events and sessions.max_sessions need a new Router"
             )
         if cfg.policy not in self.policies:
             raise KeyError(f"unknown policy {cfg.policy!r}")
@@ -207,7 +219,7 @@ class Router:
         that is fresh (``routing/precise.py``); requests get precise keys from now on."""
         if name in self.index:
             self.precise.add_worker(name, model)
-            self.keys.precise_block_tokens = self.cfg.precise.block_tokens
+            self.keys.precise_block_tokens = self.cfg.events.block_tokens
 
     def remove_worker(self, name: str) -> None:
         self.index.remove_worker(name)
@@ -281,7 +293,7 @@ class Router:
         prediction = _Prediction(worker, decision.predicted_tokens, raced, matched, touched, precise=precise)
         self._predictions.set(req.route_id, prediction)
         if precise:
-            confirmed = decision.predicted_tokens // self.cfg.precise.block_tokens
+            confirmed = decision.predicted_tokens // self.cfg.events.block_tokens
             self.precise.speculate(worker, req.precise_blocks, confirmed, now)
         if worker in self.index and matched < len(req.blocks):
             self._prefills.started(req.route_id, worker, req.blocks[matched])
@@ -362,13 +374,13 @@ class Router:
                 worker, prediction.tokens, outcome.cached_tokens, outcome.reported_prompt_tokens
             )
             stats.count(
-                judge(self.cfg.feedback, prediction.tokens, reported, False, False),
+                judge(self.feedback_tuning, prediction.tokens, reported, False, False),
                 prediction.tokens,
                 reported,
                 moved,
             )
             return
-        cfg = self.cfg.feedback
+        cfg = self.feedback_tuning
         turnover = self.index.turnover(worker, now)
         queued = explained_by_queueing(cfg, prediction.last_touched, prediction.started_at, turnover)
         verdict = judge(cfg, prediction.tokens, reported, prediction.raced, queued)
@@ -380,14 +392,14 @@ class Router:
         """A miss: the engine evicted what the index still holds, so it holds less than the index assumes
         (shrink). An over-report while the index is full: the index evicted what the engine still holds
         (grow, up to the known capacity). One report moves the capacity by at most a step of it."""
-        step, index = self.cfg.feedback.capacity_step, self.index
+        step, index = self.feedback_tuning.capacity_step, self.index
         cap = index.capacity_blocks(worker)
         if grow:
             if index.blocks_of(worker) < cap * (1 - step):
                 return  # the index was not full: its capacity did not cause the shortfall
             wanted = cap + max(1, math.ceil(cap * step))
         else:
-            floor = index.blocks_for(worker, self.cfg.feedback.min_capacity_tokens)
+            floor = index.blocks_for(worker, self.feedback_tuning.min_capacity_tokens)
             wanted = max(floor, cap - math.ceil(cap * step))
         learned = index.learn_capacity(worker, wanted)
         if learned != cap:

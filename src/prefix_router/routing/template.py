@@ -16,8 +16,8 @@ text parts of a content array joined with a newline (or passed as parts to templ
 adding special tokens (the template writes them). An image becomes ``image_tokens`` placeholder ids named
 by a hash of its URL, since the engine's multimodal processor (not the template) expands it.
 
-Knobs (``routing.keys``): ``exact_models`` (model name -> directory), ``image_tokens``,
-``tool_choice_none_drops_tools`` (vLLM's ``--exclude-tools-when-tool-choice-none``).
+Knobs (``routing.keys``; mode ``template`` or ``events``): ``templates`` (model name -> directory),
+``image_tokens``, ``tool_choice_none_drops_tools`` (vLLM's ``--exclude-tools-when-tool-choice-none``).
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ for a model never reported and with ``learn`` off; token-id keys are counted exa
 use the scale. The table is per model (its engines share a tokenizer and chat template) and per router
 replica.
 
-Knobs (``routing.units``, ``UnitSettings``): ``learn`` (true), ``alpha`` (1/32), ``min_sample_tokens``
-(512), ``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently reported model gives
-way), ``by_content`` (true), ``min_spread`` (0.01). Why and what it measures: docs/routing.md, "Token units".
+Knob (``routing.units``, ``UnitSettings``): ``learn`` (true). Constants (``UnitTuning``): ``alpha`` (1/32),
+``min_sample_tokens`` (512), ``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently
+reported model gives way), ``by_content`` (true), ``min_spread`` (0.01). Why and what it measures:
+docs/routing.md, "Token units".
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prefix_router.routing.canonical import MEDIA
 from prefix_router.routing.settings import UnitSettings
@@ -42,6 +44,25 @@ MAX_REPORT_TOKENS = 1 << 31  # no prompt is this long: a larger count is not a s
 _WORD = bytes([*range(0x30, 0x3A), *range(0x41, 0x5B), *range(0x61, 0x7B), *range(0x80, 0x100)])
 _MEDIA = MEDIA.encode()
 _NOT_PUNCT = b" \t\n\r\x0b\x0c" + _MEDIA
+
+
+class UnitTuning(NamedTuple):
+    """The learning's constants (``TokenUnits``' ``tuning`` argument, for the tests and the lab that want
+    others). ``alpha``: a report's weight in the moving average (a plain average over the first 32);
+    ``min_sample_tokens``: shorter prompts are not samples (template tokens weigh too much in them);
+    ``warmup``: reports of a model before its learned value is used; ``margin``: deviations below the
+    average (over-predicting costs more than under-predicting); ``max_models``: models learned at once;
+    ``by_content``: value a key's bytes by class (word, punctuation, whitespace); ``min_spread``: byte
+    classes whose share of a prompt varies less than this between reports keep the common value."""
+
+    alpha: float = 1 / 32
+    min_sample_tokens: int = 512
+    warmup: int = 8
+    margin: float = 1.0
+    max_models: int = 1024
+    by_content: bool = True
+    min_spread: float = 0.01
+
 
 Counts = tuple[int, int, int, int]  # bytes of a text key by class: (word, punctuation, whitespace, images)
 CHUNK = 16_384  # the key's classes are kept cumulative at every CHUNK bytes (``count_marks``)
@@ -203,8 +224,15 @@ class ModelUnits:
 class TokenUnits:
     """Per model, the learned value of text keys' bytes (see the module docstring)."""
 
-    def __init__(self, cfg: UnitSettings, chars_per_token: float, image_tokens: int = 576) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        cfg: UnitSettings,
+        chars_per_token: float,
+        image_tokens: int = 576,
+        tuning: UnitTuning | None = None,
+    ) -> None:
+        self.learn = cfg.learn
+        self.cfg = tuning if tuning is not None else UnitTuning()
         self.chars_per_token = chars_per_token
         self._models: OrderedDict[str, ModelUnits] = OrderedDict()
         self.scales: dict[str, float] = {}  # model -> scale in use (read once per request)
@@ -240,7 +268,7 @@ class TokenUnits:
         """Learn from a response reporting ``reported`` prompt tokens for a text key of ``nominal`` tokens
         (and ``counts`` bytes by class); returns whether it was a sample."""
         cfg = self.cfg
-        if not cfg.learn or reported is None or nominal < cfg.min_sample_tokens:
+        if not self.learn or reported is None or nominal < cfg.min_sample_tokens:
             return False
         if not 0 < reported <= MAX_REPORT_TOKENS:
             return False

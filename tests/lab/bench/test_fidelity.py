@@ -21,6 +21,7 @@ from prefix_router.lab.bench.fidelity.truth import Oracle
 from prefix_router.lab.launch.llama_cpp import default_venv, venv_python
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.settings import KeySettings, UnitSettings
+from prefix_router.routing.units import UnitTuning
 
 SAMPLES = [
     "Hello world! 12345 tokens, it's 3.14",
@@ -103,10 +104,10 @@ def test_the_character_reading_learns_the_token_value_from_the_other_fold_only(
             body
             for c in others
             for body in (c.first, c.second)
-            if keys.build("chat", body, route_id="x").key_tokens >= UnitSettings().min_sample_tokens
+            if keys.build("chat", body, route_id="x").key_tokens >= UnitTuning().min_sample_tokens
         ]
         learned = router.units.summary()["m"]
-        assert learned["samples"] == len(long_enough) >= UnitSettings().warmup
+        assert learned["samples"] == len(long_enough) >= UnitTuning().warmup
         assert 4.6 < learned["chars_per_token"] < 5.4  # the SmolLM2 vocabulary on this text: about 5
         assert learned["chars_per_token_used"] > learned["chars_per_token"]  # the margin
         # by class: the same reports; punctuation (JSON of the tools) costs more tokens per byte than words,

@@ -13,7 +13,7 @@ from prefix_router.lab.sim.profiles import get_profile
 from prefix_router.lab.sim.run import trace_scenario
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.lab.sim.stats import summarize
-from prefix_router.routing.settings import FeedbackSettings
+from prefix_router.routing.feedback import FeedbackTuning
 
 TRACE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 ENGINE_TOKENS, ASSUMED_TOKENS = 100_000, 1_000_000
@@ -23,8 +23,8 @@ def run(capacity_step: float) -> dict[str, Any]:
     spec = ClusterSpec(16, get_profile("llama-3.1-8b-h100"), ENGINE_TOKENS, seed=0)
     scenario = trace_scenario(TRACE, spec, limit=3000)
     routing = scenario.routing("prefix")
-    routing = routing.model_copy(update={"feedback": FeedbackSettings(capacity_step=capacity_step)})
-    sim = ClusterSimulation(spec, "prefix", scenario.make_source(), routing)
+    tuning = FeedbackTuning(capacity_step=capacity_step)
+    sim = ClusterSimulation(spec, "prefix", scenario.make_source(), routing, feedback=tuning)
     for name in sim.names:
         sim.router.set_capacity(name, ASSUMED_TOKENS)
     result = sim.run()
@@ -40,4 +40,4 @@ def test_predictions_follow_the_engines_when_the_index_assumes_too_much() -> Non
     assert gap < 0.5 * blind_gap
     assert learned["hit_rate"] >= 0.9 * blind["hit_rate"]
     capacities = [w["capacity_tokens"] for w in learned["workers"].values()]
-    assert max(capacities) < ASSUMED_TOKENS and min(capacities) >= FeedbackSettings().min_capacity_tokens
+    assert max(capacities) < ASSUMED_TOKENS and min(capacities) >= FeedbackTuning().min_capacity_tokens

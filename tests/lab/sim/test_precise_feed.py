@@ -34,7 +34,9 @@ def test_the_cache_tells_its_listener_what_it_stores_evicts_and_resets() -> None
 
 
 def one_engine(lag_s: float = 0.0, max_pending: int = 1_000) -> tuple[Router, EventFeed, PrefixCache]:
-    router = Router(RoutingSettings.model_validate({"precise": {"block_tokens": 4}}))
+    router = Router(
+        RoutingSettings.model_validate({"keys": {"mode": "events"}, "events": {"block_tokens": 4}})
+    )
     router.add_worker("w")
     feed = EventFeed(router, ["w"], 4, lag_s=lag_s, max_pending=max_pending)
     cache = PrefixCache(capacity_blocks=2, block_tokens=4)

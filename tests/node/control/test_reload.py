@@ -18,7 +18,7 @@ def test_plan_sorts_changes_and_keeps_restart_only_values() -> None:
     workers = [{"url": "http://b:1", "name": "b", "api_key": "new-key"}, {"url": "http://c:1", "name": "c"}]
     new = config(
         workers=workers,
-        **{"auth.api_keys": "k-new", "retries.max_attempts": 5, "port": 9999, "routing.keys.block_chars": 8},
+        **{"auth.api_keys": "k-new", "retries.max_attempts": 5, "port": 9999, "routing.keys.block_tokens": 2},
     )
     plan = Plan(old, new)
     assert (
@@ -27,7 +27,7 @@ def test_plan_sorts_changes_and_keeps_restart_only_values() -> None:
         and [w.name for w in plan.replaced] == ["b"]
     )
     assert set(plan.applied) == {"auth.api_keys", "retries.max_attempts"}
-    assert set(plan.restart_needed) == {"port", "routing.keys.block_chars", "routing.keys.block_tokens"}
+    assert set(plan.restart_needed) == {"port", "routing.keys.block_tokens"}
     merged = plan.config
     assert merged.retries.max_attempts == 5 and merged.auth.api_keys[0].get_secret_value() == "k-new"
     assert merged.port == old.port and merged.routing.keys.block_chars == old.routing.keys.block_chars

@@ -44,7 +44,9 @@ class Engine:
 
 
 def setup() -> tuple[Router, Worker]:
-    router = Router(RoutingSettings.model_validate({"precise": {"block_tokens": 4}}))
+    router = Router(
+        RoutingSettings.model_validate({"keys": {"mode": "events"}, "events": {"block_tokens": 4}})
+    )
     router.add_worker("w")
     router.add_event_worker("w", "m")
     return router, Worker.from_config(WorkerSettings(url="http://127.0.0.1:9", name="w"))

@@ -61,7 +61,7 @@ async def test_a_line_holds_lengths_time_and_ids_but_no_text(tmp_path: Path) -> 
     now = [0.0]
     cfg = RecordSettings(file=str(tmp_path / "t.jsonl"), salt=1)
     rec = TraceRecorder(cfg, clock=lambda: now[0], on_drop=lambda: None)
-    req = KeyBuilder(KeySettings(block_chars=64, block_tokens=16)).build(
+    req = KeyBuilder(KeySettings(block_tokens=16)).build(
         "completions", {"model": "m", "prompt": "secret " * 400}, route_id="1"
     )
     now[0] = 1.0

@@ -79,12 +79,12 @@ async def test_serve_end_to_end(fake_engine: Any, free_port: Any) -> None:
 
 async def test_bad_config_exits_with_one_line_naming_the_key() -> None:
     proc = await run_cli(
-        "serve", "--worker", "http://127.0.0.1:9", env={"PREFIX_ROUTER_ROUTING__KEYS__BLOCK_CHARS": "-5"}
+        "serve", "--worker", "http://127.0.0.1:9", env={"PREFIX_ROUTER_ROUTING__KEYS__BLOCK_TOKENS": "-5"}
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     lines = err.decode().strip().splitlines()
-    assert len(lines) == 1 and "routing" in lines[0] and "block_chars" in lines[0]
+    assert len(lines) == 1 and "routing" in lines[0] and "block_tokens" in lines[0]
 
 
 async def test_a_config_file_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Any) -> None:
@@ -191,3 +191,13 @@ async def test_serve_starts_among_service_link_variables(fake_engine: Any, free_
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 20)
     assert proc.returncode == 0
+
+
+async def test_a_retired_key_in_a_flag_is_one_line_naming_its_new_key() -> None:
+    proc = await run_cli("serve", "--print-config", "--set", "routing.keys.tokenizer_path=/t.json")
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert (
+        "routing.keys.tokenizer_path" in lines[0] and "routing.keys.tokenizer" in lines[0].split(": ", 2)[2]
+    )

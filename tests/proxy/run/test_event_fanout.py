@@ -34,7 +34,7 @@ def test_only_router_bound_endpoints_are_fanned_out(tmp_path: Path) -> None:
         {"url": "http://b:1", "name": "b", "kv_events": events | {"hwm": 70}},  # one endpoint, two engines
         {"url": "http://c:1", "name": "c", "kv_events": {"endpoint": "tcp://c:5557"}},  # the engine binds
         {"url": "http://d:1", "name": "d"},
-    ]})  # fmt: skip
+    ], "routing.keys.mode": "events"})  # fmt: skip
     plan = wanted(config, tmp_path)
     assert plan == {"tcp://127.0.0.1:5557": (f"ipc://{tmp_path}/kv-events-0", 70)}
     out = fanned_out(config, FanoutPlan({k: v[0] for k, v in plan.items()}))
@@ -130,7 +130,11 @@ async def test_every_process_gets_every_event(tmp_path: Path, serve_process: Any
     config = tmp_path / "serve.yaml"
     worker = {"url": engine.url, "name": "sim", "models": ["sim"],
               "kv_events": {"endpoint": endpoint, "bind": True, "topic": "kv"}}  # fmt: skip
-    config.write_text(json.dumps({"workers": [worker], "routing": {"precise": {"block_tokens": 16}}}))
+    config.write_text(
+        json.dumps(
+            {"workers": [worker], "routing": {"keys": {"mode": "events"}, "events": {"block_tokens": 16}}}
+        )
+    )
     try:
         served = await serve_process(
             "--config", str(config), "--processes", "2", "--set", f"auth.admin_token={TOKEN}",

@@ -99,7 +99,8 @@ def settings_from(args: argparse.Namespace) -> VllmSettings:
 
 
 def serve_config(fleet: VllmFleet) -> dict[str, Any]:
-    """The ``serve`` config naming the fleet's instances (and their event endpoints when published)."""
+    """The ``serve`` config naming the fleet's instances (and their event endpoints when published, with
+    key mode ``events``)."""
     workers: list[dict[str, Any]] = []
     for instance in fleet.instances:
         worker: dict[str, Any] = {
@@ -111,6 +112,8 @@ def serve_config(fleet: VllmFleet) -> dict[str, Any]:
         if instance.events_endpoint is not None:
             worker["kv_events"] = events_config(instance)
         workers.append(worker)
+    if any("kv_events" in w for w in workers):  # the key reads the engines' events
+        return {"workers": workers, "routing": {"keys": {"mode": "events"}}}
     return {"workers": workers}
 
 

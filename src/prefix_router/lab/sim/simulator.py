@@ -30,7 +30,7 @@ from prefix_router.lab.sim.precise_feed import EventFeed
 from prefix_router.lab.sim.profiles import EngineProfile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.stats import SimStats
-from prefix_router.routing import Outcome, Router, RouteRequest, RoutingSettings
+from prefix_router.routing import FeedbackTuning, Outcome, Router, RouteRequest, RoutingSettings
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks
@@ -94,12 +94,14 @@ class ClusterSimulation:
         faults: Sequence[tuple[float, Fault]] = (),
         event_lag_s: float = 0.0,
         router_seed: str | None = None,
+        feedback: FeedbackTuning | None = None,
     ) -> None:
         """``precise``: every engine publishes KV cache events to the router's event-fed views
         (``precise_feed.py``), each reaching the router ``event_lag_s`` of simulated time after it was
         published; ``faults``: (time, fault) pairs, restarts and cache resets; ``router_seed``: the seed
         of the router's own random choices (its ties; default ``router:<spec.seed>``), apart from the
-        requests' and faults' seed, so two runs can differ in those choices alone."""
+        requests' and faults' seed, so two runs can differ in those choices alone; ``feedback``: the engine
+        feedback's constants (``routing/feedback.py``; its defaults when None)."""
         self.spec = spec
         self.router_seed = router_seed if router_seed is not None else f"router:{spec.seed}"
         self.policy = policy
@@ -109,10 +111,10 @@ class ClusterSimulation:
         self.engines = [self._engine() for _ in self.names]
         block = self.source.engine_block_tokens
         if precise:
-            routing = routing.model_copy(
-                update={"precise": routing.precise.model_copy(update={"block_tokens": block})}
-            )
-        self.router = self._router(routing)
+            keys = routing.keys.model_copy(update={"mode": "events"})
+            events = routing.events.model_copy(update={"block_tokens": block})
+            routing = routing.model_copy(update={"keys": keys, "events": events})
+        self.router = self._router(routing, feedback)
         self.feed = EventFeed(self.router, self.names, block, lag_s=event_lag_s) if precise else None
         if self.feed is not None:
             for i, engine in enumerate(self.engines):
@@ -138,8 +140,8 @@ class ClusterSimulation:
             block_tokens=self.source.engine_block_tokens,
         )
 
-    def _router(self, routing: RoutingSettings) -> Router:
-        router = Router(routing, rng=random.Random(self.router_seed))
+    def _router(self, routing: RoutingSettings, feedback: FeedbackTuning | None) -> Router:
+        router = Router(routing, rng=random.Random(self.router_seed), feedback=feedback)
         for name in self.names:
             router.add_worker(name, capacity_tokens=self.spec.capacity_tokens)
         return router

@@ -78,6 +78,11 @@ async def list_workers(request: web.Request) -> web.StreamResponse:
 async def add_worker(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = worker_config(await read_json(request))
+    mode = state.config.routing.keys.mode
+    if cfg.kv_events is not None and mode != "events":
+        raise bad_request(
+            f"kv_events: needs routing.keys.mode: events (mode is {mode})", code="invalid_worker"
+        )
     request[ADDED_NAME], request[ADDED_URL] = cfg.resolved_name(), cfg.url
     worker = state.pool.add(cfg)
     told(state, AdminChange("add", worker.name, cfg))

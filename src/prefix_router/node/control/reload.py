@@ -3,14 +3,14 @@ start-up) and apply what may change while serving, without dropping a connection
 
 Applied at once: ``workers`` (static workers added, removed, or replaced when their entry changed; requests
 running on a removed worker finish there; workers added by the admin API or found by discovery are left
-alone), ``auth`` (client keys, admin token), tenant isolation (``routing.keys.isolate_tenants``: explicit, or
-as a fresh start would resolve it from the new key count, so adding a second client key turns it on),
-``routing.policy`` and ``routing.policies.*`` (a policy whose
-knobs changed is rebuilt), ``routing.sessions`` (but ``max_sessions``), ``routing.feedback``, the
-per-request ``timeouts``, ``retries`` and ``limits`` listed in ``RELOADABLE``, ``session_header`` and the
-logging switches. Anything else that changed (the listen address, the index and key settings, the
-replication, discovery, health and scrape sections, the upstream client...) sizes or starts live state: it
-is named in the audit line as ``restart_needed`` and keeps its old value until the next start.
+alone), ``auth`` (client keys, admin token), tenant isolation (``tenants.isolate``: explicit, or as a
+fresh start would resolve it from the new key count, so adding a second client key turns it on),
+``tenants.forward_client_auth``, ``routing.policy`` and ``routing.policies.*`` (a policy whose knobs
+changed is rebuilt), ``routing.sessions`` (but ``max_sessions``), the per-request ``timeouts``,
+``retries`` and ``limits`` listed in ``RELOADABLE``, and the logging switches. Anything else that changed
+(the listen address, the index and key settings, the replication, discovery, health and scrape sections,
+the upstream client...) sizes or starts live state: it is named in the audit line as ``restart_needed``
+and keeps its old value until the next start.
 
 An invalid configuration changes nothing: the audit line says why (one line) and the router goes on
 with the configuration it has. Every reload writes one audit line (``node.telemetry.audit``) naming the keys
@@ -37,11 +37,12 @@ RELOADABLE = (
     "auth",
     "routing.policy",
     "routing.policies",
-    "routing.keys.isolate_tenants",
+    "tenants.isolate",
+    "tenants.forward_client_auth",
+    "routing.sessions.header",
     "routing.sessions.affinity",
     "routing.sessions.load_factor",
     "routing.sessions.load_slack",
-    "routing.feedback",
     "timeouts.first_byte_s",
     "timeouts.total_s",
     "timeouts.shutdown_s",
@@ -54,7 +55,6 @@ RELOADABLE = (
     "limits.max_sse_line_bytes",
     "limits.retry_after_s",
     "limits.parse_in_thread_bytes",
-    "session_header",
     "log_level",
     "log_format",
     "access_log",

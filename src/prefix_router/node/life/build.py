@@ -171,13 +171,13 @@ def _install_events(app: web.Application, state: NodeState) -> None:
     """KV cache event subscriptions (precise mode) for the workers with ``kv_events``, kept in step with
     the pool every ``EVENTS_SYNC_S`` (admin and discovery changes); started after the first
     identification (a worker's model names its blocks), stopped on cleanup."""
-    from prefix_router.node.request.render import RenderCollector, Renders
+    from prefix_router.node.request.render import MAX_RENDERED, RenderCollector, Renders
     from prefix_router.pool import EventSubscriptions, KvEventsCollector
 
     subs = EventSubscriptions(state.pool, state.router, state.clock)
     state.events = subs
     state.metrics.registry.register(KvEventsCollector(subs))
-    state.renders = Renders(state.config.routing.precise.max_rendered)
+    state.renders = Renders(MAX_RENDERED)
     state.metrics.registry.register(RenderCollector(state.renders))
 
     async def keep_in_step() -> None:

@@ -1,12 +1,12 @@
 """Token parity without a local template: the engine renders the request (precise mode).
 
-A request whose model has no local chat template (``routing.keys.exact_models``) has no precise key
+A request whose model has no local chat template (``routing.keys.templates``) has no precise key
 (``RouteRequest.precise_blocks``), so it could only be routed on the approximate view. When some worker is
-event-fed and ``routing.precise.render`` is on, one such worker serving the model (the first fresh one)
+event-fed and ``routing.events.render`` is on, one such worker serving the model (the first fresh one)
 is asked for the prompt's token ids: ``POST /v1/chat/completions/render`` or ``/v1/completions/render``
-(vLLM; the answer's ``token_ids``), within ``render_timeout_s``. The ids are cached by the request's
+(vLLM; the answer's ``token_ids``), within ``RENDER_TIMEOUT_S``. The ids are cached by the request's
 character key (its namespace, last block and tail: two requests of one key render alike), at most
-``max_rendered`` entries, least recently used first out. Any failure (no such worker, an error status,
+``MAX_RENDERED`` entries, least recently used first out. Any failure (no such worker, an error status,
 a timeout, an answer without ids) leaves the request as it was: routed on the approximate view. Cost:
 ``Renders.stats`` (requests, cache hits, failures, seconds spent), on ``/metrics``.
 """
@@ -35,6 +35,11 @@ from prefix_router.routing import Router
 log = logging.getLogger(__name__)
 MAX_RENDER_BYTES = 16 * 1024 * 1024
 PATHS = {"chat": "/v1/chat/completions/render", "completions": "/v1/completions/render"}
+# the longest a render may take before the request is routed on the approximate view: a render is a
+# template and a tokenizer run on the engine's CPU, milliseconds even for long prompts
+RENDER_TIMEOUT_S = 2.0
+# rendered token ids cached by the request's character key: a conversation's next turn hits its entry
+MAX_RENDERED = 10_000
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from prefix_router.node.request import parse as parsing
 from prefix_router.node.request.auth import tenant_of, tenant_salt
-from prefix_router.node.request.render import render_worker
+from prefix_router.node.request.render import RENDER_TIMEOUT_S, render_worker
 from prefix_router.node.state import NodeState
 from prefix_router.protocol import Endpoint
 
@@ -26,7 +26,7 @@ async def parse_routed(
     salt = tenant_salt(headers) if config.cache_salt else None  # as the engine sees it
     args = (endpoint, raw, state.router.keys, state.next_id(), tenant, session, salt)
     threshold = (
-        config.exact_parse_in_thread_bytes if state.router.keys.templates else config.parse_in_thread_bytes
+        config.template_parse_in_thread_bytes if state.router.keys.templates else config.parse_in_thread_bytes
     )
     if len(raw) > threshold:  # long parses (and exact-mode keys) stay off the event loop
         parsed = await asyncio.to_thread(parsing.parse, *args)
@@ -52,10 +52,7 @@ async def rendered(state: NodeState, parsed: parsing.Parsed, salt: str | None) -
     """``parsed`` with a precise key rendered by an event-fed engine when it has none (``render.py``)."""
     if state.renders is None or not render_due(state, parsed):
         return parsed
-    settings = state.config.routing.precise
     model = parsed.body.get("model")
     workers = [w for w in state.pool if w.available and isinstance(model, str) and w.serves(model)]
     worker = render_worker(state.router, workers, state.clock())
-    return await state.renders.precise(
-        state.router, state.upstream, worker, parsed, settings.render_timeout_s, salt
-    )
+    return await state.renders.precise(state.router, state.upstream, worker, parsed, RENDER_TIMEOUT_S, salt)

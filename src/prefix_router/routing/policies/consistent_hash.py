@@ -1,13 +1,12 @@
 """consistent_hash: consistent hashing with bounded loads (CHWBL, as KubeAI's).
 
-Algorithm: the request's ``hash_key`` (a hash of the first ``hash_prefix_chars`` of its routing key,
-within its namespace) is placed on a ring of ``replicas`` virtual nodes per worker (times its weight);
-walk clockwise to the first worker whose load is under the bounded-load cap
-(``load_factor`` x mean in-flight, plus ``load_slack``: 0 by default, as in CHWBL). Fallback: if every
-worker is at the cap, the least loaded. Knobs (``routing.policies.consistent_hash``,
-``ConsistentHashSettings``): ``load_factor``, ``load_slack``, ``replicas``, ``max_rings``; the hashed prefix
-length is the routing key's ``routing.keys.hash_prefix_chars``.
-Rings are cached per candidate set, in an LRU of ``max_rings``.
+Algorithm: the request's ``hash_key`` (a hash of the first 512 bytes of its routing key,
+``routing/keys.py``'s ``HASH_PREFIX_CHARS``, within its namespace) is placed on a ring of ``replicas``
+virtual nodes per worker (times its weight); walk clockwise to the first worker whose load is under the
+bounded-load cap (``load_factor`` x mean in-flight, plus ``load_slack``: 0 by default, as in CHWBL).
+Fallback: if every worker is at the cap, the least loaded. Knobs (``routing.policies.consistent_hash``,
+``ConsistentHashSettings``): ``load_factor``, ``load_slack``, ``replicas``. Rings are cached per candidate
+set, in an LRU of ``MAX_RINGS``.
 """
 
 from __future__ import annotations
@@ -35,13 +34,17 @@ def build_ring(workers: Sequence[tuple[str, float]], replicas: int) -> _Ring:
     return [p for p, _ in points], [n for _, n in points]
 
 
+# rings cached, one per candidate set: the sets a fleet routes over at once (all workers, those serving
+# one model, those of one LoRA adapter) are few; 32 covers a fleet of that many models
+MAX_RINGS = 32
+
+
 class ConsistentHashSettings(Section):
     """``routing.policies.consistent_hash``: the bounded-load cap and the ring."""
 
     load_factor: float = Field(default=1.25, gt=0)  # cap: load_factor x mean in flight ...
     load_slack: int = Field(default=0, ge=0)  # ... + load_slack requests (CHWBL: none)
     replicas: int = Field(default=64, ge=1, le=4096)  # virtual nodes per worker (times its weight)
-    max_rings: int = Field(default=32, ge=1, le=4096)  # rings cached, one per candidate set
 
 
 class ConsistentHashPolicy(NoHooks):
@@ -49,7 +52,7 @@ class ConsistentHashPolicy(NoHooks):
         self.load_factor = knobs.load_factor
         self.load_slack = knobs.load_slack
         self.replicas = knobs.replicas
-        self.max_rings = knobs.max_rings
+        self.max_rings = MAX_RINGS
         self._rings: OrderedDict[tuple[tuple[str, float], ...], _Ring] = OrderedDict()
 
     def _ring(self, workers: Sequence[WorkerSnapshot]) -> _Ring:

@@ -17,12 +17,12 @@ The chosen worker's tree then records the whole prompt. The tree is the router's
 about 16 M tokens per worker) the tree remembers far more than an engine's KV cache holds.
 
 Emulation details: the tree is keyed by the routing key's chained blocks (whole blocks, not characters),
-sizes are converted with ``chars_per_token``; the trees are bounded in total by ``max_tree_blocks`` (the
+sizes are converted at ``CHARS_PER_TOKEN``; the trees are bounded in total by ``MAX_TREE_BLOCKS`` (the
 fullest worker's tree gives way), where SGLang's grow freely between evictions. No session affinity
 (SGLang's cache_aware has none). Fallback: none needed.
 Knobs (SGLang's launch_router defaults): ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
-``balance_rel_threshold`` 1.5, ``eviction_interval_s`` 120, ``max_tree_chars`` 2^26; ours:
-``chars_per_token`` 4, ``max_tree_blocks`` 2,000,000.
+``balance_rel_threshold`` 1.5, ``eviction_interval_s`` 120, ``max_tree_chars`` 2^26. Constants of the
+emulation: ``CHARS_PER_TOKEN`` 4, ``MAX_TREE_BLOCKS`` 2,000,000.
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ from prefix_router.settings import Section
 _UNBOUNDED_TOKENS = 1 << 60
 
 
+# tree sizes, characters -> tokens: the routing key's nominal 4 characters a token (``keys.chars_per_token``'s
+# default), which SGLang's character counts are converted at
+CHARS_PER_TOKEN = 4.0
+# blocks in all the trees together, a memory bound: the index's default bound (``index.max_total_blocks``)
+MAX_TREE_BLOCKS = 2_000_000
+
+
 class SGLangCacheAwareSettings(Section):
     """``sglang_cache_aware``'s knobs: SGLang's, with its launch_router defaults, and two of ours."""
 
@@ -48,14 +55,12 @@ class SGLangCacheAwareSettings(Section):
     balance_rel_threshold: float = Field(default=1.5, ge=1)  # ... and max above this x min
     eviction_interval_s: float = Field(default=120.0, gt=0)  # trees are cut back this often
     max_tree_chars: int = Field(default=2**26, gt=0)  # per worker, after a cut
-    chars_per_token: float = Field(default=4.0, gt=0)  # tree sizes: characters -> tokens
-    max_tree_blocks: int = Field(default=2_000_000, gt=0)  # all trees together (memory bound)
 
 
 class SGLangCacheAwarePolicy:
     def __init__(self, knobs: SGLangCacheAwareSettings) -> None:
         self.settings = knobs
-        self.max_tree_tokens = max(1, int(knobs.max_tree_chars / knobs.chars_per_token))
+        self.max_tree_tokens = max(1, int(knobs.max_tree_chars / CHARS_PER_TOKEN))
         self.tree: PrefixIndex | None = None  # built at the first request, with its block size
         self._order: dict[str, int] = {}
         self._next_eviction: float | None = None
@@ -74,7 +79,7 @@ class SGLangCacheAwarePolicy:
             self.tree = PrefixIndex(
                 block_tokens=block_tokens,
                 default_capacity_tokens=_UNBOUNDED_TOKENS,
-                max_total_blocks=self.settings.max_tree_blocks,
+                max_total_blocks=MAX_TREE_BLOCKS,
                 ttl_s=math.inf,
             )
         return self.tree

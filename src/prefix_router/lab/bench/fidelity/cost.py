@@ -1,7 +1,7 @@
 """What exact mode costs: microseconds per routing key, default and exact, measured side by side.
 
 For a chat body of about ``chars`` characters (a system prompt, then a short conversation), the default key
-(character blocks), the default key in token blocks (``tokenizer_path``) and the exact key (render the
+(character blocks), the default key in token blocks (mode ``tokenizer``) and the exact key (render the
 chat template, then tokenize) are each built ``repeat`` times, interleaved in rounds so that the shared
 machine's noise falls on all three alike. Reported: the median of the rounds' means, and the ratios to the
 default key.
@@ -48,8 +48,8 @@ def measure_cost(model_dir: Path, chars: int, repeat: int = 20, rounds: int = 5)
     body = body_of(chars)
     builders = {
         "default": KeyBuilder(KeySettings()),
-        "tokens": KeyBuilder(KeySettings(tokenizer_path=str(model_dir / "tokenizer.json"))),
-        "exact": KeyBuilder(KeySettings(exact_models={"m": str(model_dir)})),
+        "tokens": KeyBuilder(KeySettings(mode="tokenizer", tokenizer=str(model_dir / "tokenizer.json"))),
+        "exact": KeyBuilder(KeySettings(mode="template", templates={"m": str(model_dir)})),
     }
     samples: dict[str, list[float]] = {name: [] for name in builders}
     for _ in range(rounds):

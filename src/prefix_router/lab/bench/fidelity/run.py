@@ -11,7 +11,7 @@ extension), in three readings:
   with ``usage.prompt_tokens`` = their token count under the real template and tokenizer, as an engine
   reports it; the pairs measured teach it nothing (held out);
 - ``default-fixed``: the same, at the configured ``chars_per_token`` (4; ``routing.units.learn`` off);
-- ``default-tok``: the same default key in token blocks (``tokenizer_path`` = the model's tokenizer): where
+- ``default-tok``: the same default key in token blocks (mode ``tokenizer``: the model's tokenizer): where
   the key says the prompts diverge, without the unit estimate.
 
 Per reading: over-predictions (predicted > true, the costly error; for the default key, beyond one block),
@@ -146,10 +146,12 @@ def measure(
     oracle = Oracle(model.path, KeySettings().image_tokens)
     learned = calibrated(model, cases, oracle, units or UnitSettings())
     routers = {
-        "exact": Router(RoutingSettings(keys=KeySettings(exact_models={"m": str(model.path)}))),
+        "exact": Router(RoutingSettings(keys=KeySettings(mode="template", templates={"m": str(model.path)}))),
         "default-fixed": Router(RoutingSettings(units=UnitSettings(learn=False), keys=default_keys(model))),
         "default-tok": Router(
-            RoutingSettings(keys=default_keys(model, tokenizer_path=str(model.path / "tokenizer.json")))
+            RoutingSettings(
+                keys=default_keys(model, mode="tokenizer", tokenizer=str(model.path / "tokenizer.json"))
+            )
         ),
     }
     rows: list[Row] = []
