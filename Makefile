@@ -53,9 +53,10 @@ COMPILED_TESTS := tests/routing tests/node tests/proxy tests/reliability tests/s
     tests/e2e
 
 # The fast loop: the tests that need no real engine, no Redis and no compiled build (pytest markers, applied
-# by tests/support/needs.py), on the pure source; the venv is all it installs.
+# by tests/support/needs.py), on the pure source, less the few marked slow (scale studies over a whole real
+# trace, a fresh install: make test runs them); the venv is all it installs.
 unit: $(STAMP)
-	$(PYTEST) -m "not engine and not redis and not compiled"
+	$(PYTEST) -m "not engine and not redis and not compiled and not slow"
 
 pytest: $(STAMP) llama vllm redis compiled
 	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST)

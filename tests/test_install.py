@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAB_LIBRARIES = ("numpy", "matplotlib", "rich", "openai", "psutil")  # the lab extra's, never served
 PIP_TIMEOUT_S = 240
 # a first run fills the wheelhouse from the index (minutes on a busy machine), within the module fixture
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]  # make test runs it, make unit not
 WHEELHOUSE = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prefix-router" / "lean-install-wheels"
 )

@@ -2,11 +2,12 @@
 vLLM, or the model files their installs bring: ``make llama``, ``make vllm``), ``redis`` (a real
 redis-server: ``make redis``) or ``compiled`` (the compiled build: ``make compiled``).
 
-``make unit`` runs the tests with none of these markers. The markers are applied at collection (``mark``):
-by the fixtures a test uses (``BY_FIXTURE``), or written on the test where it reaches one directly. Whatever
-provides one of these calls ``require``, which fails the running test when it lacks the marker, so a test
-that needs one cannot slip into ``make unit`` unmarked and pass only where the thing happens to be
-installed."""
+``make unit`` runs the tests with none of these markers, and none marked ``slow`` (a scale study over a
+whole real trace, or a fresh install from a wheelhouse: minutes of CPU each, run by ``make test``). The
+markers are applied at collection (``mark``): by the fixtures a test uses (``BY_FIXTURE``), or written on
+the test where it reaches one directly. Whatever provides one of these calls ``require``, which fails the
+running test when it lacks the marker, so a test that needs one cannot slip into ``make unit`` unmarked and
+pass only where the thing happens to be installed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 NEEDS = ("engine", "redis", "compiled")  # registered, with what each stands for, in pyproject.toml
-UNIT = " and ".join(f"not {need}" for need in NEEDS)  # the ``-m`` expression of ``make unit``
+SLOW = "slow"  # written on the module: what ``make unit`` leaves out for time, not for a need
+UNIT = " and ".join(f"not {marker}" for marker in (*NEEDS, SLOW))  # the ``-m`` expression of ``make unit``
 
 # the fixtures that provide one of NEEDS (each calls ``require``), by name
 BY_FIXTURE = {

@@ -15,6 +15,7 @@ from prefix_router.lab.sim.profiles import get_profile
 from prefix_router.lab.sim.run import TRACE_DEFAULT_CAPACITY_TOKENS, simulate, trace_scenario
 from prefix_router.lab.sim.simulator import ClusterSpec
 
+pytestmark = pytest.mark.slow  # whole-trace simulations: make test runs them, make unit not
 TRACE = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 

@@ -10,6 +10,7 @@ import pytest
 from prefix_router.lab.sim import matrix
 from prefix_router.lab.sim.matrix_targets import HIT_OF_ORACLE, evaluate
 
+pytestmark = pytest.mark.slow  # whole-trace simulations: make test runs them, make unit not
 # every target holds in these cells of the small matrix
 MET = ("mooncake/hot/large", "sharegpt/cold/large", "agents/overload/large", "bursty/hot/small")
 # long-document RAG, hot: the hot documents' holders take most (cheap) requests, see docs/benchmarks.md
