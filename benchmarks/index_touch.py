@@ -33,8 +33,7 @@ FULL_BLOCKS = 12_000
 
 
 def child(per_slice: int) -> int:
-    import prefix_router.routing.index as module
-    from prefix_router.routing.index import PrefixIndex
+    from prefix_router.routing import PrefixIndex
 
     rng = random.Random(1)
     index = PrefixIndex(
@@ -50,7 +49,7 @@ def child(per_slice: int) -> int:
             index.insert_chain(worker, system, 0.5)
     index.add_worker("full", 16 * FULL_BLOCKS)
     index.insert_chain("full", tuple(rng.getrandbits(63) for _ in range(FULL_BLOCKS)), 0.5)
-    print(json.dumps({"ready": module.__file__}), flush=True)
+    print(json.dumps({"ready": sys.modules[PrefixIndex.__module__].__file__}), flush=True)
     now = 1.0
     for line in sys.stdin:
         found: dict[str, float] = {}

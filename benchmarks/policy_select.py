@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from prefix_router.lab.bench import index_bench
-from prefix_router.routing.policies import prefix
 
 PATH = "src/prefix_router/routing/policies/prefix.py"
 
@@ -54,10 +53,11 @@ def main() -> int:
     for worker in router.workers()[: index_bench.HIT_WORKERS]:
         router.index.insert(worker, req.blocks, now=1e6)
     knobs = router.cfg.knobs("prefix")
-    before, now = policy_at(args.before, knobs), prefix.PrefixPolicy(knobs)
+    policy = type(router.policies["prefix"])  # this tree's, as the router made it
+    before, now = policy_at(args.before, knobs), policy(knobs)
     captured: list[Any] = []
     router.policies["prefix"] = now
-    now.select = lambda *a: captured.append(a) or prefix.PrefixPolicy.select(now, *a)  # type: ignore[method-assign]
+    now.select = lambda *a: captured.append(a) or policy.select(now, *a)  # type: ignore[method-assign]
     router.route(req, router.workers(), now=1e6, policy="prefix")
     del now.select
     request, workers, ctx = captured[0]

@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 from typing import Any
 
 from prefix_router.lab.workloads.text import random_text, rng_for
@@ -71,21 +71,51 @@ def core_at(revision: str, into: Path) -> str:
     return "prefix_router_before"
 
 
+# where a revision's routing core defines each name its front door may list (``Router``, ``Outcome``, ...)
+_HOMES = {
+    "Router": "router",
+    "IndexSettings": "settings",
+    "RoutingSettings": "settings",
+    "UnitSettings": "settings",
+    "Outcome": "types",
+    "RouteRequest": "types",
+    "UnitTuning": "units",
+}
+
+
+def core_names(package: str) -> SimpleNamespace:
+    """The names of ``package``'s routing core (``_HOMES``): from its front door (``{package}.routing``)
+    where it lists them, as any edge takes them; from the module defining them in a revision whose front
+    door does not list them yet (``UnitTuning`` missing: a revision without it)."""
+    door = importlib.import_module(f"{package}.routing")
+    listed = set(getattr(door, "__all__", ()))
+    found: dict[str, Any] = {}
+    for name, home in _HOMES.items():
+        if name in listed:
+            found[name] = getattr(door, name)
+            continue
+        try:
+            module = importlib.import_module(f"{package}.routing.{home}")  # an older revision's layout
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, name):
+            found[name] = getattr(module, name)
+    return SimpleNamespace(**found)
+
+
 class Core:
     """One revision's routing core, set up as ``bench-index`` does."""
 
     def __init__(self, package: str, workers: int, blocks: int, busy: int) -> None:
-        router_mod = importlib.import_module(f"{package}.routing.router")
-        settings = importlib.import_module(f"{package}.routing.settings")
-        self.types: ModuleType = importlib.import_module(f"{package}.routing.types")
+        self.types = names = core_names(package)
         fields = {f.name for f in dataclasses.fields(self.types.RouteRequest)}  # names before/after issue 21
         self.id_field = "route_id" if "route_id" in fields else "request_id"
         self.len_field = "key_tokens" if "key_tokens" in fields else "prompt_tokens"
-        index = settings.IndexSettings(
+        index = names.IndexSettings(
             max_total_blocks=max(2_000_000, blocks * 2), ttl_s=1e9, worker_capacity_tokens=1 << 40
         )
-        self.router: Any = router_mod.Router(
-            settings.RoutingSettings(policy="prefix", index=index), rng=random.Random(0)
+        self.router: Any = names.Router(
+            names.RoutingSettings(policy="prefix", index=index), rng=random.Random(0)
         )
         for i in range(workers):
             self.router.add_worker(f"w{i}")

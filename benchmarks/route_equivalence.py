@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import random
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from route_core import core_at
+from route_core import core_at, core_names
 
 
 def _key_tokens(req: Any) -> int:
@@ -39,13 +38,11 @@ def _id_arg(keys: Any, rid: str) -> dict[str, str]:
 
 
 def make_router(package: str, seed: int, cap_tokens: int) -> tuple[Any, Any]:
-    router_mod = importlib.import_module(f"{package}.routing.router")
-    settings = importlib.import_module(f"{package}.routing.settings")
-    types = importlib.import_module(f"{package}.routing.types")
+    types = core_names(package)
     learning = {"warmup": 2, "min_sample_tokens": 16}
     # the learning's constants: ``routing.units`` knobs before issue 40, ``UnitTuning`` since
-    knobs = "warmup" in settings.UnitSettings.model_fields
-    cfg = settings.RoutingSettings.model_validate(
+    knobs = "warmup" in types.UnitSettings.model_fields
+    cfg = types.RoutingSettings.model_validate(
         {
             "policy": "prefix",
             "keys": {"block_tokens": 16},
@@ -54,9 +51,9 @@ def make_router(package: str, seed: int, cap_tokens: int) -> tuple[Any, Any]:
         }
     )
     if knobs:
-        return router_mod.Router(cfg, random.Random(seed)), types
-    tuning = importlib.import_module(f"{package}.routing.units").UnitTuning(**learning)
-    return router_mod.Router(cfg, random.Random(seed), units=tuning), types
+        return types.Router(cfg, random.Random(seed)), types
+    tuning = types.UnitTuning(**learning)
+    return types.Router(cfg, random.Random(seed), units=tuning), types
 
 
 class Trial:

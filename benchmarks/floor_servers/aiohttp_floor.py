@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import uvloop
 from aiohttp import web
-from floor_common import BAD_GATEWAY, MAX_BODY, arguments, forward
+from floor_common import BAD_GATEWAY, arguments, forward, read_whole
 
 from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
-from prefix_router.proxy.edge.exchange import read_up_to
 
 
 def build_app(base: str) -> web.Application:
@@ -38,7 +37,7 @@ def build_app(base: str) -> web.Application:
 async def relay(request: web.Request, response: UpstreamResponse) -> web.StreamResponse:
     headers = {"Content-Type": response.headers.get("Content-Type", "application/octet-stream")}
     if "Content-Length" in response.headers:
-        body, _ = await read_up_to(response, MAX_BODY)
+        body = await read_whole(response)
         return web.Response(status=response.status, body=body, headers=headers)
     out = web.StreamResponse(status=response.status, headers=headers)
     await out.prepare(request)

@@ -3,8 +3,9 @@ request. It serves ``envoy.service.ext_proc.v3.ExternalProcessor`` on the same s
 epp`` (grpcio's asyncio server on uvloop, ``tune_gc``), and answers each message with a prebuilt
 response: the request headers with one fixed destination (``--destination ip:port``, header and
 ``envoy.lb`` metadata), the response's messages passed on. A ``FULL_DUPLEX_STREAMED`` request body is
-buffered to its end and streamed back in chunks, as the protocol requires. No parsing, no routing, no
-accounting, no logging: a measuring instrument, not product code. What the picker costs above it is
+buffered to its end and streamed back in chunks, as the protocol requires. The answers are built here from
+Envoy's messages, not by the picker's code. No parsing, no routing, no accounting, no logging: a measuring
+instrument, not product code. What the picker costs above it is
 the picker's own work.
 
     python benchmarks/floor_servers/extproc_floor.py --port 9102 --destination 127.0.0.1:8000
@@ -18,31 +19,57 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
+from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
-from prefix_router.epp.extproc import (
-    DESTINATION_HEADER,
-    body_chunks,
-    body_continue,
-    continue_headers,
-    continue_trailers,
-    destination,
-)
 from prefix_router.node import loop_factory, tune_gc
 
 Answers = Iterator[ext.ProcessingResponse]
+DESTINATION_HEADER = "x-gateway-destination-endpoint"  # endpoint picker protocol v1: header and metadata key
+LB_NAMESPACE = "envoy.lb"  # the dynamic metadata namespace the destination goes in
+CHUNK_BYTES = 62_000  # a streamed body's chunks, at most (under gRPC's 64 KiB default frame budget)
+
+
+def destination(endpoint: str) -> ext.ProcessingResponse:
+    """The request headers' answer: the destination header set, and the same value in ``envoy.lb``."""
+    header = base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=DESTINATION_HEADER, raw_value=endpoint.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+    mutation = ext.HeaderMutation(set_headers=[header])
+    answer = ext.ProcessingResponse(
+        request_headers=ext.HeadersResponse(response=ext.CommonResponse(header_mutation=mutation))
+    )
+    fields = answer.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
+    fields[DESTINATION_HEADER].string_value = endpoint
+    return answer
+
+
+def body_chunks(body: bytes, end: bool = True) -> Answers:
+    """The request ``body`` streamed back in chunks of at most ``CHUNK_BYTES``, the last one ending the
+    stream when ``end``; an empty body is one empty chunk (the end still has to be said)."""
+    size = len(body)
+    for start in range(0, size, CHUNK_BYTES) if size else range(1):
+        streamed = ext.StreamedBodyResponse(
+            body=body[start : start + CHUNK_BYTES], end_of_stream=end and start + CHUNK_BYTES >= size
+        )
+        common = ext.CommonResponse(body_mutation=ext.BodyMutation(streamed_response=streamed))
+        yield ext.ProcessingResponse(request_body=ext.BodyResponse(response=common))
 
 
 class FloorProcessor(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Every answer prebuilt but the request body's echo; one list of chunks per stream."""
 
     def __init__(self, endpoint: str) -> None:
-        self.chosen = destination({DESTINATION_HEADER: endpoint})
-        self.response_headers = continue_headers(True)
-        self.response_body = body_continue()
-        self.request_trailers = continue_trailers(False)
-        self.response_trailers = continue_trailers(True)
+        self.chosen = destination(endpoint)
+        self.response_headers = ext.ProcessingResponse(
+            response_headers=ext.HeadersResponse(response=ext.CommonResponse())
+        )
+        passed = ext.BodyResponse(response=ext.CommonResponse())  # a response body let through unchanged
+        self.response_body = ext.ProcessingResponse(response_body=passed)
+        self.request_trailers = ext.ProcessingResponse(request_trailers=ext.TrailersResponse())
+        self.response_trailers = ext.ProcessingResponse(response_trailers=ext.TrailersResponse())
 
     async def Process(
         self, requests: AsyncIterator[ext.ProcessingRequest], context: Any

@@ -35,7 +35,6 @@ from prefix_router.node import (
     build_app,
 )
 from prefix_router.proxy.edge import head
-from prefix_router.proxy.edge.exchange import read_up_to
 from prefix_router.proxy.edge.request import AiohttpRequest
 
 T = TypeVar("T")
@@ -43,7 +42,14 @@ BAD_GATEWAY = b'{"error":{"message":"upstream failed","type":"bad_gateway"}}'
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 FLOORS = ("aiohttp", "aiohttp-direct", "protocol", "protocol-request", "granian")
-MAX_BODY = sys.maxsize  # ``read_up_to``'s limit: a whole answer, however long (the worker's are bounded)
+
+
+async def read_whole(response: UpstreamResponse) -> bytes:
+    """The answer's body to its end, however long (the worker's answers are bounded)."""
+    parts: list[bytes] = []
+    while chunk := await response.next_chunk():
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 async def forward(
@@ -95,7 +101,7 @@ def state() -> NodeState:
 async def relayed(request: AiohttpRequest, response: UpstreamResponse) -> web.StreamResponse:
     headers = [("Content-Type", response.headers.get("Content-Type", "application/octet-stream"))]
     if "Content-Length" in response.headers:
-        body, _ = await read_up_to(response, MAX_BODY)
+        body = await read_whole(response)
         return whole(request, response.status, headers, body)
     relay = head.relay(request, response.status, headers)
     if relay is None:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from floor_common import BAD_GATEWAY, MAX_BODY, forward
+from floor_common import BAD_GATEWAY, forward, read_whole
 
 from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
-from prefix_router.proxy.edge.exchange import read_up_to
 
 BASE = os.environ.get("FLOOR_UPSTREAM", "http://127.0.0.1:8000").rstrip("/")
 UPSTREAM = HttpUpstream(connect_timeout_s=5.0)  # touches no event loop until the first request
@@ -38,7 +37,7 @@ async def app(scope: Any, proto: Any) -> None:
 async def relay(proto: Any, response: UpstreamResponse) -> None:
     headers = [("content-type", response.headers.get("Content-Type", "application/octet-stream"))]
     if "Content-Length" in response.headers:
-        body, _ = await read_up_to(response, MAX_BODY)
+        body = await read_whole(response)
         proto.response_bytes(response.status, headers, body)
         return
     transport = proto.response_stream(response.status, headers)

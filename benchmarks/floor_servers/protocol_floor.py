@@ -21,10 +21,9 @@ from collections import deque
 from typing import cast
 
 import httptools
-from floor_common import BAD_GATEWAY, MAX_BODY, forward, run_protocol
+from floor_common import BAD_GATEWAY, forward, read_whole, run_protocol
 
 from prefix_router.node import HttpUpstream, UpstreamRequest, UpstreamResponse
-from prefix_router.proxy.edge.exchange import read_up_to
 
 MAX_PENDING = 8  # complete requests queued on one connection before reading pauses
 Request = tuple[bytes, bytes, bytes, bytes, bool]  # method, target, content type, body, keep-alive
@@ -134,7 +133,7 @@ class FloorProtocol(asyncio.Protocol):
     async def _relay(self, response: UpstreamResponse) -> None:
         content_type = response.headers.get("Content-Type", "application/octet-stream").encode()
         if "Content-Length" in response.headers:
-            body, _ = await read_up_to(response, MAX_BODY)
+            body = await read_whole(response)
             self._write_whole(response.status, content_type, body)
             return
         head = status_line(response.status) + b"Content-Type: " + content_type
