@@ -12,9 +12,10 @@ streamed: the gateway's choice). The first body bytes of a 2xx are the first tok
 stream that ends early is a client gone.
 
 Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
-or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 413 (body over
-``limits.max_body_bytes``), 429 (shedding: the in-flight caps), 500 (a bug, logged), 503 (no eligible
-endpoint, or shutting down).
+or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 408 (the request not received
+within its phase's deadline, ``phases``), 413 (body over ``limits.max_body_bytes``), 429 (shedding: the
+in-flight caps), 500 (a bug, logged), 503 (no eligible endpoint, the body budget spent, or shutting
+down).
 
 Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
 list, least loaded first), ``max_buffered_bytes`` (the body bytes held across all streams: a request body
