@@ -17,6 +17,7 @@ import yaml
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
 
 from prefix_router.epp import EppSettings, PickerStream, RunningEpp, create_control_app, start_epp
 from prefix_router.epp.service import LIVENESS
@@ -84,6 +85,19 @@ async def test_a_body_trickling_past_its_deadline_is_answered_408_and_its_bytes_
         assert edge.cut["body_timeout"] == 1 and edge.buffered == 0
 
 
+async def test_a_body_still_being_read_when_the_drain_ends_is_answered_503_shutting_down() -> None:
+    async with picker() as running:
+        edge = running.edge
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel:
+            call = stub(channel).Process()
+            await call.write(headers_message(POST))
+            await call.write(body_message(BODY[:10], end=False))
+            await wait_until(lambda: edge.buffered == 10)
+            edge.state.deadlines.stop(asyncio.get_running_loop().time())
+            assert error_code(await read(call)) == (503, "shutting_down")
+        await wait_until(lambda: edge.streams == 0)
+
+
 async def decided(call: Any) -> ext.ProcessingResponse:
     """Send a whole request; returns the destination answer (the body chunks after it read too)."""
     await call.write(headers_message(POST))
@@ -145,6 +159,9 @@ async def test_health_answers_with_every_stream_taken_and_one_more_stream_is_ref
                 await read(extra)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert edge.cut["stream_cap"] == 1 and edge.streams == 2
+            exposed = generate_latest(edge.state.metrics.registry).decode()
+            assert 'prefix_router_epp_streams_cut_total{reason="stream_cap"} 1.0' in exposed
+            assert "prefix_router_epp_streams 2.0" in exposed
             for call in held:
                 call.cancel()
         await wait_until(lambda: edge.streams == 0)
@@ -166,6 +183,7 @@ async def test_request_bodies_beyond_the_budget_across_streams_are_answered_503(
     (refused,) = await second.answer(body_message(BODY[:102], end=False))  # one byte over
     assert error_code(refused) == (503, "body_buffer_full") and refused.immediate_response.headers
     assert shared.buffered == len(BODY) - 1 and shared.cut["body_budget"] == 1
+    assert shared.state.metrics.rejected.get(("503",)) == 1
     answers = await first.answer(body_message(BODY[-1:], end=True))
     assert answers[0].HasField("request_headers") and shared.buffered == 0
     first.close()
