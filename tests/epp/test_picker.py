@@ -22,65 +22,17 @@ from prefix_router.epp import (
     start_epp,
 )
 from prefix_router.node.config import load_config
-from prefix_router.node.state import STATE
+from support.extproc import (
+    BODY,
+    POST,
+    WORKERS,
+    body_message,
+    destination_of,
+    edge,
+    headers_message,
+    response_headers,
+)
 from support.routers import QUIET
-
-WORKERS = [
-    {"name": "a", "url": "http://10.0.0.1:8000"},
-    {"name": "b", "url": "http://10.0.0.2:8000"},
-    {"name": "c", "url": "http://10.0.0.3:8000"},
-]
-
-
-def edge(fallbacks: int = 0, **settings: Any) -> Edge:
-    config = load_config(env={}, overrides={**QUIET, "workers": WORKERS, **settings})
-    state = create_control_app(config)[STATE]
-    for worker in state.pool:
-        state.pool.report(worker, True)
-    return Edge(state, EppSettings(fallbacks=fallbacks))
-
-
-def headers_message(
-    headers: dict[str, str], end: bool = False, metadata: dict[str, Any] | None = None
-) -> ext.ProcessingRequest:
-    values = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
-    message = ext.ProcessingRequest(
-        request_headers=ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=end)
-    )
-    for namespace, fields in (metadata or {}).items():
-        struct = struct_pb2.Struct()
-        struct.update(fields)
-        message.metadata_context.filter_metadata[namespace].CopyFrom(struct)
-    return message
-
-
-def body_message(data: bytes, end: bool) -> ext.ProcessingRequest:
-    return ext.ProcessingRequest(request_body=ext.HttpBody(body=data, end_of_stream=end))
-
-
-def response_headers(status: int, served: str | None = None) -> ext.ProcessingRequest:
-    values = [
-        base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
-        base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"),
-    ]
-    message = ext.ProcessingRequest(
-        response_headers=ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=values))
-    )
-    if served is not None:
-        struct = struct_pb2.Struct()
-        struct.update({extproc.UPSTREAM_ADDRESS: served})
-        message.attributes[extproc.EXT_PROC_ATTRIBUTES].CopyFrom(struct)
-    return message
-
-
-POST = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
-BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello " * 50}]})
-
-
-def destination_of(answer: ext.ProcessingResponse) -> tuple[str, str]:
-    header = answer.request_headers.response.header_mutation.set_headers[0].header
-    meta = answer.dynamic_metadata.fields[extproc.LB_NAMESPACE].struct_value.fields
-    return header.raw_value.decode(), meta[extproc.DESTINATION_HEADER].string_value
 
 
 async def test_headers_wait_for_the_body_then_destination_then_chunks() -> None:
@@ -262,3 +214,136 @@ async def test_without_headers_a_connect_failure_is_a_passive_health_failure() -
     await picker.answer(body_response({"error": "upstream connect error"}, flags))
     assert picker.final_status == 503 and not shared.state.pool.require(name).available
     picker.close()
+
+
+async def test_a_streamed_body_of_the_limit_passes_and_one_byte_more_is_413() -> None:
+    shared = edge(**{"limits.max_body_bytes": len(BODY)})
+    at_limit = PickerStream(shared)
+    await at_limit.answer(headers_message(POST))
+    assert await at_limit.answer(body_message(BODY[:100], end=False)) == []
+    assert (await at_limit.answer(body_message(BODY[100:], end=True)))[0].HasField("request_headers")
+    over = PickerStream(shared)
+    await over.answer(headers_message(POST))
+    assert await over.answer(body_message(BODY[:100], end=False)) == []
+    (refused,) = await over.answer(body_message(BODY[100:] + b" ", end=False))
+    assert refused.immediate_response.status.code == 413
+    declared = PickerStream(shared)
+    (early,) = await declared.answer(headers_message({**POST, "content-length": str(len(BODY) + 1)}))
+    assert early.immediate_response.status.code == 413
+    at_limit.close()
+    over.close()
+
+
+async def pinned(shared: Edge, address: str) -> PickerStream:
+    """A request decided within the subset ``[address]``: one more in flight there."""
+    stream = PickerStream(shared)
+    hint = {extproc.SUBSET_NAMESPACE: {extproc.SUBSET_KEY: [address]}}
+    await stream.answer(headers_message(POST, metadata=hint))
+    header, _ = destination_of((await stream.answer(body_message(BODY, end=True)))[0])
+    assert header == address
+    return stream
+
+
+async def test_the_fallbacks_are_ordered_least_loaded_first() -> None:
+    shared = edge(fallbacks=2)
+    held = [await pinned(shared, a) for a in ("10.0.0.2:8000", "10.0.0.2:8000", "10.0.0.3:8000")]
+    stream = PickerStream(shared)
+    await stream.answer(headers_message(POST))
+    header, _ = destination_of((await stream.answer(body_message(BODY, end=True)))[0])
+    chosen, *fallbacks = header.split(",")
+    names = {w.url.removeprefix("http://"): w.name for w in shared.state.pool}
+    loads = {"10.0.0.1:8000": 0, "10.0.0.2:8000": 2, "10.0.0.3:8000": 1}  # before this request
+    assert fallbacks == sorted((a for a in loads if a != chosen), key=loads.__getitem__)
+    assert [shared.state.pool.in_flight(names[a]) for a in fallbacks] == sorted(loads[a] for a in fallbacks)
+    for picker in (*held, stream):
+        picker.close()
+
+
+async def whole_response(cap: int) -> int:
+    """A whole 2xx answer of usage (two messages) with ``limits.max_response_buffer_bytes`` = ``cap``: the
+    usage reports learned."""
+    shared = edge(**{"limits.max_response_buffer_bytes": cap, "tenants.decision_headers": True})
+    stream = PickerStream(shared)
+    await stream.answer(headers_message(POST))
+    await stream.answer(body_message(BODY, end=True))
+    await stream.answer(response_headers(200))
+    usage = orjson.dumps({"usage": {"prompt_tokens": 80, "prompt_tokens_details": {"cached_tokens": 16}}})
+    for part, end in ((usage[:20], False), (usage[20:], True)):
+        await stream.answer(ext.ProcessingRequest(response_body=ext.HttpBody(body=part, end_of_stream=end)))
+    assert shared.state.pool.total_in_flight() == 0 and stream.final_status == 200
+    stream.close()
+    return sum(f.reports for f in shared.state.router.feedback.values())
+
+
+async def test_nothing_is_learned_from_a_response_over_the_buffer_cap() -> None:
+    assert await whole_response(cap=1024) == 1
+    assert await whole_response(cap=20) == 0  # the first message fills the cap, the second goes over it
+
+
+async def test_nothing_is_processed_after_an_immediate_response() -> None:
+    shared = edge(**{"limits.max_body_bytes": 10})
+    stream = PickerStream(shared)
+    (refused,) = await stream.answer(headers_message({**POST, "content-length": "11"}))
+    assert refused.immediate_response.status.code == 413
+    assert await stream.answer(body_message(BODY, end=True)) == []
+    assert await stream.answer(ext.ProcessingRequest(request_trailers=ext.HttpTrailers())) == []
+    assert stream.pick is None and shared.state.pool.total_in_flight() == 0 and shared.buffered == 0
+    assert shared.messages["request_body"] == 1  # counted, not processed
+    stream.close()
+
+
+async def test_a_subset_of_unhealthy_workers_is_503_and_one_at_its_cap_is_429() -> None:
+    shared = edge(**{"health.fail_threshold": 1, "limits.max_in_flight_per_worker": 1})
+    hint = {extproc.SUBSET_NAMESPACE: {extproc.SUBSET_KEY: ["10.0.0.3:8000"]}}
+    held = await pinned(shared, "10.0.0.3:8000")  # c at its cap
+    at_cap = PickerStream(shared)
+    await at_cap.answer(headers_message(POST, metadata=hint))
+    (busy,) = await at_cap.answer(body_message(BODY, end=True))
+    assert busy.immediate_response.status.code == 429
+    shared.state.pool.report(shared.state.pool.require("c"), False, "probe failed")
+    held.close()
+    unhealthy = PickerStream(shared)
+    await unhealthy.answer(headers_message(POST, metadata=hint))
+    (answer,) = await unhealthy.answer(body_message(BODY, end=True))
+    assert answer.immediate_response.status.code == 503
+    assert orjson.loads(answer.immediate_response.body)["error"]["code"] == "no_healthy_worker"
+
+
+def test_a_repeated_header_keeps_every_value_joined() -> None:
+    values = [
+        base_pb2.HeaderValue(key="X-Tag", raw_value=b"one"),
+        base_pb2.HeaderValue(key="x-tag", value="two"),
+        base_pb2.HeaderValue(key="x-other", raw_value=b"three"),
+    ]
+    headers = extproc.header_map(ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=values)))
+    assert headers == {"x-tag": "one,two", "x-other": "three"}
+
+
+async def test_the_gateways_served_endpoint_report_moves_the_flight() -> None:
+    shared = edge(fallbacks=1, **{"tenants.decision_headers": True})
+    stream = PickerStream(shared)
+    await stream.answer(headers_message(POST))
+    header, _ = destination_of((await stream.answer(body_message(BODY, end=True)))[0])
+    chosen, fallback = header.split(",")
+    names = {w.url.removeprefix("http://"): w.name for w in shared.state.pool}
+    message = response_headers(200, served=chosen)  # the attribute says the choice, the report wins
+    served = {extproc.SERVED_KEY: fallback}
+    message.metadata_context.filter_metadata[extproc.LB_NAMESPACE].CopyFrom(struct_pb2.Struct())
+    message.metadata_context.filter_metadata[extproc.LB_NAMESPACE].update(served)
+    await stream.answer(message)
+    load = shared.state.router.load
+    assert load.in_flight(names[chosen]) == 0 and load.in_flight(names[fallback]) == 1
+    stream.close()
+
+
+async def test_an_empty_body_still_ends_the_stream() -> None:
+    (only,) = extproc.body_chunks(b"")
+    streamed = only.request_body.response.body_mutation.streamed_response
+    assert streamed.body == b"" and streamed.end_of_stream
+    stream = PickerStream(edge())
+    assert await stream.answer(headers_message({":method": "GET", ":path": "/v1/models"})) == []
+    destination, chunk = await stream.answer(body_message(b"", end=True))
+    assert destination.HasField("request_headers")
+    streamed = chunk.request_body.response.body_mutation.streamed_response
+    assert streamed.body == b"" and streamed.end_of_stream
+    stream.close()

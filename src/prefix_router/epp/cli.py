@@ -30,6 +30,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " policy retries down the list (default 0: ORIGINAL_DST reads one address)",
     )
     epp.add_argument("--max-streams", type=int, default=4096, help="ext_proc streams served at once")
+    epp.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=None,
+        help="body bytes held across all streams (default: 4 x limits.max_body_bytes); a request body"
+        " over it gets 503",
+    )
     epp.set_defaults(func=run_epp)
 
 
@@ -48,6 +55,7 @@ def run_epp(args: argparse.Namespace) -> int:
                 grpc_port=args.grpc_port,
                 fallbacks=args.fallbacks,
                 max_streams=args.max_streams,
+                max_buffered_bytes=args.max_buffered_bytes,
                 grace_s=config.timeouts.shutdown_s,
             )
         except ValidationError as exc:

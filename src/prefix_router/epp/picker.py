@@ -12,12 +12,15 @@ streamed: the gateway's choice). The first body bytes of a 2xx are the first tok
 stream that ends early is a client gone.
 
 Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
-or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 413 (body over
-``limits.max_body_bytes``), 429 (shedding: the in-flight caps), 500 (a bug, logged), 503 (no eligible
-endpoint, or shutting down).
+or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 408 (the request not received
+within its phase's deadline, ``phases``), 413 (body over ``limits.max_body_bytes``), 429 (shedding: the
+in-flight caps), 500 (a bug, logged), 503 (no eligible endpoint, the body budget spent, or shutting
+down).
 
 Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
-list, least loaded first).
+list, least loaded first), ``max_buffered_bytes`` (the body bytes held across all streams: a request body
+that would go over it is answered 503 ``body_buffer_full``; a response that would is passed on without
+being kept, so nothing is learned from it).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from multidict import CIMultiDict
 
 import prefix_router.epp.extproc as extproc
-from prefix_router.epp.settings import EppSettings
+from prefix_router.epp.phases import CUT_REASONS, Phase
+from prefix_router.epp.settings import BUFFERED_BODIES, EppSettings
 from prefix_router.node import (
     CLIENT_GONE,
     PASSTHROUGH_POLICY,
@@ -57,6 +61,7 @@ from prefix_router.node import (
     safe_path,
     salted_body,
     settle,
+    shutting_down,
     takes_cache_salt,
     tenant_salt,
     too_large,
@@ -71,6 +76,14 @@ ADDRESSES_CACHED = 4096  # worker URL -> host:port, parsed once (more workers: p
 MESSAGE_KINDS = tuple(f.name for f in ext.ProcessingRequest.DESCRIPTOR.oneofs_by_name["request"].fields)
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 Answers = list[ext.ProcessingResponse]
+
+
+def body_buffer_full(retry_after: int) -> ProxyError:
+    """503: the body bytes held across streams are at ``EppSettings.max_buffered_bytes``."""
+    message = "the router holds as many request bodies as it may; retry later"
+    return ProxyError(
+        503, message, type="service_unavailable", code="body_buffer_full", retry_after=retry_after
+    )
 
 
 def address_of(worker: Worker) -> str:
@@ -96,6 +109,22 @@ class Edge:
     streams: int = 0  # open ext_proc streams
     # ext_proc messages received, by kind (the six of ``ProcessingRequest``): the picker's cost driver
     messages: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MESSAGE_KINDS, 0))
+    buffered: int = 0  # body bytes held by all streams (at most ``budget``)
+    # streams the picker ended or refused, by reason (``phases.CUT_REASONS``)
+    cut: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CUT_REASONS, 0))
+
+    @property
+    def budget(self) -> int:
+        """The body bytes all streams may hold at once (``EppSettings.max_buffered_bytes``)."""
+        explicit = self.settings.max_buffered_bytes
+        return explicit if explicit is not None else BUFFERED_BODIES * self.state.config.limits.max_body_bytes
+
+    def hold(self, size: int) -> bool:
+        """Take ``size`` bytes of the budget; False (nothing taken) when they do not fit."""
+        if self.buffered + size > self.budget:
+            return False
+        self.buffered += size
+        return True
 
     def addresses(self) -> dict[str, str]:
         """``host:port`` -> worker name, for the pool as it is now."""
@@ -135,6 +164,30 @@ class PickerStream:
         self.done = False  # an immediate response was sent, or the response settled
         self.final_status = CLIENT_GONE
         self.started = self.state.clock()
+        self.held = 0  # body bytes this stream holds of the edge's budget (``Edge.hold``)
+        self.late = False  # the response's deadline passed (``expired``)
+
+    @property
+    def phase(self) -> Phase:
+        """Where the exchange stands (``phases``): what the picker waits for next."""
+        if self.done:
+            return Phase.DONE
+        if self.pick is not None:
+            return Phase.RESPONSE if self.pick.began else Phase.WAITING
+        return Phase.HEADERS if self.note is None else Phase.BODY
+
+    def hold(self, size: int) -> bool:
+        """Hold ``size`` more body bytes, within the edge's budget."""
+        if not self.edge.hold(size):
+            return False
+        self.held += size
+        return True
+
+    def release(self) -> None:
+        """Give back every body byte this stream holds (the request body sent on, or the stream over)."""
+        self.edge.buffered -= self.held
+        self.held = 0
+        self.chunks = []
 
     # ------------------------------------------------------------------ the request
 
@@ -191,11 +244,14 @@ class PickerStream:
 
     async def request_body(self, body: ext.HttpBody) -> Answers:
         self.body_streamed = True
-        self.chunks.append(body.body)
         self.size += len(body.body)
         limit = self.state.config.limits.max_body_bytes
         if self.size > limit:
             raise too_large(limit)
+        if not self.hold(len(body.body)):
+            self.edge.cut["body_budget"] += 1
+            raise body_buffer_full(self.retry_after)
+        self.chunks.append(body.body)
         if body.end_of_stream:
             return await self.decide()
         return []
@@ -206,7 +262,7 @@ class PickerStream:
         if self.pick is not None:
             return []
         raw = b"".join(self.chunks)
-        self.chunks = []
+        self.release()
         path = self.headers.get(":path", "")
         if not path.startswith("/v1/"):
             raise ProxyError(404, f"no route for {path.split('?', 1)[0][:64]!r}", code="not_found")
@@ -315,6 +371,7 @@ class PickerStream:
         """An immediate OpenAI error answer; counted as ``serve`` counts its refusals."""
         self.state.metrics.rejected.inc((str(err.status),))
         self.done, self.final_status = True, err.status
+        self.release()
         headers = {} if err.retry_after is None else {"retry-after": str(err.retry_after)}
         if self.note is not None:
             headers[REQUEST_ID_HEADER] = self.note.request_id
@@ -382,9 +439,8 @@ class PickerStream:
                 self.note.ttft_s = pick.flight.first_byte(pick.status)
             if pick.stream:
                 pick.reply.feed(data)
-            elif pick.size <= self.state.config.limits.max_response_buffer_bytes:
-                pick.body.append(data)
-                pick.size += len(data)
+            elif pick.size <= self.cap:
+                self.keep(pick, data)
         answers = [extproc.body_continue()]  # STREAMED or BUFFERED: read, passed on unchanged
         if body.end_of_stream:
             self.settle()
@@ -405,14 +461,46 @@ class PickerStream:
         ok = 200 <= status < 300
         if ok and not pick.stream and flight.parsed is not None and pick.size <= self.cap:
             pick.reply.feed_body(b"".join(pick.body))
+        pick.body = []
+        self.release()
         settle(self.state, flight, pick.reply, status, ok=ok)
+
+    def keep(self, pick: Pick, data: bytes) -> None:
+        """Keep a chunk of a whole response to learn from at its end, within the edge's budget (over it:
+        the response is no longer kept, as one over the cap)."""
+        if self.hold(len(data)):
+            pick.body.append(data)
+            pick.size += len(data)
+        else:
+            pick.body, pick.size = [], self.cap + 1
+            self.release()
 
     @property
     def cap(self) -> int:
         return self.state.config.limits.max_response_buffer_bytes
 
+    def expired(self, shutdown: bool, timeout_s: float) -> ext.ProcessingResponse | None:
+        """The current phase's deadline passed (``phases``): the answer for a request still being read
+        (408, or 503 when the drain ``shutdown`` cut it); None when the response is late (its flight ends
+        as a timeout, its in-flight slot freed) or the stream was answered already."""
+        phase = self.phase
+        if phase in (Phase.HEADERS, Phase.BODY):
+            self.edge.cut["header_timeout" if phase is Phase.HEADERS else "body_timeout"] += 1
+            if shutdown:
+                return self.refuse(shutting_down(self.retry_after))
+            what = "headers" if phase is Phase.HEADERS else "body"
+            message = f"request {what} not received within {timeout_s:g} s"
+            return self.refuse(ProxyError(408, message, code="request_timeout"))
+        if phase is not Phase.DONE and self.pick is not None:
+            self.edge.cut["response_timeout"] += 1
+            self.done = self.late = True
+            self.pick.flight.fail(FailureKind.TIMEOUT, 504, "the response did not arrive in time")
+            self.final_status = 504
+        return None
+
     def close(self) -> None:
         """The stream ended: a response not settled is a client gone (or the gateway's stream cut)."""
+        self.release()
         if self.pick is not None and not self.done:
             self.done = True
             self.pick.flight.finish(CLIENT_GONE, Outcome(ok=False))

@@ -63,7 +63,10 @@ def create_control_app(
 
 class StreamsCollector(Collector):
     """``prefix_router_epp_streams``: ext_proc streams open now (at most ``EppSettings.max_streams``);
-    ``prefix_router_epp_messages_total{kind}``: ext_proc messages received (``Edge.messages``)."""
+    ``prefix_router_epp_messages_total{kind}``: ext_proc messages received (``Edge.messages``);
+    ``prefix_router_epp_buffered_bytes``: body bytes held across streams (at most
+    ``EppSettings.max_buffered_bytes``); ``prefix_router_epp_streams_cut_total{reason}``: streams the
+    picker ended or refused (``Edge.cut``: a phase's deadline, the body budget, the stream cap)."""
 
     def __init__(self, edge: Edge) -> None:
         self.edge = edge
@@ -76,6 +79,17 @@ class StreamsCollector(Collector):
         for kind, count in self.edge.messages.items():
             messages.add_metric([kind], count)
         yield messages
+        yield GaugeMetricFamily(
+            "prefix_router_epp_buffered_bytes", "body bytes held across streams", value=self.edge.buffered
+        )
+        cut = CounterMetricFamily(
+            "prefix_router_epp_streams_cut",
+            "ext_proc streams ended or refused by the picker",
+            labels=["reason"],
+        )
+        for reason, count in self.edge.cut.items():
+            cut.add_metric([reason], count)
+        yield cut
 
 
 @dataclass
@@ -107,8 +121,9 @@ async def start_epp(app: web.Application, settings: EppSettings) -> RunningEpp:
     edge = Edge(app[STATE], settings)
     edge.state.metrics.registry.register(StreamsCollector(edge))
     health = Health(edge)
-    # no SO_REUSEPORT: a second picker on the same port fails to start instead of sharing the streams
-    server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_streams, options=[("grpc.so_reuseport", 0)])
+    # no SO_REUSEPORT: a second picker on the same port fails to start instead of sharing the streams;
+    # no gRPC-wide cap: the stream cap is ext_proc's alone (``Processor``), health answers beyond it
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     ext_grpc.add_ExternalProcessorServicer_to_server(Processor(edge), server)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     try:
