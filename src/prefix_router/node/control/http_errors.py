@@ -6,6 +6,11 @@
   a ``text/plain`` body. ``OpenAIRequestHandler`` answers 414 (request target over ``MAX_URL_BYTES``),
   431 (a header line over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS`` headers) or 400, with a fixed
   message, and logs one line naming the error class, never a byte of the request.
+- ``Expect``: ``100-continue`` is answered once the request passed the checks that would refuse it
+  (credentials, declared size): the handler sends it when it reads the body (``parse.send_continue``), so a
+  refused client never uploads its body; routes that read their body by other means (``/admin``) send it at
+  once. Any other value: 417 in the OpenAI shape, without quoting the value (``add_catch_all`` sets this on
+  every route).
 - Unknown paths and wrong methods: ``not_routed``, a catch-all route registered last (``CATCH_ALL``, any
   path, newlines included: ``/health%0a`` decodes to one), answers 404, or 405 with ``Allow`` when the
   path exists under other methods.
@@ -18,12 +23,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from prefix_router.node.request.errors import ProxyError
+from prefix_router.node.request.parse import send_continue
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -133,6 +140,35 @@ def method_not_allowed(method: str, allowed: str) -> web.Response:
 
 
 def add_catch_all(app: web.Application, handler: Handler) -> None:
-    """Register ``handler`` (``not_routed``, or a wrapper of it) for every path and method: call after
-    every other route."""
+    """Register ``handler`` (``not_routed``, or a wrapper of it) for every path and method, and the
+    router's ``Expect`` handling on every route: call after every other route."""
     app.router.add_route("*", "/{tail:" + ANY_PATH + "*}", handler, name=CATCH_ALL)
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = str(info.get("path") or info.get("formatter") or "")
+        # aiohttp has no setter: the attribute its ``handle_expect_header`` calls
+        route._expect_handler = expect_now if path.startswith("/admin/") else expect_deferred
+
+
+def unmet_expectation(request: web.BaseRequest) -> web.Response | None:
+    """417 for an ``Expect`` other than ``100-continue`` (the connection closes after it); None for that."""
+    if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
+        return None
+    err = ProxyError(417, "unsupported Expect header (only 100-continue is)", code="expectation_failed")
+    err.close = True
+    return err.response()
+
+
+async def expect_deferred(request: web.Request) -> web.StreamResponse | None:
+    """``Expect`` on a route whose handler sends ``100 Continue`` when it reads the body."""
+    return unmet_expectation(request) if request.version == HttpVersion11 else None
+
+
+async def expect_now(request: web.Request) -> web.StreamResponse | None:
+    """``Expect`` on a route that reads its body without ``send_continue``: ``100 Continue`` at once."""
+    if request.version != HttpVersion11:
+        return None
+    refused = unmet_expectation(request)
+    if refused is None:
+        await send_continue(request)
+    return refused
