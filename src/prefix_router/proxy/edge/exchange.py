@@ -340,8 +340,8 @@ class Exchange:
                         await out.write(chunk)
                     self.push_idle(watch, loop.time())
                     chunk = await response.next_chunk()
-                if held is not None and held.pending:  # the engine ended its body inside an event: as it is
-                    await out.write(held.take())
+                if held is not None and held.pending:  # the body ended inside an event: never sent half
+                    raise UpstreamError(FailureKind.IO, TRUNCATED)
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
             kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
@@ -378,6 +378,7 @@ def answered(out: Writer) -> web.StreamResponse:
 
 
 _EVENT_ENDS = (b"\n\n", b"\n\r\n", b"\r\r")
+TRUNCATED = "the stream ended inside an event"  # the failure of a body that ends with a partial event
 
 
 class EventHold:
@@ -418,6 +419,8 @@ class UpstreamReply(Exception):
 
 def stream_cut(watch: Watch, exc: Exception, idle: bool) -> tuple[str, str]:
     """Why a stream was cut, as the (message, code) of its SSE error event."""
+    if isinstance(exc, UpstreamError) and str(exc) == TRUNCATED:
+        return "upstream ended its stream inside an event", "upstream_truncated"
     if isinstance(exc, UpstreamError):
         return "upstream failed mid-stream", "upstream_io"
     if watch.cause is Cause.SHUTDOWN:

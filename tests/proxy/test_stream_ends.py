@@ -1,0 +1,54 @@
+"""A relayed stream whose body ends cleanly inside an event (the engine's last chunk cut short, or a
+close-delimited body ended by an engine that died): the client gets every whole event, never the partial
+one, then the router's OpenAI-format error event, under both connection handlers (``http_server``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from support.kits import SecurityKit
+
+EVENT = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+)
+PARTIAL = b'data: {"id":"c2","object":"chat.comp'
+
+
+def engine_app() -> web.Application:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(EVENT)
+        await response.write(PARTIAL)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/health", models)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+@pytest.mark.parametrize("server", ["lean", "aiohttp"])
+async def test_a_stream_ending_inside_an_event_ends_with_an_error_event(
+    serve_app: Any, start_router: Any, server: str
+) -> None:
+    engine = SimpleNamespace(name="w", url=(await serve_app(engine_app())).url)
+    router = await start_router(engine, settings={"http_server": server})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    status, _, raw = await SecurityKit.post(router.url, body)
+    assert status == 200
+    events = SecurityKit.events(raw)
+    assert PARTIAL not in raw and raw.startswith(EVENT)
+    error = orjson.loads(events[-1])["error"]
+    assert error["type"] == "upstream_error" and error["code"] == "upstream_truncated"
