@@ -52,7 +52,8 @@ ROOT_PASSTHROUGH = ("/tokenize", "/detokenize")
 _UNSAFE_IN_PATH = re.compile(r"[\x00-\x1f\\]").search  # a control character or a backslash
 # paths that pass ``safe_path``'s rules as they are: the generation endpoints' (every routed request's) and
 # ``ROOT_PASSTHROUGH``; looked up first, the rules themselves (split, unquote, scan) run for the others
-SAFE_AS_IS = frozenset({"/v1/chat/completions", "/v1/completions", *ROOT_PASSTHROUGH})
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")  # routed by the router itself
+SAFE_AS_IS = frozenset({*GENERATION_PATHS, *ROOT_PASSTHROUGH})
 
 
 def upstream_url(worker: Worker, path_qs: str) -> str:
@@ -64,7 +65,9 @@ def safe_path(path_qs: str) -> bool:
     """Whether an origin-form path (``request.rel_url``, never the raw request target, which may be an
     absolute URL) can be appended to a worker's URL: it is one of ``ROOT_PASSTHROUGH`` exactly, or it
     starts with ``/v1/`` (so the worker's authority cannot be altered) and has no dot segments or
-    backslashes, even percent-encoded (so it cannot climb out of ``/v1/`` on the worker)."""
+    backslashes, even percent-encoded (so it cannot climb out of ``/v1/`` on the worker), and it does not
+    decode to a generation endpoint (``/v1/chat%2Fcompletions``: the engine would run it as one, past the
+    router's routing and the tenant's ``cache_salt``)."""
     return path_qs in SAFE_AS_IS or safe_by_rules(path_qs)
 
 
@@ -77,6 +80,8 @@ def safe_by_rules(path_qs: str) -> bool:
         return False
     decoded = unquote(path)
     if _UNSAFE_IN_PATH(decoded):
+        return False
+    if decoded != path and decoded.rstrip("/") in GENERATION_PATHS:
         return False
     return "." not in decoded or not any(segment in (".", "..") for segment in decoded.split("/"))
 
@@ -115,16 +120,20 @@ def downstream_headers(
     predicted_tokens: int | None,
     secret: str | None = None,
     request_id: str | None = None,
+    base: str | None = None,
 ) -> list[tuple[str, str]]:
     """The upstream's headers that matter, plus the request's id and the router's decision headers (none
     without ``worker``: ``tenants.decision_headers: false``), as (name, value) pairs for an aiohttp
     response (which makes its own headers object from them). A header echoing the worker's credential
-    (``secret``) is dropped."""
+    (``secret``) is dropped; a ``Location`` or ``Content-Location`` that points at the worker (its URL,
+    ``base``) is made relative to the router (``local_location``)."""
     dropped = hop_by_hop(upstream, _NOT_DOWNSTREAM)
     if secret:
         kept = [(k, v) for k, v in upstream.items() if k.lower() not in dropped and secret not in v]
     else:
         kept = [(k, v) for k, v in upstream.items() if k.lower() not in dropped]
+    if base is not None and ("Location" in upstream or "Content-Location" in upstream):
+        kept = relocated(kept, base)
     # the router's own headers are never taken from upstream (``_NOT_DOWNSTREAM``): appended, not replaced
     if request_id is not None:
         kept.append((REQUEST_ID_HEADER, request_id))
@@ -134,6 +143,40 @@ def downstream_headers(
     if predicted_tokens is not None:
         kept.append((MATCH_HEADER, str(predicted_tokens)))
     return kept
+
+
+_LOCATIONS = ("location", "content-location")
+
+
+def relocated(headers: list[tuple[str, str]], base: str) -> list[tuple[str, str]]:
+    """``headers`` with their locations made relative to the router (``local_location``)."""
+    out: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name.lower() in _LOCATIONS:
+            local = local_location(value, base)
+            if local is None:
+                continue
+            value = local
+        out.append((name, value))
+    return out
+
+
+def local_location(value: str, base: str) -> str | None:
+    """``value`` (a ``Location`` of the worker's at ``base``) as the client may see it: under ``base``, its
+    path and query from there (relative to the router); elsewhere on the worker's origin (its scheme and
+    authority), None (dropped: it names the worker's address); any other value as it is."""
+    if value[: len(base)].lower() == base.lower() and value[len(base) : len(base) + 1] in ("", "/", "?"):
+        rest = value[len(base) :]
+        return rest if rest.startswith("/") else "/" + rest
+    scheme, sep, tail = base.partition("://")
+    origin = scheme + sep + tail.split("/", 1)[0]
+    if value[: len(origin)].lower() == origin.lower() and value[len(origin) : len(origin) + 1] in (
+        "",
+        "/",
+        "?",
+    ):
+        return None
+    return value
 
 
 def worker_secret(worker: Worker | None) -> str | None:

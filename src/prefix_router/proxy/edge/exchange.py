@@ -186,9 +186,10 @@ class Exchange:
         if last is None:
             return nobody(self.state, self.model)
         if last.status is not None:
-            secret = worker_secret(self.state.pool.get(last.worker))
+            worker = self.state.pool.get(last.worker)
+            secret, base = worker_secret(worker), worker.url if worker is not None else None
             shown = last.worker if self.state.request_config.decision_headers else None
-            headers = downstream_headers(last.headers, shown, None, secret, self.note.request_id)
+            headers = downstream_headers(last.headers, shown, None, secret, self.note.request_id, base)
             body = redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
@@ -270,9 +271,10 @@ class Exchange:
         worker = opened.flight.worker
         secret = worker_secret(worker)
         rid = self.note.request_id
+        headers, base = opened.response.headers, worker.url
         if not self.state.request_config.decision_headers:
-            return downstream_headers(opened.response.headers, None, None, secret, rid)
-        return downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
+            return downstream_headers(headers, None, None, secret, rid, base)
+        return downstream_headers(headers, worker.name, predicted, secret, rid, base)
 
     def reply(self) -> ReplyAccumulator:
         config = self.state.request_config
