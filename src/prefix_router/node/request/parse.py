@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,18 @@ async def read_decoded(content: StreamReader, decoder: decoding.Bounded, limit: 
 def too_large(limit: int) -> ProxyError:
     """413; the connection is closed after it (the rest of the body is not read, nor decoded)."""
     return ProxyError(413, f"request body over {limit} bytes", code="request_too_large", close=True)
+
+
+def check_encoding(headers: Mapping[str, str]) -> None:
+    """415 for a body the router must read (a generation request's) in a ``Content-Encoding`` it does not
+    decode (``decoding.ENCODINGS``) other than ``identity``: never read as if it were none. The connection
+    is closed after it (the body is not read)."""
+    encoding = headers.get("Content-Encoding")
+    if encoding is None or decoding.decodes(encoding) or encoding.strip().lower() == "identity":
+        return
+    known = ", ".join(sorted(decoding.ENCODINGS))
+    message = f"unsupported Content-Encoding (supported: {known}, identity)"
+    raise ProxyError(415, message, param="Content-Encoding", code="unsupported_encoding", close=True)
 
 
 def too_slow(timeout_s: float) -> ProxyError:

@@ -235,7 +235,7 @@ class Exchange:
         body = self.bodies.get(salted)
         if body is None:
             salt = tenant_salt(self.request.headers) if salted else None
-            body = self.raw if salt is None else salted_body(self.parsed.body, salt)
+            body = self.raw if salt is None else salted_body(self.parsed.body, salt, self.raw)
             self.bodies[salted] = body
         return body
 
