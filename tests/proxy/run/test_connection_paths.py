@@ -113,7 +113,7 @@ async def test_reading_resumes_after_a_pause(fake_engine: Any, start_router: Any
     """A second request of more than the bytes held while an answer is made (reading pauses past them)
     is read whole once the first is answered (the router's own 404: the engine takes no such body)."""
     settings = {"http_server": server, "limits.max_body_bytes": 4 << 20}
-    router = await start_router(await fake_engine("w", reply="fine", delay_s=0.3), settings=settings)
+    router = await start_router(await fake_engine("w", reply="fine", delay_s=1.0), settings=settings)
     content = "a" * (3 << 20)
     big = orjson.dumps({"model": "unknown", "messages": [{"role": "user", "content": content}]})
     reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
