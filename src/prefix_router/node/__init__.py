@@ -59,6 +59,7 @@ from prefix_router.node.request.forward import (
     downstream_headers,
     is_event_stream,
     redact,
+    refuse_loops,
     safe_path,
     salted_body,
     takes_cache_salt,
@@ -66,7 +67,7 @@ from prefix_router.node.request.forward import (
     upstream_url,
     worker_secret,
 )
-from prefix_router.node.request.parse import Parsed, body_model, read_body, too_large
+from prefix_router.node.request.parse import Parsed, body_model, check_encoding, read_body, too_large
 from prefix_router.node.request.sse import ReplyAccumulator
 from prefix_router.node.state import STATE, NodeState
 from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_closed, settle
@@ -126,6 +127,7 @@ __all__ = [
     "build_app",
     "build_config",
     "check_client",
+    "check_encoding",
     "check_model",
     "choose",
     "configure_logs",
@@ -147,6 +149,7 @@ __all__ = [
     "print_config",
     "read_body",
     "redact",
+    "refuse_loops",
     "reload_config",
     "request_closed",
     "request_id",

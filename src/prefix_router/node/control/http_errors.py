@@ -4,8 +4,15 @@
   framing) never reach the application: aiohttp's ``RequestHandler.handle_error`` answers them, and by
   default logs a traceback whose message quotes the offending bytes (a bearer token, say) and echoes them in
   a ``text/plain`` body. ``OpenAIRequestHandler`` answers 414 (request target over ``MAX_URL_BYTES``),
-  431 (a header line over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS`` headers) or 400, with a fixed
-  message, and logs one line naming the error class, never a byte of the request.
+  431 (a header line over ``MAX_HEADER_BYTES``, or more than ``MAX_HEADERS`` headers), 505 (an HTTP
+  version it cannot parse) or 400, with a fixed message, and logs one line naming the error class, never a
+  byte of the request. A request line that parses but is not HTTP/1.x (``HTTP/2.0``, ``HTTP/0.9``) gets
+  505 too, and the connection closes: the router speaks HTTP/1.0 and 1.1 only.
+- ``Expect``: ``100-continue`` is answered once the request passed the checks that would refuse it
+  (credentials, declared size): the handler sends it when it reads the body (``parse.send_continue``), so a
+  refused client never uploads its body; routes that read their body by other means (``/admin``) send it at
+  once. Any other value: 417 in the OpenAI shape, without quoting the value (``add_catch_all`` sets this on
+  every route).
 - Unknown paths and wrong methods: ``not_routed``, a catch-all route registered last (``CATCH_ALL``, any
   path, newlines included: ``/health%0a`` decodes to one), answers 404, or 405 with ``Allow`` when the
   path exists under other methods.
@@ -18,12 +25,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import BadStatusLine, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from prefix_router.node.request.errors import ProxyError
+from prefix_router.node.request.parse import send_continue
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -47,14 +56,38 @@ def parse_error(exc: BaseException | None) -> ProxyError:
         return ProxyError(431, f"a header line over {MAX_HEADER_BYTES} bytes", code="header_too_large")
     if isinstance(exc, HttpProcessingError) and exc.message == "Too many headers received":
         return ProxyError(431, f"more than {MAX_HEADERS} headers", code="header_too_large")
+    if isinstance(exc, BadStatusLine) and "Invalid HTTP version" in str(exc.message):
+        return unsupported_version()
     name = type(exc).__name__ if exc is not None else "unknown"
     return ProxyError(400, f"malformed HTTP request ({name})", code="bad_http_request")
 
 
+def unsupported_version() -> ProxyError:
+    message = "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)"
+    return ProxyError(505, message, code="http_version_not_supported", close=True)
+
+
+async def refuse_version(request: web.BaseRequest) -> web.StreamResponse:
+    return unsupported_version().response()
+
+
 class OpenAIRequestHandler(RequestHandler):
-    """aiohttp's connection handler, answering errors outside the application in the OpenAI error shape."""
+    """aiohttp's connection handler, answering errors outside the application in the OpenAI error shape,
+    and a request of another HTTP version than 1.x with 505 instead of serving it."""
 
     __slots__ = ()
+
+    async def _handle_request(
+        self,
+        request: BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]],
+    ) -> tuple[web.StreamResponse, bool]:
+        if request.version.major != 1:
+            request_handler = refuse_version
+            # answered in HTTP/1.1: aiohttp writes the request's version (``version`` reads its cache)
+            request._cache["version"] = HttpVersion11
+        return await super()._handle_request(request, start_time, request_handler)
 
     def handle_error(
         self,
@@ -133,6 +166,35 @@ def method_not_allowed(method: str, allowed: str) -> web.Response:
 
 
 def add_catch_all(app: web.Application, handler: Handler) -> None:
-    """Register ``handler`` (``not_routed``, or a wrapper of it) for every path and method: call after
-    every other route."""
+    """Register ``handler`` (``not_routed``, or a wrapper of it) for every path and method, and the
+    router's ``Expect`` handling on every route: call after every other route."""
     app.router.add_route("*", "/{tail:" + ANY_PATH + "*}", handler, name=CATCH_ALL)
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = str(info.get("path") or info.get("formatter") or "")
+        # aiohttp has no setter: the attribute its ``handle_expect_header`` calls
+        route._expect_handler = expect_now if path.startswith("/admin/") else expect_deferred
+
+
+def unmet_expectation(request: web.BaseRequest) -> web.Response | None:
+    """417 for an ``Expect`` other than ``100-continue`` (the connection closes after it); None for that."""
+    if request.headers.get(hdrs.EXPECT, "").lower() == "100-continue":
+        return None
+    err = ProxyError(417, "unsupported Expect header (only 100-continue is)", code="expectation_failed")
+    err.close = True
+    return err.response()
+
+
+async def expect_deferred(request: web.Request) -> web.StreamResponse | None:
+    """``Expect`` on a route whose handler sends ``100 Continue`` when it reads the body."""
+    return unmet_expectation(request) if request.version == HttpVersion11 else None
+
+
+async def expect_now(request: web.Request) -> web.StreamResponse | None:
+    """``Expect`` on a route that reads its body without ``send_continue``: ``100 Continue`` at once."""
+    if request.version != HttpVersion11:
+        return None
+    refused = unmet_expectation(request)
+    if refused is None:
+        await send_continue(request)
+    return refused

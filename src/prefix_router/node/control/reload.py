@@ -12,13 +12,17 @@ changed is rebuilt), ``routing.sessions`` (but ``max_sessions``), the per-reques
 the upstream client...) sizes or starts live state: it is named in the audit line as ``restart_needed``
 and keeps its old value until the next start.
 
-An invalid configuration changes nothing: the audit line says why (one line) and the router goes on
+The configuration is read and parsed in a thread (the event loop keeps serving), then applied on the loop.
+An invalid configuration changes nothing: the audit line says why (one line, URLs' user information
+masked: ``mask_userinfo``) and the router goes on
 with the configuration it has. Every reload writes one audit line (``node.telemetry.audit``) naming the keys
 that changed; values are shown except under ``auth`` and for credentials, which are only named.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -123,11 +127,12 @@ def _secret(value: Any) -> bool:
 
 
 async def reload(state: NodeState, load: Callable[[], Config], source: str) -> Plan | None:
-    """Load the configuration again and apply it; returns the plan (None when the new one is invalid)."""
+    """Load the configuration again (in a thread: a large file is not parsed on the event loop) and apply
+    it; returns the plan (None when the new one is invalid)."""
     try:
-        plan = Plan(state.config, load())
+        plan = Plan(state.config, await asyncio.to_thread(load))
     except ConfigError as exc:
-        audit("config_reload_refused", 30, source=source, error=str(exc))
+        audit("config_reload_refused", 30, source=source, error=mask_userinfo(str(exc)))
         return None
     failed = apply(state, plan)
     for worker in [*plan.added, *plan.replaced]:
@@ -170,3 +175,15 @@ def apply(state: NodeState, plan: Plan) -> list[str]:
 
 def _names(workers: list[WorkerSettings]) -> str:
     return ",".join(w.resolved_name() for w in workers) or "none"
+
+
+# a URL's scheme and authority up to its user information's "@": ``scheme://`` then no "/", "?", "#", quote
+# or space before the "@"
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s'\"]*@")
+
+
+def mask_userinfo(text: str) -> str:
+    """``text`` with the user information (user and password) of every URL in it replaced by ``***``:
+    ``http://user:pw@host/`` -> ``http://***@host/``. Every message that quotes a configured URL goes
+    through it."""
+    return _USERINFO.sub(r"\1***@", text) if "@" in text else text

@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 from prefix_router.node.config import Config, load_config
+from prefix_router.node.control.reload import mask_userinfo
 from prefix_router.node.life.build import build_router
 from prefix_router.routing import DEFAULT_POLICY, POLICY_NAMES
 from prefix_router.settings import ConfigError
@@ -113,8 +114,12 @@ def worker_flag(value: str) -> dict[str, str]:
 
 
 def merged_config(args: argparse.Namespace) -> Config:
-    """The file, then ``PREFIX_ROUTER_*`` variables, then the flags."""
-    return load_config(args.config, os.environ, overrides(args))
+    """The file, then ``PREFIX_ROUTER_*`` variables, then the flags; a refusal's message has the user
+    information of the URLs it quotes masked (``mask_userinfo``)."""
+    try:
+        return load_config(args.config, os.environ, overrides(args))
+    except ConfigError as exc:
+        raise ConfigError(mask_userinfo(str(exc))) from None
 
 
 def build_config(args: argparse.Namespace) -> Config:

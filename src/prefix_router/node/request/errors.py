@@ -5,9 +5,12 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+MAX_MESSAGE_CHARS = 512  # an error's message, which may quote client input (a model name), is cut there
+
 
 class ProxyError(Exception):
-    """An error answered to the client as ``{"error": {"message", "type", "param", "code"}}``."""
+    """An error answered to the client as ``{"error": {"message", "type", "param", "code"}}``; a message
+    over ``MAX_MESSAGE_CHARS`` is cut short (ending in ``...``)."""
 
     def __init__(
         self,
@@ -20,6 +23,8 @@ class ProxyError(Exception):
         retry_after: int | None = None,
         close: bool = False,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # it may quote client input: bounded
+            message = message[: MAX_MESSAGE_CHARS - 3] + "..."
         super().__init__(message)
         self.status = status
         self.message = message

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import StreamReader, web
+from aiohttp import StreamReader, hdrs, web
+from aiohttp.http import HttpVersion11
 
 from prefix_router.node.request import decoding
 from prefix_router.node.request.errors import ProxyError, bad_request
@@ -18,6 +20,7 @@ from prefix_router.routing import InvalidRequest, KeyBuilder, RouteRequest
 
 log = logging.getLogger(__name__)
 MAX_SESSION_CHARS = 128
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 @dataclass(init=False, slots=True)  # a written __init__, compiled: see routing/types.py
@@ -53,11 +56,14 @@ class Parsed:
 
 async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
     """The body, refusing more than ``limit`` bytes with 413 and a body slower than ``timeout_s``
-    (slowloris) with 408. A body in an encoding of ``decoding.ENCODINGS`` is decoded as it arrives, the
-    limit counting wire and decoded bytes alike: 413 (and the connection closed) once either passes it,
-    without decoding further; 400 ``invalid_encoding`` when it does not decode."""
+        (slowloris) with 408. A body in an encoding of ``decoding.ENCODINGS`` is decoded as it arrives, the
+        limit counting wire and decoded bytes alike: 413 (and the connection closed) once either passes it,
+        without decoding further; 400 ``invalid_encoding`` when it does not decode. A client that asked for
+    ``100 Continue`` gets it here (``send_continue``), after the checks made before (credentials) and the
+    declared size's."""
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
+    await send_continue(request)
     encoding = request.headers.get("Content-Encoding")
     content = request.content
     if content.is_eof() and not decoding.decodes(encoding):
@@ -78,6 +84,19 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     if len(raw) > limit:
         raise too_large(limit)
     return raw
+
+
+async def send_continue(request: web.BaseRequest) -> None:
+    """``100 Continue`` to an HTTP/1.1 request that asked for it, before its body is read: only when
+    nothing was written yet and the body has not come whole."""
+    if (
+        request.version == HttpVersion11
+        and request.headers.get(hdrs.EXPECT, "").lower() == "100-continue"
+        and request.writer.output_size == 0
+        and not request.content.is_eof()
+    ):
+        await request.writer.write(CONTINUE)
+        request.writer.output_size = 0  # as aiohttp does: the answer itself has not started
 
 
 async def read_decoded(content: StreamReader, decoder: decoding.Bounded, limit: int) -> bytes:
@@ -107,6 +126,18 @@ async def read_decoded(content: StreamReader, decoder: decoding.Bounded, limit: 
 def too_large(limit: int) -> ProxyError:
     """413; the connection is closed after it (the rest of the body is not read, nor decoded)."""
     return ProxyError(413, f"request body over {limit} bytes", code="request_too_large", close=True)
+
+
+def check_encoding(headers: Mapping[str, str]) -> None:
+    """415 for a body the router must read (a generation request's) in a ``Content-Encoding`` it does not
+    decode (``decoding.ENCODINGS``) other than ``identity``: never read as if it were none. The connection
+    is closed after it (the body is not read)."""
+    encoding = headers.get("Content-Encoding")
+    if encoding is None or decoding.decodes(encoding) or encoding.strip().lower() == "identity":
+        return
+    known = ", ".join(sorted(decoding.ENCODINGS))
+    message = f"unsupported Content-Encoding (supported: {known}, identity)"
+    raise ProxyError(415, message, param="Content-Encoding", code="unsupported_encoding", close=True)
 
 
 def too_slow(timeout_s: float) -> ProxyError:

@@ -186,9 +186,10 @@ class Exchange:
         if last is None:
             return nobody(self.state, self.model)
         if last.status is not None:
-            secret = worker_secret(self.state.pool.get(last.worker))
+            worker = self.state.pool.get(last.worker)
+            secret, base = worker_secret(worker), worker.url if worker is not None else None
             shown = last.worker if self.state.request_config.decision_headers else None
-            headers = downstream_headers(last.headers, shown, None, secret, self.note.request_id)
+            headers = downstream_headers(last.headers, shown, None, secret, self.note.request_id, base)
             body = redact(last.body, secret)
             return UpstreamReply(web.Response(status=last.status, body=body, headers=headers))
         # the worker's name, not the failure's text: that names internal addresses
@@ -234,7 +235,7 @@ class Exchange:
         body = self.bodies.get(salted)
         if body is None:
             salt = tenant_salt(self.request.headers) if salted else None
-            body = self.raw if salt is None else salted_body(self.parsed.body, salt)
+            body = self.raw if salt is None else salted_body(self.parsed.body, salt, self.raw)
             self.bodies[salted] = body
         return body
 
@@ -270,9 +271,10 @@ class Exchange:
         worker = opened.flight.worker
         secret = worker_secret(worker)
         rid = self.note.request_id
+        headers, base = opened.response.headers, worker.url
         if not self.state.request_config.decision_headers:
-            return downstream_headers(opened.response.headers, None, None, secret, rid)
-        return downstream_headers(opened.response.headers, worker.name, predicted, secret, rid)
+            return downstream_headers(headers, None, None, secret, rid, base)
+        return downstream_headers(headers, worker.name, predicted, secret, rid, base)
 
     def reply(self) -> ReplyAccumulator:
         config = self.state.request_config
@@ -340,8 +342,8 @@ class Exchange:
                         await out.write(chunk)
                     self.push_idle(watch, loop.time())
                     chunk = await response.next_chunk()
-                if held is not None and held.pending:  # the engine ended its body inside an event: as it is
-                    await out.write(held.take())
+                if held is not None and held.pending:  # the body ended inside an event: never sent half
+                    raise UpstreamError(FailureKind.IO, TRUNCATED)
         except (UpstreamError, TimeoutError) as exc:
             response.abort()
             kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.IO
@@ -378,6 +380,7 @@ def answered(out: Writer) -> web.StreamResponse:
 
 
 _EVENT_ENDS = (b"\n\n", b"\n\r\n", b"\r\r")
+TRUNCATED = "the stream ended inside an event"  # the failure of a body that ends with a partial event
 
 
 class EventHold:
@@ -418,6 +421,8 @@ class UpstreamReply(Exception):
 
 def stream_cut(watch: Watch, exc: Exception, idle: bool) -> tuple[str, str]:
     """Why a stream was cut, as the (message, code) of its SSE error event."""
+    if isinstance(exc, UpstreamError) and str(exc) == TRUNCATED:
+        return "upstream ended its stream inside an event", "upstream_truncated"
     if isinstance(exc, UpstreamError):
         return "upstream failed mid-stream", "upstream_io"
     if watch.cause is Cause.SHUTDOWN:

@@ -22,10 +22,12 @@ from prefix_router.node import (
     admit,
     body_model,
     check_client,
+    check_encoding,
     json_response,
     method_not_allowed,
     parse_routed,
     policy_override,
+    refuse_loops,
     request_closed,
     request_id,
 )
@@ -85,7 +87,8 @@ def internal_error(request: EdgeRequest, note: RequestNote) -> web.Response:
 
 def read_body(state: NodeState, request: EdgeRequest) -> Awaitable[bytes]:
     """The body under the configured size limit and timeout: ``EdgeRequest.read_body``'s coroutine itself,
-    no layer of its own."""
+    no layer of its own; 508 first for a request that came back round a loop (``refuse_loops``)."""
+    refuse_loops(request.headers)
     config = state.request_config
     return request.read_body(config.max_body_bytes, config.client_body_s)
 
@@ -97,6 +100,7 @@ def routed(endpoint: Endpoint) -> NotedHandler:
     async def handler(request: EdgeRequest, note: RequestNote) -> web.StreamResponse:
         state = request.state
         admit(state, request.headers)
+        check_encoding(request.headers)
         raw = await read_body(state, request)
         parsed = await parse_routed(state, endpoint, raw, request.headers)
         policy = policy_override(state, request.headers)

@@ -14,8 +14,9 @@ other than HEAD, a status of 200 or more other than 204 and 304 (the answers wit
 The bytes are aiohttp's for the same response (``tests/proxy/edge/test_head.py`` holds them to it): the
 headers in their order, then ``Content-Length`` (whole) or ``Transfer-Encoding: chunked`` (relayed),
 ``Content-Type: application/octet-stream`` when a body has no type, ``Date``, ``Server``, and
-``Connection: close`` when the connection is not kept alive. The caller's headers carry none of those
-this module writes but ``Content-Type`` (``forward.downstream_headers`` drops them). A header with CR or
+``Connection: close`` when the connection is not kept alive (``kept_alive``: nor once the router stops).
+The caller's headers carry none of those this module writes but ``Content-Type``
+(``forward.downstream_headers`` drops them). A header with CR or
 LF is refused (``ValueError``), as aiohttp refuses it. A write to a connection the client closed raises
 ``ConnectionResetError``; a relay waits (aiohttp's ``drain``) while the connection's write buffer is over
 its high-water mark, so a slow reader holds at most one chunk more than that.
@@ -45,7 +46,7 @@ def sent(request: EdgeRequest, status: int, headers: Headers, body: bytes) -> Se
     if len(body) > MAX_BODY or not plain(request, status):
         return None
     transport = open_transport(request)
-    keep_alive = request.keep_alive
+    keep_alive = kept_alive(request)
     transport.write(head(status, headers, len(body), keep_alive) + body)
     return SentResponse(status, keep_alive, len(body))
 
@@ -63,7 +64,7 @@ class Relay:
     def __init__(self, request: EdgeRequest, status: int, headers: Headers) -> None:
         self.request = request
         self.status = status
-        self.keep_alive = request.keep_alive
+        self.keep_alive = kept_alive(request)
         self.pending = head(status, headers, None, self.keep_alive)  # the head, until the first write
         self.size = 0
         transport = request.transport()  # None: the client left, which the first write finds
@@ -86,6 +87,12 @@ class Relay:
     def response(self) -> SentResponse:
         """What the server is given back: the answer, written."""
         return SentResponse(self.status, self.keep_alive, self.size)
+
+
+def kept_alive(request: EdgeRequest) -> bool:
+    """Whether the connection stays open after the answer: not once the router is stopping (the answer
+    says ``Connection: close``, and the client reconnects to a replica that is not stopping)."""
+    return request.keep_alive and not request.state.deadlines.stopping
 
 
 def plain(request: EdgeRequest, status: int) -> bool:

@@ -6,7 +6,7 @@ every byte received of it so far: aiohttp then serves that connection to its end
 start.
 
 Served here (anything else is handed over): ``POST`` to a path of ``handlers.ROUTED`` in origin form,
-HTTP/1.1, one ``Content-Length`` of at most ``limits.max_body_bytes``, no ``Transfer-Encoding``,
+HTTP/1.1, one ``Host``, one ``Content-Length`` of at most ``limits.max_body_bytes``, no ``Transfer-Encoding``,
 ``Expect``, ``Upgrade`` or ``Content-Encoding``, ASCII header values, lines within aiohttp's limits
 (``http_errors``), the whole message soon after its first byte (``LeanServer.incomplete_s``), one at a time:
 bytes that arrive while an answer is being made wait for it (reading pauses past ``HOLD_BYTES``), and a
@@ -66,6 +66,7 @@ class Message:
     path: bytes = b""  # the target without its query: the route
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     lengths: list[bytes] = field(default_factory=list)  # its Content-Length values
+    hosts: int = 0  # how many Host headers
     body: list[bytes] = field(default_factory=list)
     handler: NotedHandler | None = None
     keep_alive: bool = True
@@ -282,6 +283,8 @@ class LeanConnection:
         lower = name.lower()
         if lower == b"content-length":
             message.lengths.append(value)
+        elif lower == b"host":
+            message.hosts += 1
         elif lower in HANDED_OVER:
             raise HandOver("header")
 
@@ -294,6 +297,8 @@ class LeanConnection:
         handler = self._server.routes.get(message.path)
         if handler is None or not target.startswith(b"/") or not target.isascii():
             raise HandOver("route")
+        if message.hosts != 1:  # aiohttp's parser refuses it (400)
+            raise HandOver("host")
         lengths = message.lengths
         if len(lengths) != 1 or not lengths[0].isdigit() or int(lengths[0]) > self._server.max_body:
             raise HandOver("length")
