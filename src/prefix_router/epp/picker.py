@@ -347,7 +347,7 @@ class PickerStream:
         if parsed is None or not self.state.config.tenants.cache_salt or not takes_cache_salt(worker):
             return None
         salt = tenant_salt(self.headers)
-        return None if salt is None else salted_body(parsed.body, salt)
+        return None if salt is None else salted_body(parsed.body, salt, parsed.raw)
 
     def upstream_headers(self, set_headers: dict[str, str], worker: Worker) -> list[str]:
         """The worker's own key replaces the client's (or the client's is dropped, as ``serve`` does

@@ -218,7 +218,7 @@ def takes_cache_salt(worker: Worker) -> bool:
     return engine == "vllm"
 
 
-def salted_body(body: Mapping[str, Any], salt: str, raw: bytes = b"") -> bytes:
+def salted_body(body: Mapping[str, Any], salt: str, raw: bytes) -> bytes:
     """The body (``body``, parsed from ``raw``) with ``cache_salt`` set to ``salt``, followed by the
     client's own salt if it gave one (so it can still partition its own cache, but never share another
     tenant's). Every other value as the client sent it: a body with a number of 20 digits or more (an
