@@ -15,6 +15,7 @@ from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
 from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
 from prefix_router.routing.policies.spec import AnySpec, NoSettings, PolicySpec, knobless
+from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings
 from prefix_router.routing.types import Policy
 from prefix_router.settings import Section
 
@@ -31,6 +32,8 @@ POLICIES: tuple[AnySpec, ...] = (
                "consistent hashing of the key's first characters with bounded loads (CHWBL)"),
     PolicySpec("prefix", PrefixSettings, PrefixPolicy, True,
                "lowest expected cost of this request and of the work it creates, under a bounded-load cap"),
+    PolicySpec("ttft", TtftSettings, TtftPolicy, True,
+               "lowest predicted first-token time (learned per worker) + the delay and eviction it causes"),
     PolicySpec("sglang_cache_aware", SGLangCacheAwareSettings, SGLangCacheAwarePolicy, False,
                "an emulation of SGLang router's cache_aware policy (a baseline)"),
 )  # fmt: skip
