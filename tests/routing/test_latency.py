@@ -93,10 +93,20 @@ def test_forget_resets_a_worker() -> None:
     feed(model, "b", WINDOW, seed=9)
     model.dispatched("x", "a", 10.0, 0, 0.0)
     model.forget("a")
-    assert model.rates("a", PRIOR) == PRIOR and model.samples("a") == 0 and model.pending() == 0
+    assert model.samples("a") == 0 and model.pending() == 0
+    assert model.rates("a", PRIOR) == model.fleet(PRIOR)  # b's now: a restarted engine looks like its peers
+    assert model.fleet(PRIOR)[1] == pytest.approx(TRUE[1], rel=0.05)
     model.observed("x", 1.0)  # its record went with it: no sample
     assert model.samples("a") == 0
     assert model.samples("b") == WINDOW
+    model.forget("b")
+    assert model.rates("a", PRIOR) == PRIOR  # no worker has samples: the prior
+
+
+def test_a_worker_without_samples_starts_from_the_fleet_s_rates() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", WINDOW, seed=10)
+    assert model.rates("new", PRIOR) == pytest.approx(model.rates("a", PRIOR), rel=0.01)
 
 
 def _route(router: Router, i: int, now: float) -> tuple[RouteRequest, Decision]:

@@ -13,10 +13,12 @@ Calibration: at dispatch the router records the request's ``(work, decoding)`` o
 worker keeps its last ``WINDOW`` samples; its rates are the least-squares fit of them, pulled towards a
 prior with the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as the window fills (so a worker
 without samples has the prior's rates and one with a full window its own), every rate at least 0. The
-prior is passed at read time (``rates``: the policy's knobs own it). Robust to outliers: once a worker
-has ``CLIP_AFTER`` samples, a sample's time is clipped to within ``CLIP`` x the fit's prediction.
-Bounded: ``WINDOW`` samples per worker, one record per request in flight (a bounded table: the oldest
-gives way). ``forget`` drops a worker's samples and records (its engine restarted or left).
+prior is the fleet's rates (the mean of the workers with ``CLIP_AFTER`` samples or more), else the one
+passed at read time (``rates``: the policy's knobs own it): a new worker looks like its peers. Robust to
+outliers: once a worker has ``CLIP_AFTER`` samples, a sample's time is clipped to within ``CLIP`` x the
+fit's prediction. Bounded: ``WINDOW`` samples per worker, one record per request in flight (a bounded
+table: the oldest gives way). ``forget`` drops a worker's samples and records (its engine restarted or
+left).
 """
 
 from __future__ import annotations
@@ -142,15 +144,33 @@ class LatencyModel:
     def __init__(self, max_pending: int) -> None:
         self._workers: dict[str, _Samples] = {}
         self._pending: BoundedLRU[str, tuple[str, float, float, float]] = BoundedLRU(max_pending)
+        self._version = 0  # samples ever added or forgotten: the fleet's rates are cached until it moves
+        self._fleet: tuple[int, Rates, Rates] | None = None  # (version, prior, the fleet's rates)
 
     def rates(self, worker: str, prior: Rates) -> Rates:
-        """``worker``'s fitted rates towards ``prior`` (``prior`` itself before any sample)."""
+        """``worker``'s fitted rates towards the fleet's (``fleet``); the fleet's before any sample."""
+        prior = self.fleet(prior)
         samples = self._workers.get(worker)
         if samples is None:
             return prior
         if samples.fit is None or samples.fit_prior != prior:
             samples.fit, samples.fit_prior = fit(samples.sums, prior), prior
         return samples.fit
+
+    def fleet(self, prior: Rates) -> Rates:
+        """The mean rates of the workers with ``CLIP_AFTER`` samples or more, each fitted towards ``prior``
+        (``prior`` when there are none): a worker's own fit starts from them, so that a worker without
+        samples looks like the others, not like the prior."""
+        cached = self._fleet
+        if cached is not None and cached[0] == self._version and cached[1] == prior:
+            return cached[2]
+        fits = [fit(s.sums, prior) for s in self._workers.values() if len(s) >= CLIP_AFTER]
+        out = prior
+        if fits:
+            k = float(len(fits))
+            out = (sum(f[0] for f in fits) / k, sum(f[1] for f in fits) / k, sum(f[2] for f in fits) / k)
+        self._fleet = (self._version, prior, out)
+        return out
 
     def samples(self, worker: str) -> int:
         """The samples ``worker``'s fit holds (at most ``WINDOW``)."""
@@ -178,10 +198,11 @@ class LatencyModel:
             return
         samples = self._workers.setdefault(worker, _Samples())
         if len(samples) >= CLIP_AFTER:
-            expected = predict(self.rates(worker, CLIP_PRIOR), work, decoding)
+            expected = predict(fit(samples.sums, CLIP_PRIOR), work, decoding)
             if expected > 0.0:
                 seconds = min(max(seconds, expected / CLIP), expected * CLIP)
         samples.add(work, decoding, seconds)
+        self._version += 1
 
     def discard(self, route_id: str) -> None:
         """``route_id`` left without a first token: no sample."""
@@ -190,6 +211,7 @@ class LatencyModel:
     def forget(self, worker: str) -> None:
         """Drop ``worker``'s samples and its requests' records (its engine restarted, or it left)."""
         self._workers.pop(worker, None)
+        self._version += 1
         for route_id, record in self._pending.items():
             if record[0] == worker:
                 self._pending.pop(route_id)
