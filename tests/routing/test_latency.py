@@ -33,7 +33,7 @@ def feed(model: LatencyModel, worker: str, n: int, seed: int, rates: Rates = TRU
 def test_the_prior_until_a_worker_has_samples() -> None:
     model = LatencyModel(100)
     assert model.rates("a", PRIOR) == PRIOR
-    assert fit([0.0] * 9, PRIOR) == PRIOR
+    assert fit([0.0] * 9, PRIOR, 1.0) == PRIOR
 
 
 def test_calibration_converges_to_the_engine_s_rates() -> None:
@@ -49,8 +49,9 @@ def test_workers_are_calibrated_apart() -> None:
     slow = (0.05, 4e-3, 1e-3)
     feed(model, "a", 2 * WINDOW, seed=2)
     feed(model, "b", 2 * WINDOW, seed=3, rates=slow)
-    assert model.rates("a", PRIOR)[1] == pytest.approx(TRUE[1], rel=0.05)
-    assert model.rates("b", PRIOR)[1] == pytest.approx(slow[1], rel=0.05)
+    # each pulled towards the pooled fleet's by two samples' weight: within 10 % of its own
+    assert model.rates("a", PRIOR)[1] == pytest.approx(TRUE[1], rel=0.1)
+    assert model.rates("b", PRIOR)[1] == pytest.approx(slow[1], rel=0.1)
 
 
 def test_it_follows_an_engine_that_changes() -> None:

@@ -10,15 +10,17 @@ every step meanwhile also carries the worker's decoding requests. Per worker:
 
 Calibration: at dispatch the router records the request's ``(work, decoding)`` on its worker
 (``dispatched``); its first token gives the observed time since dispatch, one sample (``observed``). A
-worker keeps its last ``WINDOW`` samples; its rates are the least-squares fit of them, pulled towards a
-prior with the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as the window fills (so a worker
-without samples has the prior's rates and one with a full window its own), every rate at least 0. The
-prior is the fleet's rates (the mean of the workers with ``CLIP_AFTER`` samples or more), else the one
-passed at read time (``rates``: the policy's knobs own it): a new worker looks like its peers. Robust to
-outliers: once a worker has ``CLIP_AFTER`` samples, a sample's time is clipped to within ``CLIP`` x the
-fit's prediction. Bounded: ``WINDOW`` samples per worker, one record per request in flight (a bounded
-table: the oldest gives way). ``forget`` drops a worker's samples and records (its engine restarted or
-left).
+worker keeps its last ``WINDOW`` samples. The fleet's rates are the least-squares fit of every worker's
+samples pooled, pulled towards the prior passed at read time (``rates``: the policy's knobs own it) with
+the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as a window fills; a worker's rates are the
+fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
+without samples has the fleet's rates, one whose samples do not tell a rate apart, such as requests of
+one size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0.
+Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window
+(no more work nor decoding requests than some sample there) has its time clipped to within ``CLIP`` x its
+own fit's prediction; one beyond it is kept as it is (a fit does not judge what it extrapolates).
+Bounded: ``WINDOW`` samples per worker, one record per request in flight (a bounded table: the oldest
+gives way). ``forget`` drops a worker's samples and records (its engine restarted or left).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ WINDOW = 64  # samples per worker: the fit follows the engine's last requests
 PRIOR_SAMPLES = 2.0  # the prior weighs as much as this many samples of the window's typical size ...
 RIDGE = 1e-3  # ... fading to this as the window fills
 CLIP_AFTER = 8  # samples before a new sample is clipped to the fit's range
+FLEET_EVERY = 16  # samples between two fits of the fleet's pooled rates (each worker refits after one)
 CLIP = 4.0  # a sample's time is kept within [prediction / CLIP, prediction x CLIP]
 
 Rates = tuple[float, float, float]  # (overhead s, prefill s per token-equivalent, s per decoding request)
@@ -90,14 +93,18 @@ def predict(rates: Rates, work: float, decoding: float) -> float:
     return rates[0] + rates[1] * work + rates[2] * decoding
 
 
-def fit(sums: list[float], prior: Rates) -> Rates:
-    """The ridge least-squares rates of the samples summed in ``sums`` towards ``prior`` (each >= 0)."""
+def fading(n: float) -> float:
+    """The weight, in samples, of a prior against ``n`` samples: ``PRIOR_SAMPLES`` fading to ``RIDGE`` as
+    they fill a window (a full window is its own least-squares fit; RIDGE keeps the system solvable)."""
+    return PRIOR_SAMPLES * max(0.0, 1.0 - n / WINDOW) + RIDGE
+
+
+def fit(sums: list[float], prior: Rates, weight: float) -> Rates:
+    """The ridge least-squares rates of the samples summed in ``sums`` towards ``prior`` (each >= 0), the
+    prior weighing as much as ``weight`` samples of the mean square of each feature."""
     n, sw, sd, sww, swd, sdd, sy, swy, sdy = sums
     if n < 0.5:
         return prior
-    # the prior's weight per rate: PRIOR_SAMPLES samples of the window's mean square feature, fading out
-    # as the window fills (a full window is its own least-squares fit; RIDGE keeps the system solvable)
-    weight = PRIOR_SAMPLES * max(0.0, 1.0 - n / WINDOW) + RIDGE
     lam = [weight, weight * max(sww / n, 1e-12), weight * max(sdd / n, 1e-12)]
     a = [[n + lam[0], sw, sd], [sw, sww + lam[1], swd], [sd, swd, sdd + lam[2]]]
     b = [sy + lam[0] * prior[0], swy + lam[1] * prior[1], sdy + lam[2] * prior[2]]
@@ -144,8 +151,8 @@ class LatencyModel:
     def __init__(self, max_pending: int) -> None:
         self._workers: dict[str, _Samples] = {}
         self._pending: BoundedLRU[str, tuple[str, float, float, float]] = BoundedLRU(max_pending)
-        self._version = 0  # samples ever added or forgotten: the fleet's rates are cached until it moves
-        self._fleet: tuple[int, Rates, Rates] | None = None  # (version, prior, the fleet's rates)
+        self._version = 0  # samples added (a forgotten worker: FLEET_EVERY); the fleet's rates follow it
+        self._fleet: tuple[int, Rates, Rates] | None = None  # (version // FLEET_EVERY, prior, fleet's rates)
 
     def rates(self, worker: str, prior: Rates) -> Rates:
         """``worker``'s fitted rates towards the fleet's (``fleet``); the fleet's before any sample."""
@@ -154,22 +161,22 @@ class LatencyModel:
         if samples is None:
             return prior
         if samples.fit is None or samples.fit_prior != prior:
-            samples.fit, samples.fit_prior = fit(samples.sums, prior), prior
+            samples.fit, samples.fit_prior = fit(samples.sums, prior, PRIOR_SAMPLES), prior
         return samples.fit
 
     def fleet(self, prior: Rates) -> Rates:
-        """The mean rates of the workers with ``CLIP_AFTER`` samples or more, each fitted towards ``prior``
-        (``prior`` when there are none): a worker's own fit starts from them, so that a worker without
-        samples looks like the others, not like the prior."""
+        """The rates of every worker's samples pooled, fitted towards ``prior`` with a weight fading as a
+        window fills (``prior`` before any sample); refitted every ``FLEET_EVERY`` samples."""
+        epoch = self._version // FLEET_EVERY
         cached = self._fleet
-        if cached is not None and cached[0] == self._version and cached[1] == prior:
+        if cached is not None and cached[0] == epoch and cached[1] == prior:
             return cached[2]
-        fits = [fit(s.sums, prior) for s in self._workers.values() if len(s) >= CLIP_AFTER]
-        out = prior
-        if fits:
-            k = float(len(fits))
-            out = (sum(f[0] for f in fits) / k, sum(f[1] for f in fits) / k, sum(f[2] for f in fits) / k)
-        self._fleet = (self._version, prior, out)
+        pooled = [0.0] * 9
+        for samples in self._workers.values():
+            for i, value in enumerate(samples.sums):
+                pooled[i] += value
+        out = fit(pooled, prior, fading(pooled[0]))
+        self._fleet = (epoch, prior, out)
         return out
 
     def samples(self, worker: str) -> int:
@@ -197,8 +204,8 @@ class LatencyModel:
         if not seconds >= 0.0:
             return
         samples = self._workers.setdefault(worker, _Samples())
-        if len(samples) >= CLIP_AFTER:
-            expected = predict(fit(samples.sums, CLIP_PRIOR), work, decoding)
+        if len(samples) >= CLIP_AFTER and work <= max(samples.work) and decoding <= max(samples.decoding):
+            expected = predict(fit(samples.sums, CLIP_PRIOR, fading(len(samples))), work, decoding)
             if expected > 0.0:
                 seconds = min(max(seconds, expected / CLIP), expected * CLIP)
         samples.add(work, decoding, seconds)
@@ -210,8 +217,8 @@ class LatencyModel:
 
     def forget(self, worker: str) -> None:
         """Drop ``worker``'s samples and its requests' records (its engine restarted, or it left)."""
-        self._workers.pop(worker, None)
-        self._version += 1
+        if self._workers.pop(worker, None) is not None:
+            self._version += FLEET_EVERY - self._version % FLEET_EVERY  # the fleet's rates are refitted
         for route_id, record in self._pending.items():
             if record[0] == worker:
                 self._pending.pop(route_id)
