@@ -8,6 +8,7 @@ and description follow from the row: the configuration, ``--policy``, the router
 from __future__ import annotations
 
 from prefix_router.routing.policies.consistent_hash import ConsistentHashPolicy, ConsistentHashSettings
+from prefix_router.routing.policies.dynamo_kv import DynamoKvPolicy, DynamoKvSettings
 from prefix_router.routing.policies.least_load import LeastLoadPolicy
 from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
 from prefix_router.routing.policies.prefix import PrefixPolicy, PrefixSettings
@@ -36,6 +37,8 @@ POLICIES: tuple[AnySpec, ...] = (
                "lowest predicted first-token time (learned per worker) + the delay and eviction it causes"),
     PolicySpec("sglang_cache_aware", SGLangCacheAwareSettings, SGLangCacheAwarePolicy, False,
                "an emulation of SGLang router's cache_aware policy (a baseline)"),
+    PolicySpec("dynamo_kv", DynamoKvSettings, DynamoKvPolicy, False,
+               "an emulation of NVIDIA Dynamo's KV-router cost (a baseline)"),
 )  # fmt: skip
 POLICY_NAMES: tuple[str, ...] = tuple(spec.name for spec in POLICIES)
 DEFAULT_POLICY = "prefix"
