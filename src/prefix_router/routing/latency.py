@@ -16,11 +16,12 @@ the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as a window fills; a
 fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
 without samples has the fleet's rates, one whose samples do not tell a rate apart, such as requests of
 one size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0.
-Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window
-(no more work nor decoding requests than some sample there) has its time clipped to within ``CLIP`` x its
-own fit's prediction; one beyond it is kept as it is (a fit does not judge what it extrapolates).
-Bounded: ``WINDOW`` samples per worker, one record per request in flight (a bounded table: the oldest
-gives way). ``forget`` drops a worker's samples and records (its engine restarted or left).
+Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window (no
+more work nor decoding requests than some sample there) has its time clipped to within ``CLIP`` x its own
+fit's prediction (refitted every ``CLIP_AFTER`` samples); one beyond it is kept as it is (a fit does not
+judge what it extrapolates). Bounded: ``WINDOW`` samples per worker, one record per request in flight (a
+bounded table: the oldest gives way). ``forget`` drops a worker's samples and records (its engine
+restarted or left).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class _Samples:
         self.sums = [0.0] * 9  # n, w, d, ww, wd, dd, y, wy, dy
         self.fit: Rates | None = None
         self.fit_prior: Rates | None = None
+        self.clip_fit: Rates | None = None  # the clipping's fit, refitted every CLIP_AFTER samples
+        self.clip_at = 0  # ``added`` when it was made
 
     def add(self, work: float, decoding: float, seconds: float) -> None:
         if len(self.work) < WINDOW:
@@ -205,7 +208,10 @@ class LatencyModel:
             return
         samples = self._workers.setdefault(worker, _Samples())
         if len(samples) >= CLIP_AFTER and work <= max(samples.work) and decoding <= max(samples.decoding):
-            expected = predict(fit(samples.sums, CLIP_PRIOR, fading(len(samples))), work, decoding)
+            if samples.clip_fit is None or samples.added - samples.clip_at >= CLIP_AFTER:
+                samples.clip_fit = fit(samples.sums, CLIP_PRIOR, fading(len(samples)))
+                samples.clip_at = samples.added
+            expected = predict(samples.clip_fit, work, decoding)
             if expected > 0.0:
                 seconds = min(max(seconds, expected / CLIP), expected * CLIP)
         samples.add(work, decoding, seconds)
