@@ -6,11 +6,15 @@ token-equivalent, s per decoding request):
 
     cost  = ttft + delay + evict
     ttft  = overhead + prefill_s x (backlog + own) + decode_s x decoding
-    delay = prefill_s x own x decoding     each request decoding there waits while this prefill runs
-    evict = prefill_s x own x fill         a full cache evicts as much as it inserts: recomputed later
+    delay = prefill_s x own x (decoding + D)   the requests decoding there wait while this prefill runs,
+                                               and so do the D requests that will queue behind it
+    evict = prefill_s x own x fill             a full cache evicts as much as it inserts: recomputed later
     own   = this request's prefill there: its prompt minus the prefix that worker holds (index), in
             token-equivalents (``backlog.prefill_work``: a token at context c costs 1 + c / attention_tokens)
     fill  = the fraction of that worker's cache in use (index)
+    D     = W / (1 - rho): W the candidates' mean prefill backlog counted in typical requests
+            (``ctx.request_work``), rho the utilisation of an M/M/1 queue that long (``prefix``'s
+            ``delayed_requests``); 0 before a typical request is known
 
 among the candidates under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in flight
 + 1) / total weight) + load_slack``, times its weight); the lowest wins, ties broken at random (seeded).
@@ -34,6 +38,7 @@ from collections.abc import Sequence
 
 from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
+from prefix_router.routing.policies.prefix import delayed_requests
 from prefix_router.routing.policies.ttft_settings import TtftSettings
 from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
 
@@ -47,8 +52,9 @@ class TtftPolicy(NoHooks):
         rate = knobs.prior_prefill_s_per_token
         self.prior = (0.0, rate, rate)
 
-    def cost(self, req: RouteRequest, w: WorkerSnapshot, ctx: Context) -> float:
-        """``w``'s cost for ``req`` in seconds (see the module doc)."""
+    def cost(self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0) -> float:
+        """``w``'s cost for ``req`` in seconds (see the module doc); ``delayed``: the requests that will
+        queue behind a prefill placed now (``delayed_requests``)."""
         scale = ctx.token_scale
         prompt = req.key_tokens * scale
         cached = min(prompt, ctx.matches.get(w.name, 0) * req.block_tokens * scale)
@@ -61,15 +67,17 @@ class TtftPolicy(NoHooks):
         elif own and ctx.cache is not None:
             fill = ctx.cache.fill(w.name)
         ttft = overhead + prefill_s * (w.prefill_backlog + own) + decode_s * w.decoding
-        return ttft + prefill_s * own * (w.decoding + fill)
+        return ttft + prefill_s * own * (w.decoding + fill + delayed)
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
-        weight, flight, _ = load_totals(workers)
+        weight, flight, backlog = load_totals(workers)
         cap = cap_of(weight, flight, self.load_factor, self.load_slack)
+        typical = ctx.request_work
+        delayed = delayed_requests(backlog / len(workers) / typical) if typical > 0 else 0.0
         allowed = [w for w in workers if w.in_flight + 1 <= cap * w.weight] or list(workers)
         best, tied = math.inf, []
         for w in allowed:
-            cost = self.cost(req, w, ctx)
+            cost = self.cost(req, w, ctx, delayed)
             if cost < best:
                 best, tied = cost, [w]
             elif cost == best:
