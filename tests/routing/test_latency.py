@@ -135,3 +135,11 @@ def test_the_router_learns_from_first_tokens_and_forgets_on_restart() -> None:
     _route(router, 100, now)
     router.remove_worker("a")
     assert router.latency.pending() == 0
+
+
+def test_a_router_whose_policies_never_read_the_model_records_nothing() -> None:
+    router = Router(RoutingSettings(policy="prefix"), random.Random(0))
+    router.add_worker("a", capacity_tokens=10_000)
+    req, _ = _route(router, 0, 0.0)
+    router.first_token(req.route_id, 0.5)
+    assert router.latency.pending() == 0 and router.latency.samples("a") == 0

@@ -17,11 +17,12 @@ fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAM
 without samples has the fleet's rates, one whose samples do not tell a rate apart, such as requests of
 one size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0.
 Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window (no
-more work nor decoding requests than some sample there) has its time clipped to within ``CLIP`` x its own
-fit's prediction (refitted every ``CLIP_AFTER`` samples); one beyond it is kept as it is (a fit does not
-judge what it extrapolates). Bounded: ``WINDOW`` samples per worker, one record per request in flight (a
-bounded table: the oldest gives way). ``forget`` drops a worker's samples and records (its engine
-restarted or left).
+more work nor decoding requests than some sample since its last recount, every WINDOW samples) has its
+time clipped to within ``CLIP`` x its own fit's prediction (refitted every ``CLIP_AFTER`` samples); one
+beyond it is kept as it is (a fit does not judge what it extrapolates). Bounded: ``WINDOW`` samples per
+worker, one record per request in flight (a bounded table: the oldest gives way) (a router's model
+records nothing before it is first read: ``active``). ``forget`` drops a worker's samples and records
+(its engine restarted or left).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class _Samples:
         self.fit_prior: Rates | None = None
         self.clip_fit: Rates | None = None  # the clipping's fit, refitted every CLIP_AFTER samples
         self.clip_at = 0  # ``added`` when it was made
+        # the most work and decoding requests of the samples since the window's last recount (a bound of
+        # the window's: recounted with the sums every WINDOW samples)
+        self.max_work = 0.0
+        self.max_decoding = 0.0
 
     def add(self, work: float, decoding: float, seconds: float) -> None:
         if len(self.work) < WINDOW:
@@ -68,11 +73,13 @@ class _Samples:
             self.work[i], self.decoding[i], self.seconds[i] = work, decoding, seconds
             self.next = (i + 1) % WINDOW
             _accumulate(self.sums, work, decoding, seconds, 1.0)
+        self.max_work, self.max_decoding = max(self.max_work, work), max(self.max_decoding, decoding)
         self.added += 1
         if self.added % WINDOW == 0:
             self.sums = [0.0] * 9
             for w, d, y in zip(self.work, self.decoding, self.seconds, strict=True):
                 _accumulate(self.sums, w, d, y, 1.0)
+            self.max_work, self.max_decoding = max(self.work), max(self.decoding)
         self.fit = None
 
     def __len__(self) -> int:
@@ -149,16 +156,21 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 class LatencyModel:
     """The workers' first-token models (see the module doc). ``max_pending``: requests recorded at
-    dispatch and not yet past their first token (the oldest gives way)."""
+    dispatch and not yet past their first token (the oldest gives way). ``active`` False: nothing is
+    recorded until the model is first read."""
 
-    def __init__(self, max_pending: int) -> None:
+    def __init__(self, max_pending: int, active: bool = True) -> None:
         self._workers: dict[str, _Samples] = {}
         self._pending: BoundedLRU[str, tuple[str, float, float, float]] = BoundedLRU(max_pending)
         self._version = 0  # samples added (a forgotten worker: FLEET_EVERY); the fleet's rates follow it
         self._fleet: tuple[int, Rates, Rates] | None = None  # (version // FLEET_EVERY, prior, fleet's rates)
+        # False: ``dispatched`` records nothing until the model is first read (``rates``), so a router whose
+        # policies never read it pays nothing per request
+        self.active = active
 
     def rates(self, worker: str, prior: Rates) -> Rates:
         """``worker``'s fitted rates towards the fleet's (``fleet``); the fleet's before any sample."""
+        self.active = True
         prior = self.fleet(prior)
         samples = self._workers.get(worker)
         if samples is None:
@@ -193,7 +205,9 @@ class LatencyModel:
 
     def dispatched(self, route_id: str, worker: str, work: float, decoding: int, now: float) -> None:
         """``route_id`` was sent to ``worker`` at ``now`` with ``work`` token-equivalents of prefill ahead of
-        and including its own, and ``decoding`` requests decoding there."""
+        and including its own, and ``decoding`` requests decoding there (nothing while not ``active``)."""
+        if not self.active:
+            return
         self._pending.set(route_id, (worker, work, float(decoding), now))
 
     def observed(self, route_id: str, now: float) -> None:
@@ -207,7 +221,7 @@ class LatencyModel:
         if not seconds >= 0.0:
             return
         samples = self._workers.setdefault(worker, _Samples())
-        if len(samples) >= CLIP_AFTER and work <= max(samples.work) and decoding <= max(samples.decoding):
+        if len(samples) >= CLIP_AFTER and work <= samples.max_work and decoding <= samples.max_decoding:
             if samples.clip_fit is None or samples.added - samples.clip_at >= CLIP_AFTER:
                 samples.clip_fit = fit(samples.sums, CLIP_PRIOR, fading(len(samples)))
                 samples.clip_at = samples.added
