@@ -47,6 +47,7 @@ CORE = (
     "units",
     "load",
     "backlog",
+    "latency",
     "placement",
     "router",
     "types",

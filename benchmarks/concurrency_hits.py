@@ -75,7 +75,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
-    p.add_argument("--policies", default="prefix,sglang_cache_aware,least_load,random")
+    p.add_argument("--policies", default="prefix,ttft,sglang_cache_aware,dynamo_kv,least_load,random")
     p.add_argument("--system-tokens", type=int, default=900)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a routing knob")
     args = p.parse_args()

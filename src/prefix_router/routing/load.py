@@ -187,6 +187,11 @@ class LoadTracker:
         counts = self._counts.get(worker)
         return 0 if counts is None else counts.own
 
+    def decoding(self, worker: str) -> int:
+        """Requests of this router on ``worker`` past their first token (0 for an unknown worker)."""
+        snap = self._live.get(worker)
+        return 0 if snap is None else snap.decoding
+
     def _drop_stale(self, now: float) -> None:
         if now < self._next_stale_check:
             return

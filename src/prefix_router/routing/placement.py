@@ -41,7 +41,15 @@ from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.policies.base import load_cap, under_cap
 from prefix_router.routing.precise import PreciseMatch, PreciseView
 from prefix_router.routing.settings import RoutingSettings
-from prefix_router.routing.types import Branch, Context, Decision, Policy, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import (
+    Branch,
+    Context,
+    Decision,
+    LatencyView,
+    Policy,
+    RouteRequest,
+    WorkerSnapshot,
+)
 from prefix_router.routing.units import TokenUnits, count_prefix
 
 __all__ = ["STEPS", "Pipeline", "Placement", "Step", "prompt_value"]
@@ -100,7 +108,8 @@ class Placement:
 
 class Pipeline:
     """Runs ``STEPS`` in order over each request, on the router's parts (its prefix index, event-fed view,
-    load tracker, token units, session table and engine block sizes: shared, never copied). The steps
+    load tracker, token units, session table, engine block sizes and first-token models: shared, never
+    copied). The steps
     record nothing there: what a decision changes is the parts' own upkeep on a read (the view expires
     speculative entries, the load tracker stale ones); the router records the dispatch. ``trace``: when
     a list, each applied step's name is appended to it (for tests and debugging; None, the default,
@@ -114,6 +123,7 @@ class Pipeline:
         units: TokenUnits,
         sessions: BoundedLRU[str, str],
         engine_blocks: dict[str, int],
+        latency: LatencyView | None = None,
     ) -> None:
         self.index = index
         self.view = view
@@ -121,6 +131,7 @@ class Pipeline:
         self.units = units
         self.sessions = sessions
         self.engine_blocks = engine_blocks
+        self.latency = latency
         self.steps = STEPS
         self.trace: list[str] | None = None
 
@@ -272,8 +283,9 @@ class Estimate(Step):
 
 class Select(Step):
     """Applies when no worker is chosen yet: ``chosen`` is the policy's decision over ``snaps``, with a
-    ``Context`` of the time, the rng, ``matches``, the index's fills, the mean request's prefill work and
-    ``scale``. The only step that draws from the rng. Knob: ``routing.trackers.attention_tokens``."""
+    ``Context`` of the time, the rng, ``matches``, the index's fills, the mean request's prefill work,
+    ``scale`` and the workers' first-token models. The only step that draws from the rng. Knob:
+    ``routing.trackers.attention_tokens``."""
 
     name = "select"
 
@@ -282,7 +294,7 @@ class Select(Step):
             return False
         index, attention = pipe.index, p.cfg.trackers.attention_tokens
         work = pipe.load.backlog.mean_work
-        ctx = Context(p.now, p.rng, p.matches, index, work, attention, p.scale, index.fills)
+        ctx = Context(p.now, p.rng, p.matches, index, work, attention, p.scale, index.fills, pipe.latency)
         p.chosen = p.policy.select(p.req, p.snaps, ctx)
         return True
 

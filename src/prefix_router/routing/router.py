@@ -12,7 +12,8 @@ else. A request that failed before its first token trims its blocks beyond the p
 first token its blocks stay (the engine computed the whole prompt).
 
 Workers: ``remove_worker`` forgets a worker entirely; ``forget_cache`` keeps it (and its in-flight count)
-but drops what the index and the session table say it caches (an ejected engine probably restarted).
+but drops what the index and the session table say it caches and its learned first-token model
+(``routing/latency.py``: an ejected engine probably restarted).
 
 Engine feedback (``routing/feedback.py`` judges each report against the prediction made at dispatch)
 moves a worker's learned capacity by at most ``FeedbackTuning.capacity_step`` (a miss shrinks it, an
@@ -48,6 +49,7 @@ from prefix_router.routing.feedback import (
 )
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
+from prefix_router.routing.latency import LatencyModel
 from prefix_router.routing.load import LoadTracker
 from prefix_router.routing.placement import Pipeline, prompt_value
 from prefix_router.routing.policies import POLICIES
@@ -178,8 +180,10 @@ class Router:
         self.precise = PreciseView(cfg.events, precise)
         self.precise.on_clear = self._engine_cleared
         # the steps of a decision (routing/placement.py), on these parts
+        # each worker's first-token time, learned from the requests' (routing/latency.py)
+        self.latency = LatencyModel(cfg.trackers.max_tracked_requests, active=False)
         self.pipeline = Pipeline(
-            self.index, self.precise, self.load, self.units, self._sessions, self._engine_blocks
+            self.index, self.precise, self.load, self.units, self._sessions, self._engine_blocks, self.latency
         )
 
     def retune(self, cfg: RoutingSettings) -> None:
@@ -229,6 +233,7 @@ class Router:
         self._prefills.forget_worker(name)
         self.feedback.pop(name, None)
         self._engine_blocks.pop(name, None)
+        self.latency.forget(name)
         for policy in self.policies.values():
             policy.on_worker_removed(name)
 
@@ -237,6 +242,7 @@ class Router:
         approximate index goes too, so the cost model's fill (and the view used while the events are not
         fresh) starts from what the engine holds."""
         self.index.forget_older(name, math.inf)
+        self.latency.forget(name)
 
     def forget_cache(self, name: str) -> None:
         """Drop ``name``'s index entries and sessions; its load, capacity and feedback stats stay."""
@@ -244,6 +250,7 @@ class Router:
         self.precise.clear(name)
         self._sessions.drop_values(name)
         self._prefills.forget_worker(name)
+        self.latency.forget(name)
 
     def set_engine_block(self, name: str, tokens: int) -> None:
         """The worker's engine caches whole blocks of ``tokens`` (vLLM's ``cache_config_info``)."""
@@ -308,6 +315,9 @@ class Router:
             cached = decision.expected_cached_tokens
         uncached = prompt - cached
         work = prefill_work(uncached, cached, self.cfg.trackers.attention_tokens)
+        if self.latency.active and worker in self.index:  # recorded once a policy reads the model
+            ahead = self.load.backlog.remaining(worker, now)
+            self.latency.dispatched(req.route_id, worker, ahead + work, self.load.decoding(worker), now)
         self.load.start(req.route_id, worker, uncached, now, work)
         if req.session:
             self._sessions.set(req.session, worker)
@@ -315,6 +325,7 @@ class Router:
     def first_token(self, route_id: str, now: float) -> None:
         """The first token arrived at ``now``: its prefill, and every earlier one there, is done."""
         self.load.first_token(route_id, now)
+        self.latency.observed(route_id, now)
         self._prefills.done(route_id)
         prediction = self._predictions.get(route_id)
         if prediction is not None:
@@ -322,6 +333,7 @@ class Router:
 
     def finished(self, req: RouteRequest, worker: str, outcome: Outcome, now: float) -> None:
         self.load.finish(req.route_id, now)
+        self.latency.discard(req.route_id)
         self._prefills.done(req.route_id)
         prediction = self._predictions.pop(req.route_id)
         if worker not in self.index:  # removed meanwhile: nothing to learn, no state to re-create

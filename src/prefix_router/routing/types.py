@@ -209,6 +209,14 @@ class CacheView(Protocol):
         ...
 
 
+class LatencyView(Protocol):
+    """What the router's first-token model says of a worker (``routing/latency.py``, read-only)."""
+
+    def rates(self, worker: str, prior: tuple[float, float, float]) -> tuple[float, float, float]:
+        """(overhead s, prefill s per token-equivalent, s per decoding request), fitted towards ``prior``."""
+        ...
+
+
 @dataclass(init=False, slots=True)
 class Context:
     """Everything a policy may read besides the request and the candidates: the time, the seeded rng,
@@ -218,7 +226,8 @@ class Context:
     the engine tokens per token of the request's key (``routing/units.py``: 1 for token ids; a policy
     that counts tokens multiplies ``key_tokens`` and ``block_tokens`` by it). ``fills``: what
     ``cache.fill`` says of every worker it knows, as one live mapping that a policy reads per candidate
-    without a call (None: call ``cache.fill``; a worker absent from it is empty)."""
+    without a call (None: call ``cache.fill``; a worker absent from it is empty). ``latency``: the
+    workers' first-token models (None: a policy that reads them uses its prior)."""
 
     now: float
     rng: random.Random
@@ -228,6 +237,7 @@ class Context:
     attention_tokens: float = 32_768.0
     token_scale: float = 1.0
     fills: Mapping[str, float] | None = None
+    latency: LatencyView | None = None
 
     def __init__(
         self,
@@ -239,6 +249,7 @@ class Context:
         attention_tokens: float = 32_768.0,
         token_scale: float = 1.0,
         fills: Mapping[str, float] | None = None,
+        latency: LatencyView | None = None,
     ) -> None:
         self.now = now
         self.rng = rng
@@ -248,6 +259,7 @@ class Context:
         self.attention_tokens = attention_tokens
         self.token_scale = token_scale
         self.fills = fills
+        self.latency = latency
 
 
 class Policy(Protocol):

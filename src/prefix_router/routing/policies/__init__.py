@@ -8,6 +8,7 @@ and description follow from the row: the configuration, ``--policy``, the router
 from __future__ import annotations
 
 from prefix_router.routing.policies.consistent_hash import ConsistentHashPolicy, ConsistentHashSettings
+from prefix_router.routing.policies.dynamo_kv import DynamoKvPolicy, DynamoKvSettings
 from prefix_router.routing.policies.least_load import LeastLoadPolicy
 from prefix_router.routing.policies.power_of_two import PowerOfTwoPolicy
 from prefix_router.routing.policies.prefix import PrefixPolicy, PrefixSettings
@@ -15,6 +16,7 @@ from prefix_router.routing.policies.random_pick import RandomPolicy
 from prefix_router.routing.policies.round_robin import RoundRobinPolicy
 from prefix_router.routing.policies.sglang_cache_aware import SGLangCacheAwarePolicy, SGLangCacheAwareSettings
 from prefix_router.routing.policies.spec import AnySpec, NoSettings, PolicySpec, knobless
+from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings
 from prefix_router.routing.types import Policy
 from prefix_router.settings import Section
 
@@ -31,8 +33,12 @@ POLICIES: tuple[AnySpec, ...] = (
                "consistent hashing of the key's first characters with bounded loads (CHWBL)"),
     PolicySpec("prefix", PrefixSettings, PrefixPolicy, True,
                "lowest expected cost of this request and of the work it creates, under a bounded-load cap"),
+    PolicySpec("ttft", TtftSettings, TtftPolicy, True,
+               "lowest predicted first-token time (learned per worker) + the delay and eviction it causes"),
     PolicySpec("sglang_cache_aware", SGLangCacheAwareSettings, SGLangCacheAwarePolicy, False,
                "an emulation of SGLang router's cache_aware policy (a baseline)"),
+    PolicySpec("dynamo_kv", DynamoKvSettings, DynamoKvPolicy, False,
+               "an emulation of NVIDIA Dynamo's KV-router cost (a baseline)"),
 )  # fmt: skip
 POLICY_NAMES: tuple[str, ...] = tuple(spec.name for spec in POLICIES)
 DEFAULT_POLICY = "prefix"

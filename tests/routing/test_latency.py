@@ -1,0 +1,145 @@
+"""The first-token model (routing/latency.py): calibration, outliers, bounds, reset; through the router."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from prefix_router.routing.latency import CLIP_AFTER, WINDOW, LatencyModel, fit, predict
+from prefix_router.routing.router import Router
+from prefix_router.routing.settings import RoutingSettings
+from prefix_router.routing.types import Decision, Outcome, RouteRequest
+
+TRUE = (0.03, 1e-3, 2e-3)  # a synthetic engine: 30 ms overhead, 1,000 tokens/s, 2 ms per decoding request
+PRIOR = (0.0, 1e-4, 1e-4)  # ten times too fast
+
+
+Rates = tuple[float, float, float]
+
+
+def feed(model: LatencyModel, worker: str, n: int, seed: int, rates: Rates = TRUE) -> None:
+    """``n`` requests of a seeded synthetic sequence, each observed at its engine's exact first-token time."""
+    rng = random.Random(seed)
+    now = 0.0
+    for i in range(n):
+        work, decoding = rng.uniform(10, 3000), rng.randrange(0, 9)
+        route_id = f"{worker}-{seed}-{i}"
+        model.dispatched(route_id, worker, work, decoding, now)
+        model.observed(route_id, now + predict(rates, work, decoding))
+        now += 1.0
+
+
+def test_the_prior_until_a_worker_has_samples() -> None:
+    model = LatencyModel(100)
+    assert model.rates("a", PRIOR) == PRIOR
+    assert fit([0.0] * 9, PRIOR, 1.0) == PRIOR
+
+
+def test_calibration_converges_to_the_engine_s_rates() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", 3 * WINDOW, seed=1)
+    got = model.rates("a", PRIOR)
+    for learned, true in zip(got, TRUE, strict=True):
+        assert learned == pytest.approx(true, rel=0.05)
+
+
+def test_workers_are_calibrated_apart() -> None:
+    model = LatencyModel(100)
+    slow = (0.05, 4e-3, 1e-3)
+    feed(model, "a", 2 * WINDOW, seed=2)
+    feed(model, "b", 2 * WINDOW, seed=3, rates=slow)
+    # each pulled towards the pooled fleet's by two samples' weight: within 10 % of its own
+    assert model.rates("a", PRIOR)[1] == pytest.approx(TRUE[1], rel=0.1)
+    assert model.rates("b", PRIOR)[1] == pytest.approx(slow[1], rel=0.1)
+
+
+def test_it_follows_an_engine_that_changes() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", 2 * WINDOW, seed=4, rates=(0.0, 1e-3, 1e-3))
+    feed(model, "a", 4 * WINDOW, seed=5, rates=(0.0, 2e-3, 1e-3))  # clipped to 4x per sample: it gets there
+    assert model.rates("a", PRIOR)[1] == pytest.approx(2e-3, rel=0.05)
+
+
+def test_an_outlier_moves_the_fit_by_a_bounded_amount() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", WINDOW, seed=6)
+    before = predict(model.rates("a", PRIOR), 1000, 2)
+    model.dispatched("slow", "a", 1000, 2, 0.0)
+    model.observed("slow", 3600.0)  # an hour: a stalled stream, not the engine's rate
+    after = predict(model.rates("a", PRIOR), 1000, 2)
+    assert before < after < before * 1.2
+
+
+def test_rates_are_never_negative() -> None:
+    model = LatencyModel(100)
+    for i in range(2 * CLIP_AFTER):  # more decoding, faster: a negative slope in the data
+        model.dispatched(str(i), "a", 100.0, i, 0.0)
+        model.observed(str(i), 1.0 - 0.01 * i)
+    assert all(rate >= 0.0 for rate in model.rates("a", PRIOR))
+
+
+def test_memory_stays_bounded() -> None:
+    model = LatencyModel(16)
+    feed(model, "a", 5 * WINDOW, seed=7)
+    assert model.samples("a") == WINDOW
+    for i in range(100):  # dispatched, never observed: the table of records keeps 16
+        model.dispatched(str(i), "a", 1.0, 0, 0.0)
+    assert model.pending() == 16
+
+
+def test_forget_resets_a_worker() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", WINDOW, seed=8)
+    feed(model, "b", WINDOW, seed=9)
+    model.dispatched("x", "a", 10.0, 0, 0.0)
+    model.forget("a")
+    assert model.samples("a") == 0 and model.pending() == 0
+    assert model.rates("a", PRIOR) == model.fleet(PRIOR)  # b's now: a restarted engine looks like its peers
+    assert model.fleet(PRIOR)[1] == pytest.approx(TRUE[1], rel=0.05)
+    model.observed("x", 1.0)  # its record went with it: no sample
+    assert model.samples("a") == 0
+    assert model.samples("b") == WINDOW
+    model.forget("b")
+    assert model.rates("a", PRIOR) == PRIOR  # no worker has samples: the prior
+
+
+def test_a_worker_without_samples_starts_from_the_fleet_s_rates() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", WINDOW, seed=10)
+    assert model.rates("new", PRIOR) == pytest.approx(model.rates("a", PRIOR), rel=0.01)
+
+
+def _route(router: Router, i: int, now: float) -> tuple[RouteRequest, Decision]:
+    req = RouteRequest(f"r{i}", tuple(range(1, 9)), 16, 128, 1)
+    decision = router.route(req, ["a"], now)
+    router.dispatched(req, decision, now)
+    return req, decision
+
+
+def test_the_router_learns_from_first_tokens_and_forgets_on_restart() -> None:
+    router = Router(RoutingSettings(policy="ttft"), random.Random(0))
+    router.add_worker("a", capacity_tokens=10_000)
+    now = 0.0
+    for i in range(CLIP_AFTER):
+        req, decision = _route(router, i, now)
+        router.first_token(req.route_id, now + 0.5)
+        router.finished(req, decision.worker, Outcome(), now + 0.6)
+        now += 1.0
+    assert router.latency.samples("a") == CLIP_AFTER
+    req, decision = _route(router, 99, now)
+    router.finished(req, decision.worker, Outcome(ok=False), now + 0.1)  # no first token: no sample
+    assert router.latency.samples("a") == CLIP_AFTER and router.latency.pending() == 0
+    router.forget_cache("a")
+    assert router.latency.samples("a") == 0
+    _route(router, 100, now)
+    router.remove_worker("a")
+    assert router.latency.pending() == 0
+
+
+def test_a_router_whose_policies_never_read_the_model_records_nothing() -> None:
+    router = Router(RoutingSettings(policy="prefix"), random.Random(0))
+    router.add_worker("a", capacity_tokens=10_000)
+    req, _ = _route(router, 0, 0.0)
+    router.first_token(req.route_id, 0.5)
+    assert router.latency.pending() == 0 and router.latency.samples("a") == 0

@@ -1,0 +1,98 @@
+"""The ttft policy: constructed cases of its prediction, and its choice always a candidate under the cap."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefix_router.routing.latency import LatencyModel, predict
+from prefix_router.routing.policies import make_policy
+from prefix_router.routing.policies.base import load_cap, under_cap
+from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings
+from prefix_router.routing.types import Branch, Context, RouteRequest, WorkerSnapshot
+
+CPU = (0.03, 1e-3, 2e-3)  # 1,000 tokens/s
+
+
+def request() -> RouteRequest:
+    return RouteRequest("r", tuple(range(60)), 16, 960, 1)  # 960 tokens, 60 blocks
+
+
+def learned(rates: dict[str, tuple[float, float, float]]) -> LatencyModel:
+    """A model whose workers learned ``rates`` from a seeded synthetic sequence."""
+    model = LatencyModel(1000)
+    rng = random.Random(0)
+    for worker, r in rates.items():
+        for i in range(200):
+            work, decoding = rng.uniform(10, 3000), rng.randrange(0, 9)
+            model.dispatched(f"{worker}{i}", worker, work, decoding, 0.0)
+            model.observed(f"{worker}{i}", predict(r, work, decoding))
+    return model
+
+
+def context(matches: dict[str, int], model: LatencyModel | None) -> Context:
+    return Context(0.0, random.Random(0), matches, fills={"a": 1.0, "b": 1.0}, latency=model)
+
+
+def test_the_holder_wins_while_its_first_token_comes_sooner() -> None:
+    """The holder has four requests decoding short replies: staying costs a few steps of them, moving
+    recomputes 960 tokens (and evicts as much there)."""
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a", in_flight=4, decoding=4), WorkerSnapshot("b")]
+    decision = policy.select(request(), workers, context({"a": 58}, learned({"a": CPU, "b": CPU})))
+    assert decision.worker == "a" and decision.branch == Branch.PREFIX_HIT
+
+
+def test_a_queue_on_the_holder_sends_the_request_elsewhere() -> None:
+    """Five seconds of prefill queued on the holder: recomputing the prefix elsewhere is faster."""
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a", in_flight=5, prefill_backlog=5000.0), WorkerSnapshot("b")]
+    decision = policy.select(request(), workers, context({"a": 58}, learned({"a": CPU, "b": CPU})))
+    assert decision.worker == "b" and decision.branch == Branch.LOAD_FALLBACK
+
+
+def test_a_faster_engine_is_worth_a_miss_only_when_it_is_much_faster() -> None:
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a"), WorkerSnapshot("b")]
+    same = learned({"a": CPU, "b": (0.03, 0.8e-3, 2e-3)})
+    assert policy.select(request(), workers, context({"a": 58}, same)).worker == "a"
+    fast = learned({"a": (0.03, 5e-3, 2e-3), "b": (0.03, 1e-4, 2e-3)})  # 50x faster prefill
+    assert policy.select(request(), workers, context({"a": 58}, fast)).worker == "b"
+
+
+def test_without_a_model_it_uses_the_prior() -> None:
+    policy = make_policy("ttft")
+    workers = [WorkerSnapshot("a", in_flight=2, decoding=2), WorkerSnapshot("b")]
+    assert policy.select(request(), workers, context({"a": 58}, None)).worker == "a"
+    assert policy.select(request(), workers, context({}, None)).worker == "b"  # no match: the idle one
+
+
+snapshot = st.builds(
+    WorkerSnapshot,
+    name=st.sampled_from([f"w{i}" for i in range(6)]),
+    weight=st.sampled_from([0.5, 1.0, 2.0]),
+    in_flight=st.integers(0, 30),
+    decoding=st.integers(0, 30),
+    prefill_backlog=st.floats(0, 1e6),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workers=st.lists(snapshot, min_size=1, max_size=6, unique_by=lambda w: w.name),
+    matched=st.dictionaries(st.sampled_from([f"w{i}" for i in range(6)]), st.integers(0, 60)),
+    fills=st.dictionaries(st.sampled_from([f"w{i}" for i in range(6)]), st.floats(0, 1)),
+    seed=st.integers(0, 2**16),
+)
+def test_the_choice_is_a_candidate_under_the_cap(
+    workers: list[WorkerSnapshot], matched: dict[str, int], fills: dict[str, float], seed: int
+) -> None:
+    knobs = TtftSettings()
+    model = learned({"w0": CPU, "w1": (0.0, 1e-4, 1e-4)})
+    ctx = Context(0.0, random.Random(seed), matched, fills=fills, latency=model)
+    decision = TtftPolicy(knobs).select(request(), workers, ctx)
+    chosen = next(w for w in workers if w.name == decision.worker)
+    cap = load_cap(workers, knobs.load_factor, knobs.load_slack)
+    assert under_cap(chosen, cap) or not any(under_cap(w, cap) for w in workers)
