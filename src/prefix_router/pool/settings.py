@@ -57,7 +57,11 @@ class KvEventsSettings(Section):
     the engine's ROUTER socket (vLLM's ``replay_endpoint``) asked for the batches a gap skipped; None: a
     gap leaves the worker's view stale for a while (``PreciseTuning.stale_hold_s``). ``model``: the name
     requests use for the engine's base model (default: the worker's first configured or listed model).
-    ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap)."""
+    ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap). ``max_message_bytes``:
+    a larger message is rejected (ZMQ disconnects a peer that sends one). ``max_messages_per_s``: messages
+    past this rate (a one-second burst allowed) are shed undecoded and counted, the worker's view left
+    stale until a replay repairs it: an engine publishes one message per scheduler step that changed its
+    cache (some hundreds a second at most)."""
 
     endpoint: str
     bind: bool = False
@@ -66,6 +70,8 @@ class KvEventsSettings(Section):
     model: str | None = Field(default=None, min_length=1, max_length=512)
     hwm: int = Field(default=10_000, gt=0, le=1_000_000)
     replay_timeout_s: float = Field(default=2.0, gt=0)
+    max_message_bytes: int = Field(default=16 << 20, gt=0, le=1 << 30)
+    max_messages_per_s: float = Field(default=2_000.0, gt=0, le=1_000_000)
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
