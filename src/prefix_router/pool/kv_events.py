@@ -5,7 +5,12 @@ proxy's event loop (the routing core is not thread-safe; decoding a batch is mic
 that binds or connects (``bind``), subscribed to ``topic``, at most ``hwm`` messages queued in it. Each
 message is decoded (``prefix_router.events``) and applied to ``Router.precise``:
 
-- its sequence number judged first (``PreciseView.observe_seq``): a restart clears the worker's view. A
+- its sequence number judged first (``PreciseView.observe_seq``): a restart clears the worker's view, if
+  the engine itself confirms it: a probe or request to the engine failed since the last message applied
+  (``HealthState.failed_results``), or the worker is ejected now. Anyone who can reach an endpoint the
+  router binds can publish on it: an unconfirmed restart is refused (nothing applied, counted
+  ``refused_restarts``, the view stale for ``stale_hold_s``), and so is a message whose gap the engine's
+  own replay socket answers up to its end without reaching it (the engine never sent that sequence). A
   restart is a sequence not above the last, or any but the next on a connection that replaced a dropped
   one. The socket's monitor reports each dropped publisher connection (``disconnects``; behind a
   fan-out, its ``DROPPED_CONNECTION`` message does), read before the next message is judged: a new
@@ -41,6 +46,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import cast
 
 import zmq
@@ -72,12 +78,19 @@ THREAD_DECODE_BYTES = 64 << 10  # a larger payload is decoded off the event loop
 APPLY_BLOCKS = 512  # blocks of a stored chain applied between two suspensions
 
 
+class _Replay(Enum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"  # no replay socket, a timeout, an error, or the engine's buffer starts later
+    BEHIND = "behind"  # the engine ended its answer before the sequence asked about
+
+
 @dataclass(slots=True)
 class SubscriberStats:
     received: int = 0
     decoded: int = 0
     rejected: int = 0  # not decodable, or larger than max_message_bytes
     shed: int = 0  # past max_messages_per_s: dropped undecoded
+    refused: int = 0  # decoded, not applied: a restart the engine did not confirm, a sequence it never sent
     failed: int = 0  # decoded, but applying it raised (a bug: logged at most once a minute)
     replay_requests: int = 0
     replayed_batches: int = 0
@@ -105,8 +118,9 @@ class EventSubscriber:
         self._sock: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._relayed_drop = False
-        self._last_reject_log = self._last_fail_log = -_REJECT_LOG_S
+        self._last_reject_log = self._last_fail_log = self._last_refuse_log = -_REJECT_LOG_S
         self._tokens, self._refilled = settings.max_messages_per_s, clock()
+        self._witness = worker.health.failed_results  # at the last message applied
 
     def start(self) -> None:
         """Open the socket and start reading; the worker joins the event-fed views now when its model is
@@ -195,18 +209,42 @@ class EventSubscriber:
         precise, name = self.router.precise, self.worker.name
         last = _last_seq(self.router, name)
         reconnected = await self._dropped()
-        verdict = precise.observe_seq(name, message.seq, self._clock(), reconnected)
+        verdict = precise.observe_seq(
+            name, message.seq, self._clock(), reconnected, confirmed=self._restart_confirmed()
+        )
+        if verdict == SeqVerdict.REFUSED:
+            self._refused("a restart the engine did not confirm", message.seq)
+            return
         if verdict == SeqVerdict.GAP and last is not None:
-            if not await self._replay(last + 1, message.seq):
-                precise.mark_stale(name, self._clock())
-            else:
+            outcome, got = await self._replay(last + 1, message.seq)
+            if outcome == _Replay.BEHIND:
+                precise.restore_seq(name, got - 1)
+                self._refused("a sequence past the engine's own", message.seq)
+                return
+            if outcome == _Replay.COMPLETE:
                 precise.count_replay(name)
+            else:
+                precise.mark_stale(name, self._clock())
         elif verdict in (SeqVerdict.FIRST, SeqVerdict.RESTART) and message.seq > 0:
             # the first batches this process sent went before the subscription heard them (a connecting
             # PUB drops what it sends before its peer's subscription arrives; a router that starts late)
             await self._replay(0, message.seq, from_buffer_start=True)
         await self._apply(message)
         self.stats.applied += 1
+        self._witness = self.worker.health.failed_results
+
+    def _restart_confirmed(self) -> bool:
+        """Whether the engine itself shows a restart may have happened: a probe or request failed since the
+        last message applied, or it is ejected now (down; the router forgot its cache then too)."""
+        health = self.worker.health
+        return health.failed_results != self._witness or health.verdict == "ejected"
+
+    def _refused(self, why: str, seq: int) -> None:
+        self.stats.refused += 1
+        now = self._clock()
+        if now - self._last_refuse_log >= _REJECT_LOG_S:
+            self._last_refuse_log = now
+            log.warning("kv events of %s: message seq %d refused: %s", self.worker.name, seq, why)
 
     def _admit(self) -> bool:
         """A token of the ``max_messages_per_s`` bucket (a second's worth at most); none: the message is
@@ -240,7 +278,10 @@ class EventSubscriber:
         for i, piece in enumerate(pieces):
             if i:
                 await asyncio.sleep(0)
-            self.router.precise.apply(name, piece, self._clock(), batch.skipped if not i else 0)
+            skipped = batch.skipped if not i else 0
+            self.router.precise.apply(
+                name, piece, self._clock(), skipped, self.router.engine_block_tokens(name)
+            )
 
     def _resolve_model(self) -> bool:
         """The worker joins the event-fed views once its model is known (configured or listed)."""
@@ -253,17 +294,19 @@ class EventSubscriber:
         self.router.add_event_worker(name, model)
         return name in self.router.precise
 
-    async def _replay(self, start: int, end: int, from_buffer_start: bool = False) -> bool:
+    async def _replay(self, start: int, end: int, from_buffer_start: bool = False) -> tuple[_Replay, int]:
         """Ask the engine's replay socket for batches ``start`` up to (not including) ``end``; applied in
-        order. True when every one of them came (``from_buffer_start``: every one the engine still
-        buffers, its oldest possibly after ``start``: a long-running engine's first batches are gone)."""
+        order. ``COMPLETE`` when every one of them came (``from_buffer_start``: every one the engine still
+        buffers, its oldest possibly after ``start``: a long-running engine's first batches are gone);
+        ``BEHIND`` when the engine ended its answer with nothing at or after ``end``: it never sent
+        ``end``, the message that asked. With the next sequence not applied."""
         endpoint = self.settings.replay_endpoint
         if endpoint is None:
-            return False
+            return _Replay.INCOMPLETE, start
         self.stats.replay_requests += 1
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        got = start
+        got, highest, ended = start, -1, False
         try:
             dealer.connect(endpoint)
             await dealer.send_multipart([b"", seq_bytes(start)])
@@ -274,7 +317,9 @@ class EventSubscriber:
                     break
                 answer = decode_replay(await dealer.recv_multipart())
                 if answer is None:
+                    ended = True
                     break
+                highest = max(highest, answer.seq)
                 if from_buffer_start and got < answer.seq < end:
                     got = answer.seq  # the engine's buffer begins here
                 if answer.seq == got:
@@ -286,9 +331,10 @@ class EventSubscriber:
             log.warning("kv events of %s: replay from %s failed: %s", self.worker.name, endpoint, exc)
         finally:
             dealer.close(0)
-        if got < end:
-            self.stats.replay_failures += 1
-        return got >= end
+        if got >= end:
+            return _Replay.COMPLETE, got
+        self.stats.replay_failures += 1
+        return (_Replay.BEHIND if ended and highest < end else _Replay.INCOMPLETE), got
 
     def _reject(self, exc: DecodeError) -> None:
         self.stats.rejected += 1
@@ -379,6 +425,7 @@ _FAULTS = (
     "gaps",
     "replays",
     "restarts",
+    "refused_restarts",
     "clears",
     "orphan_blocks",
     "unknown_removals",
@@ -400,8 +447,9 @@ class KvEventsCollector(Collector):
         router, now = self.subs.router, self.subs.clock()
         messages = CounterMetricFamily(
             "prefix_router_kv_events_messages",
-            "KV cache event messages per worker: received, decoded, rejected (not decodable or too large), "
-            "shed (past max_messages_per_s), failed (could not be applied)",
+            "KV cache event messages per worker: received, decoded, rejected (not decodable or too "
+            "large), shed (past max_messages_per_s), refused (a restart the engine did not confirm, a "
+            "sequence it never sent), failed (could not be applied)",
             labels=["worker", "outcome"],
         )
         faults = CounterMetricFamily(
@@ -442,6 +490,7 @@ class KvEventsCollector(Collector):
                 ("decoded", s.decoded),
                 ("rejected", s.rejected),
                 ("shed", s.shed),
+                ("refused", s.refused),
                 ("failed", s.failed),
             ):
                 messages.add_metric([name, outcome], value)
