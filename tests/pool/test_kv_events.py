@@ -477,3 +477,15 @@ async def test_a_workers_changed_kv_events_replace_its_subscriber() -> None:
     new = subs.subscribers["w"]
     assert new is not old and new.settings == worker.kv_events and new.running and not old.running
     await subs.close()
+
+
+@pytest.mark.parametrize("host", ["*", "0.0.0.0", "[::]"])
+def test_binding_every_interface_is_refused(host: str) -> None:
+    with pytest.raises(ValueError, match="not every interface"):
+        WorkerSettings.model_validate(
+            {"url": "http://127.0.0.1:9", "kv_events": {"endpoint": f"tcp://{host}:5557", "bind": True}}
+        )
+    connect = {"endpoint": f"tcp://{host}:5557", "bind": False}  # a wildcard is the engine's to bind
+    assert WorkerSettings.model_validate({"url": "http://127.0.0.1:9", "kv_events": connect}).kv_events
+    own = {"endpoint": "tcp://10.0.0.9:5557", "bind": True}
+    assert WorkerSettings.model_validate({"url": "http://127.0.0.1:9", "kv_events": own}).kv_events

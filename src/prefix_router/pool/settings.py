@@ -53,7 +53,8 @@ class KvEventsSettings(Section):
     router subscribes (``pool/kv_events.py``; key mode ``events``, ``routing/precise.py``).
 
     ``bind``: the router binds ``endpoint`` and the engine connects (vLLM's publisher connects to a
-    non-wildcard tcp endpoint); false: the router connects to the engine's bound socket. ``replay_endpoint``:
+    non-wildcard tcp endpoint), on one address (a wildcard host is refused: anyone who reaches the port
+    can publish); false: the router connects to the engine's bound socket. ``replay_endpoint``:
     the engine's ROUTER socket (vLLM's ``replay_endpoint``) asked for the batches a gap skipped; None: a
     gap leaves the worker's view stale for a while (``PreciseTuning.stale_hold_s``). ``model``: the name
     requests use for the engine's base model (default: the worker's first configured or listed model).
@@ -79,6 +80,19 @@ class KvEventsSettings(Section):
         if value is not None and not re.match(r"^(tcp://[^\s/]+:[0-9*]+|ipc://\S+)$", value):
             raise ValueError("a ZMQ endpoint: tcp://HOST:PORT or ipc://PATH")
         return value
+
+    @model_validator(mode="after")
+    def _check_bind(self) -> KvEventsSettings:
+        """The router binds a specific address, never every interface: whoever reaches the port can
+        publish on it (docs/security.md)."""
+        tcp = self.endpoint.startswith("tcp://")
+        host = self.endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]") if tcp else None
+        if self.bind and host in ("*", "0.0.0.0", "::"):
+            raise ValueError(
+                "kv_events.bind: bind one address (127.0.0.1 for engines on this host, the pod's own "
+                "address otherwise), not every interface: anyone who reaches it can publish events"
+            )
+        return self
 
 
 class WorkerSettings(WorkerTraits):
