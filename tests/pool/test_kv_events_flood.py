@@ -58,7 +58,7 @@ def flood_from_a_thread(endpoint: str, count: int, sent: threading.Event) -> thr
     def run() -> None:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.XPUB)
-        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.LINGER, 30_000)  # every message delivered before the context ends
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.connect(endpoint)
         try:
