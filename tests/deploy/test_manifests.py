@@ -216,3 +216,15 @@ def test_service_link_variables_are_not_read_as_config(
     )
     assert bogus.returncode == 2 and bogus.stderr.strip().count("\n") == 0
     assert "bogus" in bogus.stderr and "Traceback" not in bogus.stderr
+
+
+def test_the_network_policy_keeps_the_event_ports_to_the_engines(documents: list[dict[str, Any]]) -> None:
+    policy = find(documents, "NetworkPolicy", "prefix-router")
+    router = find(documents, "Deployment", "prefix-router")
+    assert policy["spec"]["podSelector"]["matchLabels"] == router["spec"]["selector"]["matchLabels"]
+    open_rule, events_rule = policy["spec"]["ingress"]
+    assert "from" not in open_rule and [p["port"] for p in open_rule["ports"]] == ["http"]
+    assert events_rule["from"] == [
+        {"podSelector": {"matchLabels": {"prefix-router.io/kv-events-publisher": "true"}}}
+    ]
+    assert events_rule["ports"][0]["port"] == 5557

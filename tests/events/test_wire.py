@@ -23,6 +23,7 @@ from prefix_router.events import (
     decode_replay,
     encode_message,
     seq_bytes,
+    wire,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -217,6 +218,63 @@ def test_framing_errors() -> None:
 
 
 # ---------------------------------------------------------------- robustness
+
+
+def _nested(depth: int) -> bytes:
+    """msgpack of ``depth`` one-item arrays around an empty one (built as bytes: no encoder recursion)."""
+    return b"\x91" * depth + b"\x90"
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_a_payload_nested_too_deep_is_a_decode_error(depth: int) -> None:
+    as_batch = b"\x93\xcb" + bytes(8) + _nested(depth) + b"\x00"
+    with pytest.raises(DecodeError, match="nested too deep"):
+        decode_batch(as_batch)
+    stored = msgspec.msgpack.encode(
+        [1.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2, 3, 4], "block_size": 4,
+                "extra_keys": [0]}], 0]
+    )  # fmt: skip
+    with pytest.raises(DecodeError, match="nested"):
+        decode_batch(stored.replace(b"\x91\x00", b"\x91" + _nested(depth)))
+
+
+def test_extra_keys_nested_past_the_bound_are_a_decode_error() -> None:
+    deep: object = "salt"
+    for _ in range(wire.MAX_DEPTH + 1):
+        deep = [deep]
+    event = ["BlockStored", [1], None, [1, 2, 3, 4], 4, None, None, None, [deep]]
+    with pytest.raises(DecodeError, match="nested deeper"):
+        decode_batch(msgspec.msgpack.encode([1.0, [event], 0]))
+    event[8] = [[[["salt"]]]]
+    assert decode_batch(msgspec.msgpack.encode([1.0, [event], 0])).events
+
+
+@pytest.mark.parametrize(
+    ("event", "why"),
+    [
+        (["BlockStored", [b"x" * (wire.MAX_HASH_BYTES + 1)], None, [1, 2, 3, 4], 4], "block hash of"),
+        (["BlockStored", [1], b"x" * (wire.MAX_HASH_BYTES + 1), [1, 2, 3, 4], 4], "block hash of"),
+        (["BlockRemoved", [b"x" * 65_536]], "block hash of"),
+        (["BlockRemoved", list(range(wire.MAX_BLOCKS + 1))], "block hashes in one event"),
+        (["BlockStored", [1], None, [1] * (wire.MAX_TOKENS + 1), 4], "token ids \\(at most"),
+    ],
+)
+def test_sizes_past_the_bounds_are_decode_errors(event: object, why: str) -> None:
+    with pytest.raises(DecodeError, match=why):
+        decode_batch(msgspec.msgpack.encode([1.0, [event], 0]))
+
+
+def test_a_batch_of_too_many_events_is_a_decode_error() -> None:
+    events = [["AllBlocksCleared"]] * (wire.MAX_EVENTS + 1)
+    with pytest.raises(DecodeError, match="events \\(at most"):
+        decode_batch(msgspec.msgpack.encode([1.0, events, 0]))
+    assert decode_batch(msgspec.msgpack.encode([1.0, events[:-1], 0]))
+
+
+def test_a_hash_at_the_bound_is_kept() -> None:
+    event = ["BlockStored", [b"x" * wire.MAX_HASH_BYTES], None, [1, 2, 3, 4], 4]
+    stored = decode_batch(msgspec.msgpack.encode([1.0, [event], 0])).events[0]
+    assert isinstance(stored, BlockStored) and stored.block_hashes == (b"x" * wire.MAX_HASH_BYTES,)
 
 
 @settings(max_examples=300, deadline=None)

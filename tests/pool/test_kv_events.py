@@ -11,7 +11,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from prefix_router.events import DROPPED_CONNECTION, BlockStored
+from prefix_router.events import DROPPED_CONNECTION, AllBlocksCleared, BlockStored, EventBatch, encode_message
 from prefix_router.pool.kv_events import EventSubscriptions
 from prefix_router.pool.pool import WorkerPool
 from prefix_router.pool.settings import WorkerSettings
@@ -94,6 +94,11 @@ async def joined(pub: FakePublisher, subs: EventSubscriptions) -> None:
     raise AssertionError("the subscriber never received a message")
 
 
+def engine_restarted(subs: EventSubscriptions) -> None:
+    """What the engine itself shows of a restart: a probe of it failed (it was down a while)."""
+    subs.pool.report(subs.pool.require("w"), False, "connection refused")
+
+
 def confirmed(router: Router, now: float = 100.0) -> int:
     return router.precise.match(keys(), now).confirmed.get("w", 0)
 
@@ -168,6 +173,7 @@ async def test_a_restarted_engines_first_batch_lost_on_the_way_is_replayed(ctx: 
         await wait_until(lambda: confirmed(router) == 3)
     finally:
         await old.close()
+    engine_restarted(subs)
     new = FakePublisher(ctx, endpoint, bind=False)  # its sequence starts at 0 again, its cache empty
     new.serve_replays(ctx, replay)
     try:
@@ -243,6 +249,7 @@ async def test_a_restarted_engine_clears_the_view_at_its_first_message(
         await wait_until(lambda: confirmed(router) == 3)
     finally:
         await old.close()
+    engine_restarted(subs)
     new = await publisher(ctx, endpoint, bind=not router_binds)
     new.seq = old.seq + ahead if ahead else 0
     try:
@@ -271,6 +278,7 @@ async def test_a_fanouts_drop_notice_makes_the_next_sequence_judged_as_a_reconne
         await pub.publish([])  # a gap on the same connection: not a restart
         await wait_until(lambda: router.precise.stats("w").gaps == 1)
         await pub.send_raw([b"kv", DROPPED_CONNECTION, b""])
+        engine_restarted(subs)
         pub.seq += 5
         await pub.publish([store(0, 1, None)])
         await wait_until(lambda: router.precise.stats("w").restarts == 1)
@@ -328,3 +336,156 @@ async def test_a_worker_with_a_configured_model_is_event_fed_before_its_first_me
     await subs.sync()
     assert "w" in router.precise and router.precise.fresh("w", 100.0)  # an engine that has cached nothing
     await subs.close()
+
+
+# ---------------------------------------------------------------- publishers that are not the engine
+
+
+def admitted(subs: EventSubscriptions) -> None:
+    """The worker's first probe passed: healthy, no failure seen."""
+    subs.pool.report(subs.pool.require("w"), True)
+
+
+async def test_a_second_publishers_seq_0_is_refused_and_the_engine_goes_on(ctx: zmq.asyncio.Context) -> None:
+    async with replaying_engine(ctx) as (router, subs, engine):
+        admitted(subs)
+        await joined(engine, subs)
+        await engine.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+        forger = FakePublisher(ctx, subs.subscribers["w"].settings.endpoint, bind=False)
+        try:
+            sub = subs.subscribers["w"].stats
+            for _ in range(500):  # until its connection carries one (ZMQ drops before it joined)
+                forger.seq = 0
+                await forger.publish([AllBlocksCleared()])
+                if sub.refused:
+                    break
+                await asyncio.sleep(0.01)
+            await wait_until(lambda: sub.refused >= 1)
+        finally:
+            await forger.close()
+        stats = router.precise.stats("w")
+        assert (stats.restarts, stats.clears, stats.refused_restarts) == (0, 0, sub.refused)
+        assert confirmed(router, 200.0) == 3  # kept (stale for a while: the stream disagreed with itself)
+        applied = sub.applied
+        await engine.publish([store(2, 1, 101)])  # the engine's next sequence: no gap
+        await wait_until(lambda: sub.applied == applied + 1)
+        assert router.precise.stats("w").gaps == 0
+
+
+async def test_a_sequence_past_the_engines_own_is_refused(ctx: zmq.asyncio.Context) -> None:
+    """A forged message far ahead: the engine's replay socket ends its answer before that sequence, so the
+    message is not applied and the engine's next message is the next."""
+    async with replaying_engine(ctx) as (router, subs, engine):
+        admitted(subs)
+        await joined(engine, subs)
+        await engine.publish([store(0, 1, None)])
+        await wait_until(lambda: confirmed(router) == 1)
+        sub = subs.subscribers["w"]
+        seq = router.precise.summary("w", 0.0)["last_seq"]
+        await sub.handle(encode_message(b"kv", seq + 1000, EventBatch(0.0, (store(1, 2, 100),))))
+        assert sub.stats.refused == 1 and confirmed(router) == 1
+        assert router.precise.summary("w", 0.0)["last_seq"] == seq
+        await engine.publish([store(1, 1, 100)])
+        await wait_until(lambda: confirmed(router) == 2)
+        assert router.precise.fresh("w", 100.0) and router.precise.stats("w").replays == 0
+
+
+async def test_a_block_size_the_engine_does_not_state_leaves_the_view_fresh(ctx: zmq.asyncio.Context) -> None:
+    router, subs, _ = setup(True, f"tcp://127.0.0.1:{free_port()}")
+    await subs.sync()
+    sub = subs.subscribers["w"]
+    try:
+        await sub.handle(
+            encode_message(b"kv", 0, EventBatch(0.0, (BlockStored((9,), None, tuple(range(16)), 16),)))
+        )
+        assert router.precise.staleness("w", 100.0) == Staleness.FRESH
+        router.set_engine_block("w", 16)  # the engine's own metrics (cache_config_info) say 16
+        await sub.handle(
+            encode_message(b"kv", 1, EventBatch(0.0, (BlockStored((9,), None, tuple(range(16)), 16),)))
+        )
+        assert router.precise.staleness("w", 100.0) == Staleness.BLOCK_SIZE
+        assert router.precise.stats("w").block_size_mismatches == 2
+    finally:
+        await subs.close()
+
+
+# ---------------------------------------------------------------- repairs that are not
+
+
+@pytest.mark.parametrize("fault", ["times_out", "skips_a_batch", "starts_past_the_gap", "stops_early"])
+async def test_a_replay_that_does_not_cover_the_gap_is_no_repair(
+    ctx: zmq.asyncio.Context, fault: str
+) -> None:
+    async with replaying_engine(ctx) as (router, subs, engine):
+        await joined(engine, subs)
+        await engine.publish([store(0, 1, None)])
+        await wait_until(lambda: confirmed(router) == 1)
+        first = engine.seq
+        for _ in range(3):
+            await engine.publish([], skip=True)
+        if fault == "times_out":
+            assert engine._task is not None
+            engine._task.cancel()  # the replay socket takes the request and never answers
+        elif fault == "skips_a_batch":
+            del engine.sent[first + 1]
+        elif fault == "starts_past_the_gap":
+            del engine.sent[first]
+        else:
+            engine.sent = {s: b for s, b in engine.sent.items() if s < first + 2}  # ends before the gap's end
+            engine.seq = first + 3
+        subs.subscribers["w"].settings = subs.subscribers["w"].settings.model_copy(
+            update={"replay_timeout_s": 0.5}
+        )
+        stats = subs.subscribers["w"].stats
+        applied = stats.applied
+        await engine.publish([store(1, 1, 100)])
+        await wait_until(lambda: stats.applied > applied or stats.refused >= 1)
+        assert router.precise.stats("w").replays == 0 and stats.replay_failures == 1
+        assert router.precise.staleness("w", 100.0) == Staleness.GAP or stats.refused == 1
+
+
+async def test_a_relayed_drop_notice_is_cleared_once_read(ctx: zmq.asyncio.Context) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    router, subs, _ = setup(True, endpoint)
+    await subs.sync()
+    pub = FakePublisher(ctx, endpoint, bind=False)
+    try:
+        await joined(pub, subs)
+        await pub.publish([store(0, 3, None)])
+        await wait_until(lambda: confirmed(router) == 3)
+        await pub.send_raw([b"kv", DROPPED_CONNECTION, b""])
+        await pub.publish([])  # the next sequence: the same process, the notice read
+        engine_restarted(subs)  # a restart would be confirmed: only the sequence tells
+        pub.seq += 5
+        await pub.publish([])  # a gap on the connection, not a reconnection any more
+        await wait_until(lambda: router.precise.stats("w").gaps == 1)
+        assert router.precise.stats("w").restarts == 0 and confirmed(router, 200.0) == 3
+    finally:
+        await pub.close()
+        await subs.close()
+
+
+async def test_a_workers_changed_kv_events_replace_its_subscriber() -> None:
+    _router, subs, _ = setup(True, f"tcp://127.0.0.1:{free_port()}")
+    await subs.sync()
+    old = subs.subscribers["w"]
+    worker = subs.pool.require("w")
+    assert worker.kv_events is not None
+    worker.kv_events = worker.kv_events.model_copy(update={"endpoint": f"tcp://127.0.0.1:{free_port()}"})
+    await subs.sync()
+    new = subs.subscribers["w"]
+    assert new is not old and new.settings == worker.kv_events and new.running and not old.running
+    await subs.close()
+
+
+@pytest.mark.parametrize("host", ["*", "0.0.0.0", "[::]"])
+def test_binding_every_interface_is_refused(host: str) -> None:
+    with pytest.raises(ValueError, match="not every interface"):
+        WorkerSettings.model_validate(
+            {"url": "http://127.0.0.1:9", "kv_events": {"endpoint": f"tcp://{host}:5557", "bind": True}}
+        )
+    connect = {"endpoint": f"tcp://{host}:5557", "bind": False}  # a wildcard is the engine's to bind
+    assert WorkerSettings.model_validate({"url": "http://127.0.0.1:9", "kv_events": connect}).kv_events
+    own = {"endpoint": "tcp://10.0.0.9:5557", "bind": True}
+    assert WorkerSettings.model_validate({"url": "http://127.0.0.1:9", "kv_events": own}).kv_events

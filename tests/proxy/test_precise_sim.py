@@ -183,6 +183,9 @@ async def test_a_cache_reset_and_a_restart_clear_the_view(fleet: Fleet) -> None:
     assert precise.held_blocks(worker) > 0
     restarts = precise.stats(worker).restarts
     await engine.stop()
+    # what the pool's probe of the stopped engine reports: the engine's own sign of a restart, without
+    # which a sequence from 0 again is refused (a second publisher could send it; docs/security.md)
+    router.state.pool.report(router.state.pool.require(worker), False, "connection refused")
     await engine.start()  # a new engine process: an empty cache, its sequence from 0 again
     for _ in range(200):  # its publisher reconnects: what it sends before that is lost (slow joiner)
         await engine.reset()

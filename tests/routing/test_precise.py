@@ -141,11 +141,75 @@ def test_silence_after_a_dispatch_that_should_store_blocks() -> None:
     assert v.fresh("b", 100.0)
 
 
-def test_wrong_block_size_is_stale_and_visible() -> None:
+def test_wrong_block_size_is_stale_and_visible_once_the_engine_states_it() -> None:
     v = view()
-    v.apply("a", [BlockStored((1,), None, tuple(range(16)), 16)], 0.0)
+    v.apply("a", [BlockStored((1,), None, tuple(range(16)), 16)], 0.0, engine_block=16)
     assert v.staleness("a", 0.0) == Staleness.BLOCK_SIZE
     assert v.summary("a", 0.0)["state"] == "block_size"
+
+
+def test_a_block_size_the_engine_does_not_state_is_dropped_not_applied() -> None:
+    v = view()
+    v.apply("a", [stored([1], PROMPT[:4])], 0.0)
+    for engine_block in (None, BS, 8):  # unknown, the configured one, a third one
+        v.apply("a", [BlockStored((2,), 1, tuple(range(16)), 16)], 0.0, engine_block=engine_block)
+    assert v.staleness("a", 0.0) == Staleness.FRESH and v.stats("a").block_size_mismatches == 3
+    assert v.match(keys(PROMPT), 0.0).confirmed == {"a": 1} and v.mapped_hashes("a") == 1
+
+
+def test_an_unconfirmed_restart_is_refused_and_the_stream_goes_on() -> None:
+    """A sequence going back (a second publisher's ``seq 0``) without the engine confirming a restart:
+    nothing cleared, the last sequence kept (the engine's next message is the next), the view stale."""
+    v = view(stale_hold_s=5.0)
+    v.observe_seq("a", 0, 0.0)
+    v.apply("a", [stored([1, 2], PROMPT[:8])], 0.0)
+    assert v.observe_seq("a", 1, 1.0) == SeqVerdict.NEXT
+    assert v.observe_seq("a", 0, 2.0, confirmed=False) == SeqVerdict.REFUSED
+    assert v.observe_seq("a", 40, 2.0, reconnected=True, confirmed=False) == SeqVerdict.REFUSED
+    assert v.stats("a").refused_restarts == 2 and v.stats("a").restarts == 0
+    assert v.summary("a", 2.0)["last_seq"] == 1 and v.staleness("a", 2.0) == Staleness.GAP
+    assert v.observe_seq("a", 2, 3.0, confirmed=False) == SeqVerdict.NEXT
+    assert v.match(keys(PROMPT), 8.0).confirmed == {"a": 2}
+    assert v.observe_seq("a", 0, 9.0, confirmed=True) == SeqVerdict.RESTART
+    assert v.match(keys(PROMPT), 9.0).confirmed == {}
+
+
+def test_a_refused_restart_does_not_rearm_the_silence_clock() -> None:
+    v = view(silence_s=3.0, stale_hold_s=0.5)
+    v.observe_seq("a", 5, 0.0)
+    v.speculate("a", keys(PROMPT), 0, 10.0)
+    v.observe_seq("a", 0, 12.0, confirmed=False)
+    assert v.staleness("a", 13.5) == Staleness.SILENT
+
+
+def test_dispatches_do_not_rearm_the_silence_clock() -> None:
+    """An engine that never publishes goes stale although requests keep going to it."""
+    v = view(silence_s=3.0)
+    for now in (10.0, 11.0, 12.0, 13.0):
+        v.speculate("a", keys([*PROMPT, int(now)]), 0, now)
+    assert v.staleness("a", 13.5) == Staleness.SILENT
+
+
+def test_a_block_hash_reused_for_other_tokens_releases_the_old_key() -> None:
+    v = view()
+    v.apply("a", [stored([1], PROMPT[:4])], 0.0)
+    v.apply("a", [stored([1], [7, 7, 7, 7])], 0.0)  # the engine's hash 1 now names other tokens
+    assert v.match(keys(PROMPT), 0.0).confirmed == {}
+    assert v.match(keys([7, 7, 7, 7]), 0.0).confirmed == {"a": 1}
+    assert v.held_blocks("a") == 1 and v.mapped_hashes("a") == 1
+    v.apply("a", [BlockRemoved((1,))], 0.0)
+    assert v.held_blocks("a") == 0 and v.match(keys([7, 7, 7, 7]), 0.0).confirmed == {}
+
+
+def test_a_worker_added_after_a_removal_does_not_inherit_blocks() -> None:
+    v = view()
+    v.add_worker("c", MODEL)
+    v.apply("a", [stored([1, 2], PROMPT[:8])], 0.0)
+    v.apply("c", [stored([1], PROMPT[:4])], 0.0)
+    v.remove_worker("a")  # its bit is free again
+    v.add_worker("d", MODEL)  # takes it
+    m = v.match(keys(PROMPT), 0.0)
+    assert m.confirmed == {"c": 1} and v.held_blocks("d") == 0
 
 
 def test_speculative_entries_steer_expire_and_are_confirmed() -> None:

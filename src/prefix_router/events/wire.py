@@ -15,8 +15,12 @@
   fields (named or trailing) are ignored, an unknown event type is skipped (counted in ``skipped``).
 - Block hashes are 64-bit ints or bytes (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``): kept as given, only
   ever compared with the same engine's hashes.
+- Bounds (what a publisher can make the router hold or walk): a block hash of at most ``MAX_HASH_BYTES``
+  bytes, at most ``MAX_BLOCKS`` blocks and ``MAX_TOKENS`` token ids per event, ``MAX_EVENTS`` events per
+  batch, extra keys nested at most ``MAX_DEPTH`` deep; the message's size is the subscriber's to bound.
 
-Anything malformed raises ``DecodeError`` (a ``ValueError``) and nothing else.
+Anything malformed or past a bound raises ``DecodeError`` (a ``ValueError``) and nothing else (a payload
+nested too deep for the decoder included).
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ END_OF_REPLAY = -1
 DROPPED_CONNECTION = (-1).to_bytes(8, "big", signed=True)
 _MAX_BLOCK_SIZE = 1 << 20
 _MAX_TOKEN = 1 << 32
+MAX_HASH_BYTES = 64  # a sha256 digest is 32
+MAX_BLOCKS = 1 << 16  # a 1 M-token prompt at 16-token blocks
+MAX_TOKENS = 1 << 21
+MAX_EVENTS = 1 << 16
+MAX_DEPTH = 8
 _decoder = msgspec.msgpack.Decoder()
 _encoder = msgspec.msgpack.Encoder()
 
@@ -125,11 +134,15 @@ def decode_batch(payload: bytes) -> EventBatch:
         raw = _decoder.decode(payload)
     except (msgspec.DecodeError, ValueError, TypeError) as exc:
         raise DecodeError(f"not msgpack: {exc}") from None
+    except RecursionError:
+        raise DecodeError("msgpack nested too deep") from None
     if not isinstance(raw, list | tuple) or len(raw) < 2:
         raise DecodeError("the batch is not [ts, events, dp_rank]")
     ts, events = raw[0], raw[1]
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not isinstance(events, list | tuple):
         raise DecodeError("the batch is not [ts, events, dp_rank]")
+    if len(events) > MAX_EVENTS:
+        raise DecodeError(f"a batch of {len(events)} events (at most {MAX_EVENTS})")
     dp_rank = raw[2] if len(raw) > 2 else None
     out: list[EngineEvent] = []
     skipped = 0
@@ -182,6 +195,8 @@ def _stored(fields: Mapping[str, Any]) -> BlockStored:
     if type(size) is not int or not 0 < size <= _MAX_BLOCK_SIZE:
         raise DecodeError("BlockStored: block_size must be a positive int")
     tokens = fields.get("token_ids")
+    if isinstance(tokens, list | tuple) and len(tokens) > MAX_TOKENS:
+        raise DecodeError(f"BlockStored: {len(tokens)} token ids (at most {MAX_TOKENS})")
     if not isinstance(tokens, list | tuple) or any(
         type(t) is not int or not 0 <= t < _MAX_TOKEN for t in tokens
     ):
@@ -208,11 +223,17 @@ def _stored(fields: Mapping[str, Any]) -> BlockStored:
 def _hashes(value: object) -> tuple[BlockHash, ...]:
     if not isinstance(value, list | tuple):
         raise DecodeError("block_hashes must be an array")
+    if len(value) > MAX_BLOCKS:
+        raise DecodeError(f"{len(value)} block hashes in one event (at most {MAX_BLOCKS})")
     return tuple(_hash(h) for h in value)
 
 
 def _hash(value: object) -> BlockHash:
-    if isinstance(value, bytes) or (type(value) is int):
+    if type(value) is int:
+        return value
+    if isinstance(value, bytes):
+        if len(value) > MAX_HASH_BYTES:
+            raise DecodeError(f"a block hash of {len(value)} bytes (at most {MAX_HASH_BYTES})")
         return value
     raise DecodeError("a block hash must be an int or bytes")
 
@@ -229,12 +250,15 @@ def _opt_str(value: object, name: str) -> str | None:
     raise DecodeError(f"{name} must be a string")
 
 
-def _freeze(value: object) -> Any:
-    """Lists (msgpack arrays) as tuples, so that extra keys compare and hash."""
+def _freeze(value: object, depth: int = 0) -> Any:
+    """Lists (msgpack arrays) as tuples, so that extra keys compare and hash; deeper than ``MAX_DEPTH``:
+    ``DecodeError``."""
+    if depth > MAX_DEPTH:
+        raise DecodeError(f"extra keys nested deeper than {MAX_DEPTH}")
     if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
+        return tuple(_freeze(v, depth + 1) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((repr(k), _freeze(v)) for k, v in value.items()))
+        return tuple(sorted((repr(k), _freeze(v, depth + 1)) for k, v in value.items()))
     return value
 
 

@@ -5,7 +5,12 @@ proxy's event loop (the routing core is not thread-safe; decoding a batch is mic
 that binds or connects (``bind``), subscribed to ``topic``, at most ``hwm`` messages queued in it. Each
 message is decoded (``prefix_router.events``) and applied to ``Router.precise``:
 
-- its sequence number judged first (``PreciseView.observe_seq``): a restart clears the worker's view. A
+- its sequence number judged first (``PreciseView.observe_seq``): a restart clears the worker's view, if
+  the engine itself confirms it: a probe or request to the engine failed since the last message applied
+  (``HealthState.failed_results``), or the worker is ejected now. Anyone who can reach an endpoint the
+  router binds can publish on it: an unconfirmed restart is refused (nothing applied, counted
+  ``refused_restarts``, the view stale for ``stale_hold_s``), and so is a message whose gap the engine's
+  own replay socket answers up to its end without reaching it (the engine never sent that sequence). A
   restart is a sequence not above the last, or any but the next on a connection that replaced a dropped
   one. The socket's monitor reports each dropped publisher connection (``disconnects``; behind a
   fan-out, its ``DROPPED_CONNECTION`` message does), read before the next message is judged: a new
@@ -19,7 +24,13 @@ message is decoded (``prefix_router.events``) and applied to ``Router.precise``:
   the batches before it too, as far back as the engine buffers them (a connecting PUB drops what it sends
   before the router's subscription reaches it; a router that starts after its engines), kept as they are
   without a replay socket (the view then lacks those blocks: it predicts less, never more);
-- a message that does not decode is rejected (counted, logged at most once a minute), the view kept.
+- a message that does not decode or is larger than ``max_message_bytes`` is rejected (counted, logged at
+  most once a minute), the view kept;
+- the loop's share: the subscriber gives the event loop back after every ``YIELD_EVERY`` messages (a queued
+  message is handed over without a suspension), a payload over ``THREAD_DECODE_BYTES`` is decoded in a
+  worker thread, and a stored chain is applied ``APPLY_BLOCKS`` blocks at a time with the loop given back
+  between; messages past ``max_messages_per_s`` (a one-second burst) are shed undecoded (counted ``shed``)
+  and the view marked stale: the sequence gap they leave asks for a replay at the next message kept.
 
 Each router process subscribes itself (events are per engine; nothing is re-replicated). ``bind`` with
 several processes on one host is refused by the OS for all but one (the others log it and route that
@@ -34,7 +45,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import cast
 
 import zmq
@@ -45,7 +57,10 @@ from zmq.utils.monitor import parse_monitor_message
 
 from prefix_router.events import (
     DROPPED_CONNECTION,
+    BlockRemoved,
+    BlockStored,
     DecodeError,
+    EngineEvent,
     EventMessage,
     decode_message,
     decode_replay,
@@ -58,13 +73,25 @@ from prefix_router.routing import Router, SeqVerdict
 
 log = logging.getLogger(__name__)
 _REJECT_LOG_S = 60.0
+YIELD_EVERY = 64  # messages handled between two suspensions of the receive loop
+THREAD_DECODE_BYTES = 64 << 10  # a larger payload is decoded off the event loop
+APPLY_BLOCKS = 512  # blocks of a stored chain applied between two suspensions
+
+
+class _Replay(Enum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"  # no replay socket, a timeout, an error, or the engine's buffer starts later
+    BEHIND = "behind"  # the engine ended its answer before the sequence asked about
 
 
 @dataclass(slots=True)
 class SubscriberStats:
     received: int = 0
     decoded: int = 0
-    rejected: int = 0
+    rejected: int = 0  # not decodable, or larger than max_message_bytes
+    shed: int = 0  # past max_messages_per_s: dropped undecoded
+    refused: int = 0  # decoded, not applied: a restart the engine did not confirm, a sequence it never sent
+    failed: int = 0  # decoded, but applying it raised (a bug: logged at most once a minute)
     replay_requests: int = 0
     replayed_batches: int = 0
     replay_failures: int = 0
@@ -91,13 +118,16 @@ class EventSubscriber:
         self._sock: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._relayed_drop = False
-        self._last_reject_log = -_REJECT_LOG_S
+        self._last_reject_log = self._last_fail_log = self._last_refuse_log = -_REJECT_LOG_S
+        self._tokens, self._refilled = settings.max_messages_per_s, clock()
+        self._witness = worker.health.failed_results  # at the last message applied
 
     def start(self) -> None:
         """Open the socket and start reading; the worker joins the event-fed views now when its model is
         known (configured), else at its first message (identified by then)."""
         sock = self._context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, self.settings.hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, self.settings.topic.encode())
         try:
@@ -134,22 +164,40 @@ class EventSubscriber:
         return self._task is not None and not self._task.done()
 
     async def _run(self, sock: zmq.asyncio.Socket) -> None:
+        handled = 0
         while True:
             frames = await sock.recv_multipart()
             try:
                 await self.handle(frames)
             except Exception:  # a bug here must not end the subscription
-                log.exception("kv events of %s: a message could not be applied", self.worker.name)
+                self.stats.failed += 1
+                now = self._clock()
+                if now - self._last_fail_log >= _REJECT_LOG_S:
+                    self._last_fail_log = now
+                    log.exception("kv events of %s: a message could not be applied", self.worker.name)
+            handled += 1
+            if handled >= YIELD_EVERY:  # a queued message comes without a suspension: give the loop back
+                handled = 0
+                await asyncio.sleep(0)
 
     async def handle(self, frames: list[bytes]) -> None:
-        """One published message: decoded, its sequence judged, its events applied."""
+        """One published message: shed past the rate, decoded, its sequence judged, its events applied."""
         if len(frames) == 3 and frames[1] == DROPPED_CONNECTION and not frames[2]:
             self._relayed_drop = True  # the fan-out saw the engine's connection drop
             self.stats.disconnects += 1
             return
         self.stats.received += 1
+        if not self._admit():
+            return
+        size = sum(len(f) for f in frames)
+        if size > self.settings.max_message_bytes:
+            self._reject(DecodeError(f"a message of {size} bytes (max_message_bytes)"))
+            return
         try:
-            message = decode_message(frames)
+            if size > THREAD_DECODE_BYTES:
+                message = await asyncio.to_thread(decode_message, frames)
+            else:
+                message = decode_message(frames)
         except DecodeError as exc:
             self._reject(exc)
             return
@@ -161,18 +209,55 @@ class EventSubscriber:
         precise, name = self.router.precise, self.worker.name
         last = _last_seq(self.router, name)
         reconnected = await self._dropped()
-        verdict = precise.observe_seq(name, message.seq, self._clock(), reconnected)
+        verdict = precise.observe_seq(
+            name, message.seq, self._clock(), reconnected, confirmed=self._restart_confirmed()
+        )
+        if verdict == SeqVerdict.REFUSED:
+            self._refused("a restart the engine did not confirm", message.seq)
+            return
         if verdict == SeqVerdict.GAP and last is not None:
-            if not await self._replay(last + 1, message.seq):
-                precise.mark_stale(name, self._clock())
-            else:
+            outcome, got = await self._replay(last + 1, message.seq)
+            if outcome == _Replay.BEHIND:
+                precise.restore_seq(name, got - 1)
+                self._refused("a sequence past the engine's own", message.seq)
+                return
+            if outcome == _Replay.COMPLETE:
                 precise.count_replay(name)
+            else:
+                precise.mark_stale(name, self._clock())
         elif verdict in (SeqVerdict.FIRST, SeqVerdict.RESTART) and message.seq > 0:
             # the first batches this process sent went before the subscription heard them (a connecting
             # PUB drops what it sends before its peer's subscription arrives; a router that starts late)
             await self._replay(0, message.seq, from_buffer_start=True)
-        self._apply(message)
+        await self._apply(message)
         self.stats.applied += 1
+        self._witness = self.worker.health.failed_results
+
+    def _restart_confirmed(self) -> bool:
+        """Whether the engine itself shows a restart may have happened: a probe or request failed since the
+        last message applied, or it is ejected now (down; the router forgot its cache then too)."""
+        health = self.worker.health
+        return health.failed_results != self._witness or health.verdict == "ejected"
+
+    def _refused(self, why: str, seq: int) -> None:
+        self.stats.refused += 1
+        now = self._clock()
+        if now - self._last_refuse_log >= _REJECT_LOG_S:
+            self._last_refuse_log = now
+            log.warning("kv events of %s: message seq %d refused: %s", self.worker.name, seq, why)
+
+    def _admit(self) -> bool:
+        """A token of the ``max_messages_per_s`` bucket (a second's worth at most); none: the message is
+        shed and the worker's view marked stale (what it carried is missing)."""
+        now, rate = self._clock(), self.settings.max_messages_per_s
+        self._tokens = min(rate, self._tokens + max(0.0, now - self._refilled) * rate)
+        self._refilled = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.stats.shed += 1
+        self.router.precise.mark_stale(self.worker.name, now)
+        return False
 
     async def _dropped(self) -> bool:
         """Whether a publisher connection dropped since the last message: a fan-out's relayed drop, or the
@@ -186,9 +271,17 @@ class EventSubscriber:
                 dropped = True
         return dropped
 
-    def _apply(self, message: EventMessage) -> None:
-        batch = message.batch
-        self.router.precise.apply(self.worker.name, batch.events, self._clock(), batch.skipped)
+    async def _apply(self, message: EventMessage) -> None:
+        """The batch's events in order, at most ``APPLY_BLOCKS`` blocks between two suspensions."""
+        batch, name = message.batch, self.worker.name
+        pieces = list(_pieces(batch.events))
+        for i, piece in enumerate(pieces):
+            if i:
+                await asyncio.sleep(0)
+            skipped = batch.skipped if not i else 0
+            self.router.precise.apply(
+                name, piece, self._clock(), skipped, self.router.engine_block_tokens(name)
+            )
 
     def _resolve_model(self) -> bool:
         """The worker joins the event-fed views once its model is known (configured or listed)."""
@@ -201,17 +294,19 @@ class EventSubscriber:
         self.router.add_event_worker(name, model)
         return name in self.router.precise
 
-    async def _replay(self, start: int, end: int, from_buffer_start: bool = False) -> bool:
+    async def _replay(self, start: int, end: int, from_buffer_start: bool = False) -> tuple[_Replay, int]:
         """Ask the engine's replay socket for batches ``start`` up to (not including) ``end``; applied in
-        order. True when every one of them came (``from_buffer_start``: every one the engine still
-        buffers, its oldest possibly after ``start``: a long-running engine's first batches are gone)."""
+        order. ``COMPLETE`` when every one of them came (``from_buffer_start``: every one the engine still
+        buffers, its oldest possibly after ``start``: a long-running engine's first batches are gone);
+        ``BEHIND`` when the engine ended its answer with nothing at or after ``end``: it never sent
+        ``end``, the message that asked. With the next sequence not applied."""
         endpoint = self.settings.replay_endpoint
         if endpoint is None:
-            return False
+            return _Replay.INCOMPLETE, start
         self.stats.replay_requests += 1
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        got = start
+        got, highest, ended = start, -1, False
         try:
             dealer.connect(endpoint)
             await dealer.send_multipart([b"", seq_bytes(start)])
@@ -222,20 +317,24 @@ class EventSubscriber:
                     break
                 answer = decode_replay(await dealer.recv_multipart())
                 if answer is None:
+                    ended = True
                     break
+                highest = max(highest, answer.seq)
                 if from_buffer_start and got < answer.seq < end:
                     got = answer.seq  # the engine's buffer begins here
                 if answer.seq == got:
-                    self._apply(answer)
+                    await self._apply(answer)
+                    await asyncio.sleep(0)  # a buffered answer comes without a suspension
                     self.stats.replayed_batches += 1
                     got += 1
         except (zmq.ZMQError, DecodeError) as exc:
             log.warning("kv events of %s: replay from %s failed: %s", self.worker.name, endpoint, exc)
         finally:
             dealer.close(0)
-        if got < end:
-            self.stats.replay_failures += 1
-        return got >= end
+        if got >= end:
+            return _Replay.COMPLETE, got
+        self.stats.replay_failures += 1
+        return (_Replay.BEHIND if ended and highest < end else _Replay.INCOMPLETE), got
 
     def _reject(self, exc: DecodeError) -> None:
         self.stats.rejected += 1
@@ -243,6 +342,41 @@ class EventSubscriber:
         if now - self._last_reject_log >= _REJECT_LOG_S:
             self._last_reject_log = now
             log.warning("kv events of %s: message rejected: %s", self.worker.name, exc)
+
+
+def _pieces(events: tuple[EngineEvent, ...]) -> Iterator[list[EngineEvent]]:
+    """``events`` in runs of at most ``APPLY_BLOCKS`` blocks; a longer stored chain cut into chains that
+    each continue the previous one (the same keys: a block's key depends only on its parent's and its
+    tokens)."""
+    run: list[EngineEvent] = []
+    blocks = 0
+    for event in events:
+        parts = _cut(event) if isinstance(event, BlockStored) else [event]
+        for part in parts:
+            size = len(part.block_hashes) if isinstance(part, BlockStored | BlockRemoved) else 1
+            if run and blocks + size > APPLY_BLOCKS:
+                yield run
+                run, blocks = [], 0
+            run.append(part)
+            blocks += size
+    if run:
+        yield run
+
+
+def _cut(event: BlockStored) -> list[BlockStored]:
+    hashes, size, extra = event.block_hashes, event.block_size, event.extra_keys
+    if len(hashes) <= APPLY_BLOCKS:
+        return [event]
+    out = []
+    for start in range(0, len(hashes), APPLY_BLOCKS):
+        end = start + APPLY_BLOCKS
+        parent = event.parent_block_hash if start == 0 else hashes[start - 1]
+        tokens = event.token_ids[start * size : end * size]
+        out.append(
+            replace(event, block_hashes=hashes[start:end], parent_block_hash=parent, token_ids=tokens,
+                    extra_keys=None if extra is None else extra[start:end])
+        )  # fmt: skip
+    return out
 
 
 def _last_seq(router: Router, name: str) -> int | None:
@@ -291,6 +425,7 @@ _FAULTS = (
     "gaps",
     "replays",
     "restarts",
+    "refused_restarts",
     "clears",
     "orphan_blocks",
     "unknown_removals",
@@ -312,7 +447,9 @@ class KvEventsCollector(Collector):
         router, now = self.subs.router, self.subs.clock()
         messages = CounterMetricFamily(
             "prefix_router_kv_events_messages",
-            "KV cache event messages per worker: received, decoded, rejected (not decodable)",
+            "KV cache event messages per worker: received, decoded, rejected (not decodable or too "
+            "large), shed (past max_messages_per_s), refused (a restart the engine did not confirm, a "
+            "sequence it never sent), failed (could not be applied)",
             labels=["worker", "outcome"],
         )
         faults = CounterMetricFamily(
@@ -352,6 +489,9 @@ class KvEventsCollector(Collector):
                 ("received", s.received),
                 ("decoded", s.decoded),
                 ("rejected", s.rejected),
+                ("shed", s.shed),
+                ("refused", s.refused),
+                ("failed", s.failed),
             ):
                 messages.add_metric([name, outcome], value)
             faults.add_metric([name, "replay_failures"], s.replay_failures)

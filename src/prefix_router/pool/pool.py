@@ -140,6 +140,7 @@ class WorkerPool:
             flip = not state.healthy and (state.pending or state.successes >= self._success_threshold)
         else:
             state.failures, state.successes, state.last_error = state.failures + 1, 0, error
+            state.failed_results += 1
             worker.identity_stale = True
             flip = state.healthy and state.failures >= self._fail_threshold
         if flip:

@@ -53,11 +53,16 @@ class KvEventsSettings(Section):
     router subscribes (``pool/kv_events.py``; key mode ``events``, ``routing/precise.py``).
 
     ``bind``: the router binds ``endpoint`` and the engine connects (vLLM's publisher connects to a
-    non-wildcard tcp endpoint); false: the router connects to the engine's bound socket. ``replay_endpoint``:
+    non-wildcard tcp endpoint), on one address (a wildcard host is refused: anyone who reaches the port
+    can publish); false: the router connects to the engine's bound socket. ``replay_endpoint``:
     the engine's ROUTER socket (vLLM's ``replay_endpoint``) asked for the batches a gap skipped; None: a
     gap leaves the worker's view stale for a while (``PreciseTuning.stale_hold_s``). ``model``: the name
     requests use for the engine's base model (default: the worker's first configured or listed model).
-    ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap)."""
+    ``hwm``: messages queued in the socket at most (then ZMQ drops, seen as a gap). ``max_message_bytes``:
+    a larger message is rejected (ZMQ disconnects a peer that sends one). ``max_messages_per_s``: messages
+    past this rate (a one-second burst allowed) are shed undecoded and counted, the worker's view left
+    stale until a replay repairs it: an engine publishes one message per scheduler step that changed its
+    cache (some hundreds a second at most)."""
 
     endpoint: str
     bind: bool = False
@@ -66,6 +71,8 @@ class KvEventsSettings(Section):
     model: str | None = Field(default=None, min_length=1, max_length=512)
     hwm: int = Field(default=10_000, gt=0, le=1_000_000)
     replay_timeout_s: float = Field(default=2.0, gt=0)
+    max_message_bytes: int = Field(default=16 << 20, gt=0, le=1 << 30)
+    max_messages_per_s: float = Field(default=2_000.0, gt=0, le=1_000_000)
 
     @field_validator("endpoint", "replay_endpoint")
     @classmethod
@@ -73,6 +80,19 @@ class KvEventsSettings(Section):
         if value is not None and not re.match(r"^(tcp://[^\s/]+:[0-9*]+|ipc://\S+)$", value):
             raise ValueError("a ZMQ endpoint: tcp://HOST:PORT or ipc://PATH")
         return value
+
+    @model_validator(mode="after")
+    def _check_bind(self) -> KvEventsSettings:
+        """The router binds a specific address, never every interface: whoever reaches the port can
+        publish on it (docs/security.md)."""
+        tcp = self.endpoint.startswith("tcp://")
+        host = self.endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]") if tcp else None
+        if self.bind and host in ("*", "0.0.0.0", "::"):
+            raise ValueError(
+                "kv_events.bind: bind one address (127.0.0.1 for engines on this host, the pod's own "
+                "address otherwise), not every interface: anyone who reaches it can publish events"
+            )
+        return self
 
 
 class WorkerSettings(WorkerTraits):

@@ -21,6 +21,7 @@ class HealthState:
     ejections: int = 0
     failures: int = 0
     successes: int = 0
+    failed_results: int = 0  # failed probes and requests, ever: the engine's own sign it may have restarted
     last_error: str | None = None
 
     @property

@@ -15,7 +15,12 @@ block seeded by ``precise_seed(model, lora, salt)``, each next one by its parent
   (multimodal ids, prompt-embedding digests) is folded into that block's key, which then no request
   matches (its media are not hashed by the router): under-predicted, never over.
 - Sequence: ``observe_seq`` judges each message's sequence number: ``NEXT``; ``GAP`` (the caller replays
-  or calls ``mark_stale``); ``RESTART`` (not above the last: a new engine process) clears the view.
+  or calls ``mark_stale``); ``RESTART`` (not above the last: a new engine process) clears the view, but
+  only when the caller says the engine confirmed a restart (``confirmed``: its own health checks, not the
+  stream); unconfirmed, ``REFUSED``: nothing applied, the last sequence kept, the view stale for
+  ``stale_hold_s`` (counted ``refused_restarts``). A block size other than ``block_tokens`` switches the
+  worker to the approximate view only when the engine's own metrics state that size (``apply``'s
+  ``engine_block``); otherwise the event is dropped (counted ``block_size_mismatches``).
 - Clears (a restart or ``AllBlocksCleared``): ``on_clear(name)`` is told (the router drops that worker's
   approximate index too: the engine said its cache is empty, and the index's fill steers the cost model).
 - Speculative entries: at dispatch (``speculate``) a request's blocks are held for ``speculative_ttl_s``
@@ -115,6 +120,7 @@ class SeqVerdict(StrEnum):
     NEXT = "next"
     GAP = "gap"
     RESTART = "restart"
+    REFUSED = "refused"  # a restart the engine did not confirm: the message is not applied
 
 
 class Staleness(StrEnum):
@@ -135,6 +141,7 @@ class PreciseStats:
     skipped_events: int = 0  # of a type the decoder does not know
     clears: int = 0  # AllBlocksCleared
     restarts: int = 0  # sequence not above the last
+    refused_restarts: int = 0  # the same, the engine not confirming it: not applied
     gaps: int = 0
     replays: int = 0  # gaps repaired by a replay
     evicted_mappings: int = 0  # engine hashes dropped for the bound
@@ -238,33 +245,61 @@ class PreciseView:
 
     # ------------------------------------------------------------ events
 
-    def observe_seq(self, name: str, seq: int, now: float, reconnected: bool = False) -> SeqVerdict:
+    def observe_seq(
+        self, name: str, seq: int, now: float, reconnected: bool = False, *, confirmed: bool = True
+    ) -> SeqVerdict:
         """Judge a live message's sequence number (before its events are applied). ``RESTART`` clears.
 
         A restart is a sequence not above the last, or, when the message is the first on a connection
         that replaced a dropped one (``reconnected``), any sequence but the next: a new engine process
-        counts from 0, and by the time the router hears it again it may have passed the old one's last."""
+        counts from 0, and by the time the router hears it again it may have passed the old one's last.
+        ``confirmed``: whether the engine itself confirmed a restart (the caller's judgment, from outside
+        the stream); when it did not, a restart is ``REFUSED``: the view kept but stale, the sequence and
+        the silence clock unchanged, the message not to be applied."""
         worker = self._workers[name]
-        last, worker.last_seq = worker.last_seq, seq
-        worker.last_message_at, worker.expect_since = now, None
+        last = worker.last_seq
         worker.stats.messages += 1
+        restart = last is not None and seq != last + 1 and (seq <= last or reconnected)
+        if restart and not confirmed:
+            worker.stats.refused_restarts += 1
+            self.mark_stale(name, now)
+            return SeqVerdict.REFUSED
+        worker.last_seq = seq
+        worker.last_message_at, worker.expect_since = now, None
         if last is None:
             return SeqVerdict.FIRST
         if seq == last + 1:
             return SeqVerdict.NEXT
-        if seq <= last or reconnected:
+        if restart:
             worker.stats.restarts += 1
             self._cleared(name, worker)
             return SeqVerdict.RESTART
         worker.stats.gaps += 1
         return SeqVerdict.GAP
 
+    def restore_seq(self, name: str, seq: int) -> None:
+        """The message judged last was not the engine's (the caller found out): ``seq`` is the last
+        sequence again."""
+        worker = self._workers.get(name)
+        if worker is not None:
+            worker.last_seq = seq
+
     def count_replay(self, name: str) -> None:
         worker = self._workers.get(name)
         if worker is not None:
             worker.stats.replays += 1
 
-    def apply(self, name: str, events: Sequence[EngineEvent], now: float, skipped: int = 0) -> None:
+    def apply(
+        self,
+        name: str,
+        events: Sequence[EngineEvent],
+        now: float,
+        skipped: int = 0,
+        engine_block: int | None = None,
+    ) -> None:
+        """Apply a message's events in order. ``engine_block``: the block size the engine's own metrics
+        state (None: unknown); a stored event of another size than ``block_tokens`` switches the worker to
+        the approximate view only when it is that one, else it is dropped."""
         worker = self._workers.get(name)
         if worker is None:
             return
@@ -272,17 +307,18 @@ class PreciseView:
         worker.stats.skipped_events += skipped
         for event in events:
             if isinstance(event, BlockStored):
-                self._stored(worker, event)
+                self._stored(worker, event, engine_block)
             elif isinstance(event, BlockRemoved):
                 self._removed(worker, event)
             elif isinstance(event, AllBlocksCleared):
                 worker.stats.clears += 1
                 self._cleared(name, worker)
 
-    def _stored(self, worker: _Worker, event: BlockStored) -> None:
+    def _stored(self, worker: _Worker, event: BlockStored, engine_block: int | None) -> None:
         if event.block_size != self.cfg.block_tokens:
             worker.stats.block_size_mismatches += 1
-            worker.wrong_block_size = event.block_size
+            if event.block_size == engine_block:  # the engine's metrics say so too
+                worker.wrong_block_size = event.block_size
             return
         tier = (event.medium or _GPU, event.group_idx)
         if event.parent_block_hash is None:
