@@ -23,11 +23,8 @@ from aiohttp import web
 
 from prefix_router.events import BlockStored, EventBatch, encode_message
 from prefix_router.lab.launch.net import free_port
-from prefix_router.pool.kv_events import EventSubscriptions
-from prefix_router.pool.pool import WorkerPool
-from prefix_router.pool.settings import WorkerSettings
-from prefix_router.routing.router import Router
-from prefix_router.routing.settings import RoutingSettings
+from prefix_router.pool import EventSubscriptions, WorkerPool, WorkerSettings
+from prefix_router.routing import Router, RoutingSettings
 
 BS = 16
 
