@@ -13,7 +13,9 @@ class ReplicationSettings(Section):
 
     ``stream_maxlen`` bounds the stream (entries; one entry holds up to ``batch_max`` changes) and so
     the backlog a new replica warms up from; ``outbox_capacity`` bounds the changes waiting to be
-    published (the oldest are dropped and counted when Redis is down or slow).
+    published (the oldest are dropped and counted when Redis is down or slow). A received entry over
+    ``max_entry_bytes`` or ``batch_max`` changes is refused and counted, never applied (``admit``): every
+    replica must share these two.
     """
 
     url: str | None = None  # redis://HOST:PORT/DB (rediss://, unix:// too); None: this replica alone
@@ -21,7 +23,8 @@ class ReplicationSettings(Section):
     key_prefix: str = Field(default="prefix-router", min_length=1, max_length=128)
     stream_maxlen: int = Field(default=50_000, gt=0)
     outbox_capacity: int = Field(default=50_000, gt=0)
-    batch_max: int = Field(default=128, gt=0)  # changes per stream entry
+    batch_max: int = Field(default=128, gt=0)  # changes per stream entry (an entry with more is refused)
+    max_entry_bytes: int = Field(default=1 << 20, ge=4096)  # one entry's payload (bigger: refused)
     entries_per_flush: int = Field(default=64, gt=0)
     read_count: int = Field(default=512, gt=0)  # entries per XREAD
     read_block_ms: int = Field(default=1000, ge=0)
