@@ -3,7 +3,7 @@ typed, every queue and table here bounded by one of them. Off without ``url``.""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from prefix_router.settings import Section
 
@@ -19,6 +19,7 @@ class ReplicationSettings(Section):
     """
 
     url: str | None = None  # redis://HOST:PORT/DB (rediss://, unix:// too); None: this replica alone
+    password: SecretStr | None = None  # Redis AUTH (PREFIX_ROUTER_REPLICATION__PASSWORD, from a Secret)
     replica_id: str | None = Field(default=None, max_length=253)  # default: HOSTNAME (the pod name)
     key_prefix: str = Field(default="prefix-router", min_length=1, max_length=128)
     stream_maxlen: int = Field(default=50_000, gt=0)
@@ -42,6 +43,14 @@ class ReplicationSettings(Section):
     def _check_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected redis://HOST:PORT/DB")
+        return value
+
+    @field_validator("password", mode="before")
+    @classmethod
+    def _check_password(cls, value: object) -> object:
+        """A password read from a secret file loses its surrounding whitespace; an empty one is none."""
+        if isinstance(value, int | float | str):
+            value = str(value).strip() or None
         return value
 
     @model_validator(mode="after")
