@@ -103,6 +103,35 @@ async def test_big_batches_are_applied_in_slices(redis_server: Any, kit: Any) ->
         await state.stop()
 
 
+async def test_one_long_insert_is_applied_in_slices_and_leaves_the_same_blocks(
+    redis_server: Any, kit: Any
+) -> None:
+    router = kit.make_router(index={"worker_capacity_tokens": 16 * 100_000})
+    state = RedisReplication(router, *_clients(redis_server.url), "b", kit.fast_config())
+    blocks = tuple(range(1, 3 * SLICE_BLOCKS + 100))
+    try:
+        await state.start(run_tasks=False)
+        await post(state, insert("w1", blocks))
+        seen: list[int] = []  # the worker's blocks whenever the event loop ran another task
+
+        async def watch() -> None:
+            while True:
+                seen.append(router.index.blocks_of("w1"))
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            assert await state.read_once() == 1
+        finally:
+            watcher.cancel()
+        assert len({n for n in seen if 0 < n < len(blocks)}) >= 3
+        assert router.index.blocks_of("w1") == len(blocks)
+        assert all(router.index.holds("w1", block) for block in blocks)
+        assert router.index.match(blocks) == {"w1": len(blocks)}
+    finally:
+        await state.stop()
+
+
 async def test_remote_load_nobody_refreshes_is_ignored(replicas: Any, kit: Any) -> None:
     cfg = kit.fast_config(load_interval_s=60, load_ttl_s=1.0)
     b = await replicas.add(cfg=cfg)

@@ -15,6 +15,7 @@ MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("v1", "ServiceAccount"): models.V1ServiceAccount,
     ("apps/v1", "Deployment"): models.V1Deployment,
     ("policy/v1", "PodDisruptionBudget"): models.V1PodDisruptionBudget,
+    ("networking.k8s.io/v1", "NetworkPolicy"): models.V1NetworkPolicy,
     ("rbac.authorization.k8s.io/v1", "Role"): models.V1Role,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): models.V1RoleBinding,
 }

@@ -44,7 +44,7 @@ from prefix_router.replication.codec import CodecError, WireChange, encode_batch
 from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing import IndexChange, Router
+from prefix_router.routing import ChangeKind, IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -330,13 +330,14 @@ class RedisReplication:
                 if change.worker not in workers:
                     self.counters.unknown_worker_changes += 1
                     continue
-                self.router.apply(change.at(published_at))
+                for piece in pieces(change.at(published_at), SLICE_BLOCKS):
+                    self.router.apply(piece)
+                    budget -= len(piece.blocks) + 1
+                    if budget <= 0:
+                        budget = SLICE_BLOCKS
+                        await asyncio.sleep(0)
                 applied += 1
                 self.counters.applied_changes += 1
-                budget -= len(change.blocks) + 1
-                if budget <= 0:
-                    budget = SLICE_BLOCKS
-                    await asyncio.sleep(0)
         return applied
 
     def _admit(self, payload: bytes, ahead_s: float) -> list[WireChange]:
@@ -372,6 +373,25 @@ class RedisReplication:
         if stale:
             for worker in self.router.workers():
                 self.router.load.set_remote_in_flight(worker, 0)
+
+
+def pieces(change: IndexChange, size: int) -> list[IndexChange]:
+    """``change`` as changes of at most ``size`` blocks that leave the same index: an insert's deepest
+    blocks first (they are the oldest touches), as block lists that need not be whole chains; a trim's
+    forgotten blocks (``blocks[keep:]``) piece by piece."""
+    blocks = change.blocks
+    if len(blocks) <= size or change.kind not in (ChangeKind.INSERT, ChangeKind.TRIM):
+        return [change]
+    worker, at = change.worker, change.at
+    if change.kind == ChangeKind.TRIM:
+        gone = blocks[max(change.keep, 0) :]
+        return [
+            IndexChange(ChangeKind.TRIM, worker, gone[i : i + size], 0, at) for i in range(0, len(gone), size)
+        ]
+    return [
+        IndexChange(ChangeKind.INSERT, worker, blocks[max(0, end - size) : end], at=at, chained=False)
+        for end in range(len(blocks), 0, -size)
+    ]
 
 
 def _reraise_cancellation() -> None:
