@@ -47,6 +47,20 @@ async def test_an_entry_over_max_entry_bytes_is_refused_whole(replicas: Any, kit
     assert b.router.index.match(kit.prefix(1)) == {}  # its small change was not applied either
 
 
+async def test_a_publisher_keeps_its_entries_under_max_entry_bytes(replicas: Any, kit: Any) -> None:
+    cfg = kit.fast_config(max_entry_bytes=4096)
+    a, b = await replicas.add(seed=1, cfg=cfg), await replicas.add(seed=2, cfg=cfg)
+    blocks = tuple(range(10**6, 10**6 + 2000))  # 16 kB of blocks: one request's prompt
+    worker = kit.dispatch(a.router, "long", blocks, 1.0)
+    for tag in range(1, 40):  # and many small ones in the same batch
+        kit.dispatch(a.router, f"s{tag}", kit.prefix(tag), 1.0)
+    await kit.wait_until(lambda: b.router.index.blocks_of(worker) >= len(blocks))
+    await kit.wait_until(lambda: all(b.router.index.match(kit.prefix(tag)) for tag in range(1, 40)))
+    entries = await a.client.xrange(cfg.stream_key)
+    assert len(entries) > 4 and max(len(fields[b"d"]) for _, fields in entries) <= 4096
+    assert b.counters.refused_entries == 0 and all(b.router.index.holds(worker, x) for x in blocks)
+
+
 async def test_an_entry_with_more_changes_than_batch_max_is_refused(replicas: Any, kit: Any) -> None:
     b = await replicas.add(cfg=kit.fast_config(batch_max=2))
     await post(b, *(insert("w2", kit.prefix(tag)) for tag in (1, 2, 3)))

@@ -52,6 +52,7 @@ ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutE
 SLICE_BLOCKS = 8192  # blocks (a change counts one more) applied between two yields to the event loop
 FUTURE_S = 60.0  # an entry id this far ahead of Redis's clock is refused; a stream's last one, dropped
 ENTRY_HEADROOM = 1024  # an entry's bytes besides its blocks: headers and worker names
+BATCH_HEADER = 3  # the codec's batch header (version, count)
 
 
 class RedisReplication:
@@ -301,7 +302,7 @@ class RedisReplication:
         payloads: list[bytes] = []
         batch: list[bytes] = []
         size = 0
-        room = self.cfg.max_entry_bytes - ENTRY_HEADROOM
+        room = self.cfg.max_entry_bytes - BATCH_HEADER  # a part is at most ENTRY_HEADROOM over its blocks
         for part in parts:
             if batch and (len(batch) >= self.cfg.batch_max or size + len(part) > room):
                 payloads.append(encode_batch(batch))
