@@ -27,6 +27,7 @@ class RedisProcess:
     def __init__(self, binary: str, workdir: Path) -> None:
         self.binary, self.workdir, self.port = binary, workdir, free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra: list[str] = []  # more redis-server arguments (``--requirepass``), for the next start
 
     @property
     def url(self) -> str:
@@ -44,7 +45,7 @@ class RedisProcess:
             "--appendonly",
             "no",
         ]
-        args += ["--dir", str(self.workdir), "--protected-mode", "yes", "--loglevel", "warning"]
+        args += ["--dir", str(self.workdir), "--protected-mode", "yes", "--loglevel", "warning", *self.extra]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_listening()
 

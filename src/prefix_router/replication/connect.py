@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -23,14 +24,17 @@ def default_replica_id() -> str:
 def make_client(
     url: str, cfg: ReplicationSettings, socket_timeout_s: float, connections: int
 ) -> aioredis.Redis:
-    """A client without redis-py's own retries: the state's tasks back off and retry themselves."""
-    client: aioredis.Redis = aioredis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=cfg.connect_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        max_connections=connections,
-    )
+    """A client without redis-py's own retries: the state's tasks back off and retry themselves. It
+    authenticates with ``cfg.password`` when set (else with the URL's, if any); ``rediss://`` is TLS."""
+    options: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": cfg.connect_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "max_connections": connections,
+    }
+    if cfg.password is not None:
+        options["password"] = cfg.password.get_secret_value()
+    client: aioredis.Redis = aioredis.Redis.from_url(url, **options)
     return client
 
 

@@ -3,7 +3,7 @@ typed, every queue and table here bounded by one of them. Off without ``url``.""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from prefix_router.settings import Section
 
@@ -13,15 +13,19 @@ class ReplicationSettings(Section):
 
     ``stream_maxlen`` bounds the stream (entries; one entry holds up to ``batch_max`` changes) and so
     the backlog a new replica warms up from; ``outbox_capacity`` bounds the changes waiting to be
-    published (the oldest are dropped and counted when Redis is down or slow).
+    published (the oldest are dropped and counted when Redis is down or slow). A received entry over
+    ``max_entry_bytes`` or ``batch_max`` changes is refused and counted, never applied (``admit``): every
+    replica must share these two.
     """
 
     url: str | None = None  # redis://HOST:PORT/DB (rediss://, unix:// too); None: this replica alone
+    password: SecretStr | None = None  # Redis AUTH (PREFIX_ROUTER_REPLICATION__PASSWORD, from a Secret)
     replica_id: str | None = Field(default=None, max_length=253)  # default: HOSTNAME (the pod name)
     key_prefix: str = Field(default="prefix-router", min_length=1, max_length=128)
     stream_maxlen: int = Field(default=50_000, gt=0)
     outbox_capacity: int = Field(default=50_000, gt=0)
-    batch_max: int = Field(default=128, gt=0)  # changes per stream entry
+    batch_max: int = Field(default=128, gt=0)  # changes per stream entry (an entry with more is refused)
+    max_entry_bytes: int = Field(default=1 << 20, ge=4096)  # one entry's payload (bigger: refused)
     entries_per_flush: int = Field(default=64, gt=0)
     read_count: int = Field(default=512, gt=0)  # entries per XREAD
     read_block_ms: int = Field(default=1000, ge=0)
@@ -39,6 +43,14 @@ class ReplicationSettings(Section):
     def _check_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected redis://HOST:PORT/DB")
+        return value
+
+    @field_validator("password", mode="before")
+    @classmethod
+    def _check_password(cls, value: object) -> object:
+        """A password read from a secret file loses its surrounding whitespace; an empty one is none."""
+        if isinstance(value, int | float | str):
+            value = str(value).strip() or None
         return value
 
     @model_validator(mode="after")

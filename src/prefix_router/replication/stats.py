@@ -18,6 +18,8 @@ class ReplicationStats:
     own_entries: int = 0
     unknown_worker_changes: int = 0
     decode_errors: int = 0
+    refused_entries: int = 0  # over a bound or implausible (``admit``): none of their changes applied
+    stream_resets: int = 0  # the stream found behind this replica's cursor or ahead of Redis's clock
     read_failures: int = 0
     load_failures: int = 0
     reconnects: int = 0

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import ResponseError, WatchError
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 START_ID = b"0-0"
@@ -78,3 +78,20 @@ async def server_time(client: aioredis.Redis) -> float:
 
 def _as_bytes(value: bytes | str) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
+
+
+async def drop_if_after(client: aioredis.Redis, key: str, limit_ms: int) -> bool:
+    """Delete the stream if its last generated id is past ``limit_ms`` (checked and deleted atomically:
+    a stream another replica replaced meanwhile is kept); returns whether it was deleted."""
+    async with client.pipeline(transaction=True) as pipe:
+        try:
+            await pipe.watch(key)
+            found = await bounds(pipe, key)
+            if found is None or parse_id(found[1])[0] <= limit_ms:
+                return False
+            pipe.multi()  # type: ignore[no-untyped-call]
+            pipe.delete(key)
+            await pipe.execute()
+        except WatchError:
+            return False
+    return True

@@ -4,11 +4,20 @@
   waits); a task drains it in batches, merges each worker's runs of inserts (``coalesce``) and XADDs
   them (pipelined, stream trimmed to about ``stream_maxlen`` entries).
 - Subscribe: a task XREADs the entries after the last one seen and applies the other replicas' changes
-  with ``Router.apply`` (its own are skipped). Times travel as ages, so replicas need no common clock.
+  with ``Router.apply`` (its own are skipped), ``SLICE_BLOCKS`` blocks at a time between which it yields
+  to the event loop. Each entry is admitted whole or refused whole and counted (``admit``: its size,
+  counts and values bounded); an entry stamped ahead of Redis's clock is refused too. Times travel as
+  ages, so replicas need no common clock.
+- Stream checks: when a read finds nothing new, the stream's last id is compared with the last one seen:
+  behind it (the stream deleted, or Redis restarted empty), the replica reads it again from the start;
+  ahead of Redis's clock by over ``FUTURE_S`` (an id no publisher can follow: the maximum id stops every
+  XADD), the stream is deleted, so that replication starts over. Both are counted (``stream_resets``).
 - Warm-up: ``start()`` applies the stream backlog before returning (bounded by ``warmup_timeout_s``),
   so a new replica does not route blind; ``ready`` is then true (``warmed`` says whether it succeeded).
 - Load: every ``load_interval_s`` each replica publishes its in-flight counts per worker (a hash with a
-  TTL) and adds the other replicas' sums to its load view (``LoadTracker.set_remote_in_flight``).
+  TTL, stamped with Redis's time) and adds the other replicas' sums to its load view
+  (``LoadTracker.set_remote_in_flight``); a hash stamped over ``load_ttl_s`` ago, or not stamped, is
+  ignored (``load_share``).
 - Failures: Redis down or slow never blocks routing. Each task counts failures, backs off exponentially,
   reconnects and catches up from the last id seen; remote load is forgotten once stale.
 """
@@ -28,17 +37,22 @@ from redis.exceptions import RedisError
 
 import prefix_router.replication.load_share as load_share
 import prefix_router.replication.stream as stream
+from prefix_router.replication.admit import Bounds, Refused, admit
 from prefix_router.replication.backoff import Backoff
 from prefix_router.replication.coalesce import coalesce
-from prefix_router.replication.codec import CodecError, decode_batch, encode_batch, encode_change
+from prefix_router.replication.codec import CodecError, WireChange, encode_batch, encode_change
 from prefix_router.replication.outbox import Outbox, Tap
 from prefix_router.replication.settings import ReplicationSettings
 from prefix_router.replication.stats import ReplicationStats
-from prefix_router.routing import IndexChange, Router
+from prefix_router.routing import ChangeKind, IndexChange, Router
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutError)
+SLICE_BLOCKS = 8192  # blocks (a change counts one more) applied between two yields to the event loop
+FUTURE_S = 60.0  # an entry id this far ahead of Redis's clock is refused; a stream's last one, dropped
+ENTRY_HEADROOM = 1024  # an entry's bytes besides its blocks: headers and worker names
+BATCH_HEADER = 3  # the codec's batch header (version, count)
 
 
 class RedisReplication:
@@ -73,6 +87,8 @@ class RedisReplication:
         self._tasks: list[asyncio.Task[None]] = []
         self._tap = Tap(router, self.outbox)
         self._load_ok_at: float | None = None
+        self._needs_resync = False
+        self._bounds = Bounds(self.cfg.max_entry_bytes, self.cfg.batch_max)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -134,7 +150,7 @@ class RedisReplication:
             entries = await stream.read_range(
                 self.reader, self.cfg.stream_key, self.last_id, self.cfg.read_count
             )
-            self.counters.warmup_changes += self._apply(entries)
+            self.counters.warmup_changes += await self._apply(entries)
             if len(entries) < self.cfg.read_count:
                 return
 
@@ -146,7 +162,8 @@ class RedisReplication:
         changes = self.outbox.take(self.cfg.batch_max * self.cfg.entries_per_flush)
         if not changes:
             return 0
-        merged = coalesce(changes, self.router.index.max_prefix_blocks)
+        longest = (self.cfg.max_entry_bytes - ENTRY_HEADROOM) // 8
+        merged = coalesce(changes, self.router.index.max_prefix_blocks, longest)
         payloads = self._encode(merged)
         if not payloads:
             return len(changes)
@@ -172,7 +189,41 @@ class RedisReplication:
         entries = await stream.read_after(
             self.reader, self.cfg.stream_key, self.last_id, self.cfg.read_count, block_ms
         )
-        return self._apply(entries)
+        return await self._apply(entries)
+
+    async def read_step(self) -> int:
+        """One step of the reading task: a resync first if the previous step failed; a read (waiting up
+        to ``read_block_ms``); when it finds nothing new, a check of the stream (``check_stream``)."""
+        if self._needs_resync:
+            await self.resync()
+        self._needs_resync = True
+        entries = await stream.read_after(
+            self.reader, self.cfg.stream_key, self.last_id, self.cfg.read_count, self.cfg.read_block_ms
+        )
+        if not entries:
+            await self.check_stream()
+        applied = await self._apply(entries)
+        self._needs_resync = False
+        return applied
+
+    async def check_stream(self) -> None:
+        """Read the stream again from the start if it is behind the last id seen (deleted, or Redis
+        restarted empty); delete it if its last id is ahead of Redis's clock by over ``FUTURE_S``."""
+        found = await stream.bounds(self.reader, self.cfg.stream_key)
+        last = stream.parse_id(found[1]) if found is not None else (0, 0)
+        now_ms = int((self.wall() + self._offset) * 1000)
+        if last[0] > now_ms + FUTURE_S * 1000:
+            if await stream.drop_if_after(self.client, self.cfg.stream_key, now_ms + int(FUTURE_S * 1000)):
+                log.warning(
+                    "shared state: stream %s had ids ahead of Redis's clock; deleted", self.cfg.stream_key
+                )
+                self.counters.stream_resets += 1
+            return
+        if last < stream.parse_id(self.last_id):
+            log.warning("shared state: stream %s is behind the last id seen; reading it from the start",
+                        self.cfg.stream_key)  # fmt: skip
+            self.counters.stream_resets += 1
+            self.last_id = stream.START_ID
 
     async def sync_load(self) -> None:
         """Publish this replica's in-flight counts and take in the other replicas' sums."""
@@ -204,17 +255,7 @@ class RedisReplication:
         await self._forever(self.flush_once, "publish_failures", self.outbox.wait)
 
     async def _read_loop(self) -> None:
-        needs_resync = False
-
-        async def step() -> None:
-            nonlocal needs_resync
-            if needs_resync:
-                await self.resync()
-            needs_resync = True
-            await self.read_once(self.cfg.read_block_ms)
-            needs_resync = False
-
-        await self._forever(step, "read_failures")
+        await self._forever(self.read_step, "read_failures")
 
     async def _load_loop(self) -> None:
         async def pause() -> None:
@@ -251,43 +292,70 @@ class RedisReplication:
         return self.origin.encode("utf-8")
 
     def _encode(self, changes: Sequence[IndexChange]) -> list[bytes]:
+        """Payloads of at most ``batch_max`` changes and ``max_entry_bytes`` bytes each."""
         now, parts = self.clock(), []
         for change in changes:
             try:
                 parts.append(encode_change(change, max(0.0, now - change.at)))
             except CodecError:
                 self.counters.encode_errors += 1
-        size = self.cfg.batch_max
-        return [encode_batch(parts[i : i + size]) for i in range(0, len(parts), size)]
+        payloads: list[bytes] = []
+        batch: list[bytes] = []
+        size = 0
+        room = self.cfg.max_entry_bytes - BATCH_HEADER  # a part is at most ENTRY_HEADROOM over its blocks
+        for part in parts:
+            if batch and (len(batch) >= self.cfg.batch_max or size + len(part) > room):
+                payloads.append(encode_batch(batch))
+                batch, size = [], 0
+            batch.append(part)
+            size += len(part)
+        if batch:
+            payloads.append(encode_batch(batch))
+        return payloads
 
-    def _apply(self, entries: Sequence[stream.Entry]) -> int:
+    async def _apply(self, entries: Sequence[stream.Entry]) -> int:
+        """Apply the other replicas' admitted entries, yielding to the event loop every
+        ``SLICE_BLOCKS`` blocks; returns how many changes were applied."""
         now, server_now = self.clock(), self.wall() + self._offset
-        workers, origin, applied = set(self.router.workers()), self._origin(), 0
+        workers, origin, applied, budget = set(self.router.workers()), self._origin(), 0, SLICE_BLOCKS
         for entry_id, fields in entries:
             self.last_id = entry_id
             self.counters.received_entries += 1
             if fields.get(b"o") == origin:
                 self.counters.own_entries += 1
                 continue
-            transit = max(0.0, server_now - stream.id_seconds(entry_id))
-            applied += self._apply_payload(fields.get(b"d", b""), now - transit, workers)
-        self.counters.applied_changes += applied
+            published = stream.id_seconds(entry_id)
+            changes = self._admit(fields.get(b"d", b""), published - server_now)
+            published_at = now - max(0.0, server_now - published)  # the time it spent in the stream
+            for change in changes:
+                if change.worker not in workers:
+                    self.counters.unknown_worker_changes += 1
+                    continue
+                for piece in pieces(change.at(published_at), SLICE_BLOCKS):
+                    self.router.apply(piece)
+                    budget -= len(piece.blocks) + 1
+                    if budget <= 0:
+                        budget = SLICE_BLOCKS
+                        await asyncio.sleep(0)
+                applied += 1
+                self.counters.applied_changes += 1
         return applied
 
-    def _apply_payload(self, payload: bytes, published_at: float, workers: set[str]) -> int:
+    def _admit(self, payload: bytes, ahead_s: float) -> list[WireChange]:
+        """The entry's changes, or none if it is malformed, refused (counted) or stamped ahead of
+        Redis's clock by over ``FUTURE_S``."""
         try:
-            changes = decode_batch(payload)
+            if ahead_s > FUTURE_S:
+                raise Refused(f"entry stamped {ahead_s:.0f} s ahead of Redis's clock")
+            return admit(payload, self._bounds, self.router)
+        except Refused as exc:
+            self.counters.refused_entries += 1
+            if self.counters.refused_entries & (self.counters.refused_entries - 1) == 0:  # 1, 2, 4, ...
+                log.warning("shared state: stream entry refused (%s); %d refused so far", exc,
+                            self.counters.refused_entries)  # fmt: skip
         except CodecError:
             self.counters.decode_errors += 1
-            return 0
-        applied = 0
-        for change in changes:
-            if change.worker in workers:
-                self.router.apply(change.at(published_at))
-                applied += 1
-            else:
-                self.counters.unknown_worker_changes += 1
-        return applied
+        return []
 
     def _succeeded(self) -> None:
         if not self.connected:
@@ -306,6 +374,25 @@ class RedisReplication:
         if stale:
             for worker in self.router.workers():
                 self.router.load.set_remote_in_flight(worker, 0)
+
+
+def pieces(change: IndexChange, size: int) -> list[IndexChange]:
+    """``change`` as changes of at most ``size`` blocks that leave the same index: an insert's deepest
+    blocks first (they are the oldest touches), as block lists that need not be whole chains; a trim's
+    forgotten blocks (``blocks[keep:]``) piece by piece."""
+    blocks = change.blocks
+    if len(blocks) <= size or change.kind not in (ChangeKind.INSERT, ChangeKind.TRIM):
+        return [change]
+    worker, at = change.worker, change.at
+    if change.kind == ChangeKind.TRIM:
+        gone = blocks[max(change.keep, 0) :]
+        return [
+            IndexChange(ChangeKind.TRIM, worker, gone[i : i + size], 0, at) for i in range(0, len(gone), size)
+        ]
+    return [
+        IndexChange(ChangeKind.INSERT, worker, blocks[max(0, end - size) : end], at=at, chained=False)
+        for end in range(len(blocks), 0, -size)
+    ]
 
 
 def _reraise_cancellation() -> None:

@@ -8,6 +8,7 @@ import argparse
 import os
 import random
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from prefix_router.node.config import Config, load_config
 from prefix_router.node.control.reload import mask_userinfo
@@ -134,10 +135,40 @@ def build_config(args: argparse.Namespace) -> Config:
 
 
 def effective_yaml(config: Config) -> str:
-    """The merged configuration as YAML; secrets are masked."""
+    """The merged configuration as YAML; secrets are masked (``SecretStr`` values, and the password of
+    any URL, such as the Redis one of ``replication.url``)."""
     import yaml
 
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    return yaml.safe_dump(_mask_urls(config.model_dump(mode="json")), sort_keys=False)
+
+
+MASK = "**********"  # what pydantic prints for a SecretStr
+
+
+def _mask_urls(value: Any) -> Any:
+    """``value`` with the password of every URL string in it replaced by ``MASK``."""
+    if isinstance(value, dict):
+        return {key: _mask_urls(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_mask_urls(item) for item in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return mask_url_password(value)
+    return value
+
+
+def mask_url_password(url: str) -> str:
+    """``url`` with its password (``scheme://user:PASSWORD@host``) replaced by ``MASK``; unchanged
+    without one."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:{MASK}@{host}"))
 
 
 def print_config(config: Config) -> int:
