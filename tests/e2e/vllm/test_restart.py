@@ -3,9 +3,10 @@ the restart is its slowest step, so both issues' checks share it):
 
 - a router probing health every 0.5 s (no events): ejects the dead engine, sends everything to the one
   left, admits the restarted one again;
-- a precise-mode router subscribed to the engine's events, probing too rarely to notice: it routes on
-  the old process's view until the new process's first event (its sequence starts again), and on
-  nothing of the old view after it.
+- a precise-mode router subscribed to the engine's events, probing too rarely to eject it: its one probe
+  during the outage saw the engine down (what confirms the restart that the new process's sequence
+  announces: docs/security.md, KV cache events); it routes on the old process's view until the new
+  process's first event, and on nothing of the old view after it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ async def test_an_engine_restarted_mid_run_is_ejected_readmitted_and_its_old_vie
     victim = probing.state.pool.require("vllm-1")
     await asyncio.to_thread(vllm_fleet.kill, 1)
     await wait_until(lambda: not victim.health.healthy, timeout_s=30)
+    watched = precise.state.pool.require("vllm-1")
+    assert not await precise.state.monitor.prober.probe(watched)  # the precise router's one probe: down
+    assert watched.health.healthy and watched.health.failed_results == 1  # seen failing, not ejected
     client = probing.openai()
     for i in range(4):  # everything goes to the engine that is left
         raw = await client.chat.completions.with_raw_response.create(**chat(prose(900 + i, 20), "There?"))
