@@ -45,7 +45,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prefix_router.lab.bench.connection import MemoryTransport, ServerSide
 from prefix_router.lab.bench.instant_worker import MODEL, _event, _whole
 from prefix_router.lab.bench.overhead import bodies
-from prefix_router.node import STATE, Config, UpstreamRequest, UpstreamResponse, configure_logs, loop_factory
+from prefix_router.node import (
+    HOP_BY_HOP,
+    STATE,
+    Config,
+    UpstreamRequest,
+    UpstreamResponse,
+    configure_logs,
+    loop_factory,
+)
 from prefix_router.proxy import create_app
 from prefix_router.routing import PrefixIndex
 
@@ -60,24 +68,6 @@ REQUEST_HEADERS = {
 }
 WORKER_HEADERS = {"Content-Type": "application/json", "Content-Length": "180", "Date": "x", "Server": "y"}
 
-
-# never relayed by the forward-only handler (hop-by-hop headers, RFC 9110 section 7.6.1, and what the
-# server writes itself)
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "host",
-    }
-)
 WHOLE = _whole(True)
 EVENTS = [_event(True)] * 8 + [b"data: [DONE]\n\n"]
 

@@ -55,6 +55,7 @@ from prefix_router.node.request.errors import (
     upstream_failed,
 )
 from prefix_router.node.request.forward import (
+    HOP_BY_HOP,
     ROOT_PASSTHROUGH,
     downstream_headers,
     is_event_stream,
@@ -89,6 +90,7 @@ __all__ = [
     "ANY_PATH",
     "CLIENT_GONE",
     "FRONT",
+    "HOP_BY_HOP",
     "MAX_HEADERS",
     "MAX_HEADER_BYTES",
     "MAX_URL_BYTES",
