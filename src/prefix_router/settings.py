@@ -114,8 +114,8 @@ RETIRED_KEYS: dict[str, str] = {
     "routing.precise.render": "renamed routing.events.render",
     "routing.precise.home_load_factor": f"{_DERIVED} routing.sessions.load_factor",
     "routing.precise.home_load_slack": f"{_DERIVED} routing.sessions.load_slack",
-    "routing.precise.render_timeout_s": f"{_CONSTANT} proxy/edge/render.py (RENDER_TIMEOUT_S, 2 s)",
-    "routing.precise.max_rendered": f"{_CONSTANT} proxy/edge/render.py (MAX_RENDERED, 10000)",
+    "routing.precise.render_timeout_s": f"{_CONSTANT} node/request/render.py (RENDER_TIMEOUT_S, 2 s)",
+    "routing.precise.max_rendered": f"{_CONSTANT} node/request/render.py (MAX_RENDERED, 10000)",
     "routing.precise.*": f"{_CONSTANT} routing/precise.py (PreciseTuning); the section is routing.events",
     "limits.exact_parse_in_thread_bytes": "renamed limits.template_parse_in_thread_bytes",
     # constants beside their algorithms
