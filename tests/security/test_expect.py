@@ -76,3 +76,42 @@ async def test_another_expectation_gets_an_openai_417_without_the_value(router: 
     assert SecurityKit.status_of(response) == 417, response[:200]
     error = SecurityKit.openai_error(response.split(b"\r\n\r\n", 1)[1])
     assert error["code"] == "expectation_failed" and b"x-files" not in response
+
+
+ADMIN_TOKEN = "admin-expect-test-token"
+WORKER = orjson.dumps({"url": "http://127.0.0.1:9", "name": "added"})
+
+
+def admin_head(token: str) -> bytes:
+    lines = [
+        "POST /admin/workers HTTP/1.1",
+        "Host: router",
+        "Content-Type: application/json",
+        f"Authorization: Bearer {token}",
+        f"Content-Length: {len(WORKER)}",
+        "Expect: 100-continue",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@pytest.fixture
+async def admin_router(echo_engine: Any, start_router: Any) -> Any:
+    return await start_router(await echo_engine("w"), settings={"auth.admin_token": ADMIN_TOKEN})
+
+
+async def test_the_admin_api_refuses_a_wrong_token_before_any_100_continue(admin_router: Any) -> None:
+    answer = await first_answer(admin_router.port, admin_head("wrong-token"))
+    assert SecurityKit.status_of(answer) == 401, answer
+
+
+async def test_the_admin_api_sends_100_continue_once_the_token_passed(admin_router: Any) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", admin_router.port)
+    try:
+        writer.write(admin_head(ADMIN_TOKEN))
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.write(WORKER)
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert SecurityKit.status_of(final) in {200, 201}, final

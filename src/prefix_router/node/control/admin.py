@@ -15,6 +15,7 @@ from aiohttp import web
 from prefix_router.node.control.routes import Handler, json_response
 from prefix_router.node.request.auth import check_admin
 from prefix_router.node.request.errors import ProxyError, bad_request
+from prefix_router.node.request.parse import send_continue
 from prefix_router.node.state import STATE, AdminChange, NodeState
 from prefix_router.node.telemetry.audit import audit
 from prefix_router.pool import PoolError, WorkerSettings
@@ -132,6 +133,8 @@ def told(state: NodeState, change: AdminChange) -> None:
 
 async def read_json(request: web.Request) -> Any:
     too_big = request.content_length is not None and request.content_length > MAX_ADMIN_BODY
+    if not too_big:
+        await send_continue(request)  # past the token check (``admin_only``) and the declared size
     raw = b"" if too_big else await request.read()
     if too_big or len(raw) > MAX_ADMIN_BODY:
         raise ProxyError(413, f"admin request body over {MAX_ADMIN_BODY} bytes", code="request_too_large")

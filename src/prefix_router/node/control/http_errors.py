@@ -9,9 +9,9 @@
   byte of the request. A request line that parses but is not HTTP/1.x (``HTTP/2.0``, ``HTTP/0.9``) gets
   505 too, and the connection closes: the router speaks HTTP/1.0 and 1.1 only.
 - ``Expect``: ``100-continue`` is answered once the request passed the checks that would refuse it
-  (credentials, declared size): the handler sends it when it reads the body (``parse.send_continue``), so a
-  refused client never uploads its body; routes that read their body by other means (``/admin``) send it at
-  once. Any other value: 417 in the OpenAI shape, without quoting the value (``add_catch_all`` sets this on
+  (credentials or the admin token, declared size): the handler sends it when it reads the body
+  (``parse.send_continue``, also in the admin API's ``read_json``), so a refused client never uploads its
+  body. Any other value: 417 in the OpenAI shape, without quoting the value (``add_catch_all`` sets this on
   every route).
 - Unknown paths and wrong methods: ``not_routed``, a catch-all route registered last (``CATCH_ALL``, any
   path, newlines included: ``/health%0a`` decodes to one), answers 404, or 405 with ``Allow`` when the
@@ -32,7 +32,6 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from prefix_router.node.request.errors import ProxyError
-from prefix_router.node.request.parse import send_continue
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -170,10 +169,8 @@ def add_catch_all(app: web.Application, handler: Handler) -> None:
     router's ``Expect`` handling on every route: call after every other route."""
     app.router.add_route("*", "/{tail:" + ANY_PATH + "*}", handler, name=CATCH_ALL)
     for route in app.router.routes():
-        info = route.resource.get_info() if route.resource is not None else {}
-        path = str(info.get("path") or info.get("formatter") or "")
         # aiohttp has no setter: the attribute its ``handle_expect_header`` calls
-        route._expect_handler = expect_now if path.startswith("/admin/") else expect_deferred
+        route._expect_handler = expect_deferred
 
 
 def unmet_expectation(request: web.BaseRequest) -> web.Response | None:
@@ -188,13 +185,3 @@ def unmet_expectation(request: web.BaseRequest) -> web.Response | None:
 async def expect_deferred(request: web.Request) -> web.StreamResponse | None:
     """``Expect`` on a route whose handler sends ``100 Continue`` when it reads the body."""
     return unmet_expectation(request) if request.version == HttpVersion11 else None
-
-
-async def expect_now(request: web.Request) -> web.StreamResponse | None:
-    """``Expect`` on a route that reads its body without ``send_continue``: ``100 Continue`` at once."""
-    if request.version != HttpVersion11:
-        return None
-    refused = unmet_expectation(request)
-    if refused is None:
-        await send_continue(request)
-    return refused
