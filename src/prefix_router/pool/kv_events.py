@@ -118,7 +118,7 @@ class EventSubscriber:
         self._sock: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._relayed_drop = False
-        self._last_reject_log = self._last_fail_log = self._last_refuse_log = -_REJECT_LOG_S
+        self._logged: dict[str, float] = {}  # when a line of each kind was last logged (``_log_due``)
         self._tokens, self._refilled = settings.max_messages_per_s, clock()
         self._witness = worker.health.failed_results  # at the last message applied
 
@@ -171,9 +171,7 @@ class EventSubscriber:
                 await self.handle(frames)
             except Exception:  # a bug here must not end the subscription
                 self.stats.failed += 1
-                now = self._clock()
-                if now - self._last_fail_log >= _REJECT_LOG_S:
-                    self._last_fail_log = now
+                if self._log_due("failed"):
                     log.exception("kv events of %s: a message could not be applied", self.worker.name)
             handled += 1
             if handled >= YIELD_EVERY:  # a queued message comes without a suspension: give the loop back
@@ -241,9 +239,7 @@ class EventSubscriber:
 
     def _refused(self, why: str, seq: int) -> None:
         self.stats.refused += 1
-        now = self._clock()
-        if now - self._last_refuse_log >= _REJECT_LOG_S:
-            self._last_refuse_log = now
+        if self._log_due("refused"):
             log.warning("kv events of %s: message seq %d refused: %s", self.worker.name, seq, why)
 
     def _admit(self) -> bool:
@@ -338,10 +334,18 @@ class EventSubscriber:
 
     def _reject(self, exc: DecodeError) -> None:
         self.stats.rejected += 1
-        now = self._clock()
-        if now - self._last_reject_log >= _REJECT_LOG_S:
-            self._last_reject_log = now
+        if self._log_due("rejected"):
             log.warning("kv events of %s: message rejected: %s", self.worker.name, exc)
+
+    def _log_due(self, kind: str) -> bool:
+        """Whether a line of ``kind`` (``failed``, ``refused``, ``rejected``: three at most) may be logged
+        now: one a kind per ``_REJECT_LOG_S``, so that a flood of bad messages is counted, not logged."""
+        now = self._clock()
+        last = self._logged.get(kind)
+        if last is not None and now - last < _REJECT_LOG_S:
+            return False
+        self._logged[kind] = now
+        return True
 
 
 def _pieces(events: tuple[EngineEvent, ...]) -> Iterator[list[EngineEvent]]:
