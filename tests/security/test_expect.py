@@ -58,15 +58,20 @@ async def test_a_refused_request_gets_its_refusal_not_a_100_continue(
     assert SecurityKit.status_of(answer) == status, answer
 
 
-async def test_an_accepted_request_gets_100_continue_then_its_answer(router: Any) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+async def continued(port: int, data: bytes, body: bytes) -> tuple[bytes, bytes]:
+    """The head alone, then the body once an interim answer came: that answer's head and the final one's."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(head("100-continue"))
+        writer.write(data)
         interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        writer.write(BODY)
-        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.write(body)
+        return interim, await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     finally:
         writer.close()
+
+
+async def test_an_accepted_request_gets_100_continue_then_its_answer(router: Any) -> None:
+    interim, final = await continued(router.port, head("100-continue"), BODY)
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert SecurityKit.status_of(final) == 200
 
@@ -105,13 +110,6 @@ async def test_the_admin_api_refuses_a_wrong_token_before_any_100_continue(admin
 
 
 async def test_the_admin_api_sends_100_continue_once_the_token_passed(admin_router: Any) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", admin_router.port)
-    try:
-        writer.write(admin_head(ADMIN_TOKEN))
-        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        writer.write(WORKER)
-        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    finally:
-        writer.close()
+    interim, final = await continued(admin_router.port, admin_head(ADMIN_TOKEN), WORKER)
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert SecurityKit.status_of(final) in {200, 201}, final
