@@ -207,3 +207,28 @@ async def test_the_access_line_names_both_workers(
         assert (await post(router.url))[0] == 200
     line = next(r.getMessage() for r in caplog.records if r.name == "prefix_router.access")
     assert " worker=d " in line and " pd=split prefill_worker=p0 prefill_ms=" in line
+
+
+async def test_a_prefill_worker_added_through_the_admin_api_splits_the_next_requests(
+    fake_engine: Any, start_router: Any
+) -> None:
+    p = await fake_engine("p")
+    d = await fake_engine("d")
+    token = "admin-token-for-roles"
+    router = await start_router(role(d, "decode"), settings={"auth.admin_token": token})
+    assert (await post(router.url, chat(1)))[0] == 200 and not p.generations  # no prefill worker yet
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(
+            router.url + "/admin/workers",
+            json={"url": p.url, "name": "p", "role": "prefill"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert resp.status == 201 and (await resp.json())["worker"]["role"] == "prefill"
+        refused = await http.post(
+            router.url + "/admin/workers",
+            json={"url": "http://10.9.9.9:1", "role": "sideways"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert refused.status == 400 and "role" in (await refused.json())["error"]["message"]
+    assert (await post(router.url, chat(2)))[0] == 200
+    assert len(p.generations) == 1 and p.bodies[0]["max_tokens"] == 1

@@ -257,8 +257,12 @@ async def open_disaggregated(ex: Exchange) -> Opened:
     if pd.prefill is not None and not stages.concurrent:
         await stages.prefill_stage()
     ex.decode_started = ex.loop.time()
-    note_choice(state, pd.decode, ex.label, ex.note)
-    opened = await ex.open_from(state.pool.require(pd.decode.worker), pd.decode, stages.decode_names)
+    decode_decision = pd.decode
+    if stages.skipped is None:  # the prompt's KV cache reaches the decode worker
+        decode_decision = state.router.handed_over(ex.req, pd.decode)
+    note_choice(state, decode_decision, ex.label, ex.note)
+    worker = state.pool.require(decode_decision.worker)
+    opened = await ex.open_from(worker, decode_decision, stages.decode_names)
     stages.opened()
     return opened
 
