@@ -24,6 +24,11 @@ Knobs:
   gateway would;
 - ``request_body_mode``: FULL_DUPLEX_STREAMED, or BUFFERED;
 - ``response_header_mode``: SEND, or SKIP (fewer messages, no decision headers);
+- ``response_body_mode``: STREAMED, BUFFERED, FULL_DUPLEX_STREAMED (the reference gateways'), or NONE;
+- ``trailer_mode``: SEND or SKIP on both sides (Envoy requires SEND on a FULL_DUPLEX_STREAMED side);
+- ``allow_mode_override``, ``metadata_options``: as a gateway may leave them out (the picker's
+  ``envoy.lb`` metadata and the response attributes then do not travel);
+- ``listeners``: more listeners, each with its own ext_proc options, in front of the same clusters;
 - ``timeout_s``: per request and per ext_proc message;
 - ``endpoints``, ``retries``: the override_host cluster above, and how many times a request is retried
   on the next endpoint of the picker's list (the picker's ``--fallbacks`` says how long the list is).
