@@ -182,9 +182,9 @@ async def test_the_override_asks_for_the_response_headers_and_a_streamed_body() 
         assert override.request_body_mode == mode.NONE  # the request body was already sent
         picker.close()
     duplex = PickerStream(edge())
-    await duplex.answer(configured(headers_message(POST), mode.BUFFERED, mode.FULL_DUPLEX_STREAMED))
-    (answer,) = await duplex.answer(body_message(BODY, end=True))
-    assert answer.HasField("request_body") and not answer.HasField("mode_override")
+    message = configured(headers_message(POST), mode.BUFFERED, mode.FULL_DUPLEX_STREAMED)
+    (answer,) = await duplex.answer(message)
+    assert answer.HasField("request_headers") and not answer.HasField("mode_override")
     duplex.close()
 
 
@@ -346,6 +346,21 @@ async def whole_response(cap: int) -> int:
 async def test_nothing_is_learned_from_a_response_over_the_buffer_cap() -> None:
     assert await whole_response(cap=1024) == 1
     assert await whole_response(cap=20) == 0  # the first message fills the cap, the second goes over it
+
+
+async def test_a_response_over_the_buffer_cap_is_no_longer_kept() -> None:
+    shared = edge(**{"limits.max_response_buffer_bytes": 20, "tenants.decision_headers": True})
+    stream = PickerStream(shared)
+    await stream.answer(headers_message(POST))
+    await stream.answer(body_message(BODY, end=True))
+    await stream.answer(response_headers(200))
+    held = []
+    for _ in range(3):  # 15 bytes each: the second goes over the cap, the third is not kept
+        await stream.answer(ext.ProcessingRequest(response_body=ext.HttpBody(body=b"x" * 15)))
+        held.append(shared.buffered)
+    assert held[0] == 15 and held[2] == held[1] <= 30
+    stream.close()
+    assert shared.buffered == 0
 
 
 async def test_nothing_is_processed_after_an_immediate_response() -> None:
