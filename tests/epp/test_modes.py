@@ -161,4 +161,5 @@ async def test_plain_and_streamed_through_every_mode(bench: Bench, name: str) ->
     assert feedback.reports == expected
     # counted as answered, not as clients gone (with no response body: at the response headers)
     await wait_until(lambda: sum(ended(bench).values()) == sum(before.values()) + 2)
-    assert ended(bench).get("200", 0) == before.get("200", 0) + 2
+    after = ended(bench)
+    assert after.get("200", 0) == before.get("200", 0) + 2, (before, after, bench.envoy.logs()[-2000:])

@@ -6,10 +6,11 @@ among the eligible ones, answers the headers with the destination (and fallbacks
 back. A gateway that sends the body ``BUFFERED`` (its ``protocol_config``) gets the headers answered at
 once and the destination with the body's answer.
 
-The response is read as it passes (``STREAMED``, or one ``BUFFERED`` message for a request that is not
-streamed: the gateway's choice). The first body bytes of a 2xx are the first token; the usage
-(cached tokens) and the generated text settle the flight as the HTTP proxy settles one (``settle``). A
-stream that ends early is a client gone.
+The response is read in the mode the gateway's ``protocol_config`` names: as it passes (``STREAMED``, or
+one ``BUFFERED`` message), each chunk sent back as it came (``FULL_DUPLEX_STREAMED``, the reference
+gateways'), or not at all (``NONE``: its headers settle it). The first body bytes of a 2xx are the
+first token; the usage (cached tokens) and the generated text settle the flight as the HTTP proxy
+settles one (``settle``). A stream that ends early is a client gone.
 
 Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
 or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 408 (the request not received
