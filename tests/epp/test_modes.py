@@ -5,7 +5,8 @@ The request body FULL_DUPLEX_STREAMED (the Gateway API Inference Extension's ref
 response body NONE, STREAMED, BUFFERED or FULL_DUPLEX_STREAMED (the reference); trailers SEND or SKIP
 (Envoy requires SEND on a FULL_DUPLEX_STREAMED side); with and without ``allow_mode_override``; with and
 without the metadata options (``envoy.lb`` received and forwarded, the response attributes). One Envoy
-serves every combination, each on its own listener (``EnvoyOptions.listeners``): one start, not 56."""
+serves every combination, each on its own listener (``EnvoyOptions.listeners``, on ports Envoy picks): one
+start, not 60."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from prefix_router.lab.launch.envoy import (
     processing_mode,
     start_envoy_on_free_ports,
 )
-from prefix_router.lab.launch.net import free_port
 from prefix_router.node.config import load_config
 from prefix_router.node.life.server import Running, start
 from prefix_router.protocol import WORKER_HEADER
@@ -110,10 +110,11 @@ async def bench(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bench
     epp = await start_epp(create_control_app(config), EppSettings(grpc_port=0))
     try:
         await admitted(epp.edge.state)
-        ports = {name: free_port() for name in COMBINATIONS}
-        listeners = tuple((ports[name], options) for name, options in COMBINATIONS.items())
         directory: Path = tmp_path_factory.mktemp("envoy")
-        envoy = await start_envoy_on_free_ports(directory, epp.grpc_port, EnvoyOptions(listeners=listeners))
+        options = EnvoyOptions(listeners=tuple(COMBINATIONS.values()))
+        envoy = await start_envoy_on_free_ports(directory, epp.grpc_port, options)
+        bound = await envoy.listener_ports()
+        ports = {name: bound[f"gateway_{i}"] for i, name in enumerate(COMBINATIONS, 1)}
         bench = Bench(engine, engine_running, epp, envoy, ports)
         try:
             yield bench

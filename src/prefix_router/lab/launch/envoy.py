@@ -28,7 +28,8 @@ Knobs:
 - ``trailer_mode``: SEND or SKIP on both sides (Envoy requires SEND on a FULL_DUPLEX_STREAMED side);
 - ``allow_mode_override``, ``metadata_options``: as a gateway may leave them out (the picker's
   ``envoy.lb`` metadata and the response attributes then do not travel);
-- ``listeners``: more listeners, each with its own ext_proc options, in front of the same clusters;
+- ``listeners``: more listeners on ports Envoy picks, each with its own ext_proc options, in front of
+  the same clusters;
 - ``timeout_s``: per request and per ext_proc message;
 - ``endpoints``, ``retries``: the override_host cluster above, and how many times a request is retried
   on the next endpoint of the picker's list (the picker's ``--fallbacks`` says how long the list is).
@@ -100,9 +101,10 @@ class EnvoyOptions:
     # the picker's ordered fallback list (None: ORIGINAL_DST, the picker's first address only)
     endpoints: Sequence[str] | None = None
     retries: int = 2  # with ``endpoints``: attempts after the first, each on the list's next endpoint
-    # more listeners: (port, options) each, with its own ext_proc filter and route in front of this
-    # bootstrap's clusters (their ``endpoints`` unused): several gateway configurations, one Envoy
-    listeners: tuple[tuple[int, EnvoyOptions], ...] = ()
+    # more listeners (``gateway_1``, ``gateway_2``, ...), each on a port Envoy picks and with its own
+    # ext_proc filter and route in front of this bootstrap's clusters (their ``endpoints`` unused):
+    # several gateway configurations, one Envoy (``EnvoyProcess.listener_ports``)
+    listeners: tuple[EnvoyOptions, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -200,7 +202,7 @@ def listener(name: str, port: int, options: EnvoyOptions) -> dict[str, Any]:
 
 def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> dict[str, Any]:
     listeners = [listener("gateway", ports.listen, options)]
-    listeners += [listener(f"gateway_{port}", port, more) for port, more in options.listeners]
+    listeners += [listener(f"gateway_{i}", 0, more) for i, more in enumerate(options.listeners, 1)]
     endpoints = upstream_cluster(options.endpoints)
     epp = {
         "name": "epp",
@@ -290,6 +292,15 @@ class EnvoyProcess:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
+
+    async def listener_ports(self) -> dict[str, int]:
+        """Each listener's port by its name, as bound (``EnvoyOptions.listeners`` get any free one)."""
+        import aiohttp
+
+        url = f"http://127.0.0.1:{self.ports.admin}/listeners?format=json"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            statuses = (await resp.json())["listener_statuses"]
+        return {s["name"]: int(s["local_address"]["socket_address"]["port_value"]) for s in statuses}
 
     async def stop(self) -> None:
         if self.process.returncode is None:
