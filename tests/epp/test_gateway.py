@@ -27,12 +27,12 @@ def chat(user: str, system: str = SYSTEM) -> list[Any]:
     return turns(user, system)
 
 
-WITHOUT_RESPONSE_HEADERS = {
-    "headers sent": (True, EnvoyOptions()),
-    # the picker asks for it (mode_override in its answer to the request headers)
-    "skipped by the picker": (False, EnvoyOptions(request_body_mode="BUFFERED")),
-    # the gateway's config (Envoy ignores the override under FULL_DUPLEX_STREAMED)
-    "skipped by the gateway": (False, EnvoyOptions(response_header_mode="SKIP")),
+WITHOUT_RESPONSE_HEADERS = {  # decision headers, response headers sent to the picker, the gateway
+    "headers sent": (True, True, EnvoyOptions()),
+    # the picker's override (applied: the request body BUFFERED) asks for them all the same
+    "no decision headers": (False, True, EnvoyOptions(request_body_mode="BUFFERED")),
+    # the gateway's config skips them: the status and the endpoint come as attributes with the body
+    "skipped by the gateway": (False, False, EnvoyOptions(response_header_mode="SKIP")),
 }
 
 
@@ -40,7 +40,7 @@ WITHOUT_RESPONSE_HEADERS = {
 async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gateways, case: str) -> None:
     """Without the response headers the status and the endpoint come with the body (attributes), and the
     feedback is the same."""
-    decision_headers, options = WITHOUT_RESPONSE_HEADERS[case]
+    decision_headers, headers_sent, options = WITHOUT_RESPONSE_HEADERS[case]
     engine = await fake_engine("a", reply="one two three four", chunks=4, cached_tokens=7)
     settings = {"tenants.decision_headers": decision_headers}
     gateway = await gateways.start(engine, settings=settings, envoy=options)
@@ -63,7 +63,7 @@ async def test_plain_streamed_and_completions(fake_engine: Any, gateways: Gatewa
     stats = gateway.state.router.feedback["a"]
     assert stats.reports == 3 and stats.reported_tokens == 21
     assert gateway.state.pool.total_in_flight() == 0
-    assert gateway.edge.messages["response_headers"] == (3 if decision_headers else 0)
+    assert gateway.edge.messages["response_headers"] == (3 if headers_sent else 0)
     assert gateway.edge.messages["response_body"] >= 3
 
 
@@ -213,7 +213,7 @@ async def test_connect_failure_reported_by_envoy_ejects(
 ) -> None:
     """Between probes, the gateway's own connect failure (``response.flags`` UF) is a passive check
     (read from the response headers, or from the body's attributes when the headers are skipped)."""
-    decision_headers, options = WITHOUT_RESPONSE_HEADERS[case]
+    decision_headers, _, options = WITHOUT_RESPONSE_HEADERS[case]
     a = await fake_engine("a")
     settings = {"health.fail_threshold": 1, "tenants.decision_headers": decision_headers}
     gateway = await gateways.start(a, settings=settings, envoy=options)

@@ -21,6 +21,7 @@ from prefix_router.epp import (
     extproc,
     start_epp,
 )
+from prefix_router.node import CLIENT_GONE
 from prefix_router.node.config import load_config
 from support.extproc import (
     BODY,
@@ -160,30 +161,97 @@ def body_response(payload: dict[str, Any], attributes: dict[str, Any]) -> ext.Pr
     return message
 
 
-async def test_response_headers_are_skipped_unless_the_picker_adds_to_them() -> None:
-    mode = type(extproc.RESPONSE_MODES[False])
+def configured(message: ext.ProcessingRequest, request: int = 0, response: int = 0) -> ext.ProcessingRequest:
+    """``message`` (the stream's first) with the gateway's body modes in its ``protocol_config``."""
+    message.protocol_config.request_body_mode = request  # type: ignore[assignment]
+    message.protocol_config.response_body_mode = response  # type: ignore[assignment]
+    return message
+
+
+async def test_the_override_asks_for_the_response_headers_and_a_streamed_body() -> None:
+    """The headers carry the status (the ``response.code`` attribute may not come), the body STREAMED is
+    read as it passes; under a FULL_DUPLEX_STREAMED response Envoy ignores an override: none is sent."""
+    mode = type(extproc.RESPONSE_MODE)
     for decision_headers in (False, True):
         picker = PickerStream(edge(**{"tenants.decision_headers": decision_headers}))
-        await picker.answer(headers_message(POST))
+        await picker.answer(configured(headers_message(POST), mode.FULL_DUPLEX_STREAMED, mode.NONE))
         answer = (await picker.answer(body_message(BODY, end=True)))[0]
         override = answer.mode_override
-        assert override.response_header_mode == (mode.SEND if decision_headers else mode.SKIP)
+        assert answer.HasField("mode_override") and override.response_header_mode == mode.SEND
         assert override.response_body_mode == mode.STREAMED and override.response_trailer_mode == mode.SEND
         assert override.request_body_mode == mode.NONE  # the request body was already sent
         picker.close()
+    duplex = PickerStream(edge())
+    message = configured(headers_message(POST), mode.BUFFERED, mode.FULL_DUPLEX_STREAMED)
+    (answer,) = await duplex.answer(message)
+    assert answer.HasField("request_headers") and not answer.HasField("mode_override")
+    duplex.close()
 
 
 async def test_a_buffered_request_body_keeps_its_mode_in_the_override() -> None:
     picker = PickerStream(edge(**{"tenants.decision_headers": False}))
-    message = headers_message(POST)
-    message.protocol_config.request_body_mode = extproc.BUFFERED  # type: ignore[assignment]
-    (answer,) = await picker.answer(message)
+    (answer,) = await picker.answer(configured(headers_message(POST), extproc.BUFFERED))
     mode = answer.mode_override
     assert answer.HasField("request_headers") and mode.request_body_mode == extproc.BUFFERED
-    assert mode.response_header_mode == mode.SKIP and mode.response_body_mode == mode.STREAMED
+    assert mode.response_header_mode == mode.SEND and mode.response_body_mode == mode.STREAMED
     (chosen,) = await picker.answer(body_message(BODY, end=True))
     assert chosen.HasField("request_body") and not chosen.HasField("mode_override")
     picker.close()
+
+
+def response_chunk(data: bytes, end: bool) -> ext.ProcessingRequest:
+    return ext.ProcessingRequest(response_body=ext.HttpBody(body=data, end_of_stream=end))
+
+
+async def test_a_full_duplex_response_is_sent_back_chunk_by_chunk() -> None:
+    """FULL_DUPLEX_STREAMED (the reference gateways'): each chunk goes back as a streamed body, a bare
+    continue being out of protocol (Envoy: "Spurious response message"); the trailers are answered."""
+    shared = edge()
+    picker = PickerStream(shared)
+    duplex = extproc.DUPLEX
+    await picker.answer(configured(headers_message(POST), duplex, duplex))
+    await picker.answer(body_message(BODY, end=True))
+    await picker.answer(response_headers(200))
+    usage = orjson.dumps({"usage": {"prompt_tokens": 80, "prompt_tokens_details": {"cached_tokens": 16}}})
+    big = usage[:-1] + b', "pad": "' + b"x" * 70_000 + b'"}'
+    answers = [
+        *await picker.answer(response_chunk(big[:10], False)),
+        *await picker.answer(response_chunk(big[10:], False)),
+    ]
+    streamed = [a.response_body.response.body_mutation.streamed_response for a in answers]
+    assert b"".join(s.body for s in streamed) == big and len(streamed) == 3  # 70 KB: two chunks back
+    assert not any(s.end_of_stream for s in streamed)
+    (last,) = await picker.answer(response_chunk(b"", True))
+    assert last.response_body.response.body_mutation.streamed_response.end_of_stream
+    assert shared.state.pool.total_in_flight() == 0 and picker.final_status == 200
+    assert (
+        shared.state.router.feedback["a"].reports
+        + shared.state.router.feedback["b"].reports
+        + shared.state.router.feedback["c"].reports
+        == 1
+    )
+    trailers = await picker.answer(ext.ProcessingRequest(response_trailers=ext.HttpTrailers()))
+    assert [a.WhichOneof("response") for a in trailers] == ["response_trailers"]
+    picker.close()
+
+
+async def test_without_a_response_body_the_headers_settle_the_request() -> None:
+    """Response body NONE (the override not applied): the stream ends after the response headers, and
+    the request is over with their status, not a client gone."""
+    shared = edge()
+    picker = PickerStream(shared)
+    await picker.answer(configured(headers_message(POST), extproc.DUPLEX, extproc.NO_BODY))
+    await picker.answer(body_message(BODY, end=True))
+    await picker.answer(response_headers(200))
+    assert shared.state.pool.total_in_flight() == 1
+    picker.close()
+    assert shared.state.pool.total_in_flight() == 0 and picker.final_status == 200
+    gone = PickerStream(shared)  # a body was to come: the stream cut before it is a client gone
+    await gone.answer(configured(headers_message(POST), extproc.DUPLEX, extproc.DUPLEX))
+    await gone.answer(body_message(BODY, end=True))
+    await gone.answer(response_headers(200))
+    gone.close()
+    assert gone.final_status == CLIENT_GONE
 
 
 async def test_without_headers_the_body_attributes_give_status_and_endpoint() -> None:
@@ -278,6 +346,21 @@ async def whole_response(cap: int) -> int:
 async def test_nothing_is_learned_from_a_response_over_the_buffer_cap() -> None:
     assert await whole_response(cap=1024) == 1
     assert await whole_response(cap=20) == 0  # the first message fills the cap, the second goes over it
+
+
+async def test_a_response_over_the_buffer_cap_is_no_longer_kept() -> None:
+    shared = edge(**{"limits.max_response_buffer_bytes": 20, "tenants.decision_headers": True})
+    stream = PickerStream(shared)
+    await stream.answer(headers_message(POST))
+    await stream.answer(body_message(BODY, end=True))
+    await stream.answer(response_headers(200))
+    held = []
+    for _ in range(3):  # 15 bytes each: the second goes over the cap, the third is not kept
+        await stream.answer(ext.ProcessingRequest(response_body=ext.HttpBody(body=b"x" * 15)))
+        held.append(shared.buffered)
+    assert held[0] == 15 and held[2] == held[1] <= 30
+    stream.close()
+    assert shared.buffered == 0
 
 
 async def test_nothing_is_processed_after_an_immediate_response() -> None:

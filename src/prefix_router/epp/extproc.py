@@ -143,29 +143,24 @@ def destination(set_headers: Mapping[str, str], remove: Iterable[str] = ()) -> e
 
 
 _MODE = processing_mode_pb2.ProcessingMode
-# the response side as the picker asks for it (``mode_override``, the filter's ``allow_mode_override``), by
-# whether it needs the response headers (to add decision headers). Without them, the status, the endpoint
-# served and the flags come as attributes with the first body message: 2 messages fewer per request. The
-# body STREAMED: each chunk read as it passes (whether the request streams is not known yet when the
-# gateway sends the body BUFFERED). Trailers SEND: a response that has them ends with them (none from an
-# HTTP/1.1 engine: no message).
-RESPONSE_MODES = {
-    headers: _MODE(
-        response_header_mode=_MODE.SEND if headers else _MODE.SKIP,
-        response_body_mode=_MODE.STREAMED,
-        response_trailer_mode=_MODE.SEND,
-    )
-    for headers in (False, True)
-}
+# the response side as the picker asks for it (``mode_override``, the filter's ``allow_mode_override``): its
+# headers (the status; the decision headers), the body STREAMED (each chunk read as it passes, so a gateway
+# configured with the response body NONE still lets the picker learn from the usage) and the trailers (a
+# response that has them ends with them). The headers are never skipped here: without them the status
+# comes only as the ``response.code`` attribute, which a gateway may not send (a gateway that does can
+# skip them in its own config, ``response_header_mode: SKIP``).
+RESPONSE_MODE = _MODE(
+    response_header_mode=_MODE.SEND, response_body_mode=_MODE.STREAMED, response_trailer_mode=_MODE.SEND
+)
 
 
-def response_mode(answer: ext.ProcessingResponse, headers: bool, request_body: int = 0) -> None:
-    """Ask the gateway for the response side in ``RESPONSE_MODES[headers]``, in the answer to the request
-    headers: Envoy 1.40 applies it when the request body is BUFFERED (its debug log: "Processing mode
-    overridden by server"), not in a body's answer and not under FULL_DUPLEX_STREAMED (there the filter's
-    own ``processing_mode`` decides). The override is the whole mode: a request body still to come keeps
-    its mode (``request_body``, else NONE: not sent)."""
-    answer.mode_override.CopyFrom(RESPONSE_MODES[headers])
+def response_mode(answer: ext.ProcessingResponse, request_body: int = 0) -> None:
+    """Ask the gateway for the response side in ``RESPONSE_MODE``, in the answer to the request headers.
+    Envoy 1.40 applies it only there, only with ``allow_mode_override`` and only when neither body is
+    FULL_DUPLEX_STREAMED: so with the request body BUFFERED (its debug log: "Processing mode overridden by
+    server"); else it ignores it. The override is the whole mode: a request body still to come keeps its
+    mode (``request_body``, else NONE: not sent)."""
+    answer.mode_override.CopyFrom(RESPONSE_MODE)
     answer.mode_override.request_body_mode = request_body
 
 
@@ -184,6 +179,21 @@ def buffered_request(request: ext.ProcessingRequest) -> bool:
     mode = processing_mode_pb2.ProcessingMode
     config = request.protocol_config
     return bool(request.HasField("protocol_config") and config.request_body_mode == mode.BUFFERED)
+
+
+DUPLEX = _MODE.FULL_DUPLEX_STREAMED
+NO_BODY = _MODE.NONE
+
+
+def response_body_mode(request: ext.ProcessingRequest) -> int | None:
+    """How the gateway is configured to send this request's response body (its ``protocol_config``, first
+    message; None: not said). FULL_DUPLEX_STREAMED: every response body chunk must be sent back
+    (``body_chunks``), a bare continue is out of protocol; Envoy ignores ``mode_override`` then, so the
+    response comes in this mode. NONE: no body comes, unless the override (``response_mode``) was
+    applied."""
+    if not request.HasField("protocol_config"):
+        return None
+    return int(request.protocol_config.response_body_mode)
 
 
 def as_body_answer(answer: ext.ProcessingResponse, body: bytes | None) -> ext.ProcessingResponse:

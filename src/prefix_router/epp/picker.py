@@ -6,10 +6,11 @@ among the eligible ones, answers the headers with the destination (and fallbacks
 back. A gateway that sends the body ``BUFFERED`` (its ``protocol_config``) gets the headers answered at
 once and the destination with the body's answer.
 
-The response is read as it passes (``STREAMED``, or one ``BUFFERED`` message for a request that is not
-streamed: the gateway's choice). The first body bytes of a 2xx are the first token; the usage
-(cached tokens) and the generated text settle the flight as the HTTP proxy settles one (``settle``). A
-stream that ends early is a client gone.
+The response is read in the mode the gateway's ``protocol_config`` names: as it passes (``STREAMED``, or
+one ``BUFFERED`` message), each chunk sent back as it came (``FULL_DUPLEX_STREAMED``, the reference
+gateways'), or not at all (``NONE``: its headers settle it). The first body bytes of a 2xx are the
+first token; the usage (cached tokens) and the generated text settle the flight as the HTTP proxy
+settles one (``settle``). A stream that ends early is a client gone.
 
 Answers made here instead of a destination (immediate responses, OpenAI error bodies): 400 (invalid body
 or path), 401 (client key), 404 (unknown model or a path outside ``/v1/``), 408 (the request not received
@@ -170,6 +171,9 @@ class PickerStream:
         self.size = 0
         self.body_streamed = False
         self.buffered = False  # the gateway sends the request body BUFFERED (its protocol_config says)
+        # the gateway's response body mode (its protocol_config; None: not said): FULL_DUPLEX_STREAMED is
+        # echoed chunk by chunk, NONE settles at the response headers when no body follows
+        self.response_body_mode: int | None = None
         self.subset: list[str] | None = None
         self.note: RequestNote | None = None
         self.pick: Pick | None = None
@@ -239,6 +243,7 @@ class PickerStream:
     async def request_headers(self, message: ext.ProcessingRequest) -> Answers:
         self.headers = CIMultiDict(extproc.header_map(message.request_headers))
         self.subset = extproc.subset_hint(message)
+        self.response_body_mode = extproc.response_body_mode(message)
         rid = request_id(self.headers) or self.state.next_request_id()
         path = self.headers.get(":path", "")
         self.note = RequestNote(rid, self.headers.get(":method", "GET"), path.split("?", 1)[0], self.started)
@@ -425,9 +430,10 @@ class PickerStream:
         return removed
 
     def response_mode(self, answer: ext.ProcessingResponse, request_body: int = 0) -> None:
-        """The response side this request needs (``extproc.RESPONSE_MODES``): its headers only when the
-        picker adds to them (``tenants.decision_headers``)."""
-        extproc.response_mode(answer, self.state.config.tenants.decision_headers, request_body)
+        """The response side this request needs (``extproc.RESPONSE_MODE``), unless the gateway sends its
+        body FULL_DUPLEX_STREAMED (Envoy would ignore the override)."""
+        if self.response_body_mode != extproc.DUPLEX:
+            extproc.response_mode(answer, request_body)
 
     def refuse(self, err: ProxyError) -> ext.ProcessingResponse:
         """An immediate OpenAI error answer; counted as ``serve`` counts its refusals."""
@@ -487,9 +493,10 @@ class PickerStream:
             self.note.worker, self.note.attempts = worker.name, self.note.attempts + 1
 
     def response_body(self, message: ext.ProcessingRequest) -> Answers:
-        """A response body message. Without its headers (skipped, ``extproc.RESPONSE_MODES``) the first
-        one carries the status and the endpoint as attributes; the body is then read as the request asked
-        (an event stream for a streamed 2xx, else whole)."""
+        """A response body message. Without its headers (the gateway's ``response_header_mode: SKIP``)
+        the first one carries the status and the endpoint as attributes; the body is then read as the
+        request asked (an event stream for a streamed 2xx, else whole), and sent back when the gateway
+        streams it FULL_DUPLEX_STREAMED."""
         pick, body = self.pick, message.response_body
         if pick is not None and not pick.began:
             self.response_began(message, extproc.response_status(message))
@@ -504,7 +511,10 @@ class PickerStream:
                 pick.reply.feed(data)
             elif pick.size <= self.cap:
                 self.keep(pick, data)
-        answers = [extproc.body_continue()]  # STREAMED or BUFFERED: read, passed on unchanged
+        if self.response_body_mode == extproc.DUPLEX:  # FULL_DUPLEX_STREAMED: the chunk sent back as it came
+            answers = list(extproc.body_chunks(data, response=True, end=body.end_of_stream))
+        else:  # STREAMED or BUFFERED: read, passed on unchanged
+            answers = [extproc.body_continue()]
         if body.end_of_stream:
             self.settle()
         return answers
@@ -562,9 +572,14 @@ class PickerStream:
         return None
 
     def close(self) -> None:
-        """The stream ended: a response not settled is a client gone (or the gateway's stream cut)."""
+        """The stream ended: a response not settled is a client gone (or the gateway's stream cut), except
+        one whose headers came and whose body the gateway does not send (NONE, the override not applied):
+        that one is over."""
         self.release()
         self.prefill_done(False)
+        pick = self.pick
+        if pick is not None and pick.began and not pick.first and self.response_body_mode == extproc.NO_BODY:
+            self.settle()
         if self.pick is not None and not self.done:
             self.done = True
             self.pick.flight.finish(CLIENT_GONE, Outcome(ok=False))

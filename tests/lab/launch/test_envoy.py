@@ -18,6 +18,7 @@ from prefix_router.lab.launch.envoy import (
     PortTaken,
     bootstrap,
     envoy_binary,
+    processing_mode,
     render,
     start_envoy_on_free_ports,
     upstream_cluster,
@@ -57,8 +58,24 @@ def test_the_override_host_cluster_lists_the_endpoints_and_the_route_retries() -
         EnvoyOptions(request_body_mode="BUFFERED"),
         FALLBACKS,
         EnvoyOptions(endpoints=["[::1]:8001"], fail_open=True, request_body_mode="BUFFERED"),
+        # the reference gateways' filter, and more listeners with others beside it
+        EnvoyOptions(
+            response_body_mode="FULL_DUPLEX_STREAMED",
+            trailer_mode="SKIP",
+            allow_mode_override=False,
+            metadata_options=False,
+            listeners=(EnvoyOptions(request_body_mode="BUFFERED", response_body_mode="NONE"), EnvoyOptions()),
+        ),
     ],
-    ids=["fail-closed", "fail-open", "subset", "buffered", "fallbacks", "fallbacks-v6-fail-open"],
+    ids=[
+        "fail-closed",
+        "fail-open",
+        "subset",
+        "buffered",
+        "fallbacks",
+        "fallbacks-v6-fail-open",
+        "reference",
+    ],
 )
 def test_envoy_accepts_the_bootstrap(options: EnvoyOptions, tmp_path: Path) -> None:
     config = tmp_path / "envoy.yaml"
@@ -67,6 +84,14 @@ def test_envoy_accepts_the_bootstrap(options: EnvoyOptions, tmp_path: Path) -> N
         [envoy_binary(), "--mode", "validate", "-c", str(config)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
+
+
+def test_trailers_are_sent_on_a_full_duplex_side_whatever_is_asked() -> None:
+    """Envoy refuses a FULL_DUPLEX_STREAMED body whose trailers are skipped."""
+    duplex = processing_mode(EnvoyOptions(response_body_mode="FULL_DUPLEX_STREAMED", trailer_mode="SKIP"))
+    assert duplex["request_trailer_mode"] == duplex["response_trailer_mode"] == "SEND"
+    buffered = processing_mode(EnvoyOptions(request_body_mode="BUFFERED", trailer_mode="SKIP"))
+    assert buffered["request_trailer_mode"] == buffered["response_trailer_mode"] == "SKIP"
 
 
 def test_envoy_refuses_a_broken_bootstrap(tmp_path: Path) -> None:

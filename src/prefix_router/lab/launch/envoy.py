@@ -24,6 +24,12 @@ Knobs:
   gateway would;
 - ``request_body_mode``: FULL_DUPLEX_STREAMED, or BUFFERED;
 - ``response_header_mode``: SEND, or SKIP (fewer messages, no decision headers);
+- ``response_body_mode``: STREAMED, BUFFERED, FULL_DUPLEX_STREAMED (the reference gateways'), or NONE;
+- ``trailer_mode``: SEND or SKIP on both sides (Envoy requires SEND on a FULL_DUPLEX_STREAMED side);
+- ``allow_mode_override``, ``metadata_options``: as a gateway may leave them out (the picker's
+  ``envoy.lb`` metadata and the response attributes then do not travel);
+- ``listeners``: more listeners on ports Envoy picks, each with its own ext_proc options, in front of
+  the same clusters;
 - ``timeout_s``: per request and per ext_proc message;
 - ``endpoints``, ``retries``: the override_host cluster above, and how many times a request is retried
   on the next endpoint of the picker's list (the picker's ``--fallbacks`` says how long the list is).
@@ -81,10 +87,24 @@ class EnvoyOptions:
     # body BUFFERED the picker asks for that itself (``mode_override``); Envoy 1.40 ignores the override
     # under FULL_DUPLEX_STREAMED, so there only this setting does it
     response_header_mode: str = "SEND"
+    # the response body: STREAMED (read as it passes), FULL_DUPLEX_STREAMED (the reference gateways': the
+    # picker sends every chunk back), or NONE (not sent: nothing learned from the response)
+    response_body_mode: str = "STREAMED"
+    # request and response trailers: SEND or SKIP (None: SEND with the request body FULL_DUPLEX_STREAMED,
+    # else SKIP for the request's; SEND for the response's)
+    trailer_mode: str | None = None
+    allow_mode_override: bool = True  # the picker may ask for the response side it needs
+    # ``envoy.lb`` forwarded to the picker and received from it, and the response attributes (False: a
+    # gateway that sets neither; the picker's choice then travels by its header alone)
+    metadata_options: bool = True
     # the pool's ``ip:port`` endpoints: a STATIC cluster of them with the override_host policy, which reads
     # the picker's ordered fallback list (None: ORIGINAL_DST, the picker's first address only)
     endpoints: Sequence[str] | None = None
     retries: int = 2  # with ``endpoints``: attempts after the first, each on the list's next endpoint
+    # more listeners (``gateway_1``, ``gateway_2``, ...), each on a port Envoy picks and with its own
+    # ext_proc filter and route in front of this bootstrap's clusters (their ``endpoints`` unused):
+    # several gateway configurations, one Envoy (``EnvoyProcess.listener_ports``)
+    listeners: tuple[EnvoyOptions, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,26 +119,38 @@ def ext_proc_filter(options: EnvoyOptions) -> dict[str, Any]:
             "@type": EXT_PROC,
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": f"{options.timeout_s:g}s"},
             "failure_mode_allow": options.fail_open,
-            "allow_mode_override": True,  # a whole (not streamed) answer comes back in one message
+            "allow_mode_override": options.allow_mode_override,
             "status_on_error": {"code": 503},
             "message_timeout": f"{options.timeout_s:g}s",
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "response_header_mode": options.response_header_mode,
-                "request_body_mode": options.request_body_mode,
-                "response_body_mode": "STREAMED",
-                "request_trailer_mode": "SEND"
-                if options.request_body_mode == "FULL_DUPLEX_STREAMED"
-                else "SKIP",
-                "response_trailer_mode": "SEND",
-            },
-            "metadata_options": {
-                "forwarding_namespaces": {"untyped": [LB_NAMESPACE, "envoy.lb.subset_hint"]},
-                # the picker's choice in ``envoy.lb`` (unset: Envoy drops the metadata the picker sends)
-                "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
-            },
-            "response_attributes": ["upstream.address", "response.flags", "response.code"],
+            "processing_mode": processing_mode(options),
+            **(METADATA_OPTIONS if options.metadata_options else {}),
         },
+    }
+
+
+METADATA_OPTIONS = {
+    "metadata_options": {
+        "forwarding_namespaces": {"untyped": [LB_NAMESPACE, "envoy.lb.subset_hint"]},
+        # the picker's choice in ``envoy.lb`` (unset: Envoy drops the metadata the picker sends)
+        "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+    },
+    "response_attributes": ["upstream.address", "response.flags", "response.code"],
+}
+
+
+def processing_mode(options: EnvoyOptions) -> dict[str, str]:
+    """The filter's ``processing_mode``: ``trailer_mode`` on both sides, except that Envoy requires SEND
+    on a FULL_DUPLEX_STREAMED side."""
+    duplex = "FULL_DUPLEX_STREAMED"
+    request_trailers = options.trailer_mode or ("SEND" if options.request_body_mode == duplex else "SKIP")
+    response_trailers = options.trailer_mode or "SEND"
+    return {
+        "request_header_mode": "SEND",
+        "response_header_mode": options.response_header_mode,
+        "request_body_mode": options.request_body_mode,
+        "response_body_mode": options.response_body_mode,
+        "request_trailer_mode": "SEND" if options.request_body_mode == duplex else request_trailers,
+        "response_trailer_mode": "SEND" if options.response_body_mode == duplex else response_trailers,
     }
 
 
@@ -145,31 +177,32 @@ def route(options: EnvoyOptions) -> dict[str, Any]:
     return out
 
 
-def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> dict[str, Any]:
+def listener(name: str, port: int, options: EnvoyOptions) -> dict[str, Any]:
+    """A listener whose HTTP filters are the subset hint (``options.subset``), ext_proc and the router."""
     filters = [subset_filter(options.subset)] if options.subset is not None else []
     filters += [
         ext_proc_filter(options),
         {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
     ]
     manager = {
-        "stat_prefix": "gateway",
+        "stat_prefix": name,
         "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route(options)]}]},
         "http_filters": filters,
     }
-    listener = {
-        "name": "gateway",
-        "address": _address(ports.listen),
-        "filter_chains": [
+    chain = {
+        "filters": [
             {
-                "filters": [
-                    {
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": {"@type": HCM, **manager},
-                    }
-                ]
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {"@type": HCM, **manager},
             }
-        ],
+        ]
     }
+    return {"name": name, "address": _address(port), "filter_chains": [chain]}
+
+
+def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOptions()) -> dict[str, Any]:
+    listeners = [listener("gateway", ports.listen, options)]
+    listeners += [listener(f"gateway_{i}", 0, more) for i, more in enumerate(options.listeners, 1)]
     endpoints = upstream_cluster(options.endpoints)
     epp = {
         "name": "epp",
@@ -185,7 +218,7 @@ def bootstrap(ports: EnvoyPorts = EnvoyPorts(), options: EnvoyOptions = EnvoyOpt
     }
     config = {
         "admin": {"address": _address(ports.admin)},
-        "static_resources": {"listeners": [listener], "clusters": [endpoints, epp]},
+        "static_resources": {"listeners": listeners, "clusters": [endpoints, epp]},
     }
     return config | options.extra
 
@@ -259,6 +292,15 @@ class EnvoyProcess:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
+
+    async def listener_ports(self) -> dict[str, int]:
+        """Each listener's port by its name, as bound (``EnvoyOptions.listeners`` get any free one)."""
+        import aiohttp
+
+        url = f"http://127.0.0.1:{self.ports.admin}/listeners?format=json"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            statuses = (await resp.json())["listener_statuses"]
+        return {s["name"]: int(s["local_address"]["socket_address"]["port_value"]) for s in statuses}
 
     async def stop(self) -> None:
         if self.process.returncode is None:
