@@ -39,13 +39,16 @@ def choose(
 ) -> tuple[Worker, Decision]:
     """The routing core's choice among ``names`` (the eligible workers, not empty) by ``policy`` (None:
     the configured one), noted (the worker, one attempt more); a routed request (``label``: its policy's
-    name, None for a pass-through) is counted by branch and predicted tokens."""
+    name, None for a pass-through) is counted by branch and predicted tokens, and recorded in the
+    decision feed."""
     decision = state.router.route(req, names, state.clock(), policy)
     note.worker, note.attempts = decision.worker, note.attempts + 1
     if label is not None:
         state.metrics.branches.inc((label, decision.branch))
         state.metrics.predicted.observe(decision.predicted_tokens)
         note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
+        note.predicted_ttft_s = decision.predicted_ttft_s
+        note.decision = state.decisions.add(state.clock(), label, decision, req)
     return state.pool.require(decision.worker), decision
 
 
