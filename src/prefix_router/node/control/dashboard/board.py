@@ -100,11 +100,13 @@ class Board:
         hasher = self.state.decisions.hasher
         counts: Counter[int] = Counter()
         longest: dict[int, DecisionEntry] = {}
+        latest: dict[int, str] = {}  # where each prefix's last request went
         for entry in recent:
             root = entry.root
             if root is None:
                 continue
             counts[root] += 1
+            latest[root] = entry.worker
             if root not in longest or len(entry.blocks) > len(longest[root].blocks):
                 longest[root] = entry
         index = self.state.router.index
@@ -117,6 +119,7 @@ class Board:
                 key=lambda x: -x[1],
             )
             pid = hasher(root, "p-")
+            held.sort(key=lambda x: x[0] != latest[root])  # its home: where it was last sent, if held there
             main = names(held[0][0]) if held else None
             self._moved(pid, entry, main, hasher, t)
             if main is not None:
