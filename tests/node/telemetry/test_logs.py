@@ -151,8 +151,9 @@ def test_a_direct_line_is_the_line_the_formatter_writes(log_format: Any) -> None
 def check_direct_lines(only_handler: Any, log_format: Any) -> None:
     only_handler.set_format(log_format)
     fields = AccessLine({"method": "POST", "path": "/v1/x y", "status": 200, "model": "m", "worker": "a",
-                         "policy": "prefix", "branch": None, "predicted_tokens": 3, "predicted_ttft_ms": 2.5, "ttft_ms": None,
-                         "duration_ms": 1.25, "attempts": 1, "request_id": "r-1"})  # fmt: skip
+                         "policy": "prefix", "branch": None, "predicted_tokens": 3, "predicted_ttft_ms": 2.5,
+                         "ttft_ms": None, "duration_ms": 1.25, "attempts": 1,
+                         "request_id": "r-1"})  # fmt: skip
     access = logging.getLogger(ACCESS_LOGGER)
     assert only_handler.direct(access) is only_handler
     for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5):
