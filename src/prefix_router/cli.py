@@ -19,6 +19,7 @@ from collections.abc import Sequence
 _PRODUCT_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.proxy.run.cli": ("serve",),
     "prefix_router.epp.cli": ("epp",),
+    "prefix_router.node.control.dashboard.top": ("top",),
 }
 _LAB_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.lab.sim.cli": ("engine-sim", "simulate"),
