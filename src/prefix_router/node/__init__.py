@@ -15,6 +15,7 @@ only the names below.
 from __future__ import annotations
 
 from prefix_router.node.config import Config, load_config, validate
+from prefix_router.node.control import dashboard
 from prefix_router.node.control.admin import add_routes as add_admin_routes
 from prefix_router.node.control.http_errors import (
     ANY_PATH,
@@ -75,6 +76,7 @@ from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_clo
 from prefix_router.node.steps.admission import admit, policy_override
 from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_req
 from prefix_router.node.steps.keying import parse_routed
+from prefix_router.node.telemetry.decisions import DecisionEntry, Hasher
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
 from prefix_router.node.upstream.http_client import HttpUpstream
@@ -99,10 +101,12 @@ __all__ = [
     "STATE",
     "Cause",
     "Config",
+    "DecisionEntry",
     "EarlyHangup",
     "FailureKind",
     "Flight",
     "Handler",
+    "Hasher",
     "Hooks",
     "HttpUpstream",
     "ListenError",
@@ -133,6 +137,7 @@ __all__ = [
     "check_model",
     "choose",
     "configure_logs",
+    "dashboard",
     "downstream_headers",
     "flush_logs",
     "graceful_shutdown",

@@ -19,13 +19,32 @@ from importlib import resources
 import orjson
 from aiohttp import web
 
-from prefix_router.node.control.dashboard.board import Board
+from prefix_router.node.control.dashboard.board import (
+    BUCKET_S,
+    DECISIONS_SHOWN,
+    MOVES_KEPT,
+    PREFIXES_SHOWN,
+    WINDOW_S,
+    Board,
+)
 from prefix_router.node.control.dashboard.session import clear_cookie, new_session, set_cookie, signed_in
 from prefix_router.node.request.errors import ProxyError
 from prefix_router.node.state import STATE
 from prefix_router.node.telemetry.audit import audit
 
-__all__ = ["CSP", "STATIC", "add_routes", "asset", "page_response"]
+__all__ = [
+    "BUCKET_S",
+    "CSP",
+    "DECISIONS_SHOWN",
+    "MOVES_KEPT",
+    "PREFIXES_SHOWN",
+    "STATIC",
+    "WINDOW_S",
+    "Board",
+    "add_routes",
+    "asset",
+    "page_response",
+]
 
 MAX_LOGIN_BODY = 4096
 STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
