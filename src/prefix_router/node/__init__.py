@@ -76,7 +76,7 @@ from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_clo
 from prefix_router.node.steps.admission import admit, policy_override
 from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_req
 from prefix_router.node.steps.keying import parse_routed
-from prefix_router.node.telemetry.decisions import DecisionEntry, Hasher
+from prefix_router.node.telemetry.decisions import DecisionEntry, Hasher, public_names
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
 from prefix_router.node.upstream.http_client import HttpUpstream
@@ -154,6 +154,7 @@ __all__ = [
     "passthrough_req",
     "policy_override",
     "print_config",
+    "public_names",
     "read_body",
     "redact",
     "refuse_loops",

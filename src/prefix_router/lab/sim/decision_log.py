@@ -1,7 +1,8 @@
 """The decision feed written to a file (JSON lines), by the simulator (``simulate --decisions FILE``) and
 ``bench`` (``--decisions FILE``), for ``prefix-router dashboard --replay FILE`` to show offline.
 
-A line is one decision as ``GET /admin/decisions`` shows it (``node.telemetry.decisions``: the worker,
+A line is one decision as ``GET /admin/decisions`` shows it (``bench`` copies its in-process router's
+feed; the simulator makes the same entries) (``node.telemetry.decisions``: the worker,
 branch, predicted tokens and first-token time, each candidate's figures, the outcome; tenants and
 prefixes as salted hashes), written when its request finished, with ``"simulated": true`` when it comes
 from the simulator. A file holds at most ``MAX_LINES`` (then lines are counted as dropped, not written).
@@ -36,6 +37,7 @@ class DecisionLog:
         self.written = 0
         self.dropped = 0
         self._seq = 0
+        self.copied = -1  # the last node feed entry copied here (``bench``)
         self._open: dict[str, DecisionEntry] = {}  # by request id, until it finishes
         self._file: IO[bytes] | None = None
 
