@@ -76,7 +76,8 @@ from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_clo
 from prefix_router.node.steps.admission import admit, policy_override
 from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_req
 from prefix_router.node.steps.keying import parse_routed
-from prefix_router.node.telemetry.decisions import DecisionEntry, Hasher, public_names
+from prefix_router.node.telemetry.decisions import DecisionEntry, DecisionFeed, Hasher, public_names
+from prefix_router.node.telemetry.decisions import closed as closed_decision
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
 from prefix_router.node.upstream.http_client import HttpUpstream
@@ -102,6 +103,7 @@ __all__ = [
     "Cause",
     "Config",
     "DecisionEntry",
+    "DecisionFeed",
     "EarlyHangup",
     "FailureKind",
     "Flight",
@@ -136,6 +138,7 @@ __all__ = [
     "check_encoding",
     "check_model",
     "choose",
+    "closed_decision",
     "configure_logs",
     "dashboard",
     "downstream_headers",

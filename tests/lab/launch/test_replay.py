@@ -24,18 +24,19 @@ def write(path: Path, plan: list[tuple[float, str, int]]) -> None:
 
 
 def test_a_replay_shows_the_runs_workers_feed_series_and_moves(tmp_path: Path) -> None:
-    plan = [(float(i), "sim-a" if i < 6 else "sim-b", 1000) for i in range(10)]
+    plan = [(float(i), "sim-a" if i < 4 else "sim-b", 1000) for i in range(10)]  # its home moves once
     plan += [(float(i) + 0.5, "sim-c", 2000) for i in range(10)]
     write(tmp_path / "d.jsonl", plan)
     replay = Replay(load(tmp_path / "d.jsonl", None))
     early, late = replay.document(3.0), replay.document(9.9)
     assert early["simulated"] is True and [w["name"] for w in early["workers"]] == ["sim-a", "sim-b", "sim-c"]
     assert early["decisions_total"] == 7 and late["decisions_total"] == 20
+    assert [(m["from"], m["to"]) for m in replay.document(6.9)["moves"]] == []  # 3 b against 4 a: still a
     assert early["moves"] == [] and [(m["from"], m["to"]) for m in late["moves"]] == [("sim-a", "sim-b")]
     home = {p["tenant"]: p["holders"][0]["worker"] for p in late["prefixes"]}
     assert sorted(home.values()) == ["sim-b", "sim-c"]
     assert late["series"][0]["hit_reported"] == 0.5 and late["series"][0]["ttft_ms"] == 10.0
-    assert {w["name"]: w["decisions"] for w in late["workers"]} == {"sim-a": 6, "sim-b": 4, "sim-c": 10}
+    assert {w["name"]: w["decisions"] for w in late["workers"]} == {"sim-a": 4, "sim-b": 6, "sim-c": 10}
     assert moves([]) == []
 
 

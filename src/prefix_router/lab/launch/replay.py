@@ -6,7 +6,8 @@ its assets as the router does (``node.control.dashboard``) and ``/dashboard/data
 decisions of one policy played back at ``--speed`` times their own pace, looping. The document has the
 router's shape; what a file does not hold (health, queues, KV usage, the index's holdings) is shown as
 unknown or derived from the decisions: a prefix is held where its requests went (the largest predicted
-hit there), its home is where the last one went, a move is its home changing. Marked ``simulated`` when
+hit there), its home is where most of its last requests went (as the router's map says), a move is its
+home changing. Marked ``simulated`` when
 the file says so.
 """
 
@@ -17,7 +18,7 @@ import asyncio
 import math
 import time
 from bisect import bisect_right
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,7 @@ def prefixes(recent: list[View]) -> list[dict[str, Any]]:
     counts: Counter[str] = Counter(v["prefix"] for v in recent if v.get("prefix"))
     held: dict[str, dict[str, int]] = {}
     last: dict[str, View] = {}
+    went: dict[str, deque[str]] = {}  # where each prefix's last requests went
     for v in recent:
         if v.get("prefix"):
             sizes = held.setdefault(v["prefix"], {})
@@ -128,9 +130,10 @@ def prefixes(recent: list[View]) -> list[dict[str, Any]]:
                 sizes.get(v["worker"], 0), v["predicted_tokens"], v.get("cached_tokens") or 0
             )
             last[v["prefix"]] = v
+            went.setdefault(v["prefix"], deque(maxlen=dashboard.HOME_REQUESTS)).append(v["worker"])
     out = []
     for prefix, n in counts.most_common(dashboard.PREFIXES_SHOWN):
-        home = last[prefix]["worker"]
+        home = dashboard.home_of(went[prefix])
         order = sorted(held[prefix].items(), key=lambda kv: (kv[0] != home, -kv[1]))
         out.append({
             "prefix": prefix, "tenant": last[prefix].get("tenant"), "requests": n,
@@ -141,18 +144,20 @@ def prefixes(recent: list[View]) -> list[dict[str, Any]]:
 
 
 def moves(recent: list[View]) -> list[dict[str, Any]]:
+    """A prefix's home (where most of its last requests went) changing, request by request."""
     home: dict[str, str] = {}
+    went: dict[str, deque[str]] = {}
     out: list[dict[str, Any]] = []
     for v in recent:
         prefix = v.get("prefix")
         if not prefix:
             continue
-        before = home.get(prefix)
-        if before is not None and before != v["worker"]:
-            out.append(
-                {"t": v["t"], "prefix": prefix, "tenant": v.get("tenant"), "from": before, "to": v["worker"]}
-            )
-        home[prefix] = v["worker"]
+        workers = went.setdefault(prefix, deque(maxlen=dashboard.HOME_REQUESTS))
+        workers.append(v["worker"])
+        now, before = dashboard.home_of(workers), home.get(prefix)
+        if before is not None and before != now:
+            out.append({"t": v["t"], "prefix": prefix, "tenant": v.get("tenant"), "from": before, "to": now})
+        home[prefix] = now
     return out[-dashboard.MOVES_KEPT :]
 
 

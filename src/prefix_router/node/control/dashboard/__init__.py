@@ -22,10 +22,12 @@ from aiohttp import web
 from prefix_router.node.control.dashboard.board import (
     BUCKET_S,
     DECISIONS_SHOWN,
+    HOME_REQUESTS,
     MOVES_KEPT,
     PREFIXES_SHOWN,
     WINDOW_S,
     Board,
+    home_of,
 )
 from prefix_router.node.control.dashboard.session import clear_cookie, new_session, set_cookie, signed_in
 from prefix_router.node.request.errors import ProxyError
@@ -36,6 +38,7 @@ __all__ = [
     "BUCKET_S",
     "CSP",
     "DECISIONS_SHOWN",
+    "HOME_REQUESTS",
     "MOVES_KEPT",
     "PREFIXES_SHOWN",
     "STATIC",
@@ -43,6 +46,7 @@ __all__ = [
     "Board",
     "add_routes",
     "asset",
+    "home_of",
     "page_response",
 ]
 

@@ -32,6 +32,7 @@ BUCKET_S = 5.0  # one chart point
 DECISIONS_SHOWN = 40
 PREFIXES_SHOWN = 60
 MOVES_KEPT = 40
+HOME_REQUESTS = 16  # a prefix's home: where most of its last this many requests went
 FRESH_S = 0.5  # a document is shared by the viewers that ask within this
 
 
@@ -100,13 +101,13 @@ class Board:
         hasher = self.state.decisions.hasher
         counts: Counter[int] = Counter()
         longest: dict[int, DecisionEntry] = {}
-        latest: dict[int, str] = {}  # where each prefix's last request went
+        latest: dict[int, deque[str]] = {}  # where each prefix's last requests went
         for entry in recent:
             root = entry.root
             if root is None:
                 continue
             counts[root] += 1
-            latest[root] = entry.worker
+            latest.setdefault(root, deque(maxlen=HOME_REQUESTS)).append(entry.worker)
             if root not in longest or len(entry.blocks) > len(longest[root].blocks):
                 longest[root] = entry
         index = self.state.router.index
@@ -119,7 +120,7 @@ class Board:
                 key=lambda x: -x[1],
             )
             pid = hasher(root, "p-")
-            held.sort(key=lambda x: x[0] != latest[root])  # its home: where it was last sent, if held there
+            held.sort(key=lambda x: x[0] != home_of(latest[root]))  # its home first, if held there
             main = names(held[0][0]) if held else None
             self._moved(pid, entry, main, hasher, t)
             if main is not None:
@@ -141,6 +142,13 @@ class Board:
         if main is not None and before is not None and before != main:
             tenant = None if entry.namespace == 0 else hasher(entry.namespace, "t-")
             self.moves.append({"t": round(t, 3), "prefix": pid, "tenant": tenant, "from": before, "to": main})
+
+
+def home_of(workers: Iterable[str]) -> str:
+    """Where most of a prefix's last requests went (the latest among equals)."""
+    counts = Counter(workers)
+    top = max(counts.values())
+    return [w for w in workers if counts[w] == top][-1]
 
 
 def predicted_rate(entries: Iterable[DecisionEntry]) -> float | None:
