@@ -23,12 +23,11 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
 
 import aiohttp
 
 from prefix_router.lab.launch.net import free_port
-from prefix_router.node import STATE, DecisionEntry, dashboard, load_config
+from prefix_router.node import STATE, DecisionEntry, DecisionFeed, dashboard, load_config
 from prefix_router.proxy import create_app, start
 from prefix_router.routing import Decision, RouteRequest
 
@@ -37,20 +36,14 @@ VARIANTS = ("no dashboard", "unwatched", "watched")
 FRESH_S = 0.5  # node/control/dashboard/board.py: a document is shared by the viewers that ask within this
 
 
-class NoFeed:
+class NoFeed(DecisionFeed):
     """A decision feed that records nothing: the node without the dashboard's cost."""
 
-    def __init__(self, feed: Any) -> None:
-        self.inner = feed
-
-    def add(self, at: float, policy: str, decision: Decision, req: RouteRequest) -> DecisionEntry | None:
-        return None
+    def add(self, at: float, policy: str, decision: Decision, req: RouteRequest) -> DecisionEntry:
+        return None  # type: ignore[return-value]  # the request path takes None: no entry
 
     def reported(self, route_id: str, cached: int | None, prompt: int | None) -> None:
         return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 async def one_round(worker: str, variant: str, args: argparse.Namespace) -> dict[str, float]:
@@ -58,7 +51,7 @@ async def one_round(worker: str, variant: str, args: argparse.Namespace) -> dict
                  "access_log": False, "log_level": "warning"}  # fmt: skip
     app = create_app(load_config(env={}, overrides=overrides))
     if variant == "no dashboard":
-        app[STATE].decisions = NoFeed(app[STATE].decisions)  # type: ignore[assignment]
+        app[STATE].decisions = NoFeed()
     running = await start(app, shutdown_timeout=0.2)
     viewers: list[asyncio.Task[None]] = []
     try:
@@ -122,7 +115,7 @@ async def watch(http: aiohttp.ClientSession, url: str) -> None:
 def feed_us(n: int = 100_000) -> float:
     """Microseconds the request path spends on the feed per request: an entry made and appended, the
     engine's report and the outcome filled in (``choose``, ``settle``, ``request_closed``)."""
-    from prefix_router.node import DecisionFeed, closed_decision
+    from prefix_router.node import closed_decision
     from prefix_router.routing import Router, RoutingSettings
 
     feed, router = DecisionFeed(), Router(RoutingSettings())
