@@ -48,8 +48,12 @@ def test_the_document_is_bounded_with_64_workers_and_thousands_of_prefixes() -> 
         decision = state.router.route(req, [f"gpu-{i % 64}"], now)
         state.router.dispatched(req, decision, now)
         state.decisions.add(now, "prefix", decision, req)
+    state.router.add_event_worker("gpu-3", "m")  # an event-fed view (precise mode)
     doc = Board(state).document(now)
     assert len(doc["workers"]) == 64
+    views = {w["name"]: w["precise"] for w in doc["workers"]}
+    assert views["gpu-3"]["state"] == "fresh" and views["gpu-3"]["lag_ms"] is None  # no event yet
+    assert views["gpu-2"] is None
     assert len(doc["prefixes"]) == board_module.PREFIXES_SHOWN
     assert len(doc["decisions"]) == board_module.DECISIONS_SHOWN
     assert all(p["holders"] and p["requests"] >= 1 for p in doc["prefixes"])
