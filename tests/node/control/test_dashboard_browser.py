@@ -63,7 +63,7 @@ def test_without_the_admin_token_the_page_and_its_data_answer_401(fleet: Showcas
     assert browser.find_element(By.ID, "token").get_attribute("type") == "password"
     assert not browser.find_elements(By.ID, "workers")
     sign_in(browser, fleet.url, token="not-the-token")
-    assert "not the admin token" in browser.find_element(By.ID, "note").text
+    wait_for(browser, lambda d: "not the admin token" in d.find_element(By.ID, "note").text)
 
 
 def test_the_page_shows_every_worker_with_no_console_error(fleet: Showcase, browser: Any) -> None:
