@@ -4,7 +4,7 @@ downloads nothing) signed in through the login form of a router in front of simu
 tenants' traffic (SIMULATED: ``lab/launch/showcase.py``); one worker drained half way, so that the prefix
 map shows its tenants moving, and one killed, so that it shows red.
 
-    python benchmarks/dashboard_shots.py --out docs/img
+    python benchmarks/dashboard_shots.py --out docs/img [--policy ttft]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/img"))
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=20.0, help="traffic before the shots")
+    parser.add_argument("--policy", default=None, help="the router's policy (default: the configured one)")
     args = parser.parse_args()
     os.environ["SE_OFFLINE"] = "true"
     from selenium import webdriver
@@ -39,7 +40,8 @@ def main() -> None:
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        with showcase(args.workers, {"health.fail_threshold": 1}) as fleet:
+        settings = {"health.fail_threshold": 1, **({"routing.policy": args.policy} if args.policy else {})}
+        with showcase(args.workers, settings) as fleet:
             fleet.start_traffic(clients=4)
             driver.get(fleet.url + "/dashboard")
             driver.find_element(By.ID, "token").send_keys(ADMIN_TOKEN)
