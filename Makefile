@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit lint typecheck pytest pytest-compiled compiled clean llama vllm redis
+.PHONY: demo test unit lint typecheck pytest pytest-compiled compiled clean llama vllm redis browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,11 @@ vllm:
 redis:
 	scripts/redis-server.sh ensure
 
+# The dashboard's browser tests drive Debian's chromium through its chromium-driver (selenium, no driver
+# download): installed here when missing (as root); without them those tests fail, they are not skipped.
+browser:
+	scripts/chromium.sh ensure
+
 # The compiled build (setup.py with COMPILE_ROUTING_CORE=1: mypyc over the routing core and the proxy's
 # request path, C loops over the system's libxxhash; needs gcc and libxxhash0), built once per source under
 # build/compiled (a few minutes cold). tests/test_build.py compares it with the pure build; pytest-compiled
@@ -56,18 +61,18 @@ COMPILED_TESTS := tests/routing tests/node tests/proxy tests/reliability tests/s
 # by tests/support/needs.py), on the pure source, less the few marked slow (scale studies over a whole real
 # trace, a fresh install: make test runs them); the venv is all it installs.
 unit: $(STAMP)
-	$(PYTEST) -m "not engine and not redis and not compiled and not slow"
+	$(PYTEST) -m "not engine and not redis and not compiled and not browser and not slow"
 
-pytest: $(STAMP) llama vllm redis compiled
+pytest: $(STAMP) llama vllm redis browser compiled
 	COMPILED_ROUTING_CORE_LIB=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST)
 
-pytest-compiled: llama vllm redis compiled
+pytest-compiled: llama vllm redis browser compiled
 	PYTHONPATH=$$(PY=$(BIN)/python scripts/build-compiled.sh) $(PYTEST) $(COMPILED_TESTS)
 
 # The checks and what pytest needs are made two at a time (the llama.cpp build is most of it: several
 # minutes of both cores), then the two pytest runs one after the other.
 test:
-	$(MAKE) -j2 --output-sync=target lint typecheck compiled llama vllm redis
+	$(MAKE) -j2 --output-sync=target lint typecheck compiled llama vllm redis browser
 	$(MAKE) pytest
 	$(MAKE) pytest-compiled
 

@@ -135,3 +135,14 @@ def test_a_lab_command_says_how_to_install_the_lab(lean_venv: Path, argv: list[s
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith(f"prefix-router {argv[0]}: ") and LAB_INSTALL_HINT in lines[0]
+
+
+def test_the_lean_install_ships_the_dashboard_and_top_says_what_it_needs(lean_venv: Path) -> None:
+    """The dashboard's page, script and style sheet are package data of the wheel (nothing fetched at run
+    time); ``top`` without rich says how to install it, in one line."""
+    probe = "from prefix_router.node import dashboard as d; print([len(d.asset(n)) > 0 for n in "
+    probe += "('index.html', 'login.html', *d.STATIC)])"
+    done = run_in(lean_venv, "python", "-c", probe)
+    assert done.returncode == 0 and done.stdout.strip() == "[True, True, True, True]", done.stderr
+    done = run_in(lean_venv, "prefix-router", "top", "--once")
+    assert done.returncode == 2 and "prefix-router[top]" in done.stderr

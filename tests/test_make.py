@@ -38,6 +38,28 @@ def test_a_missing_redis_server_fails_the_redis_tests(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_ensures_the_browser_before_pytest() -> None:
+    """The dashboard's browser tests need Debian's chromium and chromium-driver: ``make browser`` (a
+    prerequisite of both pytest runs) installs them when missing."""
+    dry = subprocess.run(
+        ["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = dry.stdout.splitlines()
+    ensure = next(i for i, line in enumerate(lines) if line.strip() == "scripts/chromium.sh ensure")
+    pytest_run = next(i for i, line in enumerate(lines) if "-m pytest" in line)
+    assert ensure < pytest_run
+
+
+def test_the_browser_script_says_what_is_missing_without_root(tmp_path: Path) -> None:
+    """Run as a user without chromium: one line naming the Debian packages, exit 1 (nothing installed)."""
+    script = (ROOT / "scripts" / "chromium.sh").read_text().replace("/usr/bin/", str(tmp_path) + "/")
+    script = script.replace('"$(id -u)" != 0', '"1" != 0')  # as a user
+    (tmp_path / "chromium.sh").write_text(script)
+    proc = subprocess.run(["sh", str(tmp_path / "chromium.sh"), "ensure"], capture_output=True, text=True)
+    assert proc.returncode == 1 and "chromium-driver" in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_test_installs_vllm_before_pytest() -> None:
     dry = subprocess.run(
         ["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True

@@ -19,12 +19,14 @@ from collections.abc import Sequence
 _PRODUCT_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.proxy.run.cli": ("serve",),
     "prefix_router.epp.cli": ("epp",),
+    "prefix_router.node.control.dashboard.top": ("top",),
 }
 _LAB_COMMANDS: dict[str, tuple[str, ...]] = {
     "prefix_router.lab.sim.cli": ("engine-sim", "simulate"),
     "prefix_router.lab.sim.matrix_cli": ("sim-matrix",),
     "prefix_router.lab.bench.cli": ("bench", "demo", "bench-index", "bench-overhead", "fidelity"),
     "prefix_router.lab.launch.cli": ("engines",),
+    "prefix_router.lab.launch.replay": ("dashboard",),
 }
 LAB_INSTALL_HINT = "this is a lab command: install it with  pip install 'prefix-router[lab]'"
 

@@ -517,3 +517,10 @@ async def test_the_control_listener_serves_probes_metrics_and_the_admin_api(
             model="m", messages=chat("y", system=f"{i} unrelated topic {i} " * 30)
         )
         assert raw.headers[WORKER_HEADER] == "b"
+    async with aiohttp.ClientSession() as http:  # the dashboard, as serve's: behind the same token
+        async with http.get(control + "/dashboard") as resp:
+            assert resp.status == 401 and 'name="token"' in await resp.text()
+        async with http.get(control + "/dashboard/data", headers=admin) as resp:
+            doc = await resp.json()
+    assert {w["name"]: w["draining"] for w in doc["workers"]} == {"a": True, "b": False}
+    assert doc["decisions_total"] == 7 and doc["decisions"][-1]["worker"] == "b"

@@ -1,6 +1,7 @@
 """What a test needs beyond this checkout and its venv, as a pytest marker: ``engine`` (a real llama.cpp or
 vLLM, or the model files their installs bring: ``make llama``, ``make vllm``), ``redis`` (a real
-redis-server: ``make redis``) or ``compiled`` (the compiled build: ``make compiled``).
+redis-server: ``make redis``), ``compiled`` (the compiled build: ``make compiled``) or ``browser`` (Debian's
+chromium and chromium-driver: ``make browser``).
 
 ``make unit`` runs the tests with none of these markers, and none marked ``slow`` (a scale study over a
 whole real trace, or a fresh install from a wheelhouse: minutes of CPU each, run by ``make test``). The
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-NEEDS = ("engine", "redis", "compiled")  # registered, with what each stands for, in pyproject.toml
+NEEDS = ("engine", "redis", "compiled", "browser")  # registered, with what each stands for, in pyproject.toml
 SLOW = "slow"  # written on the module: what ``make unit`` leaves out for time, not for a need
 UNIT = " and ".join(f"not {marker}" for marker in (*NEEDS, SLOW))  # the ``-m`` expression of ``make unit``
 
@@ -30,6 +31,7 @@ BY_FIXTURE = {
     "vllm_gguf": "engine",
     "redis_server": "redis",
     "compiled_lib": "compiled",
+    "browser": "browser",
 }
 
 _running: list[pytest.Item] = []  # the test being set up, run or torn down (at most one per process)

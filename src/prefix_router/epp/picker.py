@@ -388,7 +388,7 @@ class PickerStream:
             skip_prefill_tokens=state.config.disaggregation.skip_prefill_tokens,
             policy=policy,
         )
-        note_choice(state, pd.decode, label, note)
+        note_choice(state, pd.decode, label, note, req)
         self.prefill = pd.prefill
         note.pd = "split" if pd.skipped is None else str(pd.skipped)
         state.metrics.pd_requests.inc((note.pd,))

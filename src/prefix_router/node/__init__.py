@@ -15,6 +15,7 @@ only the names below.
 from __future__ import annotations
 
 from prefix_router.node.config import Config, load_config, validate
+from prefix_router.node.control import dashboard
 from prefix_router.node.control.admin import add_routes as add_admin_routes
 from prefix_router.node.control.http_errors import (
     ANY_PATH,
@@ -84,6 +85,8 @@ from prefix_router.node.steps.choice import (
     passthrough_req,
 )
 from prefix_router.node.steps.keying import parse_routed
+from prefix_router.node.telemetry.decisions import DecisionEntry, DecisionFeed, Hasher, public_names
+from prefix_router.node.telemetry.decisions import closed as closed_decision
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
 from prefix_router.node.upstream.http_client import HttpUpstream
@@ -108,10 +111,13 @@ __all__ = [
     "STATE",
     "Cause",
     "Config",
+    "DecisionEntry",
+    "DecisionFeed",
     "EarlyHangup",
     "FailureKind",
     "Flight",
     "Handler",
+    "Hasher",
     "Hooks",
     "HttpUpstream",
     "ListenError",
@@ -143,7 +149,9 @@ __all__ = [
     "check_encoding",
     "check_model",
     "choose",
+    "closed_decision",
     "configure_logs",
+    "dashboard",
     "downstream_headers",
     "edited",
     "flush_logs",
@@ -163,6 +171,7 @@ __all__ = [
     "policy_override",
     "prefill_body",
     "print_config",
+    "public_names",
     "read_body",
     "redact",
     "refuse_loops",

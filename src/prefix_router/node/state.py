@@ -16,6 +16,7 @@ from prefix_router.node.config import Config
 from prefix_router.node.request.auth import Credentials
 from prefix_router.node.request.deadlines import Deadlines
 from prefix_router.node.request.render import Renders
+from prefix_router.node.telemetry.decisions import DecisionFeed
 from prefix_router.node.telemetry.logs import LineHandler
 from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.node.telemetry.record import TraceRecorder
@@ -93,6 +94,9 @@ class NodeState:
     renders: Renders | None = None  # precise keys rendered by an engine (no local template)
     log_handler: LineHandler | None = None  # the process's (``logs.configure``): access lines go there
     deadlines: Deadlines = field(default_factory=Deadlines)
+    decisions: DecisionFeed = field(default_factory=DecisionFeed)  # the last decisions (operators' view)
+    # the replication's counters and gauges (``replication.url``), for the dashboard; None: not replicated
+    replication_stats: Callable[[], dict[str, float]] | None = None
     active: int = 0  # /v1/* requests being handled (the drain waits for them)
     # told of every admin change once it is made here (``serve --processes``: the other processes follow)
     on_admin: Callable[[AdminChange], None] | None = None
@@ -104,6 +108,7 @@ class NodeState:
 
     def __post_init__(self) -> None:
         self.request_config = RequestConfig(self.config)
+        self.decisions.origin = self.clock()
 
     def reconfigure(self, config: Config) -> None:
         """Serve with ``config`` from now on (a reload)."""

@@ -36,13 +36,14 @@ from prefix_router.routing.precise import (
 from prefix_router.routing.record import record_hash_ids
 from prefix_router.routing.router import ChangeHook, ChangeKind, IndexChange, Router
 from prefix_router.routing.settings import IndexSettings, KeySettings, RoutingSettings, UnitSettings
-from prefix_router.routing.types import Decision, Outcome, RouteRequest
+from prefix_router.routing.types import CandidateEstimate, Decision, Outcome, RouteRequest
 from prefix_router.routing.units import UnitTuning, count_marks
 
 __all__ = [
     "DEFAULT_POLICY",
     "FLOWS",
     "POLICY_NAMES",
+    "CandidateEstimate",
     "ChangeHook",
     "ChangeKind",
     "Decision",

@@ -154,7 +154,9 @@ class Pipeline:
         chosen = p.chosen
         if chosen is None:  # ``select`` applies whenever no step before it chose
             raise RuntimeError("no step chose a worker")
-        return Decision(chosen.worker, chosen.branch, p.matched, p.predicted, p.estimated, p.expected)
+        out = Decision(chosen.worker, chosen.branch, p.matched, p.predicted, p.estimated, p.expected)
+        out.predicted_ttft_s, out.estimates = chosen.predicted_ttft_s, chosen.estimates
+        return out
 
     def index_blocks(self, req: RouteRequest, precise_blocks: int, block_tokens: int) -> int:
         """``precise_blocks`` of the engines' ``block_tokens`` in the index's blocks of ``req``."""

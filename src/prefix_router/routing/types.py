@@ -131,6 +131,30 @@ class Branch(StrEnum):
     SMALLEST_TREE = "smallest_tree"  # sglang_cache_aware: a weak match goes to the smallest tree
 
 
+@dataclass(frozen=True, slots=True)
+class CandidateEstimate:
+    """One candidate's predicted time to first token for a request, in seconds, and its parts (an
+    explanation of a decision: made only by a policy that predicts first-token time, for at most
+    ``MAX_ESTIMATES`` candidates, the lowest cost first).
+
+    ``ttft_s``: the predicted first-token time there, ``wait_s + prefill_s + decode_s``; ``wait_s``: before
+    its prefill starts (prefill queued ahead, admission); ``prefill_s``: its own uncached prefill;
+    ``decode_s``: what the running decode batch adds to its steps; ``added_s``: the delay it adds to the
+    requests already there; ``cache_s``: the value of the cache it evicts (a prefix recomputed later).
+    The policy ranks candidates by ``ttft_s + added_s + cache_s``."""
+
+    worker: str
+    ttft_s: float
+    wait_s: float
+    prefill_s: float
+    decode_s: float
+    added_s: float
+    cache_s: float
+
+
+MAX_ESTIMATES = 8  # candidates explained per decision (the lowest costs)
+
+
 @dataclass(init=False, slots=True)
 class Decision:
     """A policy's choice. ``branch`` names the routing branch taken, for metrics. ``Router.route`` adds
@@ -138,7 +162,9 @@ class Decision:
     (``estimated_prompt_tokens``; None: not estimated yet, ``Router.dispatched`` then estimates it).
     ``expected_cached_tokens``: the cached tokens the load tracker charges the request's prefill with,
     when not the prediction (precise mode: the prediction counts the blocks the engine confirmed, the
-    load also those speculated there)."""
+    load also those speculated there). ``predicted_ttft_s``: the chosen worker's predicted first-token
+    time, seconds (None: the policy predicts none); ``estimates``: the candidates' predictions and their
+    parts, at most ``MAX_ESTIMATES``, the lowest cost first (empty: none made)."""
 
     worker: str
     branch: Branch
@@ -146,6 +172,8 @@ class Decision:
     predicted_tokens: int = 0
     estimated_prompt_tokens: int | None = None
     expected_cached_tokens: int | None = None
+    predicted_ttft_s: float | None = None
+    estimates: tuple[CandidateEstimate, ...] = ()
 
     def __init__(
         self,
@@ -155,6 +183,8 @@ class Decision:
         predicted_tokens: int = 0,
         estimated_prompt_tokens: int | None = None,
         expected_cached_tokens: int | None = None,
+        predicted_ttft_s: float | None = None,
+        estimates: tuple[CandidateEstimate, ...] = (),
     ) -> None:
         self.worker = worker
         self.branch = branch
@@ -162,6 +192,8 @@ class Decision:
         self.predicted_tokens = predicted_tokens
         self.estimated_prompt_tokens = estimated_prompt_tokens
         self.expected_cached_tokens = expected_cached_tokens
+        self.predicted_ttft_s = predicted_ttft_s
+        self.estimates = estimates
 
 
 @dataclass(init=False, slots=True)

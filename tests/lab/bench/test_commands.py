@@ -63,6 +63,25 @@ def test_bench_records_one_line_per_request(sim_workers: list[str], tmp_path: Pa
     assert all(r["prompt_tokens"] > 0 and r["cached_tokens"] is not None for r in rows)
 
 
+def test_bench_writes_the_routers_decisions_for_the_replay(sim_workers: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "decisions.jsonl"
+    args = _parser().parse_args([
+        "bench", "--workers", *sim_workers, "--policies", "prefix,round_robin", "--workload", "chatbots",
+        "--workload-opt", "tenants=2", "--workload-opt", "system_tokens=64", "--requests", "6",
+        "--concurrency", "2", "--no-progress", "--decisions", str(out),
+    ])  # fmt: skip
+    assert args.func(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["policy"] for r in rows] == ["prefix"] * 6 + ["round_robin"] * 6
+    assert all(r["status"] == 200 and r["observed_ttft_ms"] > 0 and r["simulated"] for r in rows)
+    assert [r["seq"] for r in rows[:6]] == list(range(6))  # in order, none lost
+    urls = " ".join(sim_workers)
+    assert not any(r["worker"] in urls for r in rows)  # default names are addresses: shown hashed
+    from prefix_router.lab.launch.replay import Replay, load
+
+    assert Replay(load(out, "round_robin")).document(1e9)["decisions_total"] <= 6
+
+
 def test_demo_against_given_workers(
     sim_workers: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

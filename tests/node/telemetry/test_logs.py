@@ -151,8 +151,9 @@ def test_a_direct_line_is_the_line_the_formatter_writes(log_format: Any) -> None
 def check_direct_lines(only_handler: Any, log_format: Any) -> None:
     only_handler.set_format(log_format)
     fields = AccessLine({"method": "POST", "path": "/v1/x y", "status": 200, "model": "m", "worker": "a",
-                         "policy": "prefix", "branch": None, "predicted_tokens": 3, "ttft_ms": None,
-                         "duration_ms": 1.25, "attempts": 1, "request_id": "r-1"})  # fmt: skip
+                         "policy": "prefix", "branch": None, "predicted_tokens": 3, "predicted_ttft_ms": 2.5,
+                         "ttft_ms": None, "duration_ms": 1.25, "attempts": 1,
+                         "request_id": "r-1"})  # fmt: skip
     access = logging.getLogger(ACCESS_LOGGER)
     assert only_handler.direct(access) is only_handler
     for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5):
@@ -277,14 +278,16 @@ TEXTS = st.one_of(
     st.floats(0, 1000, allow_nan=False),
     st.integers(100, 599),
     st.integers(0, 5),
+    st.one_of(st.none(), st.floats(0, 100, allow_nan=False)),
 )
 def test_a_notes_line_is_its_access_lines_text(
     texts: tuple[str, str, str], policy: str, branch: str | None, predicted: int | None,
-    ttft_s: float | None, elapsed: float, status: int, attempts: int,
+    ttft_s: float | None, elapsed: float, status: int, attempts: int, predicted_ttft_s: float | None,
 ) -> None:  # fmt: skip
     path, model, worker = texts
     note = access.RequestNote("r-1", "POST", path, 10.0)
     note.model, note.worker, note.policy, note.branch = model, worker, policy, branch
     note.predicted_tokens, note.ttft_s, note.attempts = predicted, ttft_s, attempts
+    note.predicted_ttft_s = predicted_ttft_s
     assert note.line(status, 10.0 + elapsed) == str(AccessLine(note.fields(status, 10.0 + elapsed)))
     assert list(note.fields(status, 0.0)) == list(access.FIELDS)

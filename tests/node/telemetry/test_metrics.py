@@ -119,3 +119,35 @@ def test_predicted_vs_reported_counts_only_the_requests_whose_engine_reported() 
     assert got[("prefix_router_cache_reports_total", (("verdict", "agree"), ("worker", "a")))] == 2
     assert got[("prefix_router_cache_reports_clamped_total", (("worker", "a"),))] == 1
     assert got[("prefix_router_worker_capacity_tokens", (("kind", "learned"), ("worker", "a")))] == 1_000_000
+
+
+def test_predicted_against_observed_first_token_time_per_worker() -> None:
+    metrics, _ = metrics_with("a", "b")
+    metrics.ttft_predicted("a", 0.1, 0.1)  # exact
+    metrics.ttft_predicted("a", 0.2, 0.1)  # 100 % off
+    metrics.ttft_predicted("b", 0.092, 0.1)  # 8 % off
+    got = samples(metrics)
+    bucket = "prefix_router_ttft_prediction_error_bucket"
+    assert got[(bucket, (("le", "0.05"), ("worker", "a")))] == 1
+    assert got[(bucket, (("le", "1.0"), ("worker", "a")))] == 2
+    assert got[(bucket, (("le", "0.05"), ("worker", "b")))] == 0
+    assert got[(bucket, (("le", "0.1"), ("worker", "b")))] == 1
+    assert got[("prefix_router_ttft_prediction_error_count", (("worker", "a"),))] == 2
+    sums = "prefix_router_ttft_prediction_seconds_total"
+    assert abs(got[(sums, (("kind", "predicted"), ("worker", "a")))] - 0.3) < 1e-9
+    assert abs(got[(sums, (("kind", "observed"), ("worker", "a")))] - 0.2) < 1e-9
+    metrics.forget_worker("a")
+    assert not [k for k in samples(metrics) if "ttft_prediction" in k[0] and ("worker", "a") in k[1]]
+
+
+def test_the_prediction_error_series_are_bounded(monkeypatch: object) -> None:
+    from prefix_router.node.telemetry import metrics as module
+
+    setattr(module, "MAX_SERIES", 3)  # noqa: B010
+    try:
+        metrics, _ = metrics_with()
+        for i in range(10):
+            metrics.ttft_predicted(f"w{i}", 0.1, 0.2)
+        assert len(metrics.ttft_error.series) == 3 and metrics.ttft_error.dropped == 7
+    finally:
+        setattr(module, "MAX_SERIES", 10_000)  # noqa: B010

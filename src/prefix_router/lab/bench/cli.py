@@ -74,6 +74,9 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_workload_args(p, "mixed")
     add_output_args(p)
     p.add_argument("--records", metavar="OUT", help="write one JSON line per request (per policy) to OUT")
+    p.add_argument(
+        "--decisions", metavar="OUT", help="write the router's decisions to OUT (for dashboard --replay)"
+    )
     p.set_defaults(func=_run_bench)
 
 

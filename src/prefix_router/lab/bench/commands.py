@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import sys
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from prefix_router.lab.bench import plots, table
 from prefix_router.lab.bench.harness import BenchOutcome, BenchPlan, run_bench
+from prefix_router.lab.sim.decision_log import DecisionLog
 from prefix_router.lab.workloads.arrivals import Arrivals
 from prefix_router.lab.workloads.registry import get_workload, workload_specs
 from prefix_router.lab.workloads.settings import WorkloadOptionError
@@ -118,7 +120,13 @@ def bench_command(args: argparse.Namespace) -> int:
         workload = workload_from(args)
     except WorkloadOptionError as exc:
         return option_error("bench", exc)
-    outcome = asyncio.run(run_bench(plan_from(args, workload)))
+    plan = plan_from(args, workload)
+    if getattr(args, "decisions", None):
+        simulated = plan.simulated is not False
+        with DecisionLog(args.decisions, simulated=simulated) as log:
+            outcome = asyncio.run(run_bench(dataclasses.replace(plan, decisions=log)))
+    else:
+        outcome = asyncio.run(run_bench(plan))
     emit(outcome, args)
     if args.records:
         write_records(outcome, Path(args.records))

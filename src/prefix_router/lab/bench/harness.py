@@ -19,6 +19,7 @@ from rich.console import Console
 from prefix_router.lab.bench import routers, workers
 from prefix_router.lab.bench.runner import RunnerSettings, RunResult, run_workload
 from prefix_router.lab.bench.summary import imbalance, report_document, summarize
+from prefix_router.lab.sim.decision_log import DecisionLog
 from prefix_router.lab.workloads.types import Session, Turn, Workload
 
 RouterFactory = Callable[[str], contextlib.AbstractAsyncContextManager[str]]
@@ -39,6 +40,7 @@ class BenchPlan:
     max_in_flight: int = 256
     duration_s: float | None = None
     progress: bool = True
+    decisions: DecisionLog | None = None  # the in-process router's decisions copied there
     warmup_requests: int = 4  # per worker, sent directly before the first policy (then caches are reset)
 
 
@@ -59,7 +61,7 @@ def router_factory(plan: BenchPlan) -> RouterFactory:
         url = plan.router_url
         return lambda policy: routers.external(url)
     routers.preload()
-    return lambda policy: routers.in_process(plan.workers, policy, plan.routing)
+    return lambda policy: routers.in_process(plan.workers, policy, plan.routing, plan.decisions)
 
 
 async def run_bench(

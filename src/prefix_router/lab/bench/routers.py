@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from prefix_router.node import Config, validate
+from prefix_router.lab.sim.decision_log import DecisionLog
+from prefix_router.node import Config, NodeState, public_names, validate
 from prefix_router.settings import set_dotted
 
 
@@ -22,16 +24,52 @@ def router_config(workers: Sequence[str], policy: str, routing: Mapping[str, Any
 
 @contextlib.asynccontextmanager
 async def in_process(
-    workers: Sequence[str], policy: str, routing: Mapping[str, Any] | None = None
+    workers: Sequence[str],
+    policy: str,
+    routing: Mapping[str, Any] | None = None,
+    decisions: DecisionLog | None = None,
 ) -> AsyncIterator[str]:
-    """prefix-router with a fresh state on a free loopback port of this process; yields its base URL."""
+    """prefix-router with a fresh state on a free loopback port of this process; yields its base URL.
+    ``decisions``: its decision feed copied there while it runs (``follow``)."""
+    from prefix_router.node import STATE
     from prefix_router.proxy import create_app, start
 
-    running = await start(create_app(router_config(workers, policy, routing)), "127.0.0.1", 0)
+    app = create_app(router_config(workers, policy, routing))
+    running = await start(app, "127.0.0.1", 0)
+    if decisions is not None:
+        decisions.copied = -1  # a new router: its feed counts from 0
+    copier = None if decisions is None else asyncio.create_task(follow(app[STATE], decisions))
     try:
         yield running.url
     finally:
+        if copier is not None:
+            copier.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await copier
         await running.stop()
+        if decisions is not None:
+            copy_closed(app[STATE], decisions, final=True)
+
+
+FOLLOW_S = 0.25  # the feed holds 2048 decisions: copied well before a fast run wraps it
+
+
+async def follow(state: NodeState, log: DecisionLog) -> None:
+    """Copy the node's closed decisions to ``log`` in their order, as they close."""
+    while True:
+        await asyncio.sleep(FOLLOW_S)
+        copy_closed(state, log)
+
+
+def copy_closed(state: NodeState, log: DecisionLog, final: bool = False) -> None:
+    """The decisions past the last copied one, up to the first still open (all of them when ``final``)."""
+    feed = state.decisions
+    names = public_names(state.pool, feed.hasher)
+    for entry in feed.last(len(feed), after=log.copied):
+        if entry.status is None and not final:
+            return
+        log.write(entry.view(names, feed.hasher, feed.origin))
+        log.copied = entry.seq
 
 
 def preload() -> None:

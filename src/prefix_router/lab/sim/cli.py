@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from prefix_router.lab.sim.decision_log import DecisionLog
 from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, builtin_profiles, get_profile
 from prefix_router.lab.sim.report import plot, print_report
 from prefix_router.lab.sim.run import (
@@ -119,6 +120,11 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-scale", type=float, default=1.0, help="arrival-rate multiplier (2: twice as fast)")
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="write a PNG here")
+    p.add_argument(
+        "--decisions",
+        default=None,
+        help="write every decision here (JSON lines) for `prefix-router dashboard --replay`",
+    )
     p.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -157,14 +163,23 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line, whatever the width
         return 2
-    with progress_bars(not args.no_progress) as progress:
-        report = simulate(scenario, policies, progress)
+    with progress_bars(not args.no_progress) as progress, decision_log(args.decisions) as decisions:
+        report = simulate(scenario, policies, progress, decisions)
     print_report(report, console)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:
         plot(report, args.plot)
     return 0
+
+
+@contextmanager
+def decision_log(path: str | None) -> Iterator[DecisionLog | None]:
+    if path is None:
+        yield None
+        return
+    with DecisionLog(path, simulated=True) as log:
+        yield log
 
 
 def _policies(text: str) -> list[str]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefix_router.lab.sim.decision_log import DecisionLog
 from prefix_router.lab.sim.openai_api import EngineLimits
 from prefix_router.lab.sim.oracle import oracle
 from prefix_router.lab.sim.requests import RequestSource, TraceSource
@@ -94,9 +95,13 @@ def workload_scenario(
 
 
 def simulate(
-    scenario: Scenario, policies: Sequence[str], progress: ProgressFactory | None = None
+    scenario: Scenario,
+    policies: Sequence[str],
+    progress: ProgressFactory | None = None,
+    decisions: DecisionLog | None = None,
 ) -> dict[str, Any]:
-    """Run each policy, then the oracle; returns the JSON report (``"simulated": true``)."""
+    """Run each policy, then the oracle; returns the JSON report (``"simulated": true``). ``decisions``:
+    every policy's decisions written there (``decision_log.py``)."""
     summaries: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     arrivals = None
@@ -104,7 +109,13 @@ def simulate(
         source = scenario.make_source()
         hook = progress(policy, source.total) if progress is not None else None
         sim = ClusterSimulation(
-            scenario.spec, policy, source, scenario.routing(policy), hook, keep_arrivals=arrivals is None
+            scenario.spec,
+            policy,
+            source,
+            scenario.routing(policy),
+            hook,
+            keep_arrivals=arrivals is None,
+            decisions=decisions,
         )
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals

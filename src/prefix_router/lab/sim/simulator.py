@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from prefix_router.lab.sim.decision_log import DecisionLog
 from prefix_router.lab.sim.engine import EngineEvent, EngineModel, RequestRejected
 from prefix_router.lab.sim.events import (
     EngineFault,
@@ -95,13 +96,15 @@ class ClusterSimulation:
         event_lag_s: float = 0.0,
         router_seed: str | None = None,
         feedback: FeedbackTuning | None = None,
+        decisions: DecisionLog | None = None,
     ) -> None:
         """``precise``: every engine publishes KV cache events to the router's event-fed views
         (``precise_feed.py``), each reaching the router ``event_lag_s`` of simulated time after it was
         published; ``faults``: (time, fault) pairs, restarts and cache resets; ``router_seed``: the seed
         of the router's own random choices (its ties; default ``router:<spec.seed>``), apart from the
         requests' and faults' seed, so two runs can differ in those choices alone; ``feedback``: the engine
-        feedback's constants (``routing/feedback.py``; its defaults when None)."""
+        feedback's constants (``routing/feedback.py``; its defaults when None); ``decisions``: where each
+        decision and its outcome is written (``decision_log.py``), for the dashboard's replay."""
         self.spec = spec
         self.router_seed = router_seed if router_seed is not None else f"router:{spec.seed}"
         self.policy = policy
@@ -132,6 +135,7 @@ class ClusterSimulation:
         self._unreported = 0
         self._unsampled = 0
         self._arrivals: list[SimRequest] | None = [] if keep_arrivals else None
+        self.decisions = decisions
 
     def _engine(self) -> EngineModel:
         return EngineModel(
@@ -187,6 +191,8 @@ class ClusterSimulation:
         route = request.route if self.feed is None else self.feed.with_precise(request.route, request.engine)
         decision = self.router.route(route, self.names, now, self.policy)
         self.router.dispatched(route, decision, now)
+        if self.decisions is not None:
+            self.decisions.decided(request.request_id, now, self.policy, decision, route)
         instance = self.index[decision.worker]
         try:
             self.engines[instance].submit(request.engine, now)
@@ -201,6 +207,8 @@ class ClusterSimulation:
 
     def _failed(self, request: SimRequest, worker: str, now: float) -> None:
         self.router.finished(request.route, worker, Outcome(ok=False), now)
+        if self.decisions is not None:
+            self.decisions.finished(request.request_id, 503, None, None)
         self.stats.errors += 1
         self._follow(request, now, ok=False)
         self._tick()
@@ -235,8 +243,11 @@ class ClusterSimulation:
     # ------------------------------------------------------------------ engine events
 
     def _on_first_token(self, event: EngineEvent) -> None:
-        self._live[event.request_id].first_token = event.time
+        live = self._live[event.request_id]
+        live.first_token = event.time
         self.router.first_token(event.request_id, event.time)
+        if self.decisions is not None:
+            self.decisions.first_token(event.request_id, event.time - live.request.arrival)
 
     def _on_finished(self, event: EngineEvent) -> None:
         live = self._live.pop(event.request_id)
@@ -248,6 +259,10 @@ class ClusterSimulation:
             )
         self.router.finished(live.route, self.names[live.instance], outcome, event.time)
         self.records.append(Record(request.arrival, live.instance, live.predicted, event.cached_tokens))
+        if self.decisions is not None:
+            self.decisions.finished(
+                request.request_id, 200, event.cached_tokens, request.engine.prompt_tokens
+            )
         first = live.first_token if live.first_token is not None else event.time
         self.stats.finished(
             request.arrival,

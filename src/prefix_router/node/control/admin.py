@@ -12,16 +12,19 @@ import orjson
 import pydantic
 from aiohttp import web
 
+from prefix_router.node.control import dashboard
 from prefix_router.node.control.routes import Handler, json_response
 from prefix_router.node.request.auth import check_admin
 from prefix_router.node.request.errors import ProxyError, bad_request
 from prefix_router.node.request.parse import send_continue
 from prefix_router.node.state import STATE, AdminChange, NodeState
 from prefix_router.node.telemetry.audit import audit
+from prefix_router.node.telemetry.decisions import FEED_SIZE, public_names
 from prefix_router.pool import PoolError, WorkerSettings
 from prefix_router.settings import describe
 
 MAX_ADMIN_BODY = 64 * 1024
+DECISIONS_SHOWN = 50  # /admin/decisions without ?limit=
 
 
 def admin_only(handler: Handler) -> Handler:
@@ -119,6 +122,30 @@ async def routing_summary(request: web.Request) -> web.StreamResponse:
     )
 
 
+@admin_only
+async def decisions(request: web.Request) -> web.StreamResponse:
+    """The last decisions (``?limit=``, at most ``FEED_SIZE``; ``?after=SEQ``: only newer ones), oldest
+    first: worker, branch, predicted tokens and first-token time, each candidate's figures, the outcome."""
+    state = request.app[STATE]
+    limit = query_int(request, "limit", DECISIONS_SHOWN, 1, FEED_SIZE)
+    after = query_int(request, "after", -1, -1, 2**62)
+    names = public_names(state.pool, state.decisions.hasher)
+    return json_response(
+        {"total": state.decisions.total, "decisions": state.decisions.view(names, limit, after)}
+    )
+
+
+def query_int(request: web.Request, key: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{key}: an integer", code="invalid_query") from None
+    return min(max(value, low), high)
+
+
 def set_draining(state: NodeState, name: str, draining: bool) -> web.Response:
     worker = state.pool.drain(name, draining)
     told(state, AdminChange("drain" if draining else "undrain", worker.name))
@@ -158,3 +185,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/admin/workers/{name}/drain", drain_worker)
     app.router.add_post("/admin/workers/{name}/undrain", undrain_worker)
     app.router.add_get("/admin/routing", routing_summary)
+    app.router.add_get("/admin/decisions", decisions)
+    dashboard.add_routes(app)  # behind the same token

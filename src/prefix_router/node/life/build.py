@@ -217,6 +217,7 @@ def _install_replication(app: web.Application, state: NodeState) -> None:
 
     slot = install(app, state.router, settings, clock=state.clock)
     state.metrics.registry.register(ReplicationCollector(slot))
+    state.replication_stats = slot.stats
 
 
 def _install_discovery(app: web.Application, state: NodeState) -> None:

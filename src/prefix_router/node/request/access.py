@@ -1,12 +1,13 @@
 """One client request as the operator sees it: its id, what the router decided, how it ended.
 
 ``RequestNote`` is made when a ``/v1/*`` request arrives (``handlers.guarded``), filled in by the exchange
-(worker, policy branch, predicted tokens, time to first byte, attempts) and closed once with the status the
+(worker, policy branch, predicted tokens and first-token time, time to first byte, attempts; its
+entry in the decision feed, ``node.telemetry.decisions``) and closed once with the status the
 client got: that counts ``prefix_router_requests_total`` (requests, not attempts) and writes the access log
 line (``access_log``, logger ``prefix_router.access``):
 
     method=POST path=/v1/chat/completions status=200 model=m worker=a policy=prefix branch=prefix_hit
-    predicted_tokens=208 ttft_ms=12.3 duration_ms=345.6 attempts=1
+    predicted_tokens=208 predicted_ttft_ms=10.5 ttft_ms=12.3 duration_ms=345.6 attempts=1
     request_id=0b6f3c5e-9a41-4d27-8e1f-00000000002a
 
 A disaggregated request (``docs/disaggregation.md``) adds, before its request id, how it ran (``pd``:
@@ -26,6 +27,7 @@ import logging
 import re
 from collections.abc import Mapping
 
+from prefix_router.node.telemetry.decisions import DecisionEntry
 from prefix_router.node.telemetry.logs import ACCESS_LOGGER, Fields, LineHandler, text_value
 from prefix_router.protocol import REQUEST_ID_HEADER
 
@@ -36,20 +38,23 @@ SHOWN_MAX = 256  # texts held by ``shown``
 SHOWN_MAX_CHARS = 128  # the longest text held
 _shown: dict[str, str] = {}
 # the access line's fields, in its order (``RequestNote.values``, ``access_text``)
-FIELDS = ("method", "path", "status", "model", "worker", "policy", "branch", "predicted_tokens", "ttft_ms",
-          "duration_ms", "attempts", "pd", "prefill_worker", "prefill_ms", "request_id")  # fmt: skip
+FIELDS = ("method", "path", "status", "model", "worker", "policy", "branch", "predicted_tokens",
+          "predicted_ttft_ms", "ttft_ms", "duration_ms", "attempts", "pd", "prefill_worker", "prefill_ms",
+          "request_id")  # fmt: skip
 
 
 class RequestNote:
     __slots__ = (
         "attempts",
         "branch",
+        "decision",
         "method",
         "model",
         "path",
         "pd",
         "policy",
         "predicted_tokens",
+        "predicted_ttft_s",
         "prefill_s",
         "prefill_worker",
         "request_id",
@@ -69,6 +74,8 @@ class RequestNote:
         self.policy = NONE
         self.branch: str | None = None
         self.predicted_tokens: int | None = None
+        self.predicted_ttft_s: float | None = None  # the policy's prediction (None: it makes none)
+        self.decision: DecisionEntry | None = None  # the routed attempt's entry in the decision feed
         self.ttft_s: float | None = None
         self.attempts = 0
         self.status: int | None = None  # set when it differs from the response's (499: the client left)
@@ -80,10 +87,11 @@ class RequestNote:
         """The access line's field values, in ``FIELDS``' order."""
         ttft_ms = None if self.ttft_s is None else self.ttft_s * 1e3
         prefill_ms = None if self.prefill_s is None else self.prefill_s * 1e3
+        predicted_ms = None if self.predicted_ttft_s is None else self.predicted_ttft_s * 1e3
         return (
             self.method, self.path, status, self.model, self.worker, self.policy, self.branch,
-            self.predicted_tokens, ttft_ms, (now - self.started) * 1e3, self.attempts, self.pd,
-            self.prefill_worker, prefill_ms, self.request_id,
+            self.predicted_tokens, predicted_ms, ttft_ms, (now - self.started) * 1e3, self.attempts,
+            self.pd, self.prefill_worker, prefill_ms, self.request_id,
         )  # fmt: skip
 
     def line(self, status: int, now: float) -> str:
@@ -137,6 +145,7 @@ def access_text(
     policy: object,
     branch: object,
     predicted_tokens: object,
+    predicted_ttft_ms: object,
     ttft_ms: object,
     duration_ms: object,
     attempts: object,
@@ -151,6 +160,7 @@ def access_text(
     ttft = "-" if ttft_ms is None else format(ttft_ms, ".1f")
     duration = format(duration_ms, ".1f")
     predicted = "-" if predicted_tokens is None else predicted_tokens
+    predicted_ttft = "-" if predicted_ttft_ms is None else format(predicted_ttft_ms, ".1f")
     where = f"path={shown(path)} status={status} model={shown(model)}"
     how = f"worker={shown(worker)} policy={policy} branch={branch or '-'}"
     split = ""
@@ -158,8 +168,8 @@ def access_text(
         prefill = "-" if prefill_ms is None else format(prefill_ms, ".1f")
         split = f" pd={pd} prefill_worker={shown(prefill_worker or '-')} prefill_ms={prefill}"
     return (
-        f"method={method} {where} {how} predicted_tokens={predicted} ttft_ms={ttft}"
-        f" duration_ms={duration} attempts={attempts}{split} request_id={request_id}"
+        f"method={method} {where} {how} predicted_tokens={predicted} predicted_ttft_ms={predicted_ttft}"
+        f" ttft_ms={ttft} duration_ms={duration} attempts={attempts}{split} request_id={request_id}"
     )
 
 

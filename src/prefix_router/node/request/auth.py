@@ -40,6 +40,12 @@ class Credentials:
     def __bool__(self) -> bool:
         return bool(self._digests)
 
+    def keys(self, purpose: bytes) -> list[bytes]:
+        """A key per secret for ``purpose`` (HMAC keys derived from the digests: the dashboard's session
+        cookies are signed with them, so that they never hold a secret and every replica sharing the
+        secret accepts them)."""
+        return [hmac.new(d, purpose, hashlib.sha256).digest() for d in self._digests]
+
     def accepts(self, token: str | None) -> bool:
         presented = digest(token or "")
         stored = self._digests.get(presented, b"\0" * 32)

@@ -16,6 +16,7 @@ from prefix_router.node.request.access import RequestNote, log_access
 from prefix_router.node.request.parse import Parsed
 from prefix_router.node.request.sse import ReplyAccumulator
 from prefix_router.node.state import NodeState
+from prefix_router.node.telemetry.decisions import closed
 from prefix_router.node.upstream.seam import FailureKind
 from prefix_router.pool import EngineAdapter, Worker, count, dig, openai_cached_tokens
 from prefix_router.routing import Decision, Outcome, RouteRequest
@@ -89,6 +90,7 @@ def settle(state: NodeState, flight: Flight, reply: ReplyAccumulator, status: in
     extension = extension_blocks(state, parsed, generated)
     precise = precise_extension(state, parsed, generated)
     flight.finish(status, Outcome(ok, cached, extension, prompt, precise))  # the router judges the report
+    state.decisions.reported(parsed.req.route_id, cached, prompt)
     if state.recorder is not None:
         state.recorder.record(parsed.req, output_tokens(reply, state.config.routing.keys.chars_per_token))
 
@@ -141,7 +143,13 @@ def output_tokens(reply: ReplyAccumulator, chars_per_token: float) -> int:
 
 def request_closed(state: NodeState, note: RequestNote, status: int) -> None:
     """The request is over with ``status`` (the one the client got, ``CLIENT_GONE`` when it left): count
-    it once (``prefix_router_requests_total``) and log it (``access_log``)."""
+    it once (``prefix_router_requests_total``), its decision's outcome (the feed, the predicted first-token
+    time against the observed) and log it (``access_log``)."""
     state.metrics.request_done(note.worker, note.model, note.policy, status)
+    entry = note.decision
+    if entry is not None:  # a routed request: its decision's outcome, its prediction judged
+        closed(entry, note.ttft_s, status)
+        if entry.predicted_ttft_s is not None and note.ttft_s is not None and 200 <= status < 300:
+            state.metrics.ttft_predicted(entry.worker, entry.predicted_ttft_s, note.ttft_s)
     if state.request_config.access_log:
         log_access(note, status, state.clock(), state.log_handler)

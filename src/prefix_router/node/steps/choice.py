@@ -39,20 +39,25 @@ def choose(
 ) -> tuple[Worker, Decision]:
     """The routing core's choice among ``names`` (the eligible workers, not empty) by ``policy`` (None:
     the configured one), noted (the worker, one attempt more); a routed request (``label``: its policy's
-    name, None for a pass-through) is counted by branch and predicted tokens."""
+    name, None for a pass-through) is counted by branch and predicted tokens, and recorded in the
+    decision feed."""
     decision = state.router.route(req, names, state.clock(), policy)
-    note_choice(state, decision, label, note)
+    note_choice(state, decision, label, note, req)
     return state.pool.require(decision.worker), decision
 
 
-def note_choice(state: NodeState, decision: Decision, label: str | None, note: RequestNote) -> None:
+def note_choice(
+    state: NodeState, decision: Decision, label: str | None, note: RequestNote, req: RouteRequest
+) -> None:
     """``decision`` noted (the worker, one attempt more) and, for a routed request (``label``), counted by
-    branch and predicted tokens."""
+    branch and predicted tokens and recorded in the decision feed."""
     note.worker, note.attempts = decision.worker, note.attempts + 1
     if label is not None:
         state.metrics.branches.inc((label, decision.branch))
         state.metrics.predicted.observe(decision.predicted_tokens)
         note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
+        note.predicted_ttft_s = decision.predicted_ttft_s
+        note.decision = state.decisions.add(state.clock(), label, decision, req)
 
 
 def nobody(state: NodeState, model: str | None) -> ProxyError:

@@ -27,6 +27,8 @@ from prefix_router.routing import FeedbackStats, Router, Verdict
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 MAX_SERIES = 10_000
+# |observed - predicted| / observed first-token time: 5 % ... 5x off
+ERROR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 Labels = tuple[str, ...]
 
@@ -110,6 +112,52 @@ class FastHistogram:
         return {"counts": self.counts, "sum": self.sum}
 
 
+class HistogramSet:
+    """A histogram per label value (one label), bounded like ``CounterSet``."""
+
+    def __init__(self, name: str, doc: str, label: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.doc, self.label, self.buckets = name, doc, label, buckets
+        self.series: dict[str, FastHistogram] = {}
+        self.dropped = 0
+
+    def observe(self, key: str, value: float) -> None:
+        histogram = self.series.get(key)
+        if histogram is None:
+            if len(self.series) >= MAX_SERIES:
+                self.dropped += 1
+                return
+            histogram = self.series[key] = FastHistogram(self.name, self.doc, self.buckets)
+        histogram.observe(value)
+
+    def forget(self, key: str) -> None:
+        self.series.pop(key, None)
+
+    def family(self, others: Iterable[dict[str, Any]] = ()) -> Metric:
+        """The Prometheus family, with other processes' series (``snapshot`` dicts) added in."""
+        merged: dict[str, list[dict[str, Any]]] = {k: [] for k in self.series}
+        for other in others:
+            for key, snap in other.items():
+                if isinstance(snap, dict) and (key in merged or len(merged) < MAX_SERIES):
+                    merged.setdefault(str(key), []).append(snap)
+        family = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
+        empty = FastHistogram(self.name, self.doc, self.buckets)
+        for key, snaps in merged.items():
+            one = self.series.get(key, empty).family(snaps)
+            for sample in one.samples:
+                if sample.name.endswith(("_bucket", "_sum")):
+                    labels = {
+                        self.label: key,
+                        **({"le": sample.labels["le"]} if "le" in sample.labels else {}),
+                    }
+                    family.samples.append(sample._replace(labels=labels))
+                elif sample.name.endswith("_count"):
+                    family.samples.append(sample._replace(labels={self.label: key}))
+        return family
+
+    def snapshot(self) -> dict[str, Any]:
+        return {key: h.snapshot() for key, h in self.series.items()}
+
+
 def _part(snapshot: dict[str, Any], section: str, name: str, kind: type) -> Any:
     """``snapshot[section][name]`` when it is a ``kind``, else an empty one (a bad snapshot adds nothing)."""
     table = snapshot.get(section)
@@ -177,6 +225,21 @@ class ProxyMetrics:
             " decode worker's first byte, i.e. the KV handoff (transfer or load) and the first decode step",
             LATENCY_BUCKETS,
         )
+        self.ttft_error = HistogramSet(
+            "prefix_router_ttft_prediction_error",
+            "How far the predicted first-token time was off, per worker: |observed - predicted| / observed "
+            "(observed: the request's first byte since it arrived), for 2xx routed requests whose policy "
+            "predicted one; its quantiles say how far to trust the prediction",
+            "worker",
+            ERROR_BUCKETS,
+        )
+        self.ttft_seconds = CounterSet(
+            "prefix_router_ttft_prediction_seconds",
+            "Sums of the predicted (kind=predicted) and observed (kind=observed) first-token times of the "
+            "requests in prefix_router_ttft_prediction_error, per worker: their ratio is the prediction's "
+            "bias",
+            ("worker", "kind"),
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         collector: Any = self  # a ``Collector`` by its method
         self.registry.register(collector)
@@ -186,7 +249,7 @@ class ProxyMetrics:
 
     def _counters(self) -> tuple[CounterSet, ...]:
         return (self.requests, self.attempts, self.branches, self.upstream_errors, self.rejected,
-                self.retries, self.record_dropped, self.pd_requests)  # fmt: skip
+                self.retries, self.record_dropped, self.pd_requests, self.ttft_seconds)  # fmt: skip
 
     def _histograms(self) -> tuple[FastHistogram, ...]:
         return (self.predicted, self.ttft, self.latency, self.pd_prefill, self.pd_decode_ttft)
@@ -198,6 +261,7 @@ class ProxyMetrics:
             {
                 "counters": {c.name: c.snapshot() for c in self._counters()},
                 "histograms": {h.name: h.snapshot() for h in self._histograms()},
+                "ttft_error": self.ttft_error.snapshot(),
                 "in_flight": {w.name: self._pool.in_flight(w.name) for w in self._pool},
                 "feedback": {w: dataclasses.asdict(f) for w, f in list(self._router.feedback.items())},
             }
@@ -220,10 +284,17 @@ class ProxyMetrics:
         """One client request ended with ``status``: counted once, however many attempts it took."""
         self.requests.inc((worker, model, policy, str(status)))
 
+    def ttft_predicted(self, worker: str, predicted_s: float, observed_s: float) -> None:
+        """A request's predicted first-token time against the one observed."""
+        self.ttft_error.observe(worker, abs(observed_s - predicted_s) / max(observed_s, 1e-6))
+        self.ttft_seconds.inc((worker, "predicted"), predicted_s)
+        self.ttft_seconds.inc((worker, "observed"), observed_s)
+
     def forget_worker(self, worker: str) -> None:
         """Drop a removed worker's series so the registry stays bounded by the live pool."""
-        for counter in (self.requests, self.attempts, self.upstream_errors):
+        for counter in (self.requests, self.attempts, self.upstream_errors, self.ttft_seconds):
             counter.forget(0, worker)
+        self.ttft_error.forget(worker)
 
     def collect(self) -> Iterator[Metric]:
         peers = self._peer_snapshots()
@@ -231,6 +302,7 @@ class ProxyMetrics:
             yield counter.family(_part(p, "counters", counter.name, list) for p in peers)
         for histogram in self._histograms():
             yield histogram.family(_part(p, "histograms", histogram.name, dict) for p in peers)
+        yield self.ttft_error.family(p.get("ttft_error") or {} for p in peers)
         yield from self._pool_gauges(peers)
         yield from self._feedback(peers)
         yield from self._units()  # this process's (with --processes, each learns every process's reports)

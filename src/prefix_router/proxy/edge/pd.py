@@ -263,7 +263,7 @@ async def open_disaggregated(ex: Exchange) -> Opened:
     decode_decision = pd.decode
     if stages.skipped is None:  # the prompt's KV cache reaches the decode worker
         decode_decision = state.router.handed_over(ex.req, pd.decode)
-    note_choice(state, decode_decision, ex.label, ex.note)
+    note_choice(state, decode_decision, ex.label, ex.note, ex.req)
     worker = state.pool.require(decode_decision.worker)
     opened = await ex.open_from(worker, decode_decision, stages.decode_names)
     stages.opened()
