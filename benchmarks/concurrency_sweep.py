@@ -62,6 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the results text file ('' for none)")
     p.add_argument("--json", dest="json_out", default="", help="also write the cells as JSON here")
     p.add_argument("--plot-prefix", default=str(DEFAULT_PLOT), help="PNG path prefix ('' for none)")
+    p.add_argument("--from-json", default="", help="run nothing: text and plots from this --json output")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -138,6 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.from_json:
+        document = json.loads(Path(args.from_json).read_text())
+        document["judged"] = args.judge  # the JSON's cells judged again, for this policy
+        document["summary"] = sweep.summary(document["cells"], args.judge)
+        write(document, args, sorted({c["arrivals"] for c in document["cells"]}))
+        return 0
     cells = run_all(settings, plan, args.workers, not args.no_progress)
     document = {
         "simulated": True,
@@ -146,6 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cells": cells,
         "summary": sweep.summary(cells, args.judge),
     }
+    write(document, args, plan.arrivals)
+    return 0
+
+
+def write(document: dict[str, Any], args: argparse.Namespace, arrivals: Sequence[str]) -> None:
+    """Print the report; write it, the JSON and a plot per arrival process where asked."""
     report = sweep_report.text(document)
     print(report, end="")
     if args.out:
@@ -154,9 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(document, indent=1) + "\n")
     if args.plot_prefix:
-        for arrivals in plan.arrivals:
-            sweep_report.plot(document, f"{args.plot_prefix}_{arrivals}.png", arrivals)
-    return 0
+        for kind in arrivals:
+            sweep_report.plot(document, f"{args.plot_prefix}_{kind}.png", kind)
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def test_the_script_writes_its_text_and_plots(tmp_path: Path) -> None:
     out, plots = tmp_path / "sweep.txt", tmp_path / "sweep"
     args = ["--engines", "2", "--concurrency", "1", "4", "--profiles", "cpu", "--caches", "kv-bound",
             "--seeds", "0", "1", "--requests", "24", "--policies", ",".join(TINY_POLICIES), "--workers", "1",
-            "--out", str(out), "--plot-prefix", str(plots), "--no-progress"]  # fmt: skip
+            "--out", str(out), "--plot-prefix", str(plots), "--json", str(tmp_path / "sweep.json"),
+            "--no-progress"]  # fmt: skip
     with benchmark_module("concurrency_sweep.py") as bench:
         assert bench.main(args) == 0
     text = out.read_text()
@@ -115,6 +116,12 @@ def test_the_script_writes_its_text_and_plots(tmp_path: Path) -> None:
     assert "SUMMARY for prefix over 4 cells" in text and "targets:" in text
     for arrivals in sweep.ARRIVALS:
         assert (tmp_path / f"sweep_{arrivals}.png").stat().st_size > 1000
+    assert text.count("[hit:") == 4  # a line per cell at a glance
+    again = tmp_path / "again.txt"
+    with benchmark_module("concurrency_sweep.py") as bench:
+        rejudge = ["--from-json", str(tmp_path / "sweep.json"), "--judge", "sglang_cache_aware"]
+        assert bench.main([*rejudge, "--out", str(again), "--plot-prefix", ""]) == 0
+    assert "SUMMARY for sglang_cache_aware over 4 cells" in again.read_text()
     assert sweep_report.cell_label({"engines": 2, "profile": "gpu", "cache": "roomy", "arrivals": "open",
                                     "concurrency": 8, "rate_rps": 1.5}).endswith("1.50 req/s")  # fmt: skip
 

@@ -63,6 +63,28 @@ def verdict_line(checks: Mapping[str, Mapping[str, Any]]) -> str:
     return "targets: " + "; ".join(parts)
 
 
+def glance_line(cell: Mapping[str, Any], judged: str) -> str:
+    """One line per cell: the judged policy's hit rate and TTFT mean against the best emulated peer's and
+    the best policy's, and which targets hold."""
+    rows = cell["policies"]
+    own = rows[judged]
+    peers = {p: rows[p] for p in EMULATED_PEERS if p in rows and p != judged}
+    best = min(rows, key=lambda p: rows[p]["ttft_mean_ms"]["mean"])
+    where = f"{cell['engines']} x {cell['profile']:3s} {cell['cache']:8s} {cell['arrivals']:6s}"
+    text = f"{where} @{cell['concurrency']:2d}  hit {own['hit_rate']['mean'] * 100:5.1f} %"
+    if peers:
+        peer_hit = max(r["hit_rate"]["mean"] for r in peers.values())
+        peer_ttft = min(r["ttft_mean_ms"]["mean"] for r in peers.values())
+        ttft = own["ttft_mean_ms"]["mean"]
+        text += f" (peer {peer_hit * 100:5.1f})  TTFT {ttft:7,.0f} ms (peer {peer_ttft:7,.0f})"
+    text += f"  best {best} {rows[best]['ttft_mean_ms']['mean']:,.0f} ms"
+    checks = evaluate(cell, judged)["checks"]
+    marks = " ".join(
+        f"{k}:{'ok' if checks[k]['ok'] else 'NO'}" for k in ("hit", "mean", "p99") if k in checks
+    )
+    return f"{text}  [{marks}]"
+
+
 def summary_text(cells: Sequence[Mapping[str, Any]], judged: str) -> list[str]:
     s = summary(cells, judged)
     met = s["met"]
@@ -101,6 +123,8 @@ def text(document: Mapping[str, Any]) -> str:
     lines = list(document["header"])
     for cell in document["cells"]:
         lines += ["", *cell_text(cell, judged)]
+    lines += ["", f"AT A GLANCE ({judged}; peer = the best emulated peer's hit rate and TTFT mean):"]
+    lines += [glance_line(cell, judged) for cell in document["cells"] if judged in cell["policies"]]
     lines += ["", *summary_text(document["cells"], judged)]
     return "\n".join(lines) + "\n"
 
