@@ -92,8 +92,12 @@ def grid(args: argparse.Namespace) -> tuple[list[Setting], Plan]:
     return list(chosen), Plan(policies, seeds, requests, knobs(args.set), tuple(args.arrivals))
 
 
-def run_all(settings: Sequence[Setting], plan: Plan, workers: int, progress: bool) -> list[dict[str, Any]]:
-    """Every setting's cells, in grid order, over a pool of at most ``MAX_WORKERS`` processes."""
+def run_all(
+    settings: Sequence[Setting], plan: Plan, workers: int, progress: bool, partial: Path | None = None
+) -> list[dict[str, Any]]:
+    """Every setting's cells, in grid order, over a pool of at most ``MAX_WORKERS`` processes; the cells
+    done so far are written to ``partial`` (JSON) after each setting, so a long run can be followed and an
+    interrupted one rendered (``--from-json``)."""
     workers = max(1, min(workers, MAX_WORKERS, len(settings)))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     results: dict[int, list[dict[str, Any]]] = {}
@@ -102,6 +106,7 @@ def run_all(settings: Sequence[Setting], plan: Plan, workers: int, progress: boo
         if workers == 1:
             for i, setting in enumerate(settings):
                 results[i] = sweep.run_setting(setting, plan)
+                _save(partial, results)
                 bars.advance(task)
         else:
             with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -110,8 +115,15 @@ def run_all(settings: Sequence[Setting], plan: Plan, workers: int, progress: boo
                 }
                 for future in as_completed(futures):
                     results[futures[future]] = future.result()
+                    _save(partial, results)
                     bars.advance(task)
     return [cell for i in range(len(settings)) for cell in results[i]]
+
+
+def _save(partial: Path | None, results: dict[int, list[dict[str, Any]]]) -> None:
+    if partial is not None:
+        cells = [cell for i in sorted(results) for cell in results[i]]
+        partial.write_text(json.dumps({"simulated": True, "partial": True, "cells": cells}) + "\n")
 
 
 def header(settings: Sequence[Setting], plan: Plan, judged: str) -> list[str]:
@@ -141,11 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.from_json:
         document = json.loads(Path(args.from_json).read_text())
+        document.setdefault("header", ["SIMULATED concurrency sweep (an interrupted run: the settings done)"])
         document["judged"] = args.judge  # the JSON's cells judged again, for this policy
         document["summary"] = sweep.summary(document["cells"], args.judge)
         write(document, args, sorted({c["arrivals"] for c in document["cells"]}))
         return 0
-    cells = run_all(settings, plan, args.workers, not args.no_progress)
+    partial = Path(args.json_out) if args.json_out else None
+    cells = run_all(settings, plan, args.workers, not args.no_progress, partial)
     document = {
         "simulated": True,
         "judged": args.judge,
