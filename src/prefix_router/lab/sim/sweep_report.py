@@ -147,7 +147,7 @@ def plot(document: Mapping[str, Any], path: str | Path, arrivals: str) -> None:
         return
     policies = list(cells[0]["policies"])
     fig, axes = plt.subplots(
-        len(rows), 2 * len(fleets), figsize=(5 * len(fleets) * 2, 3.2 * len(rows)), squeeze=False
+        len(rows), 2 * len(fleets), figsize=(4 * len(fleets) * 2, 3 * len(rows)), squeeze=False
     )
     for r, (profile, cache) in enumerate(rows):
         for f, engines in enumerate(fleets):
@@ -170,7 +170,7 @@ def plot(document: Mapping[str, Any], path: str | Path, arrivals: str) -> None:
     axes[0][0].legend(fontsize="x-small", ncol=2)
     fig.suptitle(f"Concurrency sweep, {arrivals} arrivals (SIMULATED engines; 95 % intervals over seeds)")
     fig.tight_layout()
-    fig.savefig(path, dpi=70)
+    fig.savefig(path, dpi=60)
     plt.close(fig)
 
 
