@@ -153,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.from_json:
         document = json.loads(Path(args.from_json).read_text())
+        if any(args.judge not in c["policies"] for c in document["cells"]):
+            print(f"error: --judge {args.judge} did not run in {args.from_json}", file=sys.stderr)
+            return 2
         document.setdefault("header", ["SIMULATED concurrency sweep (an interrupted run: the settings done)"])
         document["judged"] = args.judge  # the JSON's cells judged again, for this policy
         document["summary"] = sweep.summary(document["cells"], args.judge)

@@ -122,6 +122,8 @@ def test_the_script_writes_its_text_and_plots(tmp_path: Path) -> None:
         rejudge = ["--from-json", str(tmp_path / "sweep.json"), "--judge", "sglang_cache_aware"]
         assert bench.main([*rejudge, "--out", str(again), "--plot-prefix", ""]) == 0
     assert "SUMMARY for sglang_cache_aware over 4 cells" in again.read_text()
+    with benchmark_module("concurrency_sweep.py") as bench:
+        assert bench.main(["--from-json", str(tmp_path / "sweep.json"), "--judge", "ttft", "--out", ""]) == 2
     assert sweep_report.cell_label({"engines": 2, "profile": "gpu", "cache": "roomy", "arrivals": "open",
                                     "concurrency": 8, "rate_rps": 1.5}).endswith("1.50 req/s")  # fmt: skip
 

@@ -266,8 +266,9 @@ def _check(value: float, bound: float, ok: bool) -> dict[str, Any]:
 
 def evaluate(cell: Mapping[str, Any], judged: str = DEFAULT_POLICY) -> dict[str, Any]:
     """Issue 41's targets for ``judged`` in one cell, on the seeds' means: ``hit`` (>= the best emulated
-    peer's - 1 point), ``mean`` (TTFT mean <= every other policy's x 1.02), ``p99`` (TTFT p99 <= the best
-    load-only policy's) and ``ratio`` (TTFT mean / the best emulated peer's; judged over the sweep)."""
+        peer's - 1 point), ``mean`` (TTFT mean <= every other policy's x 1.02), ``p99`` (TTFT p99 <= the best
+        load-only policy's) and ``ratio`` (TTFT mean / the best emulated peer's; judged over the sweep). The
+    peers, load-only and other policies compared are those other than ``judged`` itself."""
     rows = cell["policies"]
     own = rows[judged]
     checks: dict[str, dict[str, Any]] = {}
