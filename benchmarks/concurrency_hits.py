@@ -19,31 +19,20 @@ tokens), TTFT mean, the load imbalance and the decisions per branch (summed over
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections import Counter
 from typing import Any
 
 from prefix_router.lab.sim.openai_api import EngineLimits
-from prefix_router.lab.sim.profiles import EngineProfile, get_profile
 from prefix_router.lab.sim.run import routing_factory
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
 from prefix_router.lab.sim.stats import summarize
+from prefix_router.lab.sim.sweep import cpu_engine  # the timing assumed above
 from prefix_router.lab.sim.workload_source import WorkloadSource
 from prefix_router.lab.workloads.arrivals import Arrivals
 from prefix_router.lab.workloads.registry import get_workload
 from prefix_router.settings import parse_scalar, set_dotted
 
 CAPACITY_TOKENS = 4096
-
-
-def cpu_engine() -> EngineProfile:
-    """The assumed timing (see the module doc), 4,096 tokens of cache in 128-token blocks, 8 sequences."""
-    return dataclasses.replace(
-        get_profile("cpu-demo"), name="cpu-135m-assumed", step_overhead_s=0.01, weights_read_s=0.02,
-        token_compute_s=1e-3, attention_pair_s=1e-8, kv_read_s_per_token=1e-7, per_seq_s=1e-4,
-        kv_capacity_tokens=CAPACITY_TOKENS, max_num_seqs=8, max_num_batched_tokens=2048,
-        max_model_len=4096, block_size=128,
-    )  # fmt: skip
 
 
 def run(policy: str, concurrency: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -14,11 +14,19 @@ shared-prefix workload's system prompts of about 800 tokens beside the request b
 once; their prefix caches are flushed before every run (``POST /reset_prefix_cache``, by ``bench``).
 
 Routers, each its own process, started fresh per run: prefix-router ``serve --processes 1`` with
-``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2 ``cache_aware`` and
-vllm-router 0.1.17 ``cache_aware`` with their defaults (installed into ``--peers-venv`` if missing,
+``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2, SMG 1.13 (``smg launch``) and
+vllm-router 0.1.17, each ``cache_aware`` with its defaults (installed into ``--peers-venv`` if missing,
 never into the project's venv). Client: ``prefix-router bench --router URL`` (the ``openai`` client,
-streaming), closed loop at ``--concurrency`` sessions (default 1: on one core per engine, a second request in
-flight queues behind a cold prefill and the TTFT measures the queue more than the routing), seeded.
+streaming), closed loop at each ``--concurrency`` (default 1), seeded; ``--rounds`` repeats each
+concurrency with the routers' order rotated by one per round. prefix-router logs its access lines
+(``log_level=info``): where its policy predicts the first-token time (``predicted_ttft_ms`` beside
+``ttft_ms``), the run's median absolute percentage error after ``WARMUP_REQUESTS`` is reported.
+
+Issue 41's comparison (2 engines, 4 and 8 in flight, every router ``cache_aware``; ``OUT/summary.md``
+pools the rounds: hit rate from the engines' usage, TTFT mean, both against the best peer's):
+
+    .venv/bin/python benchmarks/vllm_real.py --instances 2 --plan shared:prefix,sglang,smg,vllm \
+        --concurrency 4 8 --rounds 2 --requests 24
 
 Cells (``cells(instances)``; ``--plan`` says which routers run in which cell):
 
@@ -52,7 +60,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -71,7 +81,7 @@ from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, cpu_flags, re
 
 ROOT = Path(__file__).resolve().parents[1]
 PR = str(Path(sys.executable).with_name("prefix-router"))
-PEER_PINS = ("sglang-router==0.3.2", "vllm-router==0.1.17")
+PEER_PINS = ("sglang-router==0.3.2", "smg==1.13.0", "vllm-router==0.1.17")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +124,7 @@ def cells(instances: int, prompts_per_engine: int = PROMPTS_PER_ENGINE) -> dict[
 @dataclass(frozen=True, slots=True)
 class Router:
     label: str
-    kind: str  # prefix-router | sglang-router | vllm-router
+    kind: str  # prefix-router | sglang-router | smg | vllm-router
     policy: str
 
 
@@ -124,27 +134,36 @@ ROUTERS: dict[str, Router] = {
     "least_load": Router("prefix-router least_load", "prefix-router", "least_load"),
     "prefix": Router("prefix-router prefix", "prefix-router", "prefix"),
     "sglang": Router("sglang-router cache_aware", "sglang-router", "cache_aware"),
+    "smg": Router("smg cache_aware", "smg", "cache_aware"),
     "vllm": Router("vllm-router cache_aware", "vllm-router", "cache_aware"),
 }
 
 
 def ensure_peers(venv: Path) -> None:
     """The peers in their own venv (as benchmarks/peers.sh installs them)."""
-    ok = (venv / "bin" / "vllm-router").exists() and subprocess.call(
-        [str(venv / "bin" / "python"), "-c", "import sglang_router"], stderr=subprocess.DEVNULL
-    ) == 0
+    binaries = ("vllm-router", "smg")
+    ok = (
+        all((venv / "bin" / b).exists() for b in binaries)
+        and subprocess.call(
+            [str(venv / "bin" / "python"), "-c", "import sglang_router"], stderr=subprocess.DEVNULL
+        )
+        == 0
+    )
     if not ok:
         subprocess.check_call(["python3", "-m", "venv", str(venv)])
         subprocess.check_call([str(venv / "bin" / "pip"), "install", "--quiet", *PEER_PINS])
 
 
 def router_command(
-    router: Router, workers: Sequence[str], port: int, metrics_port: int, venv: Path
+    router: Router, workers: Sequence[str], port: int, metrics_port: int, venv: Path, access_log: bool = False
 ) -> list[str]:
+    """The router's command line; ``access_log``: prefix-router logs at info, one access line a request
+    (its ``ttft_ms`` and, where the policy makes one, ``predicted_ttft_ms``: see ``prediction_errors``)."""
     if router.kind == "prefix-router":
         flags = [arg for w in workers for arg in ("--worker", w)]
+        level = "info" if access_log else "warning"
         return [PR, "serve", *flags, "--policy", router.policy, "--port", str(port), "--processes", "1",
-                "--set", "log_level=warning"]  # fmt: skip
+                "--set", f"log_level={level}"]  # fmt: skip
     common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
               "--policy", router.policy,
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
@@ -157,12 +176,14 @@ def router_command(
             "--log-level",
             "warn",
         ]
+    if router.kind == "smg":
+        return [str(venv / "bin" / "smg"), "launch", *common, "--log-level", "warn"]
     return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
 
 
 def router_env(router: Router) -> dict[str, str]:
     env = dict(os.environ)
-    if router.kind == "sglang-router":  # never reach a model hub (../shared/peers.md)
+    if router.kind in ("sglang-router", "smg"):  # never reach a model hub (../shared/peers.md)
         env.update(HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
     return env
 
@@ -183,8 +204,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def running_router(router: Router, workers: Sequence[str], port: int, log: Path, venv: Path) -> Iterator[int]:
-    proc = peers.start(router_command(router, workers, port, port + 1, venv), log, router_env(router))
+def running_router(
+    router: Router, workers: Sequence[str], port: int, log: Path, venv: Path, access_log: bool = False
+) -> Iterator[int]:
+    command = router_command(router, workers, port, port + 1, venv, access_log)
+    proc = peers.start(command, log, router_env(router))
     try:
         peers.wait_http(f"http://127.0.0.1:{port}/health", timeout_s=60)
         yield proc.pid
@@ -193,13 +217,13 @@ def running_router(router: Router, workers: Sequence[str], port: int, log: Path,
 
 
 def bench_command(cell: Cell, router: Router, workers: Sequence[str], port: int, out: Path,
-                  args: argparse.Namespace) -> list[str]:  # fmt: skip
+                  args: argparse.Namespace, concurrency: int = 1) -> list[str]:  # fmt: skip
     """``prefix-router bench`` for one run: results to ``out``, per-request records beside it."""
     opts = [arg for o in cell.options for arg in ("--workload-opt", o)]
     return [PR, "bench", "--workers", *workers, "--router", f"http://127.0.0.1:{port}",
             "--label", router.label,
             "--workload", cell.workload, *opts, "--requests", str(args.requests or cell.requests),
-            "--concurrency", str(args.concurrency), "--seed", str(args.seed), "--real", "--no-progress",
+            "--concurrency", str(concurrency), "--seed", str(args.seed), "--real", "--no-progress",
             "--timeout", "300", "--json", str(out), "--records", str(records_path(out))]  # fmt: skip
 
 
@@ -258,17 +282,26 @@ def tenant_cacheable(runs: Sequence[Sequence[dict[str, Any]]], groups: Groups) -
     return best
 
 
-def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespace) -> dict[str, Any]:
+def run_one(
+    fleet: VllmFleet,
+    cell: Cell,
+    router: Router,
+    args: argparse.Namespace,
+    concurrency: int = 1,
+    round_: int = 0,
+) -> dict[str, Any]:
     out_dir = args.out / cell.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    slug = router.label.replace(" ", "_")
+    slug = router.label.replace(" ", "_") + (f".c{concurrency}.r{round_}" if args.rounds > 1 or
+                                            len(args.concurrency) > 1 else "")  # fmt: skip
     port = args.port_base
     load_start = os.getloadavg()[0]
     engines_before = [cpu_seconds(i.process.pid) for i in fleet.instances]
     started = time.monotonic()
-    with running_router(router, fleet.urls, port, out_dir / f"{slug}.router.log", args.peers_venv) as pid:
+    router_log = out_dir / f"{slug}.router.log"
+    with running_router(router, fleet.urls, port, router_log, args.peers_venv, args.predictions) as pid:
         router_before = cpu_seconds(pid)
-        cmd = bench_command(cell, router, fleet.urls, port, out_dir / f"{slug}.json", args)
+        cmd = bench_command(cell, router, fleet.urls, port, out_dir / f"{slug}.json", args, concurrency)
         with (out_dir / f"{slug}.log").open("wb") as sink:
             rc = subprocess.call(cmd, stdout=sink, stderr=subprocess.STDOUT)
         router_cpu = cpu_seconds(pid) - router_before
@@ -278,6 +311,9 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
     row: dict[str, Any] = {
         "cell": cell.name,
         "router": router.label,
+        "kind": router.kind,
+        "concurrency": concurrency,
+        "round": round_,
         "rc": rc,
         "wall_s": round(wall, 1),
         "router_cpu_s": round(router_cpu, 2),
@@ -287,6 +323,7 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
         "dtype": resolved_dtype(fleet.settings.dtype, cpu_flags()),
         "instances": len(fleet.instances),
         "kv_cache_tokens": fleet.settings.kv_cache_tokens,
+        "predictions": prediction_errors(router_log) if router.kind == "prefix-router" else None,
     }
     try:
         document = json.loads((out_dir / f"{slug}.json").read_text())
@@ -306,6 +343,84 @@ def run_one(fleet: VllmFleet, cell: Cell, router: Router, args: argparse.Namespa
         bench_wall_s=summary["wall_s"],
     )
     return row
+
+
+WARMUP_REQUESTS = 8  # a run's first requests, left out of the prediction error (the model learns online)
+_FIELD = re.compile(r"\b(predicted_ttft_ms|ttft_ms)=([0-9.]+)")
+
+
+def prediction_errors(log: Path, warmup: int = WARMUP_REQUESTS) -> dict[str, Any] | None:
+    """The median absolute percentage error of the router's predicted first-token time against the one it
+    observed, from its access lines (``predicted_ttft_ms=`` beside ``ttft_ms=``), after ``warmup`` requests;
+    None where the router logs no prediction (a policy without one, or a build before it)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    pairs = []
+    for line in lines:
+        fields = dict(_FIELD.findall(line))
+        if "predicted_ttft_ms" in fields and "ttft_ms" in fields and float(fields["ttft_ms"]) > 0:
+            pairs.append((float(fields["predicted_ttft_ms"]), float(fields["ttft_ms"])))
+    kept = pairs[warmup:]
+    if not kept:
+        return None
+    errors = sorted(abs(p - o) / o for p, o in kept)
+    return {"requests": len(kept), "warmup": min(warmup, len(pairs)), "mdape": statistics.median(errors)}
+
+
+def pooled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
+    """Per (cell, concurrency) and router, its rounds pooled: hit rate (cached / prompt tokens, summed
+    over the requests' usage), TTFT mean weighted by requests, prediction errors' median of medians."""
+    out: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if not r.get("requests"):
+            continue
+        key = (r["cell"], int(r.get("concurrency", 1)))
+        acc = out.setdefault(key, {}).setdefault(
+            r["router"], {"kind": r.get("kind", ""), "prompt": 0, "cached": 0, "requests": 0, "ttft_sum": 0.0,
+                          "rounds": 0, "mdape": []},
+        )  # fmt: skip
+        acc["prompt"] += r["prompt_tokens"]
+        acc["cached"] += r["cached_tokens"]
+        acc["requests"] += r["requests"]
+        acc["ttft_sum"] += r["ttft_ms"]["mean"] * r["requests"]
+        acc["rounds"] += 1
+        if r.get("predictions"):
+            acc["mdape"].append(r["predictions"]["mdape"])
+    return out
+
+
+def peer_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """Per cell and concurrency: each router's hit rate and TTFT mean, against the best peer's (the highest
+    hit rate and the lowest TTFT mean among the routers that are not prefix-router)."""
+    lines = [
+        "| cell | in flight | router | rounds | hit rate | hit - best peer's | TTFT mean ms "
+        "| TTFT / best peer's | predicted TTFT MdAPE |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (cell, concurrency), routers in pooled_rows(rows).items():
+        stats = {
+            name: (a["cached"] / a["prompt"] if a["prompt"] else 0.0, a["ttft_sum"] / a["requests"])
+            for name, a in routers.items()
+        }
+        peers_ = [name for name, a in routers.items() if a["kind"] != "prefix-router"]
+        best_hit = max((stats[p][0] for p in peers_), default=None)
+        best_ttft = min((stats[p][1] for p in peers_), default=None)
+        for name, a in routers.items():
+            hit, ttft = stats[name]
+            dhit = "n/a" if best_hit is None else f"{(hit - best_hit) * 100:+.1f} pt"
+            ratio = "n/a" if not best_ttft else f"{ttft / best_ttft:.2f}x"
+            mdape = f"{statistics.median(a['mdape']) * 100:.0f} %" if a["mdape"] else "n/a"
+            lines.append(f"| {cell} | {concurrency} | {name} | {a['rounds']} | {hit * 100:.1f} % | {dhit} "
+                         f"| {ttft:,.0f} | {ratio} | {mdape} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def rotated(routers: Sequence[Router], round_: int) -> list[Router]:
+    """The routers' order in round ``round_``: rotated by one each round, so none always runs first."""
+    k = round_ % len(routers) if routers else 0
+    return [*routers[k:], *routers[:k]]
 
 
 def read_records(path: str | None) -> list[dict[str, Any]]:
@@ -343,8 +458,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         t = r.get("ttft_ms") or {}
         per = r.get("requests_per_worker") or {}
         busy = " + ".join(str(e) for e in r["engine_cpu_s"])
+        label = r["router"] + (f" @{r['concurrency']} r{r['round']}" if "round" in r else "")
         lines.append(
-            f"| {r['cell']} | {r['router']} | {ms(t.get('p50'))} | {ms(t.get('p90'))} | {ms(t.get('p99'))} "
+            f"| {r['cell']} | {label} | {ms(t.get('p50'))} | {ms(t.get('p90'))} | {ms(t.get('p99'))} "
             f"| {ms(t.get('mean'))} | {percent(r.get('engine_hit_rate'))} "
             f"| {percent(r.get('ideal_hit_rate'))} "
             f"| {busy} | {r['router_cpu_s']} | {' / '.join(str(v) for v in per.values())} "
@@ -371,7 +487,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts-per-engine", type=int, default=PROMPTS_PER_ENGINE,
                    help="shared: tenants per engine (default %(default)s: the default cache)")  # fmt: skip
     p.add_argument("--requests", type=int, help="requests per run (default: the cell's)")
-    p.add_argument("--concurrency", type=int, default=1, help="sessions in flight (default 1)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1], help="sessions in flight (default 1)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds per concurrency, routers' order rotated")
+    p.add_argument("--no-predictions", dest="predictions", action="store_false",
+                   help="prefix-router logs at warning: no access line, no prediction error")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
                    help="per engine (default %(default)s: 28 blocks of 128)")  # fmt: skip
@@ -417,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
         (args.out / "table.md").write_text(table(rows))
         print(table(rows))
+        print(peer_summary(rows))
         return 0
     plan = parse_plan(args.plan, args.instances, args.prompts_per_engine)
     if any(r.kind != "prefix-router" for _, routers in plan for r in routers):
@@ -428,14 +548,18 @@ def main(argv: list[str] | None = None) -> int:
     with VllmFleet(settings) as fleet:
         for cell, routers in plan:
             groups = prefix_groups(cell, args.requests or cell.requests, args.seed)
-            for router in routers:
-                print(f"{cell.name}: {router.label}", flush=True)
-                rows.append(run_one(fleet, cell, router, args))
-                with_ideal(rows, cell, groups, settings.block_size)
-                print(table(rows[-1:]).splitlines()[-1], flush=True)
-                (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
+            for concurrency in args.concurrency:
+                for round_ in range(args.rounds):
+                    for router in rotated(routers, round_):
+                        print(f"{cell.name} @{concurrency} round {round_}: {router.label}", flush=True)
+                        rows.append(run_one(fleet, cell, router, args, concurrency, round_))
+                        with_ideal(rows, cell, groups, settings.block_size)
+                        print(table(rows[-1:]).splitlines()[-1], flush=True)
+                        (args.out / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out / "table.md").write_text(table(rows))
+    (args.out / "summary.md").write_text(peer_summary(rows))
     print(table(rows))
+    print(peer_summary(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 

@@ -90,3 +90,55 @@ def test_no_ideal_where_sessions_carry_their_generated_replies(bench: ModuleType
     assert "ideal_hit_rate" not in rows[0]
     bench.with_ideal(rows, bench.cells(2)["multiturn"], bench.Groups({"s": "s"}, frozenset(), True), 128)
     assert rows[0]["ideal_hit_rate"] == 0.0
+
+
+def test_rounds_rotate_the_routers_order(bench: ModuleType) -> None:
+    routers = [bench.ROUTERS[name] for name in ("prefix", "sglang", "smg", "vllm")]
+    orders = [[r.kind for r in bench.rotated(routers, k)] for k in range(5)]
+    assert orders[0] == ["prefix-router", "sglang-router", "smg", "vllm-router"]
+    assert orders[1] == ["sglang-router", "smg", "vllm-router", "prefix-router"]
+    assert orders[4] == orders[0] and len({tuple(o) for o in orders}) == 4
+
+
+def test_smg_is_launched_cache_aware_on_loopback(bench: ModuleType, tmp_path: Path) -> None:
+    cmd = bench.router_command(bench.ROUTERS["smg"], ["http://127.0.0.1:1"], 9000, 9001, tmp_path)
+    assert cmd[:2] == [str(tmp_path / "bin" / "smg"), "launch"]
+    assert cmd[cmd.index("--policy") + 1] == "cache_aware"
+    assert cmd[cmd.index("--host") + 1] == cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert bench.router_env(bench.ROUTERS["smg"])["HF_HUB_OFFLINE"] == "1"
+    serve = bench.router_command(bench.ROUTERS["prefix"], ["http://127.0.0.1:1"], 9000, 9001, tmp_path, True)
+    assert serve[-1] == "log_level=info"
+
+
+def test_prediction_error_is_the_median_after_warm_up(bench: ModuleType, tmp_path: Path) -> None:
+    log = tmp_path / "router.log"
+    lines = [f"method=POST status=200 predicted_ttft_ms={p} ttft_ms={o} duration_ms=9"
+             for p, o in ((1000, 10), (1000, 10), (110, 100), (80, 100), (150, 100))]  # fmt: skip
+    log.write_text("\n".join(["starting", *lines]) + "\n")
+    got = bench.prediction_errors(log, warmup=2)
+    assert got == {"requests": 3, "warmup": 2, "mdape": pytest.approx(0.2)}
+    log.write_text("method=POST status=200 predicted_ttft_ms=none ttft_ms=12.0\n")
+    assert bench.prediction_errors(log) is None
+    assert bench.prediction_errors(tmp_path / "missing.log") is None
+
+
+def _run(
+    router: str, kind: str, concurrency: int, prompt: int, cached: int, mean: float, n: int
+) -> dict[str, Any]:
+    return {"cell": "shared", "router": router, "kind": kind, "concurrency": concurrency, "round": 0,
+            "requests": n, "prompt_tokens": prompt, "cached_tokens": cached, "ttft_ms": {"mean": mean},
+            "predictions": None}  # fmt: skip
+
+
+def test_peer_summary_pools_rounds_and_compares_with_the_best_peer(bench: ModuleType) -> None:
+    rows = [
+        _run("prefix-router prefix", "prefix-router", 4, 1000, 800, 100.0, 10),
+        _run("prefix-router prefix", "prefix-router", 4, 1000, 900, 200.0, 30),  # a second round
+        _run("sglang-router cache_aware", "sglang-router", 4, 2000, 1600, 250.0, 40),
+        _run("smg cache_aware", "smg", 4, 2000, 1000, 125.0, 40),
+    ]
+    text = bench.peer_summary(rows)
+    (prefix,) = [line for line in text.splitlines() if "prefix-router prefix" in line]
+    # pooled: hit 1700 / 2000 = 85 %, +5 points on sglang's 80 %; TTFT (10 x 100 + 30 x 200) / 40 = 175 ms,
+    # 1.40x smg's 125 (the lowest peer mean)
+    assert "| 4 | prefix-router prefix | 2 | 85.0 % | +5.0 pt | 175 | 1.40x | n/a |" in prefix
