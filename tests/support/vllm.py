@@ -55,6 +55,20 @@ def fleet_settings(log_dir: Path) -> VllmSettings:
     )
 
 
+def pd_fleet_settings(log_dir: Path, prefill: int = 1, decode: int = 1) -> VllmSettings:
+    """A disaggregated fleet (``prefill`` producers, ``decode`` consumers of the shared-storage
+    connector, their KV folder made on start and removed on stop), sized as ``fleet_settings``."""
+    return VllmSettings.disaggregated(
+        prefill,
+        decode,
+        kv_cache_tokens=CACHE_TOKENS,
+        max_model_len=4096,
+        max_num_seqs=8,
+        log_dir=log_dir,
+        startup_timeout_s=600.0,
+    )
+
+
 def require_vllm_venv() -> None:
     needs.require("engine")
     reason = unavailable_reason()
@@ -62,9 +76,10 @@ def require_vllm_venv() -> None:
         pytest.fail(reason)
 
 
-def start_fleet(log_dir: Path) -> VllmFleet:
+def start_fleet(log_dir: Path, settings: VllmSettings | None = None) -> VllmFleet:
+    """The fleet of ``settings`` (default ``fleet_settings``; ``pd_fleet_settings`` for P/D), started."""
     require_vllm_venv()
-    fleet = VllmFleet(fleet_settings(log_dir))
+    fleet = VllmFleet(settings or fleet_settings(log_dir))
     fleet.start()
     return fleet
 
@@ -75,6 +90,8 @@ def workers_config(fleet: VllmFleet, events: bool = False) -> list[dict[str, Any
     workers = []
     for instance in fleet.instances:
         worker: dict[str, Any] = {"url": instance.url, "name": f"vllm-{instance.index}", "engine": "vllm"}
+        if fleet.settings.roles:
+            worker["role"] = instance.role
         if events and instance.events_endpoint is not None:
             worker["kv_events"] = {
                 "endpoint": instance.events_endpoint,
