@@ -48,7 +48,7 @@ from prefix_router.pool import (
     workers_from_urls,
 )
 from prefix_router.replication import ReplicationSettings
-from prefix_router.routing import RoutingSettings
+from prefix_router.routing import DisaggregationSettings, RoutingSettings
 from prefix_router.settings import ConfigError, describe, parse_scalar, read_yaml, retired_key, set_dotted
 
 ENV_PREFIX = "PREFIX_ROUTER_"
@@ -74,6 +74,7 @@ class Config(ServerSettings):
     record: RecordSettings = Field(default_factory=RecordSettings)
     replication: ReplicationSettings = Field(default_factory=ReplicationSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    disaggregation: DisaggregationSettings = Field(default_factory=DisaggregationSettings)
 
     _workers_from_urls = field_validator("workers", mode="before")(workers_from_urls)
     _unique_names = field_validator("workers")(unique_worker_names)

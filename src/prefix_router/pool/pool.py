@@ -29,6 +29,7 @@ class WorkerPool:
         self._max = max_workers
         self._fail_threshold, self._success_threshold = thresholds
         self._workers: dict[str, Worker] = {}
+        self._prefill_workers = 0  # of role prefill: while there is one, requests are disaggregated
         self._listeners: list[HealthListener] = []
 
     def __len__(self) -> int:
@@ -63,12 +64,14 @@ class WorkerPool:
         if len(self._workers) >= self._max:
             raise PoolError(f"pool is full ({self._max} workers, limits.max_workers)")
         self._workers[worker.name] = worker
+        self._prefill_workers += worker.role == "prefill"
         self._router.add_worker(worker.name, capacity_tokens=worker.capacity_tokens, weight=worker.weight)
         return worker
 
     def remove(self, name: str) -> Worker:
         worker = self.require(name)
         del self._workers[name]
+        self._prefill_workers -= worker.role == "prefill"
         self._router.remove_worker(name)
         return worker
 
@@ -96,6 +99,19 @@ class WorkerPool:
             ):
                 out.append(w.name)
         return out
+
+    @property
+    def disaggregated(self) -> bool:
+        """Some worker, available or not, is of role ``prefill``: requests are split (``routing/pd.py``)."""
+        return self._prefill_workers > 0
+
+    def split(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """``names`` (candidates) as (the prefill workers, the decode-capable ones: roles decode and both)."""
+        prefill: list[str] = []
+        decode: list[str] = []
+        for name in names:
+            (prefill if self._workers[name].role == "prefill" else decode).append(name)
+        return prefill, decode
 
     def knows_model(self, model: str) -> bool:
         """Whether any worker, healthy or not, serves ``model``."""

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from prefix_router.pool.engines.registry import ENGINE_NAMES, normalize
+from prefix_router.routing import Role
 from prefix_router.settings import Section, header_secret, split_list
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$")
@@ -30,6 +31,10 @@ class WorkerTraits(Section):
     engine: str = "auto"
     api_key: SecretStr | None = None
     capacity_tokens: int | None = Field(default=None, gt=0)
+    # prefill/decode disaggregation (docs/disaggregation.md): the stages it takes; ``both``: colocated
+    role: Role = "both"
+    # a prefill worker's SGLang bootstrap server (flow sglang_bootstrap; None: SGLang's default, 8998)
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
 
     _split_models = field_validator("models", mode="before")(split_list)
 

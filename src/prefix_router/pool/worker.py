@@ -39,6 +39,8 @@ class Worker:
     engine: str = "auto"
     api_key: SecretStr | None = None
     capacity_tokens: int | None = None
+    role: str = "both"  # prefill | decode | both (``routing/pd.py``)
+    bootstrap_port: int | None = None  # a prefill worker's SGLang bootstrap server
     configured_models: frozenset[str] = frozenset()
     listed_models: dict[str, dict[str, Any]] | None = None  # from the worker's ``/v1/models``
     kv_events: KvEventsSettings | None = None  # where its KV cache events come from (precise mode)
@@ -62,6 +64,8 @@ class Worker:
             engine=cfg.engine,
             api_key=cfg.api_key,
             capacity_tokens=cfg.capacity_tokens,
+            role=cfg.role,
+            bootstrap_port=cfg.bootstrap_port,
             configured_models=frozenset(cfg.models),
             kv_events=cfg.kv_events,
         )
@@ -91,6 +95,7 @@ class Worker:
             "name": self.name,
             "url": self.url,
             "weight": self.weight,
+            "role": self.role,
             "engine": self.adapter.name if self.adapter is not None else self.engine,
             "models": self.model_ids(),
             "healthy": self.health.healthy,

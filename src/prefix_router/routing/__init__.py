@@ -11,6 +11,16 @@ from __future__ import annotations
 from prefix_router.routing.feedback import FeedbackStats, FeedbackTuning, Verdict
 from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import InvalidRequest, KeyBuilder
+from prefix_router.routing.pd import (
+    FLOWS,
+    DisaggregationSettings,
+    Flow,
+    PdDecision,
+    Role,
+    SkipReason,
+    skip_prefill,
+    splits,
+)
 from prefix_router.routing.policies import DEFAULT_POLICY, POLICY_NAMES
 from prefix_router.routing.precise import (
     PreciseMatch,
@@ -31,28 +41,34 @@ from prefix_router.routing.units import UnitTuning, count_marks
 
 __all__ = [
     "DEFAULT_POLICY",
+    "FLOWS",
     "POLICY_NAMES",
     "ChangeHook",
     "ChangeKind",
     "Decision",
+    "DisaggregationSettings",
     "FeedbackStats",
     "FeedbackTuning",
+    "Flow",
     "IndexChange",
     "IndexSettings",
     "InvalidRequest",
     "KeyBuilder",
     "KeySettings",
     "Outcome",
+    "PdDecision",
     "PreciseMatch",
     "PreciseSettings",
     "PreciseStats",
     "PreciseTuning",
     "PreciseView",
     "PrefixIndex",
+    "Role",
     "RouteRequest",
     "Router",
     "RoutingSettings",
     "SeqVerdict",
+    "SkipReason",
     "Staleness",
     "UnitSettings",
     "UnitTuning",
@@ -61,4 +77,6 @@ __all__ = [
     "precise_chain",
     "precise_seed",
     "record_hash_ids",
+    "skip_prefill",
+    "splits",
 ]

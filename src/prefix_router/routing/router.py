@@ -51,6 +51,7 @@ from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import KeyBuilder
 from prefix_router.routing.latency import LatencyModel
 from prefix_router.routing.load import LoadTracker
+from prefix_router.routing.pd import DEFAULT_SKIP_PREFILL_TOKENS, PdDecision, SkipReason, skip_prefill
 from prefix_router.routing.placement import Pipeline, prompt_value
 from prefix_router.routing.policies import POLICIES
 from prefix_router.routing.precise import PreciseTuning, PreciseView
@@ -285,6 +286,35 @@ class Router:
         chosen = self.policies[name]
         honours = name in self._honour_sessions
         return self.pipeline.place(req, candidates, now, self.cfg, self.rng, chosen, honours)
+
+    def route_pd(
+        self,
+        req: RouteRequest,
+        prefill: Sequence[str],
+        decode: Sequence[str],
+        now: float,
+        *,
+        skip_prefill_tokens: int = DEFAULT_SKIP_PREFILL_TOKENS,
+        policy: str | None = None,
+        decode_policy: str | None = None,
+    ) -> PdDecision:
+        """``req`` split into a prefill stage on one of ``prefill`` and a decode stage on one of ``decode``
+        (the decode-capable workers), each by its policy (the configured one when None); the prefill stage
+        skipped by the decider or for want of workers (``routing/pd.py``). Nothing is written: the edge
+        calls ``dispatched`` for each stage it runs."""
+        if not decode:
+            if not prefill:
+                raise ValueError("route_pd needs at least one candidate")
+            return PdDecision(None, self.route(req, prefill, now, policy), SkipReason.NO_DECODE_WORKER)
+        chosen = self.route(req, decode, now, decode_policy or policy)
+        if not prefill:
+            return PdDecision(None, chosen, SkipReason.NO_PREFILL_WORKER)
+        prompt = chosen.estimated_prompt_tokens
+        if prompt is None:
+            prompt = self.estimated_prompt_tokens(req)
+        if skip_prefill(chosen, prompt, skip_prefill_tokens):
+            return PdDecision(None, chosen, SkipReason.DECODE_HOLDS_PREFIX)
+        return PdDecision(self.route(req, prefill, now, policy), chosen)
 
     def estimated_prompt_tokens(self, req: RouteRequest) -> int:
         """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
