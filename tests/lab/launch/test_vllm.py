@@ -291,6 +291,9 @@ def test_a_disaggregated_fleet_shares_one_kv_folder_removed_on_stop(tmp_path: Pa
     data = yaml.safe_load(path.read_text())
     assert [w["role"] for w in data["workers"]] == ["prefill", "decode", "decode"]
     assert "1 prefill + 2 decode" in path.read_text().splitlines()[0]
+    config = load_config(env={}, overrides=data)  # the router takes the file as written
+    assert [w.role for w in config.workers] == ["prefill", "decode", "decode"]
+    assert config.disaggregation.flow == "shared_storage"
 
 
 def test_a_colocated_fleet_has_no_connector_and_no_roles(tmp_path: Path) -> None:
@@ -302,4 +305,5 @@ def test_a_colocated_fleet_has_no_connector_and_no_roles(tmp_path: Path) -> None
         assert fleet.kv_storage is None
         argv = json.loads(fleet.instances[0].log_path.read_text().splitlines()[0])
         assert "--kv-transfer-config" not in argv
-        assert "role" not in vllm_cli.serve_config(fleet)["workers"][0]
+        written = vllm_cli.serve_config(fleet)
+        assert "role" not in written["workers"][0] and "disaggregation" not in written

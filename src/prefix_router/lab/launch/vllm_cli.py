@@ -3,13 +3,15 @@ config naming them (``--write-config``), keep them up until SIGINT/SIGTERM, then
 
 ``--prefill N --decode M`` starts a disaggregated fleet instead (``--instances`` is then N + M): N
 producers and M consumers of vLLM's shared-storage connector on one temporary folder, removed on stop;
-each worker of the written config names its ``role`` (prefill, decode; both for a colocated fleet).
+each worker of the written config names its ``role`` (prefill, decode), and the config's
+``disaggregation.flow`` is ``shared_storage`` (the connector's flow: a prefill with ``max_tokens: 1``,
+then the request on a decode worker).
 
 The config lists each instance as a worker (``engine: vllm``, its model) and, with ``--kv-events``, the
 ZMQ endpoint its KV cache events go to under ``kv_events`` (``endpoint``, ``bind: true``: vLLM's publisher
 connects to a non-wildcard endpoint, so the router binds it, ``topic``). The file is checked against the
 router's config model before it is written; a field the router's worker model does not know yet
-(``kv_events``, ``role``) is left out of the check, not out of the file.
+(``kv_events``) is left out of the check, not out of the file.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from prefix_router.lab.launch.vllm import (
 )
 from prefix_router.node import validate
 from prefix_router.pool import WorkerSettings
+from prefix_router.routing import Flow
 from prefix_router.settings import ConfigError
+
+PD_FLOW: Flow = "shared_storage"  # ExampleConnector: prefill with max_tokens 1, then the request
 
 
 def register_vllm(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,9 +127,12 @@ def serve_config(fleet: VllmFleet) -> dict[str, Any]:
         if instance.events_endpoint is not None:
             worker["kv_events"] = events_config(instance)
         workers.append(worker)
+    config: dict[str, Any] = {"workers": workers}
+    if fleet.settings.roles:
+        config["disaggregation"] = {"flow": PD_FLOW}
     if any("kv_events" in w for w in workers):  # the key reads the engines' events
-        return {"workers": workers, "routing": {"keys": {"mode": "events"}}}
-    return {"workers": workers}
+        config["routing"] = {"keys": {"mode": "events"}}
+    return config
 
 
 def events_config(instance: VllmInstance) -> dict[str, Any]:
@@ -135,12 +143,12 @@ def events_config(instance: VllmInstance) -> dict[str, Any]:
     return config
 
 
-NEWER_WORKER_FIELDS = ("kv_events", "role")  # checked only where the router's worker model has them
+NEWER_WORKER_FIELDS = ("kv_events",)  # checked only where the router's worker model has them
 
 
 def checked_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` validated by the router's config model; a field of ``NEWER_WORKER_FIELDS`` is checked
-    only where the model knows it (``role`` comes with prefill/decode disaggregation)."""
+    only where the model knows it."""
     unknown = {f for f in NEWER_WORKER_FIELDS if f not in WorkerSettings.model_fields}
     validate(config | {"workers": [_without(w, unknown) for w in config["workers"]]})
     return config

@@ -60,6 +60,18 @@ def add_engine_sim_arguments(p: argparse.ArgumentParser) -> None:
         '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": ..., "topic": ...}',
     )
     p.add_argument(
+        "--role",
+        choices=("prefill", "decode", "both"),
+        default="both",
+        help="prefill/decode disaggregation: the side it plays (default both: colocated)",
+    )
+    p.add_argument(
+        "--kv-store",
+        default=None,
+        metavar="DIR",
+        help="the folder engines started together share for KV handoffs (shared storage, SGLang rooms)",
+    )
+    p.add_argument(
         "--kv-events-layout",
         choices=("tagged", "positional"),
         default="tagged",
@@ -94,6 +106,8 @@ def run_engine_sim(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_events=events,
+        role=args.role,
+        kv_store=args.kv_store,
     )
     asyncio.run(serve_forever(cfg))
     return 0
