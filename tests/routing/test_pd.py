@@ -98,3 +98,15 @@ def test_the_decode_stage_is_load_aware() -> None:
 def test_skip_prefill(cached: int, prompt: int, threshold: int, skips: bool) -> None:
     decision = Decision("d", Branch.PREFIX_HIT, predicted_tokens=cached)
     assert skip_prefill(decision, prompt, threshold) is skips
+
+
+def test_a_handed_over_decode_holds_the_prompts_whole_engine_blocks() -> None:
+    router = pd_router()
+    req = rr("1", prefix(1, 20), tail=0)  # 320 tokens
+    pd = router.route_pd(req, PREFILL, DECODE, 0)
+    assert pd.decode.predicted_tokens == 0
+    handed = router.handed_over(req, pd.decode)
+    assert handed.worker == pd.decode.worker and handed.predicted_tokens == 320
+    assert handed.expected_cached_tokens == 320  # its load is charged no prefill
+    router.set_engine_block(pd.decode.worker, 128)
+    assert router.handed_over(req, pd.decode).predicted_tokens == 256  # whole blocks of 319 tokens

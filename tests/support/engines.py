@@ -50,6 +50,9 @@ class Behaviour:
     # /v1/chat/completions/render: ``{"token_ids": render_ids(body)}`` with ``render_status`` (None: 404)
     render_ids: Callable[[dict[str, Any]], list[int]] | None = None
     render_status: int = 200
+    # a prefill engine of vLLM's NIXL-style connectors: a request with ``kv_transfer_params.do_remote_decode``
+    # is answered with these ``kv_transfer_params`` (where its KV cache waits for the decode)
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 # the engine the lab's benchmark tests (tests/lab/bench) drive
@@ -248,7 +251,17 @@ class FakeEngine:
             "model": body.get("model", "m"),
             "choices": [choice],
             "usage": self._usage(body, cached),
-        }
+        } | self._handoff(body)
+
+    def _handoff(self, body: dict[str, Any]) -> dict[str, Any]:
+        asked = body.get("kv_transfer_params")
+        if (
+            self.b.kv_transfer_params is None
+            or not isinstance(asked, dict)
+            or not asked.get("do_remote_decode")
+        ):
+            return {}
+        return {"kv_transfer_params": self.b.kv_transfer_params}
 
     def _pieces(self, body: dict[str, Any]) -> list[str]:
         if self.b.words_per_max_tokens:

@@ -26,6 +26,7 @@ BY_FIXTURE = {
     "llama_venv": "engine",
     "llama_fleet": "engine",
     "vllm_fleet": "engine",
+    "pd_fleet": "engine",
     "vllm_gguf": "engine",
     "redis_server": "redis",
     "compiled_lib": "compiled",

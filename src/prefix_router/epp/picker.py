@@ -17,6 +17,15 @@ within its phase's deadline, ``phases``), 413 (body over ``limits.max_body_bytes
 in-flight caps), 500 (a bug, logged), 503 (no eligible endpoint, the body budget spent, or shutting
 down).
 
+Prefill/decode disaggregation (a pool with ``prefill`` workers: ``routing/pd.py``): the picker chooses both
+stages as ``serve`` does (``Router.route_pd``) and follows llm-d's convention for a gateway: the
+destination is the decode worker (its fallbacks other decode-capable workers), and the request carries
+``x-prefiller-host-port: host:port`` of the prefill worker for the decode pod's sidecar, which runs the
+prefill there first (no header: the decider skipped the prefill). The stage bodies of
+``disaggregation.flow`` are the sidecar's to make: the gateway's protocol lets the picker send one
+request to one destination. The index learns the prefill worker at dispatch, its stage counted done
+with the decode's first response message.
+
 Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
 list, least loaded first), ``max_buffered_bytes`` (the body bytes held across all streams: a request body
 that would go over it is answered 503 ``body_buffer_full``; a response that would is passed on without
@@ -25,6 +34,7 @@ being kept, so nothing is learned from it).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -52,6 +62,7 @@ from prefix_router.node import (
     choose,
     is_event_stream,
     nobody,
+    note_choice,
     overloaded,
     parse_routed,
     passthrough_req,
@@ -74,6 +85,7 @@ from prefix_router.routing import Decision, Outcome, RouteRequest
 log = logging.getLogger(__name__)
 ADDRESSES_CACHED = 4096  # worker URL -> host:port, parsed once (more workers: parsed again, not kept)
 MESSAGE_KINDS = tuple(f.name for f in ext.ProcessingRequest.DESCRIPTOR.oneofs_by_name["request"].fields)
+PREFILLER_HEADER = "x-prefiller-host-port"  # llm-d's: where the decode pod's sidecar sends the prefill
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 Answers = list[ext.ProcessingResponse]
 
@@ -166,6 +178,8 @@ class PickerStream:
         self.started = self.state.clock()
         self.held = 0  # body bytes this stream holds of the edge's budget (``Edge.hold``)
         self.late = False  # the response's deadline passed (``expired``)
+        self.prefill: Decision | None = None  # a disaggregated request's prefill stage (``choose``)
+        self.prefill_flight: Flight | None = None
 
     @property
     def phase(self) -> Phase:
@@ -281,6 +295,7 @@ class PickerStream:
         check_model(self.state, model, self.note)
         worker, decision, others = self.choose(req, model, policy, parsed is not None)
         flight = Flight(self.state, worker, req, decision, parsed, self.started)
+        prefill = self.prefill_stage(req, parsed)
         config = self.state.request_config
         self.pick = Pick(
             flight,
@@ -288,7 +303,9 @@ class PickerStream:
             parsed.stream if parsed is not None else False,
         )
         set_headers = {extproc.DESTINATION_HEADER: ",".join([address_of(worker), *others])}
-        removed = [POLICY_HEADER, *self.upstream_headers(set_headers, worker)]
+        if prefill is not None:
+            set_headers[PREFILLER_HEADER] = address_of(prefill)
+        removed = [POLICY_HEADER, PREFILLER_HEADER, *self.upstream_headers(set_headers, worker)]
         salted = self.salted(parsed, worker)
         if salted is not None:  # the body changed: its length too
             raw = salted
@@ -301,6 +318,26 @@ class PickerStream:
         if not self.body_streamed:  # the headers ended the request: nothing to stream back
             return [answer]
         return [answer, *extproc.body_chunks(raw, end=not trailers)]
+
+    def prefill_stage(self, req: RouteRequest, parsed: Parsed | None) -> Worker | None:
+        """The prefill worker of a disaggregated request (dispatched: the index learns it), or None."""
+        if self.prefill is None:
+            return None
+        worker = self.state.pool.require(self.prefill.worker)
+        prefill_req = dataclasses.replace(req, route_id=req.route_id + "/prefill", session=None)
+        self.prefill_flight = Flight(self.state, worker, prefill_req, self.prefill, parsed, self.started)
+        if self.note is not None:
+            self.note.prefill_worker = worker.name
+        return worker
+
+    def prefill_done(self, ok: bool) -> None:
+        """The decode's response began (ok: a 2xx, the prefill done) or the request ended without one."""
+        flight, self.prefill_flight = self.prefill_flight, None
+        if flight is None:
+            return
+        if ok:
+            self.state.router.first_token(flight.req.route_id, self.state.clock())
+        flight.finish(200 if ok else CLIENT_GONE, Outcome(ok=ok))
 
     async def parse(self, endpoint: Endpoint, raw: bytes) -> Parsed:
         """Keyed as ``serve`` keys it (``parse_routed``: tenant, session, cache salt, precise render)."""
@@ -321,11 +358,36 @@ class PickerStream:
                 raise overloaded("every eligible worker is at its in-flight cap", self.retry_after)
             raise nobody(state, model)
         label = policy or state.request_config.policy
-        worker, decision = choose(state, req, names, policy, label if routed else None, note)
+        if routed and state.pool.disaggregated:
+            worker, decision, names = self.choose_pd(req, names, policy, label)
+        else:
+            worker, decision = choose(state, req, names, policy, label if routed else None, note)
         note.policy = label if routed else PASSTHROUGH_POLICY
         others = sorted((n for n in names if n != decision.worker), key=state.pool.in_flight)
         fallbacks = [address_of(state.pool.require(n)) for n in others[: self.edge.settings.fallbacks]]
         return worker, decision, fallbacks
+
+    def choose_pd(
+        self, req: RouteRequest, names: list[str], policy: str | None, label: str
+    ) -> tuple[Worker, Decision, list[str]]:
+        """Both stages (``Router.route_pd``): the decode worker, its decision and the workers its fallbacks
+        come from (the decode-capable ones); the prefill decision kept in ``prefill``."""
+        state, note = self.state, self.note
+        assert note is not None
+        prefill, decode = state.pool.split(names)
+        pd = state.router.route_pd(
+            req,
+            prefill,
+            decode,
+            state.clock(),
+            skip_prefill_tokens=state.config.disaggregation.skip_prefill_tokens,
+            policy=policy,
+        )
+        note_choice(state, pd.decode, label, note)
+        self.prefill = pd.prefill
+        note.pd = "split" if pd.skipped is None else str(pd.skipped)
+        state.metrics.pd_requests.inc((note.pd,))
+        return state.pool.require(pd.decode.worker), pd.decode, decode or prefill
 
     def within_subset(self, names: list[str]) -> list[str]:
         """``names`` within the gateway's subset hint (503 when no worker of the subset is available)."""
@@ -403,6 +465,7 @@ class PickerStream:
         pick = self.pick
         assert pick is not None
         pick.status, pick.began = status, True
+        self.prefill_done(200 <= status < 300)
         self.served(extproc.served_endpoint(message))
         pick.connect_failed = extproc.connect_failed(message)
 
@@ -501,6 +564,7 @@ class PickerStream:
     def close(self) -> None:
         """The stream ended: a response not settled is a client gone (or the gateway's stream cut)."""
         self.release()
+        self.prefill_done(False)
         if self.pick is not None and not self.done:
             self.done = True
             self.pick.flight.finish(CLIENT_GONE, Outcome(ok=False))

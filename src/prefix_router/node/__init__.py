@@ -62,18 +62,27 @@ from prefix_router.node.request.forward import (
     redact,
     refuse_loops,
     safe_path,
+    salt_value,
     salted_body,
     takes_cache_salt,
     upstream_headers,
     upstream_url,
     worker_secret,
 )
+from prefix_router.node.request.handoff import bootstrap_fields, edited, prefill_body, returned_params
 from prefix_router.node.request.parse import Parsed, body_model, check_encoding, read_body, too_large
 from prefix_router.node.request.sse import ReplyAccumulator
 from prefix_router.node.state import STATE, NodeState
-from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_closed, settle
+from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, cached_tokens, request_closed, settle
 from prefix_router.node.steps.admission import admit, policy_override
-from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_req
+from prefix_router.node.steps.choice import (
+    PASSTHROUGH_POLICY,
+    check_model,
+    choose,
+    nobody,
+    note_choice,
+    passthrough_req,
+)
 from prefix_router.node.steps.keying import parse_routed
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
@@ -126,14 +135,17 @@ __all__ = [
     "admit",
     "bind",
     "body_model",
+    "bootstrap_fields",
     "build_app",
     "build_config",
+    "cached_tokens",
     "check_client",
     "check_encoding",
     "check_model",
     "choose",
     "configure_logs",
     "downstream_headers",
+    "edited",
     "flush_logs",
     "graceful_shutdown",
     "is_event_stream",
@@ -144,10 +156,12 @@ __all__ = [
     "merged_config",
     "method_not_allowed",
     "nobody",
+    "note_choice",
     "overloaded",
     "parse_routed",
     "passthrough_req",
     "policy_override",
+    "prefill_body",
     "print_config",
     "read_body",
     "redact",
@@ -155,8 +169,10 @@ __all__ = [
     "reload_config",
     "request_closed",
     "request_id",
+    "returned_params",
     "run_app",
     "safe_path",
+    "salt_value",
     "salted_body",
     "settle",
     "shutting_down",

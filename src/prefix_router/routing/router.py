@@ -316,6 +316,18 @@ class Router:
             return PdDecision(None, chosen, SkipReason.DECODE_HOLDS_PREFIX)
         return PdDecision(self.route(req, prefill, now, policy), chosen)
 
+    def handed_over(self, req: RouteRequest, decode: Decision) -> Decision:
+        """``decode`` once a prefill stage handed the prompt's KV cache to its worker: the prompt predicted
+        cached there (the whole engine blocks of all but its last token, once the engine's block is
+        known), so that its load is charged no prefill and its engine's report is judged against it."""
+        prompt = decode.estimated_prompt_tokens
+        if prompt is None:
+            prompt = self.estimated_prompt_tokens(req)
+        block = self._engine_blocks.get(decode.worker)
+        held = (prompt - 1) // block * block if block else prompt
+        held = max(held, decode.predicted_tokens)
+        return Decision(decode.worker, decode.branch, decode.matched_blocks, held, prompt, held)
+
     def estimated_prompt_tokens(self, req: RouteRequest) -> int:
         """The engine tokens ``req``'s prompt is estimated at (a text key's: ``routing/units.py``)."""
         return math.ceil(prompt_value(self.units, req))

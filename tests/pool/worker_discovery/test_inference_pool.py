@@ -12,11 +12,15 @@ import pytest
 from aiohttp import web
 from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
 
+from prefix_router.node.config import Config
+from prefix_router.pool import WorkerPool
 from prefix_router.pool.settings import DiscoverySettings
 from prefix_router.pool.worker_discovery.inference_pool import PodTable, PoolInvalid, pool_target
 from prefix_router.pool.worker_discovery.kubernetes import InferencePoolDiscovery
 from prefix_router.pool.worker_discovery.membership import Membership
+from prefix_router.pool.worker_discovery.pool_sink import PoolSink
 from prefix_router.proxy import start
+from prefix_router.routing import Router
 
 POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools/{name}"
 PODS_PATH = "/api/v1/namespaces/{namespace}/pods"
@@ -188,3 +192,30 @@ async def test_missing_selector_backs_off_and_keeps_the_workers(api: FakeApi, re
         assert members.urls == {"http://10.1.0.1:8000"}
     finally:
         await found.stop()
+
+
+def test_a_pods_role_label_gives_its_workers_their_role() -> None:
+    """llm-d's ``llm-d.ai/role`` label: the role of the pod's workers (``docs/disaggregation.md``); an
+    unknown value or none leaves them colocated (the template's role)."""
+    table = PodTable(4, pool_target(pool({"app": "vllm"}, [8000])))
+    labelled = [pod("p", "10.1.0.1"), pod("d", "10.1.0.2"), pod("odd", "10.1.0.3"), pod("plain", "10.1.0.4")]
+    for item, role in zip(labelled, ("prefill", "decode", "leader", None), strict=True):
+        if role is not None:
+            item["metadata"]["labels"]["llm-d.ai/role"] = role
+    table.reset(labelled)
+    assert (
+        table.role_of("http://10.1.0.1:8000") == "prefill"
+        and table.role_of("http://10.1.0.2:8000") == "decode"
+    )
+    assert table.role_of("http://10.1.0.3:8000") is None and table.role_of("http://10.1.0.4:8000") is None
+    table.apply("DELETED", labelled[0])
+    assert table.role_of("http://10.1.0.1:8000") is None and "p" not in table.pod_roles
+
+    workers = WorkerPool(Router(Config().routing), 8)
+    sink = PoolSink(workers)
+    sink.role_of = table.role_of
+    for url in sorted(table.urls()):
+        sink.on_add(url)
+    assert {w.name: w.role for w in workers} == {"10.1.0.2:8000": "decode", "10.1.0.3:8000": "both",
+                                                  "10.1.0.4:8000": "both"}  # fmt: skip
+    assert not workers.disaggregated  # no prefill worker left

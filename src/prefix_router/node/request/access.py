@@ -9,6 +9,11 @@ line (``access_log``, logger ``prefix_router.access``):
     predicted_tokens=208 ttft_ms=12.3 duration_ms=345.6 attempts=1
     request_id=0b6f3c5e-9a41-4d27-8e1f-00000000002a
 
+A disaggregated request (``docs/disaggregation.md``) adds, before its request id, how it ran (``pd``:
+``split``, or why its prefill stage was skipped), its prefill worker and the prefill stage's time
+(``worker`` is the decode worker, the one that answered):
+``... attempts=1 pd=split prefill_worker=p1 prefill_ms=812.0 request_id=...``.
+
 Request ids: a client's ``x-request-id`` is kept when it is 1-128 characters among letters, digits and
 ``. _ : -`` (anything else could forge log fields or headers); otherwise the router makes one, shaped as a
 UUID (llama-cpp-python's server refuses any other id with a 400). Either way it is sent to the engine and
@@ -32,7 +37,7 @@ SHOWN_MAX_CHARS = 128  # the longest text held
 _shown: dict[str, str] = {}
 # the access line's fields, in its order (``RequestNote.values``, ``access_text``)
 FIELDS = ("method", "path", "status", "model", "worker", "policy", "branch", "predicted_tokens", "ttft_ms",
-          "duration_ms", "attempts", "request_id")  # fmt: skip
+          "duration_ms", "attempts", "pd", "prefill_worker", "prefill_ms", "request_id")  # fmt: skip
 
 
 class RequestNote:
@@ -42,8 +47,11 @@ class RequestNote:
         "method",
         "model",
         "path",
+        "pd",
         "policy",
         "predicted_tokens",
+        "prefill_s",
+        "prefill_worker",
         "request_id",
         "started",
         "status",
@@ -64,13 +72,18 @@ class RequestNote:
         self.ttft_s: float | None = None
         self.attempts = 0
         self.status: int | None = None  # set when it differs from the response's (499: the client left)
+        self.pd: str | None = None  # disaggregated: "split", or why the prefill stage was skipped
+        self.prefill_worker: str | None = None
+        self.prefill_s: float | None = None
 
     def values(self, status: int, now: float) -> tuple[object, ...]:
         """The access line's field values, in ``FIELDS``' order."""
         ttft_ms = None if self.ttft_s is None else self.ttft_s * 1e3
+        prefill_ms = None if self.prefill_s is None else self.prefill_s * 1e3
         return (
             self.method, self.path, status, self.model, self.worker, self.policy, self.branch,
-            self.predicted_tokens, ttft_ms, (now - self.started) * 1e3, self.attempts, self.request_id,
+            self.predicted_tokens, ttft_ms, (now - self.started) * 1e3, self.attempts, self.pd,
+            self.prefill_worker, prefill_ms, self.request_id,
         )  # fmt: skip
 
     def line(self, status: int, now: float) -> str:
@@ -112,7 +125,7 @@ class AccessLine(Fields):
     __slots__ = ()
 
     def __str__(self) -> str:
-        return access_text(*[self.fields[key] for key in FIELDS])
+        return access_text(*[self.fields.get(key) for key in FIELDS])
 
 
 def access_text(
@@ -127,6 +140,9 @@ def access_text(
     ttft_ms: object,
     duration_ms: object,
     attempts: object,
+    pd: object,
+    prefill_worker: object,
+    prefill_ms: object,
     request_id: object,
 ) -> str:
     """The access line's ``key=value`` text (``AccessLine``, ``RequestNote.line``). The numbers are
@@ -137,9 +153,13 @@ def access_text(
     predicted = "-" if predicted_tokens is None else predicted_tokens
     where = f"path={shown(path)} status={status} model={shown(model)}"
     how = f"worker={shown(worker)} policy={policy} branch={branch or '-'}"
+    split = ""
+    if pd is not None:  # a disaggregated request
+        prefill = "-" if prefill_ms is None else format(prefill_ms, ".1f")
+        split = f" pd={pd} prefill_worker={shown(prefill_worker or '-')} prefill_ms={prefill}"
     return (
         f"method={method} {where} {how} predicted_tokens={predicted} ttft_ms={ttft}"
-        f" duration_ms={duration} attempts={attempts} request_id={request_id}"
+        f" duration_ms={duration} attempts={attempts}{split} request_id={request_id}"
     )
 
 

@@ -218,13 +218,23 @@ def takes_cache_salt(worker: Worker) -> bool:
     return engine == "vllm"
 
 
+def has_long_number(raw: bytes) -> bool:
+    """``raw`` holds 20 digits in a row: an integer orjson may not read exactly (or digits in a text)."""
+    return _LONG_NUMBER(raw) is not None
+
+
+def salt_value(body: Mapping[str, Any], salt: str) -> str:
+    """The ``cache_salt`` sent upstream: the tenant's ``salt``, then the client's own if it gave one."""
+    own = body.get("cache_salt")
+    return f"{salt}-{own}" if isinstance(own, str) and own else salt
+
+
 def salted_body(body: Mapping[str, Any], salt: str, raw: bytes) -> bytes:
     """The body (``body``, parsed from ``raw``) with ``cache_salt`` set to ``salt``, followed by the
     client's own salt if it gave one (so it can still partition its own cache, but never share another
     tenant's). Every other value as the client sent it: a body with a number of 20 digits or more (an
     integer past 64 bits, which ``orjson`` reads as a float) is read again from ``raw`` exactly."""
-    own = body.get("cache_salt")
-    value = f"{salt}-{own}" if isinstance(own, str) and own else salt
+    value = salt_value(body, salt)
     if _LONG_NUMBER(raw) is None:
         return orjson.dumps({**body, "cache_salt": value})
     exact = json.loads(raw)

@@ -41,12 +41,18 @@ def choose(
     the configured one), noted (the worker, one attempt more); a routed request (``label``: its policy's
     name, None for a pass-through) is counted by branch and predicted tokens."""
     decision = state.router.route(req, names, state.clock(), policy)
+    note_choice(state, decision, label, note)
+    return state.pool.require(decision.worker), decision
+
+
+def note_choice(state: NodeState, decision: Decision, label: str | None, note: RequestNote) -> None:
+    """``decision`` noted (the worker, one attempt more) and, for a routed request (``label``), counted by
+    branch and predicted tokens."""
     note.worker, note.attempts = decision.worker, note.attempts + 1
     if label is not None:
         state.metrics.branches.inc((label, decision.branch))
         state.metrics.predicted.observe(decision.predicted_tokens)
         note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
-    return state.pool.require(decision.worker), decision
 
 
 def nobody(state: NodeState, model: str | None) -> ProxyError:

@@ -158,6 +158,25 @@ class ProxyMetrics:
         self.latency = FastHistogram(
             "prefix_router_request_seconds", "Total request latency", LATENCY_BUCKETS
         )
+        # prefill/decode disaggregation (docs/disaggregation.md)
+        self.pd_requests = CounterSet(
+            "prefix_router_pd_requests",
+            "Requests of a fleet with prefill workers by how they ran: mode=split (a prefill stage, then the"
+            " decode), or why the prefill stage was skipped (decode_holds_prefix, no_prefill_worker,"
+            " no_decode_worker, prefill_failed)",
+            ("mode",),
+        )
+        self.pd_prefill = FastHistogram(
+            "prefix_router_pd_prefill_seconds",
+            "Prefill stage: from its dispatch to its whole answer (a successful attempt)",
+            LATENCY_BUCKETS,
+        )
+        self.pd_decode_ttft = FastHistogram(
+            "prefix_router_pd_decode_ttft_seconds",
+            "Decode stage: from the prefill's answer (its dispatch when there was no prefill stage) to the"
+            " decode worker's first byte, i.e. the KV handoff (transfer or load) and the first decode step",
+            LATENCY_BUCKETS,
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         collector: Any = self  # a ``Collector`` by its method
         self.registry.register(collector)
@@ -167,10 +186,10 @@ class ProxyMetrics:
 
     def _counters(self) -> tuple[CounterSet, ...]:
         return (self.requests, self.attempts, self.branches, self.upstream_errors, self.rejected,
-                self.retries, self.record_dropped)  # fmt: skip
+                self.retries, self.record_dropped, self.pd_requests)  # fmt: skip
 
     def _histograms(self) -> tuple[FastHistogram, ...]:
-        return (self.predicted, self.ttft, self.latency)
+        return (self.predicted, self.ttft, self.latency, self.pd_prefill, self.pd_decode_ttft)
 
     def snapshot(self) -> bytes:
         """This process's counters, histograms, in-flight counts and cache-report tallies, for the other

@@ -14,6 +14,7 @@ from prefix_router.pool.worker import Worker
 
 log = logging.getLogger(__name__)
 AddedHook = Callable[[Worker], Coroutine[Any, Any, None]]
+RoleOf = Callable[[str], str | None]  # a discovered URL's role from its source (a pod label), if any
 
 
 class PoolSink:
@@ -28,11 +29,14 @@ class PoolSink:
         self.template = {k: v for k, v in (template or {}).items() if k not in ("url", "name")}
         self.on_added = on_added
         self.rejected = 0
+        self.role_of: RoleOf | None = None  # set by sources that read roles (InferencePool pods)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def on_add(self, url: str) -> None:
+        role = self.role_of(url) if self.role_of is not None else None
+        fields = {**self.template, "url": url} | ({"role": role} if role is not None else {})
         try:
-            worker = self.pool.add(WorkerSettings(**{**self.template, "url": url}))
+            worker = self.pool.add(WorkerSettings(**fields))
         except (PoolError, ValueError) as exc:
             self.rejected += 1
             log.warning("discovered worker %s not added: %s", url, exc)

@@ -50,6 +50,9 @@ class WorkerDiscovery:
         self.membership = Membership(self.sink, max_workers)
         self._owned_api = api is None and settings.kind in ("kubernetes", "inferencepool")
         self.source = build_source(settings, self.membership, api)
+        pods = getattr(self.source, "pods", None)  # InferencePool: its pods' role labels
+        if pods is not None:
+            self.sink.role_of = pods.role_of
 
     async def start(self) -> bool:
         """Start the source and wait up to ``startup_wait_s`` for its first answer (True if it came)."""

@@ -40,12 +40,14 @@ from prefix_router.node import (
     check_model,
     choose,
     downstream_headers,
+    edited,
     is_event_stream,
     nobody,
     overloaded,
     passthrough_req,
     redact,
     safe_path,
+    salt_value,
     salted_body,
     settle,
     shutting_down,
@@ -58,6 +60,7 @@ from prefix_router.node import (
 )
 from prefix_router.pool import Worker
 from prefix_router.proxy.edge import head
+from prefix_router.proxy.edge.pd import Disaggregation, open_disaggregated
 from prefix_router.proxy.edge.request import EdgeRequest
 from prefix_router.proxy.edge.responses import RelayResponse
 from prefix_router.routing import Decision, Outcome
@@ -133,14 +136,20 @@ class Exchange:
         self.deadline = now + config.total_s
         self.first_byte_deadline = min(now + config.first_byte_s, self.deadline)
         self.bodies: dict[bool, bytes] | None = None  # tenants.cache_salt: the bodies sent upstream
+        self.pd: Disaggregation | None = None  # the stages of a disaggregated request (proxy/edge/pd.py)
+        self.decode_started = now
 
     async def run(self) -> web.StreamResponse:
         self.check_path()
         check_model(self.state, self.model, self.note)
-        opened = await self.open()
-        if opened.complete:
-            return await self.send_whole(opened)
-        return await self.send_stream(opened)
+        try:
+            opened = await self.open()
+            if opened.complete:
+                return await self.send_whole(opened)
+            return await self.send_stream(opened)
+        finally:
+            if self.pd is not None:
+                await self.pd.close()
 
     # ------------------------------------------------------------------ choosing
 
@@ -161,6 +170,15 @@ class Exchange:
     # ------------------------------------------------------------------ opening, with retries
 
     async def open(self) -> Opened:
+        if self.parsed is not None and self.state.pool.disaggregated:
+            return await open_disaggregated(self)
+        return await self.open_from(None, None, None)
+
+    async def open_from(
+        self, worker: Worker | None, decision: Decision | None, allowed: frozenset[str] | None
+    ) -> Opened:
+        """The attempts, the first on ``worker`` by ``decision`` when given (chosen already), the others
+        among ``allowed`` (None: every eligible worker)."""
         excluded: set[str] = set()
         last: Failed | None = None
         loop = self.loop
@@ -169,10 +187,15 @@ class Exchange:
                 raise shutting_down(self.state.config.limits.retry_after_s)
             if attempt and loop.time() >= self.first_byte_deadline:
                 break  # the first-byte budget is spent: no further generation is started
-            names = self.eligible(excluded)
-            if not names:
-                break
-            pick = choose(self.state, self.req, names, self.policy, self.label, self.note)
+            if attempt == 0 and worker is not None and decision is not None:
+                pick = (worker, decision)
+            else:
+                names = self.eligible(excluded)
+                if allowed is not None:
+                    names = [n for n in names if n in allowed]
+                if not names:
+                    break
+                pick = choose(self.state, self.req, names, self.policy, self.label, self.note)
             excluded.add(pick[0].name)
             if attempt:
                 self.state.metrics.retries.inc()
@@ -198,6 +221,11 @@ class Exchange:
         return upstream_failed(message, timeout=last.kind == FailureKind.TIMEOUT)
 
     async def attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
+        if self.pd is not None and self.pd.concurrent:
+            return await self.pd.paired_attempt(worker, decision)
+        return await self.plain_attempt(worker, decision)
+
+    async def plain_attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
         flight = Flight(self.state, worker, self.req, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
         try:
@@ -227,6 +255,8 @@ class Exchange:
     def body_for(self, worker: Worker) -> bytes:
         """The client's bytes, or (``tenants.cache_salt``, a vLLM worker, a client with a key) the body
         with the tenant's ``cache_salt``, so that the engine's prefix cache is not shared across tenants."""
+        if self.pd is not None and self.pd.decode_fields is not None:
+            return self.stage_body(self.pd.decode_fields, worker)
         if self.parsed is None or not self.state.request_config.cache_salt:
             return self.raw
         salted = takes_cache_salt(worker)
@@ -238,6 +268,18 @@ class Exchange:
             body = self.raw if salt is None else salted_body(self.parsed.body, salt, self.raw)
             self.bodies[salted] = body
         return body
+
+    def salt_fields(self, worker: Worker) -> dict[str, Any]:
+        """``{"cache_salt": ...}`` when ``body_for`` salts ``worker``'s body, else nothing."""
+        if self.parsed is None or not self.state.request_config.cache_salt or not takes_cache_salt(worker):
+            return {}
+        salt = tenant_salt(self.request.headers)
+        return {} if salt is None else {"cache_salt": salt_value(self.parsed.body, salt)}
+
+    def stage_body(self, fields: dict[str, Any], worker: Worker) -> bytes:
+        """The client's body with a disaggregated stage's ``fields`` (and the tenant's salt) set."""
+        assert self.parsed is not None  # a disaggregated exchange is a routed one
+        return edited(self.parsed.body, self.raw, {**self.salt_fields(worker), **fields})
 
     async def read_prefix(self, flight: Flight, response: UpstreamResponse) -> Opened:
         if is_event_stream(response.headers):
