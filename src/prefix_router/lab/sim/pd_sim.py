@@ -3,11 +3,12 @@ two stages in flight, and what the run counts about them.
 
 ``ClusterSimulation`` with a ``PdSpec`` routes every request with the routing core's two-stage choice
 (``Router.route_pd``: the decode worker first, the decider, then the prefill worker). A request that
-keeps its prefill stage runs its prompt on the prefill engine (``max_tokens: 1``), then its KV cache moves
-to the decode engine, which takes the engine model's transfer time for the blocks it does not hold
-(``EngineModel.transfer_time``: the profile's ``kv_transfer_s_per_token``), loads them as cached blocks
-and serves the request; its TTFT runs from arrival to the decode engine's first token. A skipped prefill
-runs on the decode engine alone, as colocated.
+keeps its prefill stage runs its prompt on the prefill engine (``max_tokens: 1``); then, as the edge
+does, its decode stage is dispatched (``Router.handed_over``) and its KV cache moves to the decode
+engine, which takes the engine model's transfer time for the blocks it does not hold
+(``EngineModel.transfer_time``: the profile's ``kv_transfer_s_per_token``), loads them as cached
+blocks and serves the request; its TTFT runs from arrival to the decode engine's first token. A
+skipped prefill runs on the decode engine alone, as colocated.
 
 ``PdStats`` also judges the decider against the engines' truth at routing time: a turn is *held* when
 the chosen decode engine holds all of its prompt but at most ``skip_prefill_tokens`` (and some of it),

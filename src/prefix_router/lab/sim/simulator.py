@@ -235,9 +235,9 @@ class ClusterSimulation:
             decode_policy=pd.decode_policy,
         )  # fmt: skip
         self._judge(request, choice, pd)
-        self.router.dispatched(route, choice.decode, now)
         if choice.prefill is None:
             self.pd_stats.skipped[str(choice.skipped)] += 1
+            self.router.dispatched(route, choice.decode, now)
             self._run(request, route, choice.decode, now)
             return
         self._start_prefill(request, route, choice, choice.prefill, now)
@@ -264,6 +264,7 @@ class ClusterSimulation:
             self.engines[stage.prefill].submit(engine_request, now)
         except RequestRejected:  # served colocated on its decode worker
             self.router.finished(stage_route, prefill.worker, Outcome(ok=False), now)
+            self.router.dispatched(route, choice.decode, now)
             self._run(request, route, choice.decode, now)
             return
         self._stages[rid] = stage
@@ -272,11 +273,15 @@ class ClusterSimulation:
         self._reschedule(stage.prefill)
 
     def _on_prefill_done(self, stage: Stage, event: EngineEvent) -> None:
-        """The prefill engine has computed the prompt: its KV cache moves to the decode engine."""
+        """The prefill engine has computed the prompt: the decode stage is dispatched as the edge does
+        (``Router.handed_over``: the prompt predicted cached there), and its KV cache moves to the decode
+        engine, which starts the request once it has arrived."""
         request = stage.request
         prompt = request.engine.prompt_tokens
         outcome = Outcome(True, event.cached_tokens, (), prompt)
         self.router.finished(stage.prefill_route, self.names[stage.prefill], outcome, event.time)
+        stage.decode_decision = self.router.handed_over(stage.route, stage.decode_decision)
+        self.router.dispatched(stage.route, stage.decode_decision, event.time)
         self.pd_stats.prefill_prompt_tokens += prompt
         self.pd_stats.prefill_cached_tokens += event.cached_tokens
         decode = self.engines[stage.decode]
