@@ -267,6 +267,8 @@ class ClusterSimulation:
             self.router.dispatched(route, choice.decode, now)
             self._run(request, route, choice.decode, now)
             return
+        if self.pd is not None and self.pd.decode_at_choice:
+            self._dispatch_decode(stage, now)
         self._stages[rid] = stage
         self.pd_stats.prefills += 1
         self.stats.dispatched(stage.prefill, "prefill")
@@ -280,8 +282,8 @@ class ClusterSimulation:
         prompt = request.engine.prompt_tokens
         outcome = Outcome(True, event.cached_tokens, (), prompt)
         self.router.finished(stage.prefill_route, self.names[stage.prefill], outcome, event.time)
-        stage.decode_decision = self.router.handed_over(stage.route, stage.decode_decision)
-        self.router.dispatched(stage.route, stage.decode_decision, event.time)
+        if self.pd is not None and not self.pd.decode_at_choice:
+            self._dispatch_decode(stage, event.time)
         self.pd_stats.prefill_prompt_tokens += prompt
         self.pd_stats.prefill_cached_tokens += event.cached_tokens
         decode = self.engines[stage.decode]
@@ -291,6 +293,11 @@ class ClusterSimulation:
         self.pd_stats.transferred_tokens += moving
         self.pd_stats.transfer_s += delay
         self.queue.push(event.time + delay, KvHandoff(stage))
+
+    def _dispatch_decode(self, stage: Stage, now: float) -> None:
+        """The decode stage to the router, its prompt predicted handed over (``Router.handed_over``)."""
+        stage.decode_decision = self.router.handed_over(stage.route, stage.decode_decision)
+        self.router.dispatched(stage.route, stage.decode_decision, now)
 
     def on_handoff(self, stage: Stage, now: float) -> None:
         self.engines[stage.decode].load(stage.request.engine.blocks)
