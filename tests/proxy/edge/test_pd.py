@@ -232,3 +232,25 @@ async def test_a_prefill_worker_added_through_the_admin_api_splits_the_next_requ
         assert refused.status == 400 and "role" in (await refused.json())["error"]["message"]
     assert (await post(router.url, chat(2)))[0] == 200
     assert len(p.generations) == 1 and p.bodies[0]["max_tokens"] == 1
+
+
+async def test_sglang_a_decode_retried_is_paired_again_with_a_fresh_room(
+    fake_engine: Any, start_router: Any
+) -> None:
+    p = await fake_engine("p")
+    bad = await fake_engine("bad", fail_next=100)
+    good = await fake_engine("good")
+    router = await start_router(
+        role(p, "prefill"), role(bad, "decode"), role(good, "decode"),
+        settings={"disaggregation.flow": "sglang_bootstrap", "routing.policy": "round_robin",
+                  "health.fail_threshold": 100},
+    )  # fmt: skip
+    for i in range(2):
+        status, headers, _ = await post(router.url, chat(i))
+        assert status == 200 and headers[WORKER_HEADER] == "good"
+    rooms = [b["bootstrap_room"] for b in p.bodies]
+    assert len(rooms) == len(set(rooms)) == len(bad.generations) + len(good.generations)
+    assert {b["bootstrap_room"] for b in bad.bodies + good.bodies} == set(
+        rooms
+    )  # each decode has its prefill
+    assert router.state.metrics.pd_requests.get(("split",)) == 2

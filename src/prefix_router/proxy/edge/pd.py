@@ -129,7 +129,6 @@ class Disaggregation:
         ex, state = self.ex, self.ex.state
         worker = state.pool.require(decision.worker)
         self.prefill_worker = worker
-        self.prefill_excluded.add(worker.name)
         ex.note.prefill_worker = worker.name
         flight = Flight(state, worker, self.prefill_req, decision, ex.parsed, ex.started)
         started = ex.loop.time()
@@ -143,6 +142,7 @@ class Disaggregation:
             kind = exc.kind if isinstance(exc, UpstreamError) else FailureKind.TIMEOUT
             _abort(response)
             flight.fail(kind, 504 if kind == FailureKind.TIMEOUT else 502, str(exc) or "no answer in time")
+            self.prefill_excluded.add(worker.name)
             return None
         except BaseException:
             _abort(response)
@@ -150,6 +150,7 @@ class Disaggregation:
             raise
         if not 200 <= response.status < 300 or not complete:
             flight.fail(FailureKind.STATUS, response.status, f"HTTP {response.status}")
+            self.prefill_excluded.add(worker.name)
             return None
         self.prefill_finished(flight, answer, started)
         return answer
@@ -179,7 +180,9 @@ class Disaggregation:
         then colocated."""
         ex = self.ex
         for attempt in range(ex.state.request_config.max_attempts):
-            prefill = self.next_prefill(attempt) if attempt else self.prefill_decision
+            # the routing core's prefill first; a decode retried is paired again with a prefill chosen anew
+            prefill = self.prefill_decision if attempt == 0 else None
+            prefill = prefill or self.next_prefill(max(attempt, 1))
             if prefill is None:
                 break
             self.prefill_decision = None
