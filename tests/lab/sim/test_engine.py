@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefix_router.lab.sim.engine import EngineModel, EngineRequest, RequestRejected
-from prefix_router.lab.sim.profiles import EngineProfile
+from prefix_router.lab.sim.profiles import EngineProfile, get_profile
 
 
 def test_a_repeated_prefix_is_cached(demo_profile: EngineProfile, kit: Any) -> None:
@@ -217,3 +217,26 @@ def test_the_engine_reports_queue_waits_and_busy_time(demo_profile: EngineProfil
     )
     assert engine.stats.busy_s == pytest.approx(end)  # never idle from 0 to the end
     assert 0 < engine.stats.prefill_s < engine.stats.busy_s
+
+
+def test_a_kv_handoff_loads_blocks_as_cached_with_its_transfer_time() -> None:
+    profile = get_profile("cpu-demo")
+    engine = EngineModel(profile, capacity_tokens=1024)
+    blocks = (11, 12, 13, 14)
+    assert engine.load(blocks[:3]) == 3 and engine.load(blocks[:3]) == 0  # held already: nothing moves
+    assert engine.load(blocks) == 1
+    assert (
+        engine.transfer_time(64) == pytest.approx(64 * profile.kv_transfer_s_per_token)
+        and engine.transfer_time(64) > 0
+    )
+    engine.submit(EngineRequest("r", 70, 2, blocks), 0.0)
+    events = []
+    while (end := engine.next_time()) is not None:
+        events += engine.advance()
+        assert end >= 0
+    assert [e.cached_tokens for e in events if e.kind == "first_token"] == [64]
+
+
+def test_a_handoff_that_finds_no_room_loads_nothing() -> None:
+    engine = EngineModel(get_profile("cpu-demo"), capacity_tokens=32)  # two blocks
+    assert engine.load((1, 2, 3)) == 0 and engine.cache.match((1, 2, 3)) == 0

@@ -33,6 +33,10 @@ the benchmarks use between runs). Knobs:
 - ``optimization_level``: vLLM's ``-O``; 0 (the default) runs the model eagerly: no torch.compile, whose
   C++ builds took 3-4 minutes per instance on a loaded 2-core machine (``-O1`` and up compile, cached in
   ``~/.cache/vllm`` per configuration).
+- ``roles``: prefill/decode disaggregation (``VllmSettings.disaggregated(P, D)``): instance i plays
+  ``roles[i]``; ``prefill`` instances run vLLM's shared-storage connector (``ExampleConnector``) as
+  ``kv_producer``, ``decode`` ones as ``kv_consumer``, all on one storage folder (a temporary one made at
+  start and removed on stop, unless ``kv_storage_path`` names one); empty: every instance is ``both``.
 
 Instances run in their own process group (vLLM's engine core is a child process): stop, kill and restart
 act on the whole group. A start that fails raises ``LaunchError`` naming the instance's log.
@@ -45,6 +49,7 @@ import json
 import math
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +72,9 @@ DEFAULT_ALIAS = "smollm2-135m"
 CPU_BLOCK_SIZE = 128  # the CPU backend's KV block size, tokens
 EVENTS_TOPIC = "kv"
 Weights = Literal["real", "dummy"]
+Role = Literal["prefill", "decode", "both"]
+KV_CONNECTOR = "ExampleConnector"  # vLLM's shared-storage connector (SharedStorageConnector before 0.11)
+KV_ROLES: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 Dtype = Literal["auto", "bfloat16", "float32"]
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
@@ -103,6 +111,27 @@ class VllmSettings:
     model_dir: Path | None = None  # default: derived from the venv's SmolLM2 GGUF, cached
     startup_timeout_s: float = 420.0
     log_dir: Path | None = None  # default: a fresh temporary folder
+    roles: tuple[Role, ...] = ()  # per instance; empty: all "both" (no KV transfer)
+    kv_storage_path: Path | None = None  # the connector's folder; None: a temporary one per fleet
+
+    @classmethod
+    def disaggregated(cls, prefill: int, decode: int, **knobs: object) -> VllmSettings:
+        """``prefill`` producers then ``decode`` consumers sharing one KV storage folder."""
+        if prefill < 1 or decode < 1:
+            raise ValueError(
+                f"a disaggregated fleet needs a prefill and a decode instance, got {prefill}P{decode}D"
+            )
+        first: Role = "prefill"
+        then: Role = "decode"
+        roles = (first,) * prefill + (then,) * decode
+        return cls(instances=prefill + decode, roles=roles, **knobs)  # type: ignore[arg-type]
+
+    def role(self, index: int) -> Role:
+        return self.roles[index] if self.roles else "both"
+
+    @property
+    def transfers_kv(self) -> bool:
+        return any(role != "both" for role in self.roles)
 
     def blocks(self) -> int | None:
         """The ``--num-gpu-blocks-override`` for ``kv_cache_tokens`` (None: no override)."""
@@ -169,8 +198,21 @@ def events_endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+def kv_transfer_config(role: Role, storage: Path) -> dict[str, object] | None:
+    """``--kv-transfer-config`` of an instance playing ``role`` (None for ``both``: no connector)."""
+    if role == "both":
+        return None
+    extra = {"shared_storage_path": str(storage)}
+    return {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLES[role], "kv_connector_extra_config": extra}
+
+
 def command(
-    settings: VllmSettings, model: Path, port: int, events_port: int | None, replay_port: int | None = None
+    settings: VllmSettings,
+    model: Path,
+    port: int,
+    events_port: int | None,
+    replay_port: int | None = None,
+    transfer: dict[str, object] | None = None,
 ) -> list[str]:
     argv = [
         str(venv_python(settings.venv)), "-m", "vllm.entrypoints.openai.api_server",
@@ -198,6 +240,8 @@ def command(
         if replay_port is not None:
             config["replay_endpoint"] = events_endpoint(settings.host, replay_port)
         argv += ["--kv-events-config", json.dumps(config)]
+    if transfer is not None:
+        argv += ["--kv-transfer-config", json.dumps(transfer)]
     return argv
 
 
@@ -220,6 +264,7 @@ def environment(settings: VllmSettings, index: int) -> dict[str, str]:
 class VllmInstance(Instance):
     events_port: int | None = None  # where it publishes KV cache events (None: it does not)
     replay_port: int | None = None  # where it answers replay requests (None: no replay socket)
+    role: Role = "both"
 
     @property
     def events_endpoint(self) -> str | None:
@@ -246,14 +291,32 @@ class VllmFleet(Fleet[VllmInstance]):
         super().__init__(settings.instances, settings.host, settings.startup_timeout_s, settings.log_dir)
         if settings.kv_cache_tokens is not None and settings.kv_cache_tokens <= settings.block_size:
             raise ValueError(f"kv_cache_tokens must be more than one block ({settings.block_size})")
+        if settings.roles and len(settings.roles) != settings.instances:
+            raise ValueError(f"{len(settings.roles)} roles for {settings.instances} instances")
         self.settings = settings
         self._model: Path | None = None
+        self._storage: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def kv_storage(self) -> Path | None:
+        """The shared-storage connector's folder while the fleet runs (None: no KV transfer)."""
+        if self.settings.kv_storage_path is not None:
+            return self.settings.kv_storage_path
+        return Path(self._storage.name) if self._storage is not None else None
+
+    def stop(self, grace_s: float | None = None) -> None:
+        super().stop(grace_s)
+        if self._storage is not None:  # the prompts' KV files: removed with the fleet
+            self._storage.cleanup()
+            self._storage = None
 
     def unavailable_reason(self) -> str | None:
         return unavailable_reason(self.settings.venv)
 
     def _launch(self) -> Iterator[VllmInstance]:
         self._model = model_dir(self.settings)
+        if self.settings.transfers_kv and self.settings.kv_storage_path is None and self._storage is None:
+            self._storage = tempfile.TemporaryDirectory(prefix="prefix-router-vllm-kv-")
         for index, ports_of in enumerate(zip(*self._ports(), strict=True)):
             yield self._start_one(index, *ports_of)
 
@@ -272,9 +335,13 @@ class VllmFleet(Fleet[VllmInstance]):
         self, index: int, port: int, events_port: int | None, replay_port: int | None
     ) -> VllmInstance:
         assert self._model is not None
-        argv = command(self.settings, self._model, port, events_port, replay_port)
+        role = self.settings.role(index)
+        storage = self.kv_storage
+        transfer = kv_transfer_config(role, storage) if storage is not None else None
+        argv = command(self.settings, self._model, port, events_port, replay_port, transfer)
         process, log_path, log = self._spawn(port, argv, environment(self.settings, index))
-        return VllmInstance(index, port, self.url(port), process, log_path, log, events_port, replay_port)
+        url = self.url(port)
+        return VllmInstance(index, port, url, process, log_path, log, events_port, replay_port, role)
 
     def kill(self, index: int) -> None:
         """SIGKILL instance ``index`` and its engine core (a crash, for tests)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prefix_router.lab.sim.decision_log import DecisionLog
+from prefix_router.lab.sim.pd_sim import PdSpec
 from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, builtin_profiles, get_profile
 from prefix_router.lab.sim.report import plot, print_report
 from prefix_router.lab.sim.run import (
@@ -61,6 +63,18 @@ def add_engine_sim_arguments(p: argparse.ArgumentParser) -> None:
         '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": ..., "topic": ...}',
     )
     p.add_argument(
+        "--role",
+        choices=("prefill", "decode", "both"),
+        default="both",
+        help="prefill/decode disaggregation: the side it plays (default both: colocated)",
+    )
+    p.add_argument(
+        "--kv-store",
+        default=None,
+        metavar="DIR",
+        help="the folder engines started together share for KV handoffs (shared storage, SGLang rooms)",
+    )
+    p.add_argument(
         "--kv-events-layout",
         choices=("tagged", "positional"),
         default="tagged",
@@ -95,6 +109,8 @@ def run_engine_sim(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_events=events,
+        role=args.role,
+        kv_store=args.kv_store,
     )
     asyncio.run(serve_forever(cfg))
     return 0
@@ -152,6 +168,20 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pass session ids to the router (its session affinity then overrides every policy)",
     )
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="P/D disaggregation: the first N instances prefill, the others decode (default 0: colocated)",
+    )
+    p.add_argument(
+        "--skip-prefill-tokens",
+        type=int,
+        default=None,
+        metavar="T",
+        help="the decider's threshold (disaggregation.skip_prefill_tokens; default the router's)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -199,9 +229,24 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     spec = ClusterSpec(args.instances, profile, capacity, args.seed, args.scrape_interval)
     knobs = routing_knobs(args.config, args.set)
     if args.trace:
-        return trace_scenario(args.trace, spec, args.rate_scale, args.limit, args.tile, knobs)
-    options = _options(args.workload_opt)
-    return workload_scenario(args.workload, spec, args.rate_scale, args.limit, options, args.sessions, knobs)
+        scenario = trace_scenario(args.trace, spec, args.rate_scale, args.limit, args.tile, knobs)
+    else:
+        options = _options(args.workload_opt)
+        scenario = workload_scenario(
+            args.workload, spec, args.rate_scale, args.limit, options, args.sessions, knobs
+        )
+    return dataclasses.replace(scenario, pd=_pd(args))
+
+
+def _pd(args: argparse.Namespace) -> PdSpec | None:
+    if not args.prefill:
+        if args.skip_prefill_tokens is not None:
+            raise ValueError("--skip-prefill-tokens needs --prefill")
+        return None
+    if not 0 < args.prefill < args.instances:
+        raise ValueError(f"--prefill must leave a decode instance: 1..{args.instances - 1}")
+    knobs = {} if args.skip_prefill_tokens is None else {"skip_prefill_tokens": args.skip_prefill_tokens}
+    return PdSpec.split(args.prefill, args.instances - args.prefill, **knobs)
 
 
 def routing_knobs(path: str | None, pairs: list[str]) -> dict[str, Any]:

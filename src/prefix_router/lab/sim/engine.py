@@ -225,6 +225,21 @@ class EngineModel:
     def reset_prefix_cache(self) -> int:
         return self.cache.reset()
 
+    def load(self, blocks: tuple[int, ...]) -> int:
+        """A KV handoff: the leading ``blocks`` of a prompt arrive from another engine (a prefill's
+        connector) and are cached here as if computed; returns how many were not already resident (the
+        transferred ones; 0 too when the cache has no room for them: the prompt is then prefilled)."""
+        held = self.cache.match(blocks)
+        if held == len(blocks) or self.cache.allocate(blocks, len(blocks)) is None:
+            return 0
+        self.cache.mark_computed(blocks)
+        self.cache.release(blocks, 0)
+        return len(blocks) - held
+
+    def transfer_time(self, tokens: int) -> float:
+        """How long moving ``tokens`` tokens of KV cache from a prefill engine takes (the profile's cost)."""
+        return tokens * self.profile.kv_transfer_s_per_token
+
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prefix_router.lab.sim.requests import SimRequest
+
+if TYPE_CHECKING:
+    from prefix_router.lab.sim.pd_sim import Stage
 
 
 class SimulationHooks(Protocol):
@@ -21,6 +24,8 @@ class SimulationHooks(Protocol):
     def on_scrape(self, now: float) -> None: ...
 
     def on_fault(self, fault: Fault, now: float) -> None: ...
+
+    def on_handoff(self, stage: Stage, now: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,3 +110,15 @@ class EngineFault(Event):
 
     def handle(self, sim: SimulationHooks, now: float) -> None:
         sim.on_fault(self.fault, now)
+
+
+class KvHandoff(Event):
+    """A prefill stage's KV cache has reached its decode engine (after the transfer time)."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+
+    def handle(self, sim: SimulationHooks, now: float) -> None:
+        sim.on_handoff(self.stage, now)

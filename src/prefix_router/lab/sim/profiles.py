@@ -58,6 +58,9 @@ class EngineProfile:
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int = 16
+    # a KV handoff (prefill/decode disaggregation): seconds per prompt token whose KV cache moves from the
+    # prefill engine to the decode engine (KV bytes per token / the link's bandwidth); 0: free
+    kv_transfer_s_per_token: float = 0.0
 
     def with_overrides(self, **changes: int | float | None) -> EngineProfile:
         """A copy with the given fields replaced; ``None`` values are ignored."""
@@ -116,6 +119,8 @@ GPU_MEMORY_UTILIZATION = 0.9  # [VLLM] default
 ACTIVATION_RESERVE_BYTES = 5 * GIB  # activations, CUDA graphs, allocator slack per GPU (assumed)
 STEP_OVERHEAD_S = 0.5e-3  # scheduler + launch + sampling per step (assumed)
 TP_ALLREDUCE_S = 15e-6  # latency of one small all-reduce over NVLink (assumed); 2 per layer
+# the KV handoff's link per GPU (assumed): one 200 Gb/s RDMA NIC at 25 GB/s, as NIXL over InfiniBand or RoCE
+KV_LINK_BYTES_S = 25e9
 
 
 def kv_capacity(model: Model, hw: Hardware) -> int:
@@ -142,6 +147,7 @@ def derive(name: str, model: Model, hw: Hardware, mfu: float, overhead_s: float)
         max_num_seqs=1024,  # [VLLM]
         max_num_batched_tokens=8192,  # [VLLM]
         max_model_len=model.max_model_len,
+        kv_transfer_s_per_token=model.kv_bytes_per_token / (KV_LINK_BYTES_S * hw.gpus),
     )
 
 
@@ -173,6 +179,7 @@ def cpu_demo() -> EngineProfile:
         max_num_seqs=64,
         max_num_batched_tokens=2048,
         max_model_len=32_768,
+        kv_transfer_s_per_token=5e-6,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from prefix_router.lab.sim.decision_log import DecisionLog
 from prefix_router.lab.sim.openai_api import EngineLimits
 from prefix_router.lab.sim.oracle import oracle
+from prefix_router.lab.sim.pd_sim import PdSpec
 from prefix_router.lab.sim.requests import RequestSource, TraceSource
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec, ProgressHook
 from prefix_router.lab.sim.stats import details, summarize
@@ -34,6 +35,7 @@ class Scenario:
     make_source: SourceFactory
     routing: RoutingFactory
     rate_scale: float = 1.0
+    pd: PdSpec | None = None  # prefill/decode roles (None: colocated)
 
 
 def merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,18 +111,15 @@ def simulate(
         source = scenario.make_source()
         hook = progress(policy, source.total) if progress is not None else None
         sim = ClusterSimulation(
-            scenario.spec,
-            policy,
-            source,
-            scenario.routing(policy),
-            hook,
-            keep_arrivals=arrivals is None,
-            decisions=decisions,
-        )
+            scenario.spec, policy, source, scenario.routing(policy), hook, keep_arrivals=arrivals is None,
+            decisions=decisions, pd=scenario.pd,
+        )  # fmt: skip
         result = sim.run()
         arrivals = arrivals if arrivals is not None else result.arrivals
         summaries[policy] = summarize(result.stats)
         extra[policy] = details(result.stats, result.wall_s)
+        if result.pd is not None:
+            extra[policy]["pd"] = result.pd
     return _report(scenario, summaries, extra, _oracle(scenario, arrivals or []))
 
 

@@ -4,7 +4,9 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE streamin
 ``GET /v1/models``, ``GET /health``, ``POST /reset_prefix_cache``, ``GET /metrics`` (vLLM names), vLLM's
 ``POST /v1/chat/completions/render``, ``POST /v1/completions/render`` and ``POST /tokenize`` (prompt token
 ids, for routers that route on them; see ``render_api``), plus ``/server_info`` and ``/model_info`` for
-routers that probe them. Client disconnect aborts generation. With ``kv_events`` its cache publishes KV
+routers that probe them. Client disconnect aborts generation. ``role`` and ``kv_store`` make it one side of
+prefill/decode disaggregation, in the three flows of ``pd_api`` (``kv_transfer_params``, shared storage,
+SGLang's bootstrap). With ``kv_events`` its cache publishes KV
 cache events over ZMQ while the app runs (``kv_publisher``: the token ids of the render endpoints, so a
 router's precise mode keys requests and events alike).
 """
@@ -18,6 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -26,15 +29,25 @@ from aiohttp import web
 from prefix_router.lab.sim.driver import EngineDriver, Ticket
 from prefix_router.lab.sim.engine import EngineModel, RequestRejected
 from prefix_router.lab.sim.kv_publisher import KvEventPublisher, KvEventsConfig
+from prefix_router.lab.sim.kv_store import KvStore
 from prefix_router.lab.sim.metrics import metrics_registry, render
-from prefix_router.lab.sim.openai_api import ApiError, ApiRequest, EngineLimits, parse
+from prefix_router.lab.sim.openai_api import ApiError, ApiRequest, EngineLimits, parse, response_id
+from prefix_router.lab.sim.pd_api import (
+    BOOTSTRAP_WAIT_S,
+    Handoff,
+    nixl_params,
+    parse_handoff,
+    prefill_only,
+)
 from prefix_router.lab.sim.profiles import DEFAULT_PROFILE, EngineProfile, get_profile
 from prefix_router.lab.sim.render_api import render_chat, render_completions, tokenize
 from prefix_router.lab.sim.streaming import complete, stream
 from prefix_router.protocol import Endpoint
+from prefix_router.routing import Role
 
 READY_PREFIX = "ENGINE-SIM READY "
 MAX_BODY_BYTES = 64 * 1024 * 1024
+ROOM_POLL_S = 0.005  # how often a decode engine looks for its bootstrap room's prefill (wall time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,8 @@ class EngineSimSettings:
     max_num_batched_tokens: int | None = None
     tick_s: float = 0.01
     kv_events: KvEventsConfig | None = None
+    role: Role = "both"  # prefill/decode disaggregation: which side this engine plays
+    kv_store: str | None = None  # the folder engines started together share (shared storage, SGLang rooms)
 
     def engine_profile(self) -> EngineProfile:
         base = get_profile(self.profile)
@@ -69,6 +84,10 @@ class SimContext:
     finished: Counter[str] = field(default_factory=Counter)  # requests by vLLM finished_reason
     kv_events: KvEventsConfig | None = None
     events: KvEventPublisher | None = None  # while the app runs, with kv_events
+    role: Role = "both"
+    store: KvStore | None = None
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # NIXL's remote_engine_id
+    host: str = "127.0.0.1"
 
 
 CONTEXT = web.AppKey("engine_sim_context", SimContext)
@@ -82,7 +101,18 @@ def build_context(cfg: EngineSimSettings) -> SimContext:
     )
     limits = EngineLimits(model, engine.block_tokens, profile.max_model_len)
     driver = EngineDriver(engine, cfg.time_scale)
-    return SimContext(model, profile, engine, driver, limits, kv_events=cfg.kv_events)
+    store = KvStore(Path(cfg.kv_store)) if cfg.kv_store is not None else None
+    return SimContext(
+        model,
+        profile,
+        engine,
+        driver,
+        limits,
+        kv_events=cfg.kv_events,
+        role=cfg.role,
+        store=store,
+        host=cfg.host,
+    )
 
 
 def build_app(cfg: EngineSimSettings) -> web.Application:
@@ -142,18 +172,75 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     ctx = request.app[CONTEXT]
     request_id = uuid.uuid4().hex
     try:
-        api = parse(endpoint, await _json_body(request), ctx.limits, request_id)
+        body = await _json_body(request)
+        api = parse(endpoint, body, ctx.limits, request_id)
+        handoff = parse_handoff(body)
+        if ctx.role == "prefill" and handoff.room is not None:
+            api = prefill_only(api)
+        await _receive_kv(ctx, api, handoff)
         tickets = _submit(ctx, api)
     except ApiError as err:
         return web.json_response(err.body(), status=err.status)
     try:
         if api.stream:
-            return await stream(request, api, request_id, tickets)
-        return await complete(api, request_id, tickets)
+            response = await stream(request, api, request_id, tickets)
+            if all(t.done for t in tickets):
+                _hand_off(ctx, api, handoff, request_id)
+            return response
+        return await complete(api, request_id, tickets, lambda: _hand_off(ctx, api, handoff, request_id))
     finally:
         for generation, ticket in zip(api.generations, tickets, strict=True):
             ctx.finished[generation.finish_reason if ticket.done else "abort"] += 1
             ctx.driver.cancel(ticket)
+
+
+async def _receive_kv(ctx: SimContext, api: ApiRequest, handoff: Handoff) -> None:
+    """A decode's side of a handoff: the prompt blocks its prefill computed, loaded after their transfer
+    time (the blocks this engine did not hold), so that they count as cached tokens."""
+    blocks = api.generations[0].request.blocks
+    count = await _remote_blocks(ctx, handoff, blocks)
+    if not count:
+        return
+    wanted = blocks[:count]
+    moving = count - ctx.engine.cache.match(wanted)
+    await asyncio.sleep(ctx.engine.transfer_time(moving * ctx.engine.block_tokens) * ctx.driver.time_scale)
+    ctx.engine.load(wanted)
+
+
+async def _remote_blocks(ctx: SimContext, handoff: Handoff, blocks: tuple[int, ...]) -> int:
+    """How many leading prompt blocks a prefill engine holds for this request (0: none, prefill here)."""
+    if handoff.remote_blocks is not None:
+        return min(handoff.remote_blocks, len(blocks))
+    if ctx.role != "decode" or ctx.store is None:
+        return 0
+    if handoff.room is None:
+        return ctx.store.match(blocks)
+    return min(await _wait_room(ctx, ctx.store, handoff.room), len(blocks))
+
+
+async def _wait_room(ctx: SimContext, store: KvStore, room: int) -> int:
+    deadline = asyncio.get_running_loop().time() + BOOTSTRAP_WAIT_S * ctx.driver.time_scale
+    while (published := store.room(room)) is None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise ApiError(f"KV transfer failed: no prefill for bootstrap_room {room}", "bootstrap_room", 500,
+                           "InternalServerError")  # fmt: skip
+        await asyncio.sleep(ROOM_POLL_S)
+    return published
+
+
+def _hand_off(ctx: SimContext, api: ApiRequest, handoff: Handoff, request_id: str) -> dict[str, Any]:
+    """A prefill's side of a handoff, once its generation is done: its blocks saved for the decode
+    engines (shared storage, SGLang's room), and the ``kv_transfer_params`` of its answer (NIXL-style)."""
+    generation = api.generations[0]
+    blocks = generation.request.blocks
+    if ctx.role == "prefill" and ctx.store is not None:
+        ctx.store.save(blocks)
+        if handoff.room is not None:
+            ctx.store.publish(handoff.room, len(blocks))
+    if not handoff.remote_decode or generation.finish_reason != "length":
+        return {}
+    rid = response_id(api.endpoint, request_id)
+    return {"kv_transfer_params": nixl_params(ctx.engine_id, rid, len(blocks), ctx.host)}
 
 
 async def _render_chat(request: web.Request) -> web.Response:

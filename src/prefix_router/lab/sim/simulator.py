@@ -5,7 +5,8 @@ The router is driven exactly as the proxy drives it: ``route`` (candidates = eve
 extension blocks of the reply. Engines are ``EngineModel`` instances (the same model as ``engine-sim``);
 the router also receives each engine's queue depth and KV usage every ``scrape_interval_s``, as the
 proxy's pool scrapes ``/metrics``. No sockets, no sleeps: a run is a loop over a time-ordered event queue,
-deterministic for a fixed seed.
+deterministic for a fixed seed. With a ``PdSpec`` the fleet is disaggregated: every request goes through
+the routing core's two-stage choice (``Router.route_pd``), its stages as ``pd_sim`` says.
 """
 
 from __future__ import annotations
@@ -24,14 +25,24 @@ from prefix_router.lab.sim.events import (
     EngineStepEnd,
     EventQueue,
     Fault,
+    KvHandoff,
     MetricsScrape,
     RequestArrival,
 )
+from prefix_router.lab.sim.pd_sim import PREFILL_SUFFIX, PdSpec, PdStats, Stage
 from prefix_router.lab.sim.precise_feed import EventFeed
 from prefix_router.lab.sim.profiles import EngineProfile
 from prefix_router.lab.sim.requests import RequestSource, SimRequest
 from prefix_router.lab.sim.stats import SimStats
-from prefix_router.routing import FeedbackTuning, Outcome, Router, RouteRequest, RoutingSettings
+from prefix_router.routing import (
+    Decision,
+    FeedbackTuning,
+    Outcome,
+    PdDecision,
+    Router,
+    RouteRequest,
+    RoutingSettings,
+)
 
 ProgressHook = Callable[[int], None]
 PROGRESS_EVERY = 256  # requests between progress callbacks
@@ -78,6 +89,7 @@ class RunResult:
     wall_s: float
     arrivals: list[SimRequest] = field(default_factory=list)
     router_summary: dict[str, object] = field(default_factory=dict)
+    pd: dict[str, object] | None = None  # PdStats.summary() of a disaggregated run
 
 
 class ClusterSimulation:
@@ -97,6 +109,7 @@ class ClusterSimulation:
         router_seed: str | None = None,
         feedback: FeedbackTuning | None = None,
         decisions: DecisionLog | None = None,
+        pd: PdSpec | None = None,
     ) -> None:
         """``precise``: every engine publishes KV cache events to the router's event-fed views
         (``precise_feed.py``), each reaching the router ``event_lag_s`` of simulated time after it was
@@ -136,6 +149,12 @@ class ClusterSimulation:
         self._unsampled = 0
         self._arrivals: list[SimRequest] | None = [] if keep_arrivals else None
         self.decisions = decisions
+        if pd is not None and len(pd.roles) != spec.instances:
+            raise ValueError(f"{len(pd.roles)} roles for {spec.instances} instances")
+        self.pd = pd
+        self.pd_stats = PdStats()
+        self._pd_names = pd.names(self.names) if pd is not None else ([], self.names)
+        self._stages: dict[str, Stage] = {}
 
     def _engine(self) -> EngineModel:
         return EngineModel(
@@ -173,6 +192,7 @@ class ClusterSimulation:
         self.stats.prefill_s = [e.stats.prefill_s for e in self.engines]
         result = RunResult(self.stats, time.perf_counter() - started, self._arrivals or [])
         result.router_summary = self.router.summary()
+        result.pd = self.pd_stats.summary() if self.pd is not None else None
         return result
 
     def _push_next_initial(self) -> None:
@@ -189,10 +209,17 @@ class ClusterSimulation:
             self._arrivals.append(request)
         self.stats.arrived(now)
         route = request.route if self.feed is None else self.feed.with_precise(request.route, request.engine)
+        if self.pd is not None:
+            self._arrive_pd(request, route, self.pd, now)
+            return
         decision = self.router.route(route, self.names, now, self.policy)
         self.router.dispatched(route, decision, now)
         if self.decisions is not None:
             self.decisions.decided(request.request_id, now, self.policy, decision, route)
+        self._run(request, route, decision, now)
+
+    def _run(self, request: SimRequest, route: RouteRequest, decision: Decision, now: float) -> None:
+        """Submit ``request`` (routed and dispatched) to its engine."""
         instance = self.index[decision.worker]
         try:
             self.engines[instance].submit(request.engine, now)
@@ -204,6 +231,83 @@ class ClusterSimulation:
         self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens, route)
         self.stats.dispatched(instance, str(decision.branch))
         self._reschedule(instance)
+
+    # ------------------------------------------------------------------ prefill/decode disaggregation
+
+    def _arrive_pd(self, request: SimRequest, route: RouteRequest, pd: PdSpec, now: float) -> None:
+        prefill, decode = self._pd_names
+        choice = self.router.route_pd(
+            route, prefill, decode, now, skip_prefill_tokens=pd.skip_prefill_tokens, policy=self.policy,
+            decode_policy=pd.decode_policy,
+        )  # fmt: skip
+        self._judge(request, choice, pd)
+        if choice.prefill is None:
+            self.pd_stats.skipped[str(choice.skipped)] += 1
+            self.router.dispatched(route, choice.decode, now)
+            self._run(request, route, choice.decode, now)
+            return
+        self._start_prefill(request, route, choice, choice.prefill, now)
+
+    def _judge(self, request: SimRequest, choice: PdDecision, pd: PdSpec) -> None:
+        """The decider against the engines' truth: did the decode engine hold the prompt, did anyone?"""
+        blocks, prompt = request.engine.blocks, request.engine.prompt_tokens
+        engine = self.engines[self.index[choice.decode.worker]]
+        held = engine.cache.match(blocks) * engine.block_tokens
+        cold = not blocks or all(e.cache.match(blocks[:1]) == 0 for e in self.engines)
+        held_all = held > 0 and prompt - held <= pd.skip_prefill_tokens
+        self.pd_stats.judged(held_all, cold, choice.prefill is None and choice.skipped is not None)
+
+    def _start_prefill(
+        self, request: SimRequest, route: RouteRequest, choice: PdDecision, prefill: Decision, now: float
+    ) -> None:
+        rid = request.request_id + PREFILL_SUFFIX
+        stage_route = dataclasses.replace(route, route_id=rid)
+        self.router.dispatched(stage_route, prefill, now)
+        stage = Stage(request, route, stage_route, self.index[prefill.worker],
+                      self.index[choice.decode.worker], choice.decode)  # fmt: skip
+        engine_request = dataclasses.replace(request.engine, request_id=rid, output_tokens=1, extension=())
+        try:
+            self.engines[stage.prefill].submit(engine_request, now)
+        except RequestRejected:  # served colocated on its decode worker
+            self.router.finished(stage_route, prefill.worker, Outcome(ok=False), now)
+            self.router.dispatched(route, choice.decode, now)
+            self._run(request, route, choice.decode, now)
+            return
+        if self.pd is not None and self.pd.decode_at_choice:
+            self._dispatch_decode(stage, now)
+        self._stages[rid] = stage
+        self.pd_stats.prefills += 1
+        self.stats.dispatched(stage.prefill, "prefill")
+        self._reschedule(stage.prefill)
+
+    def _on_prefill_done(self, stage: Stage, event: EngineEvent) -> None:
+        """The prefill engine has computed the prompt: the decode stage is dispatched as the edge does
+        (``Router.handed_over``: the prompt predicted cached there), and its KV cache moves to the decode
+        engine, which starts the request once it has arrived."""
+        request = stage.request
+        prompt = request.engine.prompt_tokens
+        outcome = Outcome(True, event.cached_tokens, (), prompt)
+        self.router.finished(stage.prefill_route, self.names[stage.prefill], outcome, event.time)
+        if self.pd is not None and not self.pd.decode_at_choice:
+            self._dispatch_decode(stage, event.time)
+        self.pd_stats.prefill_prompt_tokens += prompt
+        self.pd_stats.prefill_cached_tokens += event.cached_tokens
+        decode = self.engines[stage.decode]
+        blocks = request.engine.blocks
+        moving = (len(blocks) - decode.cache.match(blocks)) * decode.block_tokens
+        delay = decode.transfer_time(moving)
+        self.pd_stats.transferred_tokens += moving
+        self.pd_stats.transfer_s += delay
+        self.queue.push(event.time + delay, KvHandoff(stage))
+
+    def _dispatch_decode(self, stage: Stage, now: float) -> None:
+        """The decode stage to the router, its prompt predicted handed over (``Router.handed_over``)."""
+        stage.decode_decision = self.router.handed_over(stage.route, stage.decode_decision)
+        self.router.dispatched(stage.route, stage.decode_decision, now)
+
+    def on_handoff(self, stage: Stage, now: float) -> None:
+        self.engines[stage.decode].load(stage.request.engine.blocks)
+        self._run(stage.request, stage.route, stage.decode_decision, now)
 
     def _failed(self, request: SimRequest, worker: str, now: float) -> None:
         self.router.finished(request.route, worker, Outcome(ok=False), now)
@@ -218,7 +322,12 @@ class ClusterSimulation:
             return
         self._scheduled[instance] = None
         for event in self.engines[instance].advance():
-            if event.kind == "first_token":
+            stage = self._stages.pop(event.request_id, None) if event.kind == "finished" else None
+            if stage is not None:
+                self._on_prefill_done(stage, event)
+            elif event.request_id.endswith(PREFILL_SUFFIX):
+                self.router.first_token(event.request_id, event.time)
+            elif event.kind == "first_token":
                 self._on_first_token(event)
             else:
                 self._on_finished(event)

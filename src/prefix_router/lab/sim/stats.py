@@ -29,6 +29,7 @@ class SimStats:
     prefill_s: list[float] = field(default_factory=list)
     replication: list[float] = field(default_factory=list)  # samples of copies / distinct cached blocks
     branches: dict[str, int] = field(default_factory=dict)  # routing decisions per branch
+    tpot: list[float] = field(default_factory=list)  # time per output token after the first, s
 
     def __post_init__(self) -> None:
         self.per_instance = [0] * self.instances
@@ -59,6 +60,8 @@ class SimStats:
         self.cached.append(cached)
         self.predicted.append(predicted)
         self.output_tokens += out
+        if out > 1:
+            self.tpot.append((end - first) / (out - 1))
         self.last_finish = max(self.last_finish, end)
 
     @property
@@ -135,6 +138,7 @@ def details(stats: SimStats, wall_s: float) -> dict[str, Any]:
         "wall_s": wall_s,
         "utilisation": utilisation(stats, span),
         "queue_wait_ms": latency_ms(stats.queued),
+        "tpot_ms": latency_ms(stats.tpot),
         "replication": replication(stats),
         "branches": dict(sorted(stats.branches.items())),
     }

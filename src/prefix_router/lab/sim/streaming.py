@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,14 +20,22 @@ def total_usage(api: ApiRequest, tickets: Sequence[Ticket]) -> dict[str, Any]:
     return usage(prompt, completion, sum(t.cached_tokens for t in tickets))
 
 
-async def complete(api: ApiRequest, request_id: str, tickets: Sequence[Ticket]) -> web.Response:
-    """Wait for every generation, then answer with the whole completion."""
+async def complete(
+    api: ApiRequest,
+    request_id: str,
+    tickets: Sequence[Ticket],
+    extra: Callable[[], Mapping[str, Any]] | None = None,
+) -> web.Response:
+    """Wait for every generation, then answer with the whole completion (plus the top-level fields
+    ``extra`` returns once they are done: a prefill's ``kv_transfer_params``)."""
     changed = tickets[0].changed
     while not all(t.done for t in tickets):
         await changed.wait()
         changed.clear()
     texts = [ids_text(g.output) for g in api.generations]
     body = full_response(api, request_id, texts, total_usage(api, tickets))
+    if extra is not None:
+        body |= extra()
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
