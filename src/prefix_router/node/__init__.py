@@ -71,12 +71,20 @@ from prefix_router.node.request.forward import (
 from prefix_router.node.request.parse import Parsed, body_model, check_encoding, read_body, too_large
 from prefix_router.node.request.sse import ReplyAccumulator
 from prefix_router.node.state import STATE, NodeState
-from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, request_closed, settle
+from prefix_router.node.steps.accounting import (
+    CLIENT_GONE,
+    Flight,
+    cached_tokens,
+    request_closed,
+    settle,
+    traced,
+)
 from prefix_router.node.steps.admission import admit, policy_override
 from prefix_router.node.steps.choice import PASSTHROUGH_POLICY, check_model, choose, nobody, passthrough_req
 from prefix_router.node.steps.keying import parse_routed
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
+from prefix_router.node.telemetry.tracing import TRACEPARENT, RequestTrace, Tracing, with_traceparent
 from prefix_router.node.upstream.http_client import HttpUpstream
 from prefix_router.node.upstream.seam import (
     FailureKind,
@@ -97,6 +105,7 @@ __all__ = [
     "PASSTHROUGH_POLICY",
     "ROOT_PASSTHROUGH",
     "STATE",
+    "TRACEPARENT",
     "Cause",
     "Config",
     "EarlyHangup",
@@ -112,8 +121,10 @@ __all__ = [
     "Reloader",
     "ReplyAccumulator",
     "RequestNote",
+    "RequestTrace",
     "Running",
     "SharedPool",
+    "Tracing",
     "Upstream",
     "UpstreamError",
     "UpstreamRequest",
@@ -128,6 +139,7 @@ __all__ = [
     "body_model",
     "build_app",
     "build_config",
+    "cached_tokens",
     "check_client",
     "check_encoding",
     "check_model",
@@ -164,11 +176,13 @@ __all__ = [
     "takes_cache_salt",
     "tenant_salt",
     "too_large",
+    "traced",
     "tune_gc",
     "unavailable",
     "upstream_failed",
     "upstream_headers",
     "upstream_url",
     "validate",
+    "with_traceparent",
     "worker_secret",
 ]

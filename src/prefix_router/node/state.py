@@ -19,6 +19,7 @@ from prefix_router.node.request.render import Renders
 from prefix_router.node.telemetry.logs import LineHandler
 from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.node.telemetry.record import TraceRecorder
+from prefix_router.node.telemetry.tracing import Tracing
 from prefix_router.node.upstream.seam import Upstream
 from prefix_router.pool import EventSubscriptions, PoolMonitor, WorkerPool, WorkerSettings
 from prefix_router.routing import Router
@@ -92,6 +93,7 @@ class NodeState:
     events: EventSubscriptions | None = None  # KV cache event subscriptions (workers with kv_events)
     renders: Renders | None = None  # precise keys rendered by an engine (no local template)
     log_handler: LineHandler | None = None  # the process's (``logs.configure``): access lines go there
+    tracing: Tracing | None = None  # OpenTelemetry spans (``telemetry.tracing``): None, off (the default)
     deadlines: Deadlines = field(default_factory=Deadlines)
     active: int = 0  # /v1/* requests being handled (the drain waits for them)
     # told of every admin change once it is made here (``serve --processes``: the other processes follow)

@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping
 
 from prefix_router.node.telemetry.logs import ACCESS_LOGGER, Fields, LineHandler, text_value
+from prefix_router.node.telemetry.tracing import RequestTrace
 from prefix_router.protocol import REQUEST_ID_HEADER
 
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -47,6 +48,7 @@ class RequestNote:
         "request_id",
         "started",
         "status",
+        "trace",
         "ttft_s",
         "worker",
     )
@@ -62,6 +64,7 @@ class RequestNote:
         self.branch: str | None = None
         self.predicted_tokens: int | None = None
         self.ttft_s: float | None = None
+        self.trace: RequestTrace | None = None  # its span, when tracing is on (``accounting.traced``)
         self.attempts = 0
         self.status: int | None = None  # set when it differs from the response's (499: the client left)
 

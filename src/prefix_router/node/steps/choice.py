@@ -46,6 +46,8 @@ def choose(
         state.metrics.branches.inc((label, decision.branch))
         state.metrics.predicted.observe(decision.predicted_tokens)
         note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
+    if note.trace is not None:
+        note.trace.decided(label or PASSTHROUGH_POLICY, decision)
     return state.pool.require(decision.worker), decision
 
 
