@@ -74,7 +74,8 @@ async def test_a_streamed_request_is_one_span_with_its_stages_and_the_engine_con
     assert attrs["prefix_router.predicted_tokens"] == 0 and attrs["prefix_router.model"] == "m"
     assert len(attrs["prefix_router.tenant"]) == 16 and request.event("keyed")["prefix_router.key_tokens"] > 0
     assert [name for name, _ in attempt.events] == ["first_byte", "stream_end"]
-    assert attempt.attributes["prefix_router.worker"] == "a" and attempt.attributes["prefix_router.attempt"] == 1
+    assert attempt.attributes["prefix_router.worker"] == "a"
+    assert attempt.attributes["prefix_router.attempt"] == 1
     assert request.service == "prefix-router"
 
 
@@ -90,7 +91,8 @@ async def test_a_retried_request_has_a_span_per_attempt_and_a_tenant_keeps_its_h
     requests = await receiver.wait(2, "prefix_router.request")
     attempts = await receiver.wait(3, "prefix_router.upstream")
     first = next(r for r in requests if r.attributes["prefix_router.attempts"] == 2)
-    tried = sorted((a for a in attempts if a.parent == first.span_id), key=lambda a: a.attributes["prefix_router.attempt"])
+    tried = [a for a in attempts if a.parent == first.span_id]
+    tried.sort(key=lambda a: a.attributes["prefix_router.attempt"])
     assert [a.attributes["prefix_router.worker"] for a in tried] == ["a", "b"]
     assert tried[0].status == ERROR_STATUS and tried[0].attributes["http.response.status_code"] == 500
     assert tried[1].status != ERROR_STATUS and first.attributes["prefix_router.worker"] == "b"
@@ -107,7 +109,8 @@ async def test_without_a_client_traceparent_the_request_starts_a_trace(
     assert (await post(router.url, CHAT, {}))[0] == 200
     [request] = await receiver.wait(1, "prefix_router.request")
     [attempt] = await receiver.wait(1, "prefix_router.upstream")
-    assert request.parent == "" and request.trace_id != CLIENT_TRACE and "prefix_router.tenant" not in request.attributes
+    assert request.parent == "" and request.trace_id != CLIENT_TRACE
+    assert "prefix_router.tenant" not in request.attributes  # no key, no tenant
     version, trace, parent, flags = engine.headers[0]["traceparent"].split("-")
     assert (version, trace, parent) == ("00", request.trace_id, attempt.span_id) and int(flags, 16) & 1
 
@@ -138,6 +141,7 @@ async def test_off_the_client_traceparent_passes_through_and_nothing_is_traced(
 OFF_PATH = """
 import asyncio, sys
 from aiohttp import web
+OURS = "prefix_router.node.telemetry.otel"
 from prefix_router.node.config import load_config
 from prefix_router.proxy.run.app import create_app
 from prefix_router.node.life.server import start
@@ -158,14 +162,14 @@ async def main():
     async with aiohttp.ClientSession() as http:
         for _ in range(20):
             resp = await http.post(router.url + "/v1/chat/completions", json={"model": "m", "messages": [
-                {"role": "user", "content": "hi"}]}, headers={"traceparent": "00-%s-%s-01"})
+                {"role": "user", "content": "hi"}]}, headers={"traceparent": PARENT})
             assert resp.status == 200, resp.status
     await router.stop(); await up.stop()
     # redis imports OpenTelemetry's API (for its own metrics) when it is installed: not its SDK's tracing
-    print(sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk.trace", "prefix_router.node.telemetry.otel"))))
+    print(sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk.trace", OURS))))
 
 asyncio.run(main())
-""" % (CLIENT_TRACE, CLIENT_SPAN)
+""".replace("PARENT", repr(f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
 
 
 @pytest.mark.parametrize("on", [False, True])
