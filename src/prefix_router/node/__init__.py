@@ -85,6 +85,7 @@ from prefix_router.node.steps.keying import parse_routed
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
 from prefix_router.node.telemetry.tracing import TRACEPARENT, RequestTrace, Tracing, with_traceparent
+from prefix_router.node.telemetry.tracing import from_env as tracing_from_env
 from prefix_router.node.upstream.http_client import HttpUpstream
 from prefix_router.node.upstream.seam import (
     FailureKind,
@@ -177,6 +178,7 @@ __all__ = [
     "tenant_salt",
     "too_large",
     "traced",
+    "tracing_from_env",
     "tune_gc",
     "unavailable",
     "upstream_failed",

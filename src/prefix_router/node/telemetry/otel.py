@@ -113,9 +113,11 @@ class OtelTracing:
 
 
 class OtelRequest:
-    """``tracing.RequestTrace``: one request's server span and its current upstream attempt's span."""
+    """``tracing.RequestTrace``: one request's server span and its current upstream attempt's span. The
+    SDK validates every attribute and event it is given (most of a span's cost): the request span's
+    attributes are gathered here and set once, at its end; events carry none."""
 
-    __slots__ = ("attempts", "span", "tracer", "upstream")
+    __slots__ = ("attempts", "attributes", "decision", "span", "tracer", "upstream")
 
     def __init__(
         self,
@@ -128,41 +130,38 @@ class OtelRequest:
     ) -> None:
         self.tracer = tracer
         parent = PROPAGATOR.extract(headers)  # the client's traceparent; an empty context without one
-        attributes: dict[str, str] = {
-            "http.request.method": method,
-            "url.path": path,
-            "prefix_router.request_id": request_id,
-        }
+        started: dict[str, str] = {"http.request.method": method, "url.path": path}
+        self.span = tracer.start_span(REQUEST_SPAN, parent, SpanKind.SERVER, started)
+        self.attributes: dict[str, str | int | bool] = {"prefix_router.request_id": request_id}
         if tenant is not None:
-            attributes["prefix_router.tenant"] = tenant_tag(tenant)
-        self.span = tracer.start_span(REQUEST_SPAN, parent, SpanKind.SERVER, attributes)
+            self.attributes["prefix_router.tenant"] = tenant_tag(tenant)
         self.upstream: trace.Span | None = None
+        self.decision: dict[str, str | int] = {}
         self.attempts = 0
 
     def stage(self, name: str) -> None:
         self.span.add_event(name)
 
     def keyed(self, key_tokens: int, blocks: int) -> None:
-        self.span.add_event("keyed", {"prefix_router.key_tokens": key_tokens, "prefix_router.blocks": blocks})
+        self.span.add_event("keyed")
+        self.attributes["prefix_router.key_tokens"] = key_tokens
+        self.attributes["prefix_router.blocks"] = blocks
 
     def decided(self, policy: str, decision: Decision) -> None:
-        attributes: dict[str, str | int] = {
+        self.span.add_event("decided")
+        self.decision = {
             "prefix_router.policy": policy,
             "prefix_router.branch": str(decision.branch),
             "prefix_router.worker": decision.worker,
             "prefix_router.predicted_tokens": decision.predicted_tokens,
             "prefix_router.matched_blocks": decision.matched_blocks,
         }
-        self.span.add_event("decided", attributes)
-        self.span.set_attributes(attributes)  # the last choice: the one that served
+        self.attributes.update(self.decision)  # the last choice: the one that served
 
     def attempt(self, worker: str) -> str:
         self.close_attempt()
         self.attempts += 1
-        attributes: dict[str, str | int] = {
-            "prefix_router.worker": worker,
-            "prefix_router.attempt": self.attempts,
-        }
+        attributes = {**self.decision, "prefix_router.worker": worker, "prefix_router.attempt": self.attempts}
         context = trace.set_span_in_context(self.span)
         self.upstream = self.tracer.start_span(UPSTREAM_SPAN, context, SpanKind.CLIENT, attributes)
         return traceparent(self.upstream.get_span_context())
@@ -171,35 +170,34 @@ class OtelRequest:
         span = self.upstream
         if span is None:
             return
-        span.set_attribute("error.type", error)
+        failed: dict[str, str | int] = {"error.type": error}
         if status is not None:
-            span.set_attribute("http.response.status_code", status)
+            failed["http.response.status_code"] = status
+        span.set_attributes(failed)
         span.set_status(Status(StatusCode.ERROR, error))
         self.close_attempt()
 
     def first_byte(self, status: int) -> None:
-        for span in (self.span, self.upstream):
-            if span is not None:
-                span.add_event("first_byte", {"http.response.status_code": status})
         if self.upstream is not None:
+            self.upstream.add_event("first_byte")
             self.upstream.set_attribute("http.response.status_code", status)
 
     def answered(self, cached_tokens: int | None, ok: bool) -> None:
-        attributes: dict[str, int | bool] = {"prefix_router.ok": ok}
         if cached_tokens is not None:
-            attributes["prefix_router.cached_tokens"] = cached_tokens
-            self.span.set_attribute("prefix_router.cached_tokens", cached_tokens)
-        for span in (self.span, self.upstream):
-            if span is not None:
-                span.add_event("stream_end", attributes)
+            self.attributes["prefix_router.cached_tokens"] = cached_tokens
+        self.attributes["prefix_router.ok"] = ok
+        if self.upstream is not None:
+            self.upstream.add_event("stream_end")
         self.close_attempt()
 
     def end(self, status: int, model: str) -> None:
         self.close_attempt()
+        attributes = self.attributes
+        attributes["http.response.status_code"] = status
+        attributes["prefix_router.model"] = model
+        attributes["prefix_router.attempts"] = self.attempts
         span = self.span
-        span.set_attribute("http.response.status_code", status)
-        span.set_attribute("prefix_router.model", model)
-        span.set_attribute("prefix_router.attempts", self.attempts)
+        span.set_attributes(attributes)
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR))
         span.end()
