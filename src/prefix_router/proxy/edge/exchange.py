@@ -308,7 +308,7 @@ class Exchange:
         if self.parsed is not None and 200 <= status < 300:
             reply.feed_body(opened.prefix)
         settle(self.state, opened.flight, reply, status, ok=200 <= status < 300)
-        self.answered(opened.flight, reply, 200 <= status < 300)
+        self.trace_answered(opened.flight, reply, 200 <= status < 300)
         return out
 
     async def send_stream(self, opened: Opened) -> web.StreamResponse:
@@ -330,10 +330,10 @@ class Exchange:
                 raise
             return answered(out)
         settle(self.state, opened.flight, reply, status, ok=ok)
-        self.answered(opened.flight, reply, ok)
+        self.trace_answered(opened.flight, reply, ok)
         return answered(out)
 
-    def answered(self, flight: Flight, reply: ReplyAccumulator, ok: bool) -> None:
+    def trace_answered(self, flight: Flight, reply: ReplyAccumulator, ok: bool) -> None:
         """The answer is relayed whole: its span told what the engine reported it cached (traced only)."""
         trace = self.note.trace
         if trace is not None:
