@@ -1,8 +1,8 @@
 """What OpenTelemetry tracing costs the request path: the router's handler in-process, as
 ``request_path.py`` runs it (the app ``serve`` builds, an upstream seam that answers at once, a connection
 that drops what is written), with tracing off (the default: ``NodeState.tracing`` is None) and on (the
-SDK, every request sampled, its spans exported in batches over OTLP/HTTP to a receiver in another process
-that drops them), on the same requests, rounds alternating, medians over rounds.
+SDK; every request sampled, or one in ten; spans exported in batches over OTLP/HTTP to a receiver in
+another process that drops them), on the same requests, rounds alternating, medians over rounds.
 
 Two figures per request: the CPU time of the request's thread (``time.thread_time_ns``: the spans made,
 their attributes and events, the ``traceparent`` sent upstream; what a request waits for) and of the
@@ -37,7 +37,9 @@ app = web.Application(client_max_size=64 << 20)
 app.router.add_post("/v1/traces", take)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 """
-SIDES = ("off", "on")
+# tracing off; on, every request sampled; on, one request in ten sampled (the rest: spans that record nothing)
+SAMPLERS = {"on": "1", "tenth": "0.1"}
+SIDES = ("off", *SAMPLERS)
 
 
 def free_port() -> int:
@@ -50,14 +52,19 @@ async def cycles(sent: list[bytes], stream: bool, warm: int, rounds: int, port: 
     """Medians over rounds of each side's CPU us per request: ``<side>`` (the request's thread) and
     ``<side>_process`` (the whole process)."""
     benches = {side: HandlerBench(stream) for side in SIDES}
-    make = tracing_from_env(
-        {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        }
-    )
-    assert make is not None
-    tracing = benches["on"].state.tracing = make()
+    traced = []
+    for side, ratio in SAMPLERS.items():
+        make = tracing_from_env(
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_TRACES_SAMPLER": "traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": ratio,
+            }
+        )
+        assert make is not None
+        benches[side].state.tracing = made = make()
+        traced.append(made)
     raws = request_bodies(sent)
     found: dict[str, list[float]] = {key: [] for side in SIDES for key in (side, f"{side}_process")}
     per_round = (len(raws) - warm) // rounds
@@ -72,8 +79,14 @@ async def cycles(sent: list[bytes], stream: bool, warm: int, rounds: int, port: 
             await bench.handle("router", requests)
             found[side].append((time.thread_time_ns() - thread) / len(part) / 1e3)
             found[f"{side}_process"].append((time.process_time_ns() - process) / len(part) / 1e3)
-    await tracing.close()
+    for made in traced:
+        await made.close()
     return {key: statistics.median(values) for key, values in found.items()}
+
+
+def cell(value: float, off: float) -> str:
+    """``value`` us, and its ratio to tracing off's."""
+    return f"{value:.1f}" if value == off else f"{value:.1f} ({value / off:.2f}x)"
 
 
 def main() -> None:
@@ -89,7 +102,7 @@ def main() -> None:
         time.sleep(1.5)  # the receiver listening
         print(f"us of CPU per request, medians of {args.rounds} alternating rounds of {args.cycles} requests")
         print(
-            "| prompt | kind | thread, off | thread, on | on / off | process, off | process, on | on / off |"
+            "| prompt | kind | thread: off | on | on, 1 in 10 sampled | process: off | on | on, 1 in 10 sampled |"
         )
         print("|---:|---|---:|---:|---:|---:|---:|---:|")
         for chars in (int(c) for c in args.prompt_chars.split(",")):
@@ -98,11 +111,9 @@ def main() -> None:
                 with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
                     got = runner.run(cycles(sent, stream, args.warm, args.rounds, port))
                 kind = "stream" if stream else "plain"
-                off, on, poff, pon = got["off"], got["on"], got["off_process"], got["on_process"]
-                print(
-                    f"| {chars:,} | {kind} | {off:.1f} | {on:.1f} | {on / off:.2f} | {poff:.1f} | {pon:.1f} "
-                    f"| {pon / poff:.2f} |"
-                )
+                thread = " | ".join(cell(got[side], got["off"]) for side in SIDES)
+                process = " | ".join(cell(got[f"{side}_process"], got["off_process"]) for side in SIDES)
+                print(f"| {chars:,} | {kind} | {thread} | {process} |")
     finally:
         receiver.terminate()
         receiver.wait(10)

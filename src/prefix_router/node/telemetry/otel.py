@@ -117,7 +117,7 @@ class OtelRequest:
     SDK validates every attribute and event it is given (most of a span's cost): the request span's
     attributes are gathered here and set once, at its end; events carry none."""
 
-    __slots__ = ("attempts", "attributes", "decision", "span", "tracer", "upstream")
+    __slots__ = ("attempts", "attributes", "decision", "span", "tenant", "tracer", "upstream")
 
     def __init__(
         self,
@@ -133,8 +133,7 @@ class OtelRequest:
         started: dict[str, str] = {"http.request.method": method, "url.path": path}
         self.span = tracer.start_span(REQUEST_SPAN, parent, SpanKind.SERVER, started)
         self.attributes: dict[str, str | int | bool] = {"prefix_router.request_id": request_id}
-        if tenant is not None:
-            self.attributes["prefix_router.tenant"] = tenant_tag(tenant)
+        self.tenant = tenant  # hashed at the end, for a span that is recorded (sampled) only
         self.upstream: trace.Span | None = None
         self.decision: dict[str, str | int] = {}
         self.attempts = 0
@@ -192,11 +191,16 @@ class OtelRequest:
 
     def end(self, status: int, model: str) -> None:
         self.close_attempt()
+        span = self.span
+        if not span.is_recording():  # sampled out: nothing to set
+            span.end()
+            return
         attributes = self.attributes
+        if self.tenant is not None:
+            attributes["prefix_router.tenant"] = tenant_tag(self.tenant)
         attributes["http.response.status_code"] = status
         attributes["prefix_router.model"] = model
         attributes["prefix_router.attempts"] = self.attempts
-        span = self.span
         span.set_attributes(attributes)
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR))
