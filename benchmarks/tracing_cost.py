@@ -102,7 +102,7 @@ def main() -> None:
         time.sleep(1.5)  # the receiver listening
         print(f"us of CPU per request, medians of {args.rounds} alternating rounds of {args.cycles} requests")
         print(
-            "| prompt | kind | thread: off | on | on, 1 in 10 sampled | process: off | on | on, 1 in 10 sampled |"
+            "| prompt | kind | thread: off | on | on, 1/10 sampled | process: off | on | on, 1/10 sampled |"
         )
         print("|---:|---|---:|---:|---:|---:|---:|---:|")
         for chars in (int(c) for c in args.prompt_chars.split(",")):
