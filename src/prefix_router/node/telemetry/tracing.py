@@ -28,7 +28,7 @@ from prefix_router.settings import ConfigError
 TRACEPARENT = "traceparent"
 PROTOCOLS = ("grpc", "http/protobuf")
 INSTALL_HINT = "tracing needs the otel extra: pip install 'prefix-router[otel]'"
-STALE_HINT = "run scripts/otel-protos.sh (pip install --no-deps --force-reinstall opentelemetry-proto==PIN)"
+STALE_HINT = "run scripts/otel-protos.sh (the otel extra's opentelemetry-proto, reinstalled with --no-deps)"
 
 
 class RequestTrace(Protocol):
