@@ -160,6 +160,8 @@ class OtelRequest:
     def attempt(self, worker: str) -> str:
         self.close_attempt()
         self.attempts += 1
+        if not self.span.is_recording():  # sampled out: the trace goes on through this span, unrecorded
+            return traceparent(self.span.get_span_context())
         attributes = {**self.decision, "prefix_router.worker": worker, "prefix_router.attempt": self.attempts}
         context = trace.set_span_in_context(self.span)
         self.upstream = self.tracer.start_span(UPSTREAM_SPAN, context, SpanKind.CLIENT, attributes)
