@@ -125,8 +125,9 @@ async def test_a_sampler_that_drops_exports_nothing_and_still_propagates(
     assert (await post(router.url, CHAT, client_headers()))[0] == 200
     await router.running.stop()  # flushes whatever was queued
     assert receiver.spans == []
-    _, trace, _, flags = engine.headers[0]["traceparent"].split("-")
+    _, trace, parent, flags = engine.headers[0]["traceparent"].split("-")
     assert trace == CLIENT_TRACE and not int(flags, 16) & 1  # the trace goes on, not sampled
+    assert parent not in (CLIENT_SPAN, "0" * 16)  # through the router's own span, unrecorded
 
 
 async def test_off_the_client_traceparent_passes_through_and_nothing_is_traced(
