@@ -8,8 +8,10 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+# scripts/otel-protos.sh: the otel extra's opentelemetry-proto back over xds-protos' stale copy of it
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet --no-compile -e '.[lab,dev,k8s,exact]'
+	$(BIN)/pip install --quiet --no-compile -e '.[lab,dev,k8s,exact,otel]'
+	scripts/otel-protos.sh $(BIN)/pip
 	touch $(STAMP)
 
 demo: $(STAMP)

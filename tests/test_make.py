@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,21 @@ def test_make_unit_leaves_out_every_need() -> None:
     assert not any(
         script in dry.stdout for script in ("install-llama", "install-vllm", "redis-server", "build-compiled")
     )
+
+
+def test_the_venv_gets_the_otel_protos_back_after_its_install(tmp_path: Path) -> None:
+    """The venv's install (the otel extra among its extras) is followed by ``scripts/otel-protos.sh``,
+    which reinstalls the extra's own opentelemetry-proto pin over xds-protos' stale copy (a stand-in pip
+    records what it is asked)."""
+    makefile = (ROOT / "Makefile").read_text().splitlines()
+    install = next(i for i, line in enumerate(makefile) if "pip install" in line and "-e '.[" in line)
+    assert "otel" in makefile[install].split("[", 1)[1]
+    assert makefile[install + 1].strip() == "scripts/otel-protos.sh $(BIN)/pip"
+    pip = tmp_path / "pip"
+    pip.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "asked"}\n')
+    pip.chmod(0o755)
+    subprocess.run([str(ROOT / "scripts" / "otel-protos.sh"), str(pip)], check=True, timeout=30)
+    asked = (tmp_path / "asked").read_text().split()
+    pin = next(r for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["otel"] if r.startswith("opentelemetry-proto=="))  # fmt: skip
+    assert asked[0] == "install" and {"--no-deps", "--force-reinstall"} <= set(asked) and asked[-1] == pin

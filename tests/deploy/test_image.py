@@ -70,7 +70,7 @@ def test_hadolint_finds_nothing() -> None:
 
 def test_hadolint_would_catch_an_unpinned_install(tmp_path: Path) -> None:
     bad = tmp_path / "Dockerfile"
-    bad.write_text(DOCKERFILE.read_text().replace('"/app[k8s]"', "kubernetes"))
+    bad.write_text(DOCKERFILE.read_text().replace('"/app[k8s,otel]"', "kubernetes"))
     code, findings = hadolint(bad)
     assert code != 0 and {f["code"] for f in findings} == {"DL3013"}
 
@@ -109,7 +109,8 @@ def test_the_image_installs_what_the_shipped_config_needs(documents: list[dict[s
     text = DOCKERFILE.read_text()
     workdir = next(args for word, args in instructions(text) if word == "WORKDIR")
     installs = pip_installs(text)
-    assert len(installs) == 1, installs  # the project itself, with extras
+    # the project itself, with extras; then only the otel extra's protos again (``test_the_image_traces``)
+    assert len(installs) == 2 and installs[1].startswith("opentelemetry-proto=="), installs
     path, _, extras = installs[0].partition("[")
     assert path == workdir
     installed = {e.strip() for e in extras.rstrip("]").split(",") if e.strip()}
@@ -121,6 +122,20 @@ def test_the_image_installs_what_the_shipped_config_needs(documents: list[dict[s
     # the Redis client of --replication is a base dependency
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert any(r.startswith("redis==") for r in project["dependencies"])
+
+
+def test_the_image_traces() -> None:
+    """The image can trace (the otel extra), and installs the extra's own opentelemetry-proto again after
+    the project, over xds-protos' stale copy of its modules (``scripts/otel-protos.sh``), with no
+    dependency of its own and at pyproject.toml's pin."""
+    text = DOCKERFILE.read_text()
+    installs = pip_installs(text)
+    assert "otel" in {e.strip() for e in installs[0].partition("[")[2].rstrip("]").split(",")}
+    assert installs[1] in OPTIONAL["otel"]
+    again = next(c for c in shell_commands(text) if c[:2] == ["pip", "install"] and installs[1] in c)
+    assert {"--no-deps", "--force-reinstall"} <= set(again)
+    install_lines = [i for i, c in enumerate(shell_commands(text)) if c[:2] == ["pip", "install"]]
+    assert len(install_lines) == 2 and install_lines[0] < install_lines[1]
 
 
 def test_entry_point_user_port_and_config_path_match_the_manifests(documents: list[dict[str, Any]]) -> None:

@@ -50,6 +50,7 @@ from prefix_router.epp.settings import BUFFERED_BODIES, EppSettings
 from prefix_router.node import (
     CLIENT_GONE,
     PASSTHROUGH_POLICY,
+    TRACEPARENT,
     FailureKind,
     Flight,
     NodeState,
@@ -59,6 +60,7 @@ from prefix_router.node import (
     RequestNote,
     admit,
     body_model,
+    cached_tokens,
     check_model,
     choose,
     is_event_stream,
@@ -77,6 +79,7 @@ from prefix_router.node import (
     takes_cache_salt,
     tenant_salt,
     too_large,
+    traced,
     unavailable,
 )
 from prefix_router.pool import Worker
@@ -247,7 +250,10 @@ class PickerStream:
         rid = request_id(self.headers) or self.state.next_request_id()
         path = self.headers.get(":path", "")
         self.note = RequestNote(rid, self.headers.get(":method", "GET"), path.split("?", 1)[0], self.started)
+        traced(self.state, self.note, self.headers)
         admit(self.state, self.headers)
+        if self.note.trace is not None:
+            self.note.trace.stage("admitted")
         length = self.headers.get("content-length")
         limit = self.state.config.limits.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
@@ -311,6 +317,8 @@ class PickerStream:
         if prefill is not None:
             set_headers[PREFILLER_HEADER] = address_of(prefill)
         removed = [POLICY_HEADER, PREFILLER_HEADER, *self.upstream_headers(set_headers, worker)]
+        if self.note.trace is not None:  # the engine's span is a child of the attempt's
+            set_headers[TRACEPARENT] = self.note.trace.attempt(worker.name)
         salted = self.salted(parsed, worker)
         if salted is not None:  # the body changed: its length too
             raw = salted
@@ -346,7 +354,10 @@ class PickerStream:
 
     async def parse(self, endpoint: Endpoint, raw: bytes) -> Parsed:
         """Keyed as ``serve`` keys it (``parse_routed``: tenant, session, cache salt, precise render)."""
-        return await parse_routed(self.state, endpoint, raw, self.headers)
+        parsed = await parse_routed(self.state, endpoint, raw, self.headers)
+        if self.note is not None and self.note.trace is not None:
+            self.note.trace.keyed(parsed.req.key_tokens, len(parsed.req.blocks))
+        return parsed
 
     def choose(
         self, req: RouteRequest, model: str | None, policy: str | None, routed: bool
@@ -507,6 +518,8 @@ class PickerStream:
                 pick.first = True
                 assert self.note is not None
                 self.note.ttft_s = pick.flight.first_byte(pick.status)
+                if self.note.trace is not None:
+                    self.note.trace.first_byte(pick.status)
             if pick.stream:
                 pick.reply.feed(data)
             elif pick.size <= self.cap:
@@ -527,9 +540,12 @@ class PickerStream:
         self.done = True
         status, flight = pick.status, pick.flight
         self.final_status = status
+        trace = self.note.trace if self.note is not None else None
         if status >= 500:
             kind = FailureKind.CONNECT if pick.connect_failed else FailureKind.STATUS
             flight.fail(kind, status, f"HTTP {status}")
+            if trace is not None:
+                trace.attempt_failed(str(kind), status)
             return
         ok = 200 <= status < 300
         if ok and not pick.stream and flight.parsed is not None and pick.size <= self.cap:
@@ -537,6 +553,8 @@ class PickerStream:
         pick.body = []
         self.release()
         settle(self.state, flight, pick.reply, status, ok=ok)
+        if trace is not None:
+            trace.answered(cached_tokens(pick.reply.usage_body, flight.worker.adapter), ok)
 
     def keep(self, pick: Pick, data: bytes) -> None:
         """Keep a chunk of a whole response to learn from at its end, within the edge's budget (over it:

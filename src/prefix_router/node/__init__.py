@@ -74,7 +74,14 @@ from prefix_router.node.request.handoff import bootstrap_fields, edited, prefill
 from prefix_router.node.request.parse import Parsed, body_model, check_encoding, read_body, too_large
 from prefix_router.node.request.sse import ReplyAccumulator
 from prefix_router.node.state import STATE, NodeState
-from prefix_router.node.steps.accounting import CLIENT_GONE, Flight, cached_tokens, request_closed, settle
+from prefix_router.node.steps.accounting import (
+    CLIENT_GONE,
+    Flight,
+    cached_tokens,
+    request_closed,
+    settle,
+    traced,
+)
 from prefix_router.node.steps.admission import admit, policy_override
 from prefix_router.node.steps.choice import (
     PASSTHROUGH_POLICY,
@@ -89,6 +96,8 @@ from prefix_router.node.telemetry.decisions import DecisionEntry, DecisionFeed, 
 from prefix_router.node.telemetry.decisions import closed as closed_decision
 from prefix_router.node.telemetry.logs import configure as configure_logs
 from prefix_router.node.telemetry.logs import flush as flush_logs
+from prefix_router.node.telemetry.tracing import TRACEPARENT, RequestTrace, Tracing, with_traceparent
+from prefix_router.node.telemetry.tracing import from_env as tracing_from_env
 from prefix_router.node.upstream.http_client import HttpUpstream
 from prefix_router.node.upstream.seam import (
     FailureKind,
@@ -109,6 +118,7 @@ __all__ = [
     "PASSTHROUGH_POLICY",
     "ROOT_PASSTHROUGH",
     "STATE",
+    "TRACEPARENT",
     "Cause",
     "Config",
     "DecisionEntry",
@@ -127,8 +137,10 @@ __all__ = [
     "Reloader",
     "ReplyAccumulator",
     "RequestNote",
+    "RequestTrace",
     "Running",
     "SharedPool",
+    "Tracing",
     "Upstream",
     "UpstreamError",
     "UpstreamRequest",
@@ -189,11 +201,14 @@ __all__ = [
     "takes_cache_salt",
     "tenant_salt",
     "too_large",
+    "traced",
+    "tracing_from_env",
     "tune_gc",
     "unavailable",
     "upstream_failed",
     "upstream_headers",
     "upstream_url",
     "validate",
+    "with_traceparent",
     "worker_secret",
 ]

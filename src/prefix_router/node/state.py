@@ -20,6 +20,7 @@ from prefix_router.node.telemetry.decisions import DecisionFeed
 from prefix_router.node.telemetry.logs import LineHandler
 from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.node.telemetry.record import TraceRecorder
+from prefix_router.node.telemetry.tracing import Tracing
 from prefix_router.node.upstream.seam import Upstream
 from prefix_router.pool import EventSubscriptions, PoolMonitor, WorkerPool, WorkerSettings
 from prefix_router.routing import Router
@@ -93,6 +94,7 @@ class NodeState:
     events: EventSubscriptions | None = None  # KV cache event subscriptions (workers with kv_events)
     renders: Renders | None = None  # precise keys rendered by an engine (no local template)
     log_handler: LineHandler | None = None  # the process's (``logs.configure``): access lines go there
+    tracing: Tracing | None = None  # OpenTelemetry spans (``telemetry.tracing``): None, off (the default)
     deadlines: Deadlines = field(default_factory=Deadlines)
     decisions: DecisionFeed = field(default_factory=DecisionFeed)  # the last decisions (operators' view)
     # the replication's counters and gauges (``replication.url``), for the dashboard; None: not replicated

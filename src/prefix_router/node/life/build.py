@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Callable
 
@@ -16,7 +17,7 @@ from aiohttp import web
 from prefix_router.node.config import Config
 from prefix_router.node.request.auth import Credentials
 from prefix_router.node.state import STATE, NodeState
-from prefix_router.node.telemetry import logs
+from prefix_router.node.telemetry import logs, tracing
 from prefix_router.node.telemetry.metrics import ProxyMetrics
 from prefix_router.node.telemetry.record import TraceRecorder
 from prefix_router.node.upstream.http_client import HttpUpstream
@@ -57,6 +58,7 @@ def build_app(
     _install_replication(app, state)
     _install_discovery(app, state)
     _install_events(app, state)
+    _install_tracing(app, state)
     state.pool.on_health_change(_log_health)
     state.pool.on_health_change(_ejection_cutter(state))
     return app
@@ -196,6 +198,23 @@ def _install_events(app: web.Application, state: NodeState) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await subs.close()
+
+    app.cleanup_ctx.append(lifetime)
+
+
+def _install_tracing(app: web.Application, state: NodeState) -> None:
+    """OpenTelemetry traces when the environment names an OTLP endpoint (``telemetry.tracing``): checked
+    now, made on start-up, flushed and stopped on cleanup."""
+    make = tracing.from_env(os.environ)
+    if make is None:
+        return
+
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
+        state.tracing = make()
+        yield
+        made, state.tracing = state.tracing, None
+        if made is not None:
+            await made.close()
 
     app.cleanup_ctx.append(lifetime)
 

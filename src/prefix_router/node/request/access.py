@@ -29,6 +29,7 @@ from collections.abc import Mapping
 
 from prefix_router.node.telemetry.decisions import DecisionEntry
 from prefix_router.node.telemetry.logs import ACCESS_LOGGER, Fields, LineHandler, text_value
+from prefix_router.node.telemetry.tracing import RequestTrace
 from prefix_router.protocol import REQUEST_ID_HEADER
 
 access_log = logging.getLogger(ACCESS_LOGGER)
@@ -60,6 +61,7 @@ class RequestNote:
         "request_id",
         "started",
         "status",
+        "trace",
         "ttft_s",
         "worker",
     )
@@ -77,6 +79,7 @@ class RequestNote:
         self.predicted_ttft_s: float | None = None  # the policy's prediction (None: it makes none)
         self.decision: DecisionEntry | None = None  # the routed attempt's entry in the decision feed
         self.ttft_s: float | None = None
+        self.trace: RequestTrace | None = None  # its span, when tracing is on (``accounting.traced``)
         self.attempts = 0
         self.status: int | None = None  # set when it differs from the response's (499: the client left)
         self.pd: str | None = None  # disaggregated: "split", or why the prefill stage was skipped

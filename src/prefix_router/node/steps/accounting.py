@@ -10,9 +10,11 @@ in the index; only a failure before it (no answer, a 4xx/5xx, a cut before any b
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from prefix_router.node.request.access import RequestNote, log_access
+from prefix_router.node.request.auth import tenant_of
 from prefix_router.node.request.parse import Parsed
 from prefix_router.node.request.sse import ReplyAccumulator
 from prefix_router.node.state import NodeState
@@ -141,10 +143,17 @@ def output_tokens(reply: ReplyAccumulator, chars_per_token: float) -> int:
     return round(reply.chars / chars_per_token)
 
 
+def traced(state: NodeState, note: RequestNote, headers: Mapping[str, str]) -> None:
+    """The request's span opened on ``note`` when tracing is on (``telemetry.tracing``); nothing when off."""
+    tracing = state.tracing
+    if tracing is not None:
+        note.trace = tracing.start(headers, note.method, note.path, note.request_id, tenant_of(headers))
+
+
 def request_closed(state: NodeState, note: RequestNote, status: int) -> None:
     """The request is over with ``status`` (the one the client got, ``CLIENT_GONE`` when it left): count
     it once (``prefix_router_requests_total``), its decision's outcome (the feed, the predicted first-token
-    time against the observed) and log it (``access_log``)."""
+    time against the observed), log it (``access_log``) and end its span (if traced)."""
     state.metrics.request_done(note.worker, note.model, note.policy, status)
     entry = note.decision
     if entry is not None:  # a routed request: its decision's outcome, its prediction judged
@@ -153,3 +162,7 @@ def request_closed(state: NodeState, note: RequestNote, status: int) -> None:
             state.metrics.ttft_predicted(entry.worker, entry.predicted_ttft_s, note.ttft_s)
     if state.request_config.access_log:
         log_access(note, status, state.clock(), state.log_handler)
+    trace = note.trace
+    if trace is not None:
+        note.trace = None
+        trace.end(status, note.model)

@@ -58,6 +58,8 @@ def note_choice(
         note.branch, note.predicted_tokens = decision.branch, decision.predicted_tokens
         note.predicted_ttft_s = decision.predicted_ttft_s
         note.decision = state.decisions.add(state.clock(), label, decision, req)
+    if note.trace is not None:
+        note.trace.decided(label or PASSTHROUGH_POLICY, decision)
 
 
 def nobody(state: NodeState, model: str | None) -> ProxyError:

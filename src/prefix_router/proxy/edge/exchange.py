@@ -37,6 +37,7 @@ from prefix_router.node import (
     UpstreamRequest,
     UpstreamResponse,
     Watch,
+    cached_tokens,
     check_model,
     choose,
     downstream_headers,
@@ -56,6 +57,7 @@ from prefix_router.node import (
     upstream_failed,
     upstream_headers,
     upstream_url,
+    with_traceparent,
     worker_secret,
 )
 from prefix_router.pool import Worker
@@ -202,6 +204,8 @@ class Exchange:
             result = await self.attempt(*pick)
             if isinstance(result, Opened):
                 return result
+            if self.note.trace is not None:
+                self.note.trace.attempt_failed(str(result.kind), result.status)
             last = result
         raise self.give_up(last)
 
@@ -243,6 +247,8 @@ class Exchange:
             flight.finish(CLIENT_GONE, Outcome(ok=False))
             raise
         self.note.ttft_s = flight.first_byte(opened.response.status)
+        if self.note.trace is not None:
+            self.note.trace.first_byte(opened.response.status)
         return opened
 
     def upstream_request(self, worker: Worker) -> UpstreamRequest:
@@ -250,6 +256,8 @@ class Exchange:
             self.request.headers, worker, self.state.request_config.forward_client_auth, self.note.request_id
         )
         url = upstream_url(worker, self.path_qs)
+        if self.note.trace is not None:  # the engine's span is a child of this attempt's
+            headers = with_traceparent(headers, self.note.trace.attempt(worker.name))
         return UpstreamRequest(self.request.method, url, headers, self.body_for(worker))
 
     def body_for(self, worker: Worker) -> bytes:
@@ -342,6 +350,7 @@ class Exchange:
         if self.parsed is not None and 200 <= status < 300:
             reply.feed_body(opened.prefix)
         settle(self.state, opened.flight, reply, status, ok=200 <= status < 300)
+        self.trace_answered(opened.flight, reply, 200 <= status < 300)
         return out
 
     async def send_stream(self, opened: Opened) -> web.StreamResponse:
@@ -363,7 +372,14 @@ class Exchange:
                 raise
             return answered(out)
         settle(self.state, opened.flight, reply, status, ok=ok)
+        self.trace_answered(opened.flight, reply, ok)
         return answered(out)
+
+    def trace_answered(self, flight: Flight, reply: ReplyAccumulator, ok: bool) -> None:
+        """The answer is relayed whole: its span told what the engine reported it cached (traced only)."""
+        trace = self.note.trace
+        if trace is not None:
+            trace.answered(cached_tokens(reply.usage_body, flight.worker.adapter), ok)
 
     async def pump(self, out: Writer, opened: Opened, reply: ReplyAccumulator) -> bool:
         """Relay chunks as they come, each within ``stream_idle_s`` of the previous one; on an upstream

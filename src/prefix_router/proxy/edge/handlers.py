@@ -30,6 +30,7 @@ from prefix_router.node import (
     refuse_loops,
     request_closed,
     request_id,
+    traced,
 )
 from prefix_router.protocol import REQUEST_ID_HEADER, Endpoint
 from prefix_router.proxy.edge.exchange import Exchange, UpstreamReply
@@ -55,6 +56,7 @@ async def answer(request: EdgeRequest, handler: NotedHandler) -> web.StreamRespo
     state = request.state
     rid = request_id(request.headers) or state.next_request_id()
     note = RequestNote(rid, request.method, request.path, state.clock())
+    traced(state, note, request.headers)
     state.active += 1
     status = CLIENT_GONE
     try:
@@ -101,8 +103,13 @@ def routed(endpoint: Endpoint) -> NotedHandler:
         state = request.state
         admit(state, request.headers)
         check_encoding(request.headers)
+        trace = note.trace
+        if trace is not None:
+            trace.stage("admitted")
         raw = await read_body(state, request)
         parsed = await parse_routed(state, endpoint, raw, request.headers)
+        if trace is not None:
+            trace.keyed(parsed.req.key_tokens, len(parsed.req.blocks))
         policy = policy_override(state, request.headers)
         model = parsed.body.get("model")
         return await Exchange(
