@@ -11,11 +11,12 @@ from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
 
-TRUE = (0.03, 1e-3, 2e-3)  # a synthetic engine: 30 ms overhead, 1,000 tokens/s, 2 ms per decoding request
-PRIOR = (0.0, 1e-4, 1e-4)  # ten times too fast
+# a synthetic engine: 30 ms overhead, 1,000 tokens/s, 2 ms per decoding request, 5 ms per request queued
+TRUE = (0.03, 1e-3, 2e-3, 5e-3)
+PRIOR = (0.0, 1e-4, 1e-4, 0.0)  # ten times too fast, no admission wait
 
 
-Rates = tuple[float, float, float]
+Rates = tuple[float, float, float, float]
 
 
 def feed(model: LatencyModel, worker: str, n: int, seed: int, rates: Rates = TRUE) -> None:
@@ -23,17 +24,17 @@ def feed(model: LatencyModel, worker: str, n: int, seed: int, rates: Rates = TRU
     rng = random.Random(seed)
     now = 0.0
     for i in range(n):
-        work, decoding = rng.uniform(10, 3000), rng.randrange(0, 9)
+        work, decoding, queued = rng.uniform(10, 3000), rng.randrange(0, 9), rng.randrange(0, 6)
         route_id = f"{worker}-{seed}-{i}"
-        model.dispatched(route_id, worker, work, decoding, now)
-        model.observed(route_id, now + predict(rates, work, decoding))
+        model.dispatched(route_id, worker, work, decoding, now, queued)
+        model.observed(route_id, now + predict(rates, work, decoding, queued))
         now += 1.0
 
 
 def test_the_prior_until_a_worker_has_samples() -> None:
     model = LatencyModel(100)
     assert model.rates("a", PRIOR) == PRIOR
-    assert fit([0.0] * 9, PRIOR, 1.0) == PRIOR
+    assert fit([0.0] * 20, PRIOR, 1.0) == PRIOR
 
 
 def test_calibration_converges_to_the_engine_s_rates() -> None:
@@ -46,7 +47,7 @@ def test_calibration_converges_to_the_engine_s_rates() -> None:
 
 def test_workers_are_calibrated_apart() -> None:
     model = LatencyModel(100)
-    slow = (0.05, 4e-3, 1e-3)
+    slow = (0.05, 4e-3, 1e-3, 0.0)
     feed(model, "a", 2 * WINDOW, seed=2)
     feed(model, "b", 2 * WINDOW, seed=3, rates=slow)
     # each pulled towards the pooled fleet's by two samples' weight: within 10 % of its own
@@ -56,8 +57,9 @@ def test_workers_are_calibrated_apart() -> None:
 
 def test_it_follows_an_engine_that_changes() -> None:
     model = LatencyModel(100)
-    feed(model, "a", 2 * WINDOW, seed=4, rates=(0.0, 1e-3, 1e-3))
-    feed(model, "a", 4 * WINDOW, seed=5, rates=(0.0, 2e-3, 1e-3))  # clipped to 4x per sample: it gets there
+    feed(model, "a", 2 * WINDOW, seed=4, rates=(0.0, 1e-3, 1e-3, 0.0))
+    # clipped to 4x per sample: it gets there
+    feed(model, "a", 4 * WINDOW, seed=5, rates=(0.0, 2e-3, 1e-3, 0.0))
     assert model.rates("a", PRIOR)[1] == pytest.approx(2e-3, rel=0.05)
 
 
@@ -143,3 +145,22 @@ def test_a_router_whose_policies_never_read_the_model_records_nothing() -> None:
     req, _ = _route(router, 0, 0.0)
     router.first_token(req.route_id, 0.5)
     assert router.latency.pending() == 0 and router.latency.samples("a") == 0
+
+
+def test_a_measured_prefill_rate_is_used_as_it_is_and_the_rest_fitted_around_it() -> None:
+    """The prefill rate measured apart (the backlog's drain) is not refitted: requests queued ahead grow
+    with the work ahead, and a free fit may trade one for the other."""
+    model = LatencyModel(100, drain=lambda: 1000.0)
+    feed(model, "a", 2 * WINDOW, seed=11)
+    rates = model.rates("a", PRIOR)
+    assert rates[1] == 1e-3
+    for learned, true in zip(rates, TRUE, strict=True):
+        assert learned == pytest.approx(true, rel=0.05)
+
+
+def test_admission_waits_are_learned_per_request_queued_ahead() -> None:
+    model = LatencyModel(100)
+    feed(model, "a", 2 * WINDOW, seed=12, rates=(0.03, 1e-3, 2e-3, 0.2))  # a full engine: 200 ms a slot
+    feed(model, "b", 2 * WINDOW, seed=13, rates=(0.03, 1e-3, 2e-3, 0.0))  # never full
+    assert model.rates("a", PRIOR)[3] == pytest.approx(0.2, rel=0.1)
+    assert model.rates("b", PRIOR)[3] < 0.02

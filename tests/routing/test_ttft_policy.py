@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,24 +12,24 @@ from prefix_router.routing.latency import LatencyModel, predict
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap, under_cap
 from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings
-from prefix_router.routing.types import Branch, Context, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import MAX_ESTIMATES, Branch, Context, RouteRequest, WorkerSnapshot
 
-CPU = (0.03, 1e-3, 2e-3)  # 1,000 tokens/s
+CPU = (0.03, 1e-3, 2e-3, 0.0)  # 1,000 tokens/s, admission never waits
 
 
 def request() -> RouteRequest:
     return RouteRequest("r", tuple(range(60)), 16, 960, 1)  # 960 tokens, 60 blocks
 
 
-def learned(rates: dict[str, tuple[float, float, float]]) -> LatencyModel:
+def learned(rates: dict[str, tuple[float, float, float, float]]) -> LatencyModel:
     """A model whose workers learned ``rates`` from a seeded synthetic sequence."""
     model = LatencyModel(1000)
     rng = random.Random(0)
     for worker, r in rates.items():
         for i in range(200):
-            work, decoding = rng.uniform(10, 3000), rng.randrange(0, 9)
-            model.dispatched(f"{worker}{i}", worker, work, decoding, 0.0)
-            model.observed(f"{worker}{i}", predict(r, work, decoding))
+            work, decoding, queued = rng.uniform(10, 3000), rng.randrange(0, 9), rng.randrange(0, 4)
+            model.dispatched(f"{worker}{i}", worker, work, decoding, 0.0, queued)
+            model.observed(f"{worker}{i}", predict(r, work, decoding, queued))
     return model
 
 
@@ -56,9 +57,9 @@ def test_a_queue_on_the_holder_sends_the_request_elsewhere() -> None:
 def test_a_faster_engine_is_worth_a_miss_only_when_it_is_much_faster() -> None:
     policy = TtftPolicy(TtftSettings())
     workers = [WorkerSnapshot("a"), WorkerSnapshot("b")]
-    same = learned({"a": CPU, "b": (0.03, 0.8e-3, 2e-3)})
+    same = learned({"a": CPU, "b": (0.03, 0.8e-3, 2e-3, 0.0)})
     assert policy.select(request(), workers, context({"a": 58}, same)).worker == "a"
-    fast = learned({"a": (0.03, 5e-3, 2e-3), "b": (0.03, 1e-4, 2e-3)})  # 50x faster prefill
+    fast = learned({"a": (0.03, 5e-3, 2e-3, 0.0), "b": (0.03, 1e-4, 2e-3, 0.0)})  # 50x faster prefill
     assert policy.select(request(), workers, context({"a": 58}, fast)).worker == "b"
 
 
@@ -67,6 +68,63 @@ def test_without_a_model_it_uses_the_prior() -> None:
     workers = [WorkerSnapshot("a", in_flight=2, decoding=2), WorkerSnapshot("b")]
     assert policy.select(request(), workers, context({"a": 58}, None)).worker == "a"
     assert policy.select(request(), workers, context({}, None)).worker == "b"  # no match: the idle one
+
+
+class Caches:
+    """The index's view of two caches of 4,096 tokens: ``a`` full, ``b`` with room for one prefix."""
+
+    def __init__(self) -> None:
+        self.fills = {"a": 1.0, "b": 0.7}
+
+    def fill(self, worker: str) -> float:
+        return self.fills.get(worker, 0.0)
+
+    def capacity_tokens(self, worker: str) -> int:
+        return 4096
+
+
+def test_a_new_prefix_goes_where_it_evicts_nothing() -> None:
+    """Nobody holds the prompt: the full cache is a little less busy, but a copy there evicts 960 tokens
+    that are recomputed later; the other has room for it."""
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a", in_flight=1, decoding=1), WorkerSnapshot("b", in_flight=2, decoding=2)]
+    caches = Caches()
+    model = learned({"a": CPU, "b": CPU})
+    ctx = Context(0.0, random.Random(0), {}, caches, fills=caches.fills, latency=model)
+    decision = policy.select(request(), workers, ctx)
+    assert decision.worker == "b" and decision.branch == Branch.LOAD_BALANCE
+    by_worker = {e.worker: e for e in decision.estimates}
+    assert by_worker["a"].cache_s > 0.5 and by_worker["b"].cache_s == 0.0
+
+
+def test_a_full_engine_s_admission_queue_counts_in_its_wait() -> None:
+    """Both hold the prompt; ``a``'s engine is full (each request queued ahead waits 300 ms for a slot),
+    ``b``'s never is: three requests queued on each, the request goes to ``b``."""
+    policy = TtftPolicy(TtftSettings())
+    full = (0.03, 1e-3, 2e-3, 0.3)
+    workers = [WorkerSnapshot("a", in_flight=3), WorkerSnapshot("b", in_flight=3)]
+    ctx = context({"a": 58, "b": 58}, learned({"a": full, "b": CPU}))
+    decision = policy.select(request(), workers, ctx)
+    assert decision.worker == "b"
+    by_worker = {e.worker: e for e in decision.estimates}
+    assert by_worker["a"].wait_s == pytest.approx(by_worker["b"].wait_s + 0.9, rel=0.1)
+
+
+def test_the_decision_explains_itself() -> None:
+    """The chosen worker's predicted first-token time, and per candidate its parts, the lowest cost first,
+    at most ``MAX_ESTIMATES`` of them."""
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot(f"w{i}", in_flight=i % 3, decoding=i % 2) for i in range(MAX_ESTIMATES + 4)]
+    ctx = Context(0.0, random.Random(0), {"w5": 58}, fills={}, latency=learned({"w0": CPU}))
+    decision = policy.select(request(), workers, ctx)
+    estimates = decision.estimates
+    assert len(estimates) == MAX_ESTIMATES and estimates[0].worker == decision.worker == "w5"
+    assert decision.predicted_ttft_s == estimates[0].ttft_s
+    costs = [e.ttft_s + e.added_s + e.cache_s for e in estimates]
+    assert costs == sorted(costs)
+    for e in estimates:
+        assert e.ttft_s == pytest.approx(e.wait_s + e.prefill_s + e.decode_s)
+        assert min(e.wait_s, e.prefill_s, e.decode_s, e.added_s, e.cache_s) >= 0.0
 
 
 snapshot = st.builds(
@@ -90,7 +148,7 @@ def test_the_choice_is_a_candidate_under_the_cap(
     workers: list[WorkerSnapshot], matched: dict[str, int], fills: dict[str, float], seed: int
 ) -> None:
     knobs = TtftSettings()
-    model = learned({"w0": CPU, "w1": (0.0, 1e-4, 1e-4)})
+    model = learned({"w0": CPU, "w1": (0.0, 1e-4, 1e-4, 0.0)})
     ctx = Context(0.0, random.Random(seed), matched, fills=fills, latency=model)
     decision = TtftPolicy(knobs).select(request(), workers, ctx)
     chosen = next(w for w in workers if w.name == decision.worker)

@@ -100,6 +100,10 @@ class PrefillBacklog:
             return state.rate
         return self._rate_sum / self._rated if self._rated else 0.0
 
+    def fleet_rate(self) -> float:
+        """The workers' learned prefill rates averaged (work/s; 0 before any)."""
+        return self._rate_sum / self._rated if self._rated else 0.0
+
     def pending(self, worker: str) -> float:
         state = self._workers.get(worker)
         return 0.0 if state is None else state.pending

@@ -1,14 +1,18 @@
 """Per-worker time to first token, in seconds: a linear model of each engine, calibrated online.
 
-A request sent to a worker waits for the prefill queued ahead of it, computes its own uncached prefill, and
-every step meanwhile also carries the worker's decoding requests. Per worker:
+A request sent to a worker waits for the prefill queued ahead of it and, when the engine's sequence slots
+or KV cache are full, for admission behind the requests queued ahead; it computes its own uncached
+prefill, and every step meanwhile also carries the worker's decoding requests. Per worker:
 
-    first-token time = overhead + prefill_s x work + decode_s x decoding
+    first-token time = overhead + prefill_s x work + decode_s x decoding + queued_s x queued
     work     = the prefill work queued ahead (``backlog.PrefillBacklog``'s estimate) plus the request's own
                (token-equivalents, ``backlog.prefill_work``: attention growth included)
     decoding = the worker's requests past their first token (each adds to every step)
+    queued   = the worker's requests ahead of it not past their first token (each waits for admission
+               where the engine is full: ``queued_s`` is about what one request holds a slot, 0 where
+               admission never waits; their prefill is in ``work`` already)
 
-Calibration: at dispatch the router records the request's ``(work, decoding)`` on its worker
+Calibration: at dispatch the router records the request's ``(work, decoding, queued)`` on its worker
 (``dispatched``); its first token gives the observed time since dispatch, one sample (``observed``). A
 worker keeps its last ``WINDOW`` samples. The fleet's rates are the least-squares fit of every worker's
 samples pooled, pulled towards the prior passed at read time (``rates``: the policy's knobs own it) with
@@ -17,15 +21,17 @@ fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAM
 without samples has the fleet's rates, one whose samples do not tell a rate apart, such as requests of
 one size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0.
 Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window (no
-more work nor decoding requests than some sample since its last recount, every WINDOW samples) has its
-time clipped to within ``CLIP`` x its own fit's prediction (refitted every ``CLIP_AFTER`` samples); one
-beyond it is kept as it is (a fit does not judge what it extrapolates). Bounded: ``WINDOW`` samples per
-worker, one record per request in flight (a bounded table: the oldest gives way) (a router's model
-records nothing before it is first read: ``active``). ``forget`` drops a worker's samples and records
-(its engine restarted or left).
+more of any feature than some sample since its last recount, every WINDOW samples) has its time clipped
+to within ``CLIP`` x its own fit's prediction (refitted every ``CLIP_AFTER`` samples); one beyond it is
+kept as it is (a fit does not judge what it extrapolates). Bounded: ``WINDOW`` samples per worker, one
+record per request in flight (a bounded table: the oldest gives way) (a router's model records nothing
+before it is first read: ``active``). ``forget`` drops a worker's samples and records (its engine
+restarted or left).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prefix_router.routing.bounded import BoundedLRU
 
@@ -36,9 +42,13 @@ CLIP_AFTER = 8  # samples before a new sample is clipped to the fit's range
 FLEET_EVERY = 16  # samples between two fits of the fleet's pooled rates (each worker refits after one)
 CLIP = 4.0  # a sample's time is kept within [prediction / CLIP, prediction x CLIP]
 
-Rates = tuple[float, float, float]  # (overhead s, prefill s per token-equivalent, s per decoding request)
+# (overhead s, prefill s per token-equivalent, s per decoding request, s per request queued ahead)
+Rates = tuple[float, float, float, float]
+Features = tuple[float, float, float]  # (work, decoding, queued)
 # the prior the clipping's fit is pulled towards (after CLIP_AFTER samples the data outweigh it 4 to 1)
-CLIP_PRIOR: Rates = (0.0, 1e-4, 1e-4)
+CLIP_PRIOR: Rates = (0.0, 1e-4, 1e-4, 0.0)
+_K = 4  # the fit's unknowns: the overhead and one rate per feature
+_SUMS = _K * _K + _K  # the normal equations' sums: x x^T (row-major), then x y
 
 
 class _Samples:
@@ -46,61 +56,66 @@ class _Samples:
     last fit for the prior it was made with."""
 
     def __init__(self) -> None:
-        self.work: list[float] = []
-        self.decoding: list[float] = []
+        self.features: list[Features] = []
         self.seconds: list[float] = []
         self.next = 0  # the ring's oldest slot once it is full
         self.added = 0  # samples ever added (the sums are recomputed every WINDOW of them: no drift)
-        self.sums = [0.0] * 9  # n, w, d, ww, wd, dd, y, wy, dy
+        self.sums = [0.0] * _SUMS
         self.fit: Rates | None = None
         self.fit_prior: Rates | None = None
+        self.fit_prefill = 0.0  # the measured prefill rate the fit was made with (0: fitted)
         self.clip_fit: Rates | None = None  # the clipping's fit, refitted every CLIP_AFTER samples
         self.clip_at = 0  # ``added`` when it was made
-        # the most work and decoding requests of the samples since the window's last recount (a bound of
-        # the window's: recounted with the sums every WINDOW samples)
-        self.max_work = 0.0
-        self.max_decoding = 0.0
+        # the most of each feature of the samples since the window's last recount (a bound of the
+        # window's: recounted with the sums every WINDOW samples)
+        self.most: Features = (0.0, 0.0, 0.0)
 
-    def add(self, work: float, decoding: float, seconds: float) -> None:
-        if len(self.work) < WINDOW:
-            self.work.append(work)
-            self.decoding.append(decoding)
+    def add(self, x: Features, seconds: float) -> None:
+        if len(self.features) < WINDOW:
+            self.features.append(x)
             self.seconds.append(seconds)
-            _accumulate(self.sums, work, decoding, seconds, 1.0)
         else:
             i = self.next
-            _accumulate(self.sums, self.work[i], self.decoding[i], self.seconds[i], -1.0)
-            self.work[i], self.decoding[i], self.seconds[i] = work, decoding, seconds
+            _accumulate(self.sums, self.features[i], self.seconds[i], -1.0)
+            self.features[i], self.seconds[i] = x, seconds
             self.next = (i + 1) % WINDOW
-            _accumulate(self.sums, work, decoding, seconds, 1.0)
-        self.max_work, self.max_decoding = max(self.max_work, work), max(self.max_decoding, decoding)
+        _accumulate(self.sums, x, seconds, 1.0)
+        self.most = _most(self.most, x)
         self.added += 1
         if self.added % WINDOW == 0:
-            self.sums = [0.0] * 9
-            for w, d, y in zip(self.work, self.decoding, self.seconds, strict=True):
-                _accumulate(self.sums, w, d, y, 1.0)
-            self.max_work, self.max_decoding = max(self.work), max(self.decoding)
+            self.sums = [0.0] * _SUMS
+            self.most = (0.0, 0.0, 0.0)
+            for f, y in zip(self.features, self.seconds, strict=True):
+                _accumulate(self.sums, f, y, 1.0)
+                self.most = _most(self.most, f)
         self.fit = None
 
+    def within(self, x: Features) -> bool:
+        """Whether ``x`` is no more in any feature than some sample of the window."""
+        most = self.most
+        return x[0] <= most[0] and x[1] <= most[1] and x[2] <= most[2]
+
     def __len__(self) -> int:
-        return len(self.work)
+        return len(self.features)
 
 
-def _accumulate(sums: list[float], w: float, d: float, y: float, sign: float) -> None:
-    sums[0] += sign
-    sums[1] += sign * w
-    sums[2] += sign * d
-    sums[3] += sign * w * w
-    sums[4] += sign * w * d
-    sums[5] += sign * d * d
-    sums[6] += sign * y
-    sums[7] += sign * w * y
-    sums[8] += sign * d * y
+def _most(a: Features, b: Features) -> Features:
+    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
 
 
-def predict(rates: Rates, work: float, decoding: float) -> float:
-    """The first-token time, in seconds, of ``rates`` for ``work`` token-equivalents and ``decoding``."""
-    return rates[0] + rates[1] * work + rates[2] * decoding
+def _accumulate(sums: list[float], f: Features, y: float, sign: float) -> None:
+    x = (1.0, f[0], f[1], f[2])
+    for i in range(_K):
+        xi = sign * x[i]
+        for j in range(_K):
+            sums[i * _K + j] += xi * x[j]
+        sums[_K * _K + i] += xi * y
+
+
+def predict(rates: Rates, work: float, decoding: float, queued: float = 0.0) -> float:
+    """The first-token time, in seconds, of ``rates`` for ``work`` token-equivalents, ``decoding``
+    requests decoding and ``queued`` requests queued ahead."""
+    return rates[0] + rates[1] * work + rates[2] * decoding + rates[3] * queued
 
 
 def fading(n: float) -> float:
@@ -109,20 +124,27 @@ def fading(n: float) -> float:
     return PRIOR_SAMPLES * max(0.0, 1.0 - n / WINDOW) + RIDGE
 
 
-def fit(sums: list[float], prior: Rates, weight: float) -> Rates:
+def fit(sums: list[float], prior: Rates, weight: float, prefill_s: float = 0.0) -> Rates:
     """The ridge least-squares rates of the samples summed in ``sums`` towards ``prior`` (each >= 0), the
-    prior weighing as much as ``weight`` samples of the mean square of each feature."""
-    n, sw, sd, sww, swd, sdd, sy, swy, sdy = sums
+    prior weighing as much as ``weight`` samples of the mean square of each feature. ``prefill_s`` > 0:
+    the prefill rate is that (measured apart), the others are fitted to what it leaves."""
+    n = sums[0]
     if n < 0.5:
-        return prior
-    lam = [weight, weight * max(sww / n, 1e-12), weight * max(sdd / n, 1e-12)]
-    a = [[n + lam[0], sw, sd], [sw, sww + lam[1], swd], [sd, swd, sdd + lam[2]]]
-    b = [sy + lam[0] * prior[0], swy + lam[1] * prior[1], sdy + lam[2] * prior[2]]
-    free = [0, 1, 2]
-    x = [0.0, 0.0, 0.0]
+        return prior if prefill_s <= 0.0 else (prior[0], prefill_s, prior[2], prior[3])
+    a = [[sums[i * _K + j] for j in range(_K)] for i in range(_K)]
+    b = [sums[_K * _K + i] for i in range(_K)]
+    if prefill_s > 0.0:
+        b = [b[i] - prefill_s * a[i][1] for i in range(_K)]  # the residual of the measured prefill
+    for i in range(_K):
+        lam = weight * (1.0 if i == 0 else max(a[i][i] / n, 1e-12))
+        a[i][i] += lam
+        b[i] += lam * prior[i]
+    free = [i for i in range(_K) if i != 1 or prefill_s <= 0.0]
+    held = [0.0, prefill_s, 0.0, 0.0]
+    x = held
     while free:
         sub = _solve([[a[i][j] for j in free] for i in free], [b[i] for i in free])
-        x = [0.0, 0.0, 0.0]
+        x = list(held)
         for k, i in enumerate(free):
             x[i] = sub[k]
         worst = min(free, key=lambda i: x[i])
@@ -130,7 +152,7 @@ def fit(sums: list[float], prior: Rates, weight: float) -> Rates:
             break
         free.remove(worst)  # a negative rate is held at 0 and the others refitted
         x[worst] = 0.0
-    return (max(x[0], 0.0), max(x[1], 0.0), max(x[2], 0.0))
+    return (max(x[0], 0.0), max(x[1], 0.0), max(x[2], 0.0), max(x[3], 0.0))
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
@@ -159,14 +181,18 @@ class LatencyModel:
     dispatch and not yet past their first token (the oldest gives way). ``active`` False: nothing is
     recorded until the model is first read."""
 
-    def __init__(self, max_pending: int, active: bool = True) -> None:
+    def __init__(
+        self, max_pending: int, active: bool = True, drain: Callable[[], float] | None = None
+    ) -> None:
         self._workers: dict[str, _Samples] = {}
-        self._pending: BoundedLRU[str, tuple[str, float, float, float]] = BoundedLRU(max_pending)
+        self._pending: BoundedLRU[str, tuple[str, Features, float]] = BoundedLRU(max_pending)
         self._version = 0  # samples added (a forgotten worker: FLEET_EVERY); the fleet's rates follow it
         self._fleet: tuple[int, Rates, Rates] | None = None  # (version // FLEET_EVERY, prior, fleet's rates)
         # False: ``dispatched`` records nothing until the model is first read (``rates``), so a router whose
         # policies never read it pays nothing per request
         self.active = active
+        # the fleet's measured prefill rate, work per second (0: unknown; ``PrefillBacklog.fleet_rate``)
+        self.drain = drain
 
     def rates(self, worker: str, prior: Rates) -> Rates:
         """``worker``'s fitted rates towards the fleet's (``fleet``); the fleet's before any sample."""
@@ -175,8 +201,11 @@ class LatencyModel:
         samples = self._workers.get(worker)
         if samples is None:
             return prior
-        if samples.fit is None or samples.fit_prior != prior:
-            samples.fit, samples.fit_prior = fit(samples.sums, prior, PRIOR_SAMPLES), prior
+        rate = self.drain() if self.drain is not None else 0.0
+        prefill_s = 1.0 / rate if rate > 0.0 else 0.0
+        if samples.fit is None or samples.fit_prior != prior or samples.fit_prefill != prefill_s:
+            samples.fit = fit(samples.sums, prior, PRIOR_SAMPLES, prefill_s)
+            samples.fit_prior, samples.fit_prefill = prior, prefill_s
         return samples.fit
 
     def fleet(self, prior: Rates) -> Rates:
@@ -186,7 +215,7 @@ class LatencyModel:
         cached = self._fleet
         if cached is not None and cached[0] == epoch and cached[1] == prior:
             return cached[2]
-        pooled = [0.0] * 9
+        pooled = [0.0] * _SUMS
         for samples in self._workers.values():
             for i, value in enumerate(samples.sums):
                 pooled[i] += value
@@ -203,12 +232,15 @@ class LatencyModel:
         """Requests recorded at dispatch still waiting for their first token."""
         return len(self._pending)
 
-    def dispatched(self, route_id: str, worker: str, work: float, decoding: int, now: float) -> None:
+    def dispatched(
+        self, route_id: str, worker: str, work: float, decoding: int, now: float, queued: int = 0
+    ) -> None:
         """``route_id`` was sent to ``worker`` at ``now`` with ``work`` token-equivalents of prefill ahead of
-        and including its own, and ``decoding`` requests decoding there (nothing while not ``active``)."""
+        and including its own, ``decoding`` requests decoding there and ``queued`` ahead of it not past
+        their first token (nothing while not ``active``)."""
         if not self.active:
             return
-        self._pending.set(route_id, (worker, work, float(decoding), now))
+        self._pending.set(route_id, (worker, (work, float(decoding), float(queued)), now))
 
     def observed(self, route_id: str, now: float) -> None:
         """``route_id``'s first token came at ``now``: one sample of its worker (clipped against the fit
@@ -216,19 +248,19 @@ class LatencyModel:
         record = self._pending.pop(route_id)
         if record is None:
             return
-        worker, work, decoding, sent = record
+        worker, x, sent = record
         seconds = now - sent
         if not seconds >= 0.0:
             return
         samples = self._workers.setdefault(worker, _Samples())
-        if len(samples) >= CLIP_AFTER and work <= samples.max_work and decoding <= samples.max_decoding:
+        if len(samples) >= CLIP_AFTER and samples.within(x):
             if samples.clip_fit is None or samples.added - samples.clip_at >= CLIP_AFTER:
                 samples.clip_fit = fit(samples.sums, CLIP_PRIOR, fading(len(samples)))
                 samples.clip_at = samples.added
-            expected = predict(samples.clip_fit, work, decoding)
+            expected = predict(samples.clip_fit, x[0], x[1], x[2])
             if expected > 0.0:
                 seconds = min(max(seconds, expected / CLIP), expected * CLIP)
-        samples.add(work, decoding, seconds)
+        samples.add(x, seconds)
         self._version += 1
 
     def discard(self, route_id: str) -> None:

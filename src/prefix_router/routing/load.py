@@ -192,6 +192,12 @@ class LoadTracker:
         snap = self._live.get(worker)
         return 0 if snap is None else snap.decoding
 
+    def queued(self, worker: str) -> int:
+        """Requests on ``worker`` not past their first token (other replicas' included, as the snapshot's
+        ``in_flight - decoding``; 0 for an unknown worker)."""
+        snap = self._live.get(worker)
+        return 0 if snap is None else max(0, snap.in_flight - snap.decoding)
+
     def _drop_stale(self, now: float) -> None:
         if now < self._next_stale_check:
             return

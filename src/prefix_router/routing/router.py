@@ -182,7 +182,9 @@ class Router:
         self.precise.on_clear = self._engine_cleared
         # the steps of a decision (routing/placement.py), on these parts
         # each worker's first-token time, learned from the requests' (routing/latency.py)
-        self.latency = LatencyModel(cfg.trackers.max_tracked_requests, active=False)
+        self.latency = LatencyModel(
+            cfg.trackers.max_tracked_requests, active=False, drain=self.load.backlog.fleet_rate
+        )
         self.pipeline = Pipeline(
             self.index, self.precise, self.load, self.units, self._sessions, self._engine_blocks, self.latency
         )
@@ -359,7 +361,8 @@ class Router:
         work = prefill_work(uncached, cached, self.cfg.trackers.attention_tokens)
         if self.latency.active and worker in self.index:  # recorded once a policy reads the model
             ahead = self.load.backlog.remaining(worker, now)
-            self.latency.dispatched(req.route_id, worker, ahead + work, self.load.decoding(worker), now)
+            decoding, queued = self.load.decoding(worker), self.load.queued(worker)
+            self.latency.dispatched(req.route_id, worker, ahead + work, decoding, now, queued)
         self.load.start(req.route_id, worker, uncached, now, work)
         if req.session:
             self._sessions.set(req.session, worker)

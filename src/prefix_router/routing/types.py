@@ -240,12 +240,19 @@ class CacheView(Protocol):
         """The fraction of the worker's cache in use (0: empty, 1: full, inserting evicts)."""
         ...
 
+    def capacity_tokens(self, worker: str) -> int:
+        """The tokens the worker's cache is known to hold (0: unknown)."""
+        ...
+
 
 class LatencyView(Protocol):
     """What the router's first-token model says of a worker (``routing/latency.py``, read-only)."""
 
-    def rates(self, worker: str, prior: tuple[float, float, float]) -> tuple[float, float, float]:
-        """(overhead s, prefill s per token-equivalent, s per decoding request), fitted towards ``prior``."""
+    def rates(
+        self, worker: str, prior: tuple[float, float, float, float]
+    ) -> tuple[float, float, float, float]:
+        """(overhead s, prefill s per token-equivalent, s per decoding request, s per request queued
+        ahead), fitted towards ``prior``."""
         ...
 
 

@@ -2,45 +2,64 @@
 
 Each candidate's first-token time is predicted in seconds by its worker's model (``routing/latency.py``,
 learned online from the worker's own first tokens; ``ctx.latency``), with rates (overhead, prefill s per
-token-equivalent, s per decoding request):
+token-equivalent, s per decoding request), and split into its parts (``CandidateEstimate``):
 
-    cost  = ttft + delay + evict
-    ttft  = overhead + prefill_s x (backlog + own) + decode_s x decoding
-    delay = prefill_s x own x (decoding + D)   the requests decoding there wait while this prefill runs,
-                                               and so do the D requests that will queue behind it
-    evict = prefill_s x own x fill             a full cache evicts as much as it inserts: recomputed later
-    own   = this request's prefill there: its prompt minus the prefix that worker holds (index), in
-            token-equivalents (``backlog.prefill_work``: a token at context c costs 1 + c / attention_tokens)
-    fill  = the fraction of that worker's cache in use (index)
-    D     = W / (1 - rho): W the candidates' mean prefill backlog counted in typical requests
-            (``ctx.request_work``), rho the utilisation of an M/M/1 queue that long (``prefix``'s
-            ``delayed_requests``); 0 before a typical request is known
+    cost    = ttft + added + cache                 the lowest wins
+    ttft    = wait + prefill + decode              what the user waits for there
+    wait    = overhead + prefill_s x backlog       the prefill queued ahead of it (engines prefill first
+                                                   come, first served)
+    prefill = prefill_s x own                      its own uncached prefill
+    decode  = decode_s x decoding                  what the running decode batch adds to its steps
+    added   = prefill_s x own x D                  the D requests that will queue behind this prefill
+                                                   wait for it too
+    cache   = prefill_s x evicted                  what its insertion evicts is recomputed later
+    own     = this request's prefill there: its prompt minus the prefix that worker holds (index), in
+              token-equivalents (``backlog.prefill_work``: a token at context c costs
+              1 + c / attention_tokens)
+    evicted = the uncached tokens beyond the room left in that worker's cache (index: fill x capacity;
+              own x fill where the capacity is unknown)
+    D       = W / (1 - rho): W the candidates' mean prefill backlog counted in typical requests
+              (``ctx.request_work``), rho the utilisation of an M/M/1 queue that long; 0 before a typical
+              request is known
 
-among the candidates under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in flight
-+ 1) / total weight) + load_slack``, times its weight); the lowest wins, ties broken at random (seeded).
-Every term is in seconds of the worker's own engine: no hand-set price. Before a worker has samples its
-rates are the prior (0 s, ``prior_prefill_s_per_token``, the same per decoding request: a decoding
-request adds about one token to each step).
+Why staying on the holder is usually right: there ``own`` is small, so only the wait and the decode
+batch count, and a decoding request adds one token to a step (``decode_s``, learned: small on an engine
+with chunked prefill); elsewhere the whole prefix is computed, delays what queues behind it, and evicts
+as much from a full cache, which another request recomputes later. It leaves when the holder's queue of
+prefill (or its engine's learned decode cost) outweighs that.
+
+Among the candidates under the bounded-load cap (``in_flight + 1 <= ceil(load_factor x (total in flight +
+1) / total weight) + load_slack``, times its weight); the lowest cost wins, ties broken at random
+(seeded). Every term is in seconds of the worker's own engine: no hand-set price. Before a worker has
+samples its rates are the fleet's, before any sample the prior (0 s, ``prior_prefill_s_per_token``, the
+same per decoding request: a decoding request adds about one token to each step). The decision carries
+the chosen worker's ``ttft`` (``predicted_ttft_s``) and the ``MAX_ESTIMATES`` lowest costs' parts.
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over), ``load_balance`` (no match anywhere). Fallback: no candidate under the cap:
 the lowest cost among all. Without ``ctx.latency`` (a bare policy) every worker has the prior's rates.
 Knobs (``routing.policies.ttft``, ``TtftSettings`` in ``ttft_settings.py``; defaults): ``load_factor``
-2.0 (a safety bound only: the prediction prices load itself; 1.25 moved tenants off their holder at 8 in
-flight on two engines), ``load_slack`` 2, ``prior_prefill_s_per_token`` 1e-4; and
-``routing.trackers.attention_tokens``.
+2.0 (a safety bound only: the prediction prices load itself), ``load_slack`` 2,
+``prior_prefill_s_per_token`` 1e-4; and ``routing.trackers.attention_tokens``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
 from prefix_router.routing.policies.prefix import delayed_requests
 from prefix_router.routing.policies.ttft_settings import TtftSettings
-from prefix_router.routing.types import Branch, Context, Decision, RouteRequest, WorkerSnapshot
+from prefix_router.routing.types import (
+    MAX_ESTIMATES,
+    Branch,
+    CandidateEstimate,
+    Context,
+    Decision,
+    RouteRequest,
+    WorkerSnapshot,
+)
 
 __all__ = ["TtftPolicy", "TtftSettings"]
 
@@ -50,41 +69,86 @@ class TtftPolicy(NoHooks):
         self.load_factor = knobs.load_factor
         self.load_slack = knobs.load_slack
         rate = knobs.prior_prefill_s_per_token
-        self.prior = (0.0, rate, rate)
+        self.prior = (0.0, rate, rate, 0.0)
 
-    def cost(self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0) -> float:
-        """``w``'s cost for ``req`` in seconds (see the module doc); ``delayed``: the requests that will
-        queue behind a prefill placed now (``delayed_requests``)."""
+    def estimate(
+        self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0
+    ) -> CandidateEstimate:
+        """``w``'s predicted first-token time for ``req`` and its parts, in seconds (see the module doc);
+        ``delayed``: the requests that will queue behind a prefill placed now (``delayed_requests``)."""
         scale = ctx.token_scale
         prompt = req.key_tokens * scale
         cached = min(prompt, ctx.matches.get(w.name, 0) * req.block_tokens * scale)
         own = prefill_work(prompt - cached, cached, ctx.attention_tokens)
         latency = ctx.latency
-        overhead, prefill_s, decode_s = self.prior if latency is None else latency.rates(w.name, self.prior)
-        fill = 0.0
-        if own and ctx.fills is not None:
-            fill = ctx.fills.get(w.name, 0.0)
-        elif own and ctx.cache is not None:
-            fill = ctx.cache.fill(w.name)
-        ttft = overhead + prefill_s * (w.prefill_backlog + own) + decode_s * w.decoding
-        return ttft + prefill_s * own * (w.decoding + fill + delayed)
+        rates = self.prior if latency is None else latency.rates(w.name, self.prior)
+        overhead, prefill_s, decode_s, queued_s = rates
+        wait = overhead + prefill_s * w.prefill_backlog + queued_s * max(0, w.in_flight - w.decoding)
+        prefill = prefill_s * own
+        decode = decode_s * w.decoding
+        cache = prefill_s * evicted(prompt - cached, w.name, ctx) * (1.0 + delayed) if own else 0.0
+        typical = ctx.request_work
+        here = delayed_requests(w.prefill_backlog / typical) if typical > 0 else 0.0
+        here = min(max(here, float(w.in_flight - w.decoding)), delayed)
+        return CandidateEstimate(
+            w.name, wait + prefill + decode, wait, prefill, decode, prefill * here, cache
+        )
+
+    def cost(self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0) -> float:
+        """``w``'s cost for ``req``, seconds: its first-token time, the delay it adds, the cache it evicts."""
+        e = self.estimate(req, w, ctx, delayed)
+        return e.ttft_s + e.added_s + e.cache_s
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
         weight, flight, backlog = load_totals(workers)
         cap = cap_of(weight, flight, self.load_factor, self.load_slack)
         typical = ctx.request_work
-        delayed = delayed_requests(backlog / len(workers) / typical) if typical > 0 else 0.0
+        delayed = waiting_behind(workers, flight, backlog, typical)
         allowed = [w for w in workers if w.in_flight + 1 <= cap * w.weight] or list(workers)
-        best, tied = math.inf, []
-        for w in allowed:
-            cost = self.cost(req, w, ctx, delayed)
-            if cost < best:
-                best, tied = cost, [w]
-            elif cost == best:
-                tied.append(w)
+        ranked: list[tuple[float, int, CandidateEstimate]] = []
+        for i, w in enumerate(allowed):
+            e = self.estimate(req, w, ctx, delayed)
+            ranked.append((e.ttft_s + e.added_s + e.cache_s, i, e))
+        ranked.sort(key=_first)
+        best = ranked[0][0]
+        tied = [e for cost, _, e in ranked if cost == best]
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
         longest = max((ctx.matches.get(w.name, 0) for w in workers), default=0)
-        return Decision(chosen.name, _branch(ctx.matches.get(chosen.name, 0), longest))
+        return Decision(
+            chosen.worker,
+            _branch(ctx.matches.get(chosen.worker, 0), longest),
+            predicted_ttft_s=chosen.ttft_s,
+            estimates=tuple(e for _, _, e in ranked[:MAX_ESTIMATES]),
+        )
+
+
+def waiting_behind(workers: Sequence[WorkerSnapshot], flight: int, backlog: float, typical: float) -> float:
+    """The requests a prefill placed now delays on a worker (``D``, the fleet's mean per worker): those
+    queued behind it, counted by the prefill backlog in typical requests (``W / (1 - rho)``) or, where
+    admission holds them, by the requests not past their first token; at most a worker's share of the
+    requests in flight."""
+    n = len(workers)
+    by_work = delayed_requests(backlog / n / typical) if typical > 0 else 0.0
+    queued = 0
+    for w in workers:
+        queued += w.in_flight - w.decoding
+    return min(max(by_work, queued / n), flight / n)
+
+
+def evicted(inserted: float, worker: str, ctx: Context) -> float:
+    """The tokens that inserting ``inserted`` tokens on ``worker`` evicts from its cache: beyond the room
+    left there (fill x capacity, from the index); ``inserted x fill`` where the capacity is unknown."""
+    cache = ctx.cache
+    fills = ctx.fills
+    fill = fills.get(worker, 0.0) if fills is not None else cache.fill(worker) if cache is not None else 0.0
+    capacity = cache.capacity_tokens(worker) * ctx.token_scale if cache is not None else 0.0
+    if capacity <= 0.0:
+        return inserted * fill
+    return max(0.0, inserted - (1.0 - fill) * capacity)
+
+
+def _first(item: tuple[float, int, CandidateEstimate]) -> float:
+    return item[0]
 
 
 def _branch(matched: int, best: int) -> Branch:
