@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.nodeid import NodeId
 from aiohttp import web
 from hypothesis import settings
 
@@ -38,8 +39,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         in_vllm = item.path.is_relative_to(VLLM_PACKAGE)
         group = VLLM_PACKAGE if in_vllm else item.path
-        item.add_marker(pytest.mark.xdist_group(str(group.relative_to(TESTS))))
+        name = str(group.relative_to(TESTS))
+        item.add_marker(pytest.mark.xdist_group(name))
+        grouped(item, name)
         needs.mark(item)
+
+
+def grouped(item: pytest.Item, name: str) -> None:
+    """In a ``--dist loadgroup`` worker, ``item``'s id suffixed ``@name``, as the controller's scheduler
+    reads groups: pytest-xdist 3.8 sets the suffix on ``item._nodeid``, which pytest 9 no longer reads (its
+    id is ``item._id``), so without this every test was scheduled alone and module fixtures started twice."""
+    if not (hasattr(item.config, "workerinput") and getattr(item.config.option, "loadgroup", False)):
+        return
+    if not item.nodeid.endswith(f"@{name}"):
+        item._id = NodeId.parse(f"{item.nodeid}@{name}")  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -90,6 +90,8 @@ def test_a_module_is_one_pytest_xdist_group(request: pytest.FixtureRequest) -> N
     """``make pytest`` runs two workers with ``--dist loadgroup``: each module whole on one of them."""
     groups = [mark.args for mark in request.node.iter_markers("xdist_group")]
     assert groups == [("test_make.py",)]
+    if hasattr(request.config, "workerinput") and request.config.option.loadgroup:  # under make pytest
+        assert request.node.nodeid.endswith("@test_make.py")  # the scheduler reads the group there
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
