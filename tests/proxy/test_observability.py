@@ -35,6 +35,27 @@ async def test_health_and_ready(fake_engine: Any, start_router: Any, free_port: 
     assert status == 503 and "error" in orjson.loads(body)
 
 
+async def test_health_and_ready_say_degraded_while_fewer_processes_run_than_configured(
+    fake_engine: Any, start_router: Any
+) -> None:
+    """Under ``serve --processes`` (``NodeState.processes``: running, configured) both answer 200 with the
+    counts, and ``degraded`` while a process is missing (before: ``ok`` whatever ran)."""
+    router = await start_router(await fake_engine("a"))
+    running = [2]
+    router.state.processes = lambda: (running[0], 2)
+    for path, fine in (("/health", "ok"), ("/ready", "ready")):
+        running[0] = 2
+        status, body = await get(router.url + path)
+        assert status == 200
+        assert orjson.loads(body)["status"] == fine
+        assert orjson.loads(body)["processes"] == {"running": 2, "configured": 2}
+        running[0] = 1
+        status, body = await get(router.url + path)
+        assert status == 200
+        assert orjson.loads(body)["status"] == "degraded"
+        assert orjson.loads(body)["processes"] == {"running": 1, "configured": 2}
+
+
 async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, start_router: Any) -> None:
     engine = await fake_engine("a", cached_tokens=32)
     router = await start_router(engine)

@@ -40,6 +40,8 @@ def choose(
     """The routing core's choice among ``names`` (the eligible workers, not empty) by ``policy`` (None:
     the configured one), noted (the worker, one attempt more); a routed request (``label``: its policy's
     name, None for a pass-through) is counted by branch and predicted tokens."""
+    if state.before_route is not None:
+        state.before_route()  # the other processes' placements, up to now
     decision = state.router.route(req, names, state.clock(), policy)
     note.worker, note.attempts = decision.worker, note.attempts + 1
     if label is not None:
