@@ -59,6 +59,7 @@ AUDIT: dict[str, list[str]] = {
     ],
     "routing/policies/prefix.py": [
         "tests/routing/test_prefix_over_cap.py",
+        "tests/routing/test_prefix_policy.py",
         "tests/routing/test_placement.py",
         "tests/routing/test_router.py",
     ],
