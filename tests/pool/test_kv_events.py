@@ -79,13 +79,15 @@ async def replaying_engine(
 
 
 async def joined(pub: FakePublisher, subs: EventSubscriptions) -> None:
-    """Empty batches until one arrives (ZMQ drops what a PUB sends before the peer joined)."""
+    """Empty batches until one is applied (ZMQ drops what a PUB sends before the peer joined): applied, not
+    just decoded, so that the replay of the dropped ones it asked for is over (a test that counted replays
+    from here saw that one land after it, under load)."""
     sub = subs.subscribers["w"]
-    before = sub.stats.decoded
+    before = sub.stats.applied
 
     async def probe() -> bool:
         await pub.publish([])
-        return sub.stats.decoded > before
+        return sub.stats.applied > before
 
     for _ in range(500):
         if await probe():

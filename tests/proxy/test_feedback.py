@@ -106,7 +106,9 @@ async def test_a_client_aborting_a_stream_after_the_first_token_keeps_the_prompt
     await asyncio.wait_for(engine.cancelled.wait(), 5.0)
     await wait_until(lambda: router.state.router.load.tracked() == 0)
     engine.b.chunk_delay_s = 0.0
-    assert await predicted(router.url, chat(SYSTEMS[0], "a follow-up")) > 900  # the engine computed it
+    # the engine computed it: about 975 nominal tokens, valued at half before the model's first report
+    # (a streamed answer without usage: FIRST_CHARS_PER_TOKEN)
+    assert await predicted(router.url, chat(SYSTEMS[0], "a follow-up")) > 450
 
 
 async def test_a_stream_cut_by_the_engine_after_the_first_token_keeps_the_prompts_blocks(
@@ -119,7 +121,7 @@ async def test_a_stream_cut_by_the_engine_after_the_first_token_keeps_the_prompt
         assert resp.status == 200
         assert b"upstream_" in await resp.read()  # the stream ends with an error event
     engine.b.die_after_chunks = None
-    assert await predicted(router.url, chat(SYSTEMS[1], "a follow-up")) > 900
+    assert await predicted(router.url, chat(SYSTEMS[1], "a follow-up")) > 450  # as above
 
 
 async def test_failures_before_the_first_token_still_trim(fake_engine: Any, start_router: Any) -> None:

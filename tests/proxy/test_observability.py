@@ -35,6 +35,27 @@ async def test_health_and_ready(fake_engine: Any, start_router: Any, free_port: 
     assert status == 503 and "error" in orjson.loads(body)
 
 
+async def test_health_and_ready_say_degraded_while_fewer_processes_run_than_configured(
+    fake_engine: Any, start_router: Any
+) -> None:
+    """Under ``serve --processes`` (``NodeState.processes``: running, configured) both answer 200 with the
+    counts, and ``degraded`` while a process is missing (before: ``ok`` whatever ran)."""
+    router = await start_router(await fake_engine("a"))
+    running = [2]
+    router.state.processes = lambda: (running[0], 2)
+    for path, fine in (("/health", "ok"), ("/ready", "ready")):
+        running[0] = 2
+        status, body = await get(router.url + path)
+        assert status == 200
+        assert orjson.loads(body)["status"] == fine
+        assert orjson.loads(body)["processes"] == {"running": 2, "configured": 2}
+        running[0] = 1
+        status, body = await get(router.url + path)
+        assert status == 200
+        assert orjson.loads(body)["status"] == "degraded"
+        assert orjson.loads(body)["processes"] == {"running": 1, "configured": 2}
+
+
 async def test_metrics_count_requests_branches_and_workers(fake_engine: Any, start_router: Any) -> None:
     engine = await fake_engine("a", cached_tokens=32)
     router = await start_router(engine)
@@ -88,8 +109,9 @@ async def test_multi_turn_conversations_match_deeper_through_the_proxy(
             model="m", messages=history, stream=stream
         )
         assert second.headers[WORKER_HEADER] == first.headers[WORKER_HEADER]
-        # the generated reply was indexed too: the match goes past the first turn's prompt
-        assert int(second.headers[MATCH_HEADER]) > 160 + 20
+        # the generated reply was indexed too: the match goes past the first turn's prompt (160 tokens at
+        # 4 bytes a token; before the model's first report valued at 8, FIRST_CHARS_PER_TOKEN)
+        assert int(second.headers[MATCH_HEADER]) > (160 + 20) // 2
         if stream:
             [c async for c in second.parse()]
 
@@ -103,7 +125,8 @@ async def test_streamed_replies_extend_the_index(fake_engine: Any, start_router:
     reply = "".join([c.choices[0].delta.content or "" async for c in stream])
     history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "next"}]
     raw = await client.chat.completions.with_raw_response.create(model="m", messages=history)
-    assert int(raw.headers[MATCH_HEADER]) > (len("question " * 50) + len(reply)) // 4 - 48
+    # valued at 8 bytes a token before the model's first report (FIRST_CHARS_PER_TOKEN), less 3 blocks
+    assert int(raw.headers[MATCH_HEADER]) > (len("question " * 50) + len(reply)) // 8 - 24
 
 
 async def test_record_writes_mooncake_lines_without_text(

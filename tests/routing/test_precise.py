@@ -212,6 +212,25 @@ def test_a_worker_added_after_a_removal_does_not_inherit_blocks() -> None:
     assert m.confirmed == {"c": 1} and v.held_blocks("d") == 0
 
 
+def test_replays_and_restored_sequences_are_kept_per_known_worker_and_unknown_ones_ignored() -> None:
+    """``count_replay`` and ``restore_seq`` (the subscriber's, after a replay) act on a known worker only,
+    and ``report`` counts agreement (within a block, above the report, above the prompt)."""
+    v = view()
+    v.add_worker("a", MODEL)
+    v.count_replay("a")
+    v.count_replay("gone")  # removed meanwhile: nothing, no error
+    v.restore_seq("a", 41)
+    v.restore_seq("gone", 7)
+    v.report("a", 16, 16 + BS, 10)
+    v.report("a", 40, 16, None)
+    v.report("a", 20, 20, 20)  # the whole prompt, as reported: neither above
+    v.report("gone", 1, 1, 1)
+    stats = v.stats("a")
+    assert stats.replays == 1 and v.summary("a", 0.0)["last_seq"] == 41
+    assert (stats.reports, stats.within_block, stats.above_report, stats.above_prompt) == (3, 2, 1, 1)
+    assert "gone" not in v
+
+
 def test_speculative_entries_steer_expire_and_are_confirmed() -> None:
     v = view(speculative_ttl_s=2.0)
     blocks = keys(PROMPT)

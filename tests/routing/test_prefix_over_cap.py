@@ -51,3 +51,14 @@ def test_over_the_cap_a_short_match_passed_over_is_a_load_fallback() -> None:
 def test_over_the_cap_the_longest_match_counts_every_candidate() -> None:
     worker, branch = select(loaded(2, 2, 3), {"w0": 1, "w2": 2})
     assert (worker, branch) == ("w0", Branch.LOAD_FALLBACK)  # w2 matched more: passed over
+
+
+def test_equal_costs_are_broken_at_random_among_all_of_them() -> None:
+    """Workers of equal cost are all candidates, drawn by the rng: over seeds each one is chosen (a tie
+    kept as the last or the first one alone would always pick the same), and a cheaper one is never
+    passed over for them."""
+    idle = [WorkerSnapshot(f"w{i}") for i in range(3)]
+    picked = {select(idle, {}, seed)[0] for seed in range(40)}
+    assert picked == {"w0", "w1", "w2"}
+    busier = [WorkerSnapshot("w0", in_flight=2), WorkerSnapshot("w1"), WorkerSnapshot("w2")]
+    assert {select(busier, {}, seed)[0] for seed in range(40)} == {"w1", "w2"}

@@ -192,7 +192,8 @@ def test_retune_switches_tenant_isolation_for_new_requests() -> None:
 
 @pytest.mark.parametrize("block_chars", [64, 256, 1024])
 def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block_chars: int) -> None:
-    """A matched block is worth the tokens of text it holds (block_chars / chars_per_token), in every mode."""
+    """A matched block is worth the tokens of text it holds (block_chars / chars_per_token), in every mode,
+    once the model has reported (before, the conservative prior: half of it)."""
     keys = {"block_tokens": block_chars // 4}  # 4 characters a token
     router = Router(RoutingSettings.model_validate({"keys": keys}), random.Random(0))
     router.add_worker("a")
@@ -201,6 +202,9 @@ def test_a_repeated_text_prompt_is_predicted_whole_whatever_the_block_size(block
     router.dispatched(first, router.route(first, ["a"], 0), 0)
     again = router.keys.build("chat", body, route_id="2")
     predicted = router.route(again, ["a"], 1).predicted_tokens
+    assert (again.key_tokens - block_chars / 4) / 2 <= predicted <= again.key_tokens / 2
+    assert router.learn_units("m", "a", first.key_tokens, first.key_tokens, first.counts[-1])
+    predicted = router.route(router.keys.build("chat", body, route_id="3"), ["a"], 2).predicted_tokens
     assert again.key_tokens - block_chars / 4 <= predicted <= again.key_tokens
 
 

@@ -449,3 +449,39 @@ def test_the_unrolled_content_fit_is_the_loops_float_for_float(
             loops.size,
         )
         assert repr(fit.value) == repr(loops.value)
+
+
+# ---------------------------------------------------------------- the first prediction
+
+
+def test_a_model_never_reported_has_its_matches_valued_by_the_conservative_prior() -> None:
+    """Before a model's first report its cached match is worth 4/8 of nominal (``first_chars_per_token``):
+    a tokenizer of 6 bytes per token (SmolLM2's prose) reuses 2/3 of nominal, which the nominal 4 bytes
+    per token over-predicted (1,104 predicted, 739 reused on llama.cpp); the first report lifts the prior,
+    for that model only, and a token-id key (no model) is never discounted."""
+    u = units()
+    assert u.first("m") == 0.5
+    assert u.first(None) == 1.0
+    assert units(learn=False).first("m") == 1.0  # not learning: the configured value is the operator's
+    assert units(first_chars_per_token=2.0).first("m") == 1.0  # never above the nominal value
+    assert u.observe("m", 1_000, 900)
+    assert u.first("m") == 1.0
+    assert u.first("other") == 0.5
+    assert not u.observe("short", 100, 60)  # not a sample: still unreported
+    assert u.first("short") == 0.5
+
+
+def test_the_first_repeat_is_predicted_no_higher_than_a_dense_tokenizer_reuses() -> None:
+    """An identical repeat of a prompt whose engine counts 6 bytes per token (2/3 of nominal) is predicted
+    at no more than the engine's tokens before any report, and at the whole once it has reported."""
+    router = make_router()
+    first, again, third = text_req("1"), text_req("2"), text_req("3")
+    engine_tokens = first.key_tokens * 2 // 3
+    router.dispatched(first, router.route(first, ["a"], 0.0), 0.0)
+    predicted = router.route(again, ["a"], 1.0).predicted_tokens
+    assert 0 < predicted <= engine_tokens
+    router.first_token(first.route_id, 1.0)
+    router.finished(first, "a", Outcome(True, None, (), engine_tokens), 1.0)
+    learned = router.route(third, ["a"], 2.0).predicted_tokens
+    assert predicted < learned <= engine_tokens
+    assert learned >= engine_tokens - 16

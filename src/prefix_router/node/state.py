@@ -102,6 +102,12 @@ class NodeState:
     active: int = 0  # /v1/* requests being handled (the drain waits for them)
     # told of every admin change once it is made here (``serve --processes``: the other processes follow)
     on_admin: Callable[[AdminChange], None] | None = None
+    # ``serve --processes``: what the other processes sent, read before each routing decision, and this
+    # one's placement sent to them after each dispatch, before the request is forwarded (so that a repeat
+    # sent after the answer finds it whichever process takes it)
+    before_route: Callable[[], object] | None = None
+    after_dispatch: Callable[[], None] | None = None
+    processes: Callable[[], tuple[int, int]] | None = None  # ``serve --processes``: (running, configured)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _prefix: str = field(default_factory=lambda: f"pr-{random.getrandbits(32):08x}")
     # a random UUID4 but its last 12 hex digits, which count: unique per process and across replicas

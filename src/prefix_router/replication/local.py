@@ -141,11 +141,16 @@ class LocalReplication:
         with contextlib.suppress(OSError):
             self._path.unlink()
 
+    def live_peers(self) -> int:
+        """The other processes heard from within ``load_ttl_s`` (each sends its load every
+        ``load_interval_s``)."""
+        return sum(1 for p in self.peers.values() if self._fresh(p))
+
     def stats(self) -> dict[str, float]:
         out = self.counters.as_dict(len(self.outbox), self.outbox.dropped)
         out.update(
             ready=float(self.ready),
-            remote_replicas=float(sum(1 for p in self.peers.values() if self._fresh(p))),
+            remote_replicas=float(self.live_peers()),
         )
         return out
 

@@ -387,10 +387,14 @@ def match_value(
 ) -> int:
     """The engine tokens of ``req``'s first ``matched`` blocks (the index's, of ``block_tokens`` tokens and
     ``block_chars`` characters): a text key's by the content of those blocks once its model's value is
-    learned, else nominal x the scale; at most ``prompt``."""
+    learned, else nominal x the scale (before the model's first report, x the conservative prior
+    ``TokenUnits.first``); at most ``prompt``."""
     nominal = min(matched * block_tokens, req.key_tokens)
     if not matched or req.text_model is None:
         return nominal
+    first = units.first(req.text_model)
+    if first < 1.0:
+        return int(min(units.tokens(req.text_model, None, nominal) * first, prompt))
     counts = req.counts[-1] if req.counts else None
     if counts is not None and units.by_content(req.text_model):
         size = matched * block_chars

@@ -15,14 +15,18 @@ per model, from the engines' ``usage.prompt_tokens``:
 Warm-up: before ``warmup`` samples the scale is the lowest sample so far, never above 1, so that a model
 denser than the configured ``chars_per_token`` is not over-predicted until its eighth report (SmolLM2's
 prose, about 5 bytes per token: a 4 KB system prompt was predicted at 896 cached tokens where vLLM held
-640); the content value waits for the warm-up. Fallback: the scale is 1 (the configured ``chars_per_token``)
-for a model never reported and with ``learn`` off; token-id keys are counted exactly; keys without counts
-use the scale. The table is per model (its engines share a tokenizer and chat template) and per router
+640); the content value waits for the warm-up. Before the model's first report (``first``), a cached
+match is valued at ``first_chars_per_token`` (8) bytes per token, not the configured 4: the first
+repeat on llama.cpp with SmolLM2 was predicted at 1,104 tokens where the engine reused 739 (a streamed
+answer without usage teaches nothing). Fallback: the scale is 1 (the configured ``chars_per_token``) for
+a model never reported and with ``learn`` off; token-id keys are counted exactly; keys without counts use
+the scale. The table is per model (its engines share a tokenizer and chat template) and per router
 replica.
 
 Knob (``routing.units``, ``UnitSettings``): ``learn`` (true). Constants (``UnitTuning``): ``alpha`` (1/32),
 ``min_sample_tokens`` (512), ``warmup`` (8), ``margin`` (1.0), ``max_models`` (1,024; the least recently
-reported model gives way), ``by_content`` (true), ``min_spread`` (0.01). Why and what it measures:
+reported model gives way), ``by_content`` (true), ``min_spread`` (0.01), ``first_chars_per_token`` (8).
+Why and what it measures:
 docs/routing.md, "Token units".
 """
 
@@ -37,6 +41,10 @@ from typing import NamedTuple
 from prefix_router.routing.canonical import MEDIA
 from prefix_router.routing.settings import UnitSettings
 
+# A model's cached tokens before its first report are valued at this many bytes per token (at most the
+# configured ``chars_per_token``'s value): above any common tokenizer's prose (Llama 3 about 4.5, Gemma
+# about 5, SmolLM2 about 6), so that the first prediction is no more than the engine will reuse.
+FIRST_CHARS_PER_TOKEN = 8.0
 CLAMP = 4.0  # a sample is clamped to [1 / CLAMP, CLAMP] x the nominal value
 MAX_REPORT_TOKENS = 1 << 31  # no prompt is this long: a larger count is not a sample
 
@@ -53,7 +61,8 @@ class UnitTuning(NamedTuple):
     ``warmup``: reports of a model before its learned value is used; ``margin``: deviations below the
     average (over-predicting costs more than under-predicting); ``max_models``: models learned at once;
     ``by_content``: value a key's bytes by class (word, punctuation, whitespace); ``min_spread``: byte
-    classes whose share of a prompt varies less than this between reports keep the common value."""
+    classes whose share of a prompt varies less than this between reports keep the common value;
+    ``first_chars_per_token``: the bytes per token of a cached match before the model's first report."""
 
     alpha: float = 1 / 32
     min_sample_tokens: int = 512
@@ -62,6 +71,7 @@ class UnitTuning(NamedTuple):
     max_models: int = 1024
     by_content: bool = True
     min_spread: float = 0.01
+    first_chars_per_token: float = FIRST_CHARS_PER_TOKEN
 
 
 Counts = tuple[int, int, int, int]  # bytes of a text key by class: (word, punctuation, whitespace, images)
@@ -243,6 +253,17 @@ class TokenUnits:
     def scale(self, model: str | None) -> float:
         """Engine tokens per nominal token of a key of ``model`` (None: a token-id key, 1)."""
         return self.scales.get(model, 1.0) if model is not None else 1.0
+
+    def first(self, model: str | None) -> float:
+        """What a *cached match* of ``model``'s text key is worth relative to ``tokens``: 1 once the model
+        has reported (here or in a sibling process), before that the conservative prior
+        (``first_chars_per_token``; a prediction must not promise more cache than the engine reuses)."""
+        if model is None or not self.learn:
+            return 1.0
+        units = self._models.get(model)
+        if units is not None and units.samples:
+            return 1.0
+        return min(1.0, self.chars_per_token / self.cfg.first_chars_per_token)
 
     def by_content(self, model: str) -> bool:
         """Whether ``model``'s keys are valued by their content (learned, past the warm-up)."""

@@ -19,7 +19,15 @@ from prefix_router.lab.sim.kv_publisher import KvEventsConfig
 from prefix_router.lab.sim.server import CONTEXT, EngineSimSettings, build_app
 from prefix_router.node.config import load_config
 from prefix_router.node.life.server import start
-from prefix_router.proxy.run.event_fanout import MAX_TOPICS, FanoutPlan, _forward, _track, fanned_out, wanted
+from prefix_router.proxy.run.event_fanout import (
+    MAX_TOPICS,
+    FanoutPlan,
+    _bind_pair,
+    _forward,
+    _track,
+    fanned_out,
+    wanted,
+)
 from support.net import free_port
 from support.waiting import wait_until
 
@@ -28,7 +36,7 @@ SYSTEM = "You answer questions about parcels, politely and briefly. " * 30
 
 
 def test_only_router_bound_endpoints_are_fanned_out(tmp_path: Path) -> None:
-    events = {"endpoint": "tcp://127.0.0.1:5557", "bind": True, "hwm": 50}
+    events = {"endpoint": "tcp://127.0.0.1:5557", "bind": True, "hwm": 50, "max_message_bytes": 4096}
     config = load_config(env={}, overrides={"workers": [
         {"url": "http://a:1", "name": "a", "kv_events": events},
         {"url": "http://b:1", "name": "b", "kv_events": events | {"hwm": 70}},  # one endpoint, two engines
@@ -36,7 +44,7 @@ def test_only_router_bound_endpoints_are_fanned_out(tmp_path: Path) -> None:
         {"url": "http://d:1", "name": "d"},
     ], "routing.keys.mode": "events"})  # fmt: skip
     plan = wanted(config, tmp_path)
-    assert plan == {"tcp://127.0.0.1:5557": (f"ipc://{tmp_path}/kv-events-0", 70)}
+    assert plan == {"tcp://127.0.0.1:5557": (f"ipc://{tmp_path}/kv-events-0", 70, 4096)}
     out = fanned_out(config, FanoutPlan({k: v[0] for k, v in plan.items()}))
     got = {w.name: w.kv_events for w in out.workers}
     ipc = plan["tcp://127.0.0.1:5557"][0]
@@ -87,6 +95,47 @@ def test_an_engines_dropped_connection_reaches_each_topic_before_its_next_messag
         ctx.term()  # the forwarder closes its sockets and returns
         thread.join(5)
     assert not thread.is_alive()
+
+
+def test_the_fanout_caps_every_message_it_takes_and_drops_an_oversized_one(tmp_path: Path) -> None:
+    """Both sockets of a fanned-out endpoint carry ``MAXMSGSIZE`` (before: none, so one publisher's huge
+    message was buffered whole before any serving process's cap); a message over it never reaches the
+    serving processes, and the publisher's next ones do (ZMQ drops it, its publisher reconnects)."""
+    ctx = zmq.Context()
+    port = free_port()
+    pair = _bind_pair(ctx, f"tcp://127.0.0.1:{port}", f"ipc://{tmp_path}/fanout", 1000, 4096)
+    assert pair is not None
+    upstream, downstream = pair
+    assert upstream.getsockopt(zmq.MAXMSGSIZE) == downstream.getsockopt(zmq.MAXMSGSIZE) == 4096
+    thread = threading.Thread(target=_forward, args=pair, daemon=True)
+    thread.start()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.setsockopt(zmq.RCVTIMEO, 20)
+    sub.connect(f"ipc://{tmp_path}/fanout")
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(f"tcp://127.0.0.1:{port}")
+    heard: list[int] = []
+    drops = 0
+    try:
+        for _ in range(500):
+            pub.send_multipart([b"kv", b"\x00" * 8, b"x" * 8192])  # over the cap
+            pub.send_multipart([b"kv", b"\x00" * 8, b"small"])
+            with contextlib.suppress(zmq.Again):
+                frames = sub.recv_multipart()
+                if frames[1] == DROPPED_CONNECTION:
+                    drops += 1  # the oversized message cut the publisher's connection
+                else:
+                    heard.append(len(frames[2]))
+            if len(heard) >= 3 and drops:
+                break
+    finally:
+        for sock in (sub, pub):
+            sock.close(0)
+        ctx.term()
+        thread.join(5)
+    assert len(heard) >= 3 and set(heard) == {5} and drops
 
 
 def test_the_topics_tracked_for_drop_notices_are_bounded() -> None:

@@ -17,6 +17,7 @@ from prefix_router.node.life.server import Dispatch
 from prefix_router.proxy.run import lean
 from support.http1 import CHAT, chat_request, read_answers
 from support.routers import RouterHandle
+from support.waiting import wait_until
 
 
 def lean_of(router: RouterHandle) -> lean.LeanServer:
@@ -86,10 +87,8 @@ async def test_a_body_that_arrives_late_is_served_by_aiohttp_whole(
     reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
     try:
         writer.write(raw[: len(raw) - 5])
-        await asyncio.sleep(
-            lean_of(router).incomplete_s + 0.3
-        )  # not whole in time: handed over with what came
-        assert not lean_of(router).connections  # handed over
+        await asyncio.sleep(lean_of(router).incomplete_s)  # not whole in time: handed over with what came
+        await wait_until(lambda: not lean_of(router).connections)  # handed over
         writer.write(raw[len(raw) - 5 :])
         [(status, _, body)] = (await read_answers(reader, 1)).answers
     finally:
@@ -154,14 +153,15 @@ async def test_idle_connections_close_after_the_keepalive_timeout(
 async def test_shutdown_closes_idle_connections_and_lets_answers_finish(
     fake_engine: Any, start_router: Any
 ) -> None:
-    router = await start_router(await fake_engine("w", delay_s=0.1))
+    engine = await fake_engine("w", delay_s=0.1)
+    router = await start_router(engine)
     idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", router.port)
     busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", router.port)
     try:
         idle_writer.write(chat_request())
         await read_answers(idle_reader, 1)
         busy_writer.write(chat_request())
-        await asyncio.sleep(0.02)  # being answered: within the shutdown timeout (0.2 s) of its end
+        await wait_until(lambda: engine.in_flight == 1)  # being answered: within the shutdown timeout
         await router.running.stop()
         assert await asyncio.wait_for(idle_reader.read(), 2) == b""
         data = await asyncio.wait_for(busy_reader.read(), 5)
@@ -194,14 +194,15 @@ async def test_http_server_aiohttp_serves_every_request_with_aiohttp(
 async def test_bytes_sent_during_an_answer_are_held_within_a_bound(
     fake_engine: Any, start_router: Any
 ) -> None:
-    router = await start_router(await fake_engine("w", reply="fine", delay_s=0.5))
+    engine = await fake_engine("w", reply="fine", delay_s=2.0)
+    router = await start_router(engine)
     reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
     try:
         writer.write(chat_request())
-        await asyncio.sleep(0.1)  # being answered
+        await wait_until(lambda: engine.in_flight == 1)  # being answered (states, not sleeps: under load)
         writer.write(b"x" * (8 * lean.HOLD_BYTES))  # far more than the bound, while the answer is made
-        await asyncio.sleep(0.2)
         [connection] = lean_of(router).connections
+        await wait_until(lambda: connection._holding)
         held = connection._held_bytes
         [(status, _, body)] = (await read_answers(reader, 1)).answers
     finally:

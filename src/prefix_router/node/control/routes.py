@@ -1,5 +1,6 @@
 """The node's own HTTP routes, the same whatever carries its requests: ``/health`` (the process is up),
-``/ready`` (not stopping, at least one worker available: 503 otherwise), ``/metrics`` (Prometheus text),
+``/ready`` (not stopping, at least one worker available: 503 otherwise; both say ``degraded`` under
+``serve --processes`` while fewer processes run than configured), ``/metrics`` (Prometheus text),
 and the catch-all that answers every other path (404) or method (405) in the OpenAI error shape, noted
 like every request (request id, access log, ``prefix_router_requests_total``)."""
 
@@ -14,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prefix_router.node.control import http_errors
 from prefix_router.node.request.access import RequestNote, request_id
 from prefix_router.node.request.errors import ProxyError
-from prefix_router.node.state import STATE
+from prefix_router.node.state import STATE, NodeState
 from prefix_router.node.steps.accounting import CLIENT_GONE, request_closed
 from prefix_router.protocol import REQUEST_ID_HEADER
 
@@ -22,7 +23,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def health(request: web.Request) -> web.StreamResponse:
-    return json_response({"status": "ok"})
+    return json_response(with_processes(request.app[STATE], {"status": "ok"}))
 
 
 async def ready(request: web.Request) -> web.StreamResponse:
@@ -32,7 +33,19 @@ async def ready(request: web.Request) -> web.StreamResponse:
     up = sum(1 for w in state.pool if w.available)
     if up == 0:
         return ProxyError(503, "no healthy worker", type="service_unavailable", code="not_ready").response()
-    return json_response({"status": "ready", "workers_available": up})
+    return json_response(with_processes(state, {"status": "ready", "workers_available": up}))
+
+
+def with_processes(state: NodeState, body: dict[str, object]) -> dict[str, object]:
+    """``body``, and under ``serve --processes`` the processes running and configured: ``status`` is
+    ``degraded`` while fewer run (a child that exited and waits for its restart budget)."""
+    if state.processes is None:
+        return body
+    running, configured = state.processes()
+    body["processes"] = {"running": running, "configured": configured}
+    if running < configured:
+        body["status"] = "degraded"
+    return body
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:

@@ -50,6 +50,8 @@ class Flight:
         self.started = started
         self._done = False
         state.router.dispatched(req, decision, state.clock())
+        if state.after_dispatch is not None:
+            state.after_dispatch()  # the placement, to the other processes before the engine has it
 
     def first_byte(self, status: int) -> float:
         """The response's status and first bytes arrived (a 2xx: the engine's first token); returns the

@@ -41,6 +41,8 @@ def choose(
     the configured one), noted (the worker, one attempt more); a routed request (``label``: its policy's
     name, None for a pass-through) is counted by branch and predicted tokens, and recorded in the
     decision feed."""
+    if state.before_route is not None:
+        state.before_route()  # the other processes' placements, up to now
     decision = state.router.route(req, names, state.clock(), policy)
     note_choice(state, decision, label, note, req)
     return state.pool.require(decision.worker), decision

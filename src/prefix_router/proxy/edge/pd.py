@@ -247,6 +247,8 @@ async def open_disaggregated(ex: Exchange) -> Opened:
     if not names:
         raise nobody(state, ex.model)
     prefill, decode = state.pool.split(names)
+    if state.before_route is not None:
+        state.before_route()  # the other processes' placements, up to now
     pd = state.router.route_pd(
         ex.req,
         prefill,

@@ -15,8 +15,8 @@ event-derived crosses the local replication channel.
 The fan-out reports the endpoints it could bind (``FanoutPlan``); one it could not is left to the serving
 processes (one of them binds it, the others route that worker on the approximate view, as before). Only
 the workers of the configuration the supervisor started with are fanned out: one added later (admin,
-discovery, reload) with ``bind: true`` is bound by one process. ``hwm``: the largest of the endpoint's
-workers', on both sockets.
+discovery, reload) with ``bind: true`` is bound by one process. ``hwm`` and ``max_message_bytes``
+(ZMQ's ``MAXMSGSIZE``): the largest of the endpoint's workers', on both sockets.
 """
 
 from __future__ import annotations
@@ -47,15 +47,19 @@ class FanoutPlan:
         return bool(self.endpoints)
 
 
-def wanted(config: Config, directory: Path) -> dict[str, tuple[str, int]]:
-    """The endpoints to fan out: tcp endpoint -> (ipc endpoint, hwm), for the workers with ``bind``."""
-    out: dict[str, tuple[str, int]] = {}
+Wanted = dict[str, tuple[str, int, int]]  # tcp endpoint -> (ipc endpoint, hwm, max_message_bytes)
+
+
+def wanted(config: Config, directory: Path) -> Wanted:
+    """The endpoints to fan out: tcp endpoint -> (ipc endpoint, hwm, max message bytes), for the workers
+    with ``bind`` (an endpoint shared by several workers: the largest of theirs)."""
+    out: Wanted = {}
     for worker in config.workers:
         events = worker.kv_events
         if events is None or not events.bind:
             continue
-        ipc, hwm = out.get(events.endpoint, (f"ipc://{directory}/kv-events-{len(out)}", 0))
-        out[events.endpoint] = (ipc, max(hwm, events.hwm))
+        ipc, hwm, size = out.get(events.endpoint, (f"ipc://{directory}/kv-events-{len(out)}", 0, 0))
+        out[events.endpoint] = (ipc, max(hwm, events.hwm), max(size, events.max_message_bytes))
     return out
 
 
@@ -75,13 +79,13 @@ def fanned_out(config: Config, plan: FanoutPlan) -> Config:
     return config.model_copy(update={"workers": workers})
 
 
-def run_fanout(endpoints: dict[str, tuple[str, int]], report: Connection) -> None:
+def run_fanout(endpoints: Wanted, report: Connection) -> None:
     """The fan-out process: binds what it can, sends the ``FanoutPlan`` on ``report``, then forwards until
     SIGTERM (the default action: the process ends; the kernel closes its sockets)."""
     ctx = zmq.Context()
     plan: dict[str, str] = {}
-    for endpoint, (ipc, hwm) in endpoints.items():
-        pair = _bind_pair(ctx, endpoint, ipc, hwm)
+    for endpoint, (ipc, hwm, max_bytes) in endpoints.items():
+        pair = _bind_pair(ctx, endpoint, ipc, hwm, max_bytes)
         if pair is None:
             continue
         threading.Thread(target=_forward, args=pair, name=f"kv-events-fanout {endpoint}", daemon=True).start()
@@ -94,10 +98,13 @@ def run_fanout(endpoints: dict[str, tuple[str, int]], report: Connection) -> Non
 
 
 def _bind_pair(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, ipc: str, hwm: int
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, ipc: str, hwm: int, max_bytes: int
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]] | None:
+    """The endpoint's XSUB and the ipc XPUB, each capped at ``max_bytes`` a message (ZMQ drops a peer
+    that sends more: the engine's publisher reconnects), or None when either cannot bind."""
     upstream, downstream = ctx.socket(zmq.XSUB), ctx.socket(zmq.XPUB)
     for sock in (upstream, downstream):
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.SNDHWM, hwm)

@@ -2,16 +2,20 @@
 
 The supervisor (the process started by ``serve``) makes a private directory, forks N serving processes
 and then only watches them: SIGTERM/SIGINT are passed on (each child drains as a single router does),
-so is SIGHUP (each child reloads the configuration, as a single router does), a
-child that dies unexpectedly is restarted (at most ``MAX_RESTARTS`` times), and it exits with the
-children's worst exit status. Each child binds the same port with ``SO_REUSEPORT`` (the kernel spreads
-new connections across them) and joins the local channel (``replication.local``): index changes and
-in-flight counts reach the other processes within about 10 ms (50 ms), and every ``/metrics`` scrape,
-whichever process answers it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The
-worker pool is shared too (``node.control.shared_pool``): admin changes reach every process, and process 0
-alone probes and scrapes the engines, for all of them. Workers whose KV events the router binds
-(``kv_events.bind``) get one more process, started first: the fan-out (``event_fanout``), which binds
-those endpoints once and forwards every message to every serving process; it is restarted as they are.
+so is SIGHUP (each child reloads the configuration, as a single router does), a child that dies
+unexpectedly is restarted (each child at most ``RESTART_BUDGET`` times in any ``RESTART_WINDOW_S``: past
+that, its next restart waits until the window allows it, so a crash loop costs little and the capacity
+comes back; meanwhile every process's ``/health`` and ``/ready`` say ``degraded`` with the processes
+running and configured), and it exits with the children's worst exit status. Each child binds the same
+port with ``SO_REUSEPORT`` (the kernel spreads new connections across them) and joins the local channel
+(``replication.local``): index changes and in-flight counts reach the other processes within about
+10 ms (50 ms; a request's own placement is sent at dispatch, before it is forwarded, and each process
+reads what the others sent before it routes), and every ``/metrics`` scrape, whichever process answers
+it, adds the others' latest counters (sent every ``METRICS_INTERVAL_S``). The worker pool is shared too
+(``node.control.shared_pool``): admin changes reach every process, and process 0 alone probes and
+scrapes the engines, for all of them. Workers whose KV events the router binds (``kv_events.bind``) get
+one more process, started first: the fan-out (``event_fanout``), which binds those endpoints once and
+forwards every message to every serving process; it is restarted as they are.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -37,11 +42,12 @@ from types import FrameType
 from aiohttp import web
 
 from prefix_router.node import STATE, Config, NodeState, SharedPool
-from prefix_router.proxy.run.event_fanout import FanoutPlan, run_fanout, wanted
+from prefix_router.proxy.run.event_fanout import FanoutPlan, Wanted, run_fanout, wanted
 from prefix_router.replication import LocalReplication, ReplicationCollector
 
 log = logging.getLogger("prefix_router.processes")
-MAX_RESTARTS = 10
+RESTART_BUDGET = 5  # restarts of one child per RESTART_WINDOW_S; past it, the next waits for the window
+RESTART_WINDOW_S = 60.0
 PR_SET_PDEATHSIG = 1  # Linux prctl option
 METRICS_INTERVAL_S = 1.0
 FANOUT = -1  # the fan-out process's index among the children
@@ -69,6 +75,8 @@ def install_local_replication(app: web.Application, directory: Path, index: int,
     state: NodeState = app[STATE]
     local = LocalReplication(state.router, directory, index, count, clock=state.clock)
     state.metrics.peers = local.snapshots
+    state.before_route, state.after_dispatch = local.read_once, local.flush
+    state.processes = lambda: (1 + local.live_peers(), count)
     shared = SharedPool(state, local, index)
     shared.install()
 
@@ -165,7 +173,7 @@ def _child(
     serve_one(index, directory, plan)
 
 
-def _fanout_child(endpoints: dict[str, tuple[str, int]], report: Connection, supervisor: int) -> None:
+def _fanout_child(endpoints: Wanted, report: Connection, supervisor: int) -> None:
     _tied_to(supervisor)
     run_fanout(endpoints, report)
 
@@ -197,12 +205,45 @@ def _tied_to(supervisor: int) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not the supervisor's: ``serve_one`` installs its own
 
 
+class RestartBudget:
+    """Each child's restarts in the last ``window_s``, at most ``budget`` of them (one deque per child
+    index: bounded by the children and the budget)."""
+
+    def __init__(self, budget: int = RESTART_BUDGET, window_s: float = RESTART_WINDOW_S) -> None:
+        self.budget, self.window_s = budget, window_s
+        self._times: dict[int, deque[float]] = {}
+
+    def next_at(self, index: int, now: float) -> float:
+        """When child ``index`` may be restarted: ``now`` while under its budget, else when its oldest
+        restart in the window leaves it."""
+        times = self._times.get(index)
+        if times is None or len(times) < self.budget:
+            return now
+        return max(now, times[0] + self.window_s)
+
+    def spend(self, index: int, now: float) -> None:
+        times = self._times.setdefault(index, deque(maxlen=self.budget))
+        while times and now - times[0] >= self.window_s:
+            times.popleft()
+        times.append(now)
+
+
 def _watch(
-    children: dict[int, BaseProcess], start: Callable[[int], None], stopping: Callable[[], bool]
+    children: dict[int, BaseProcess],
+    start: Callable[[int], None],
+    stopping: Callable[[], bool],
+    budget: RestartBudget | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    restarts, worst = 0, 0
-    while children:
-        time.sleep(0.2)
+    """Wait for the children; restart one that exits unless stopping, within its ``budget`` (later when
+    spent). Returns the worst exit status of the children stopped."""
+    budget = budget or RestartBudget()
+    waiting: dict[int, float] = {}  # child index -> when it is restarted
+    worst = 0
+    while children or (waiting and not stopping()):
+        sleep(0.2)
+        now = clock()
         for index, child in list(children.items()):
             if child.is_alive():
                 continue
@@ -211,11 +252,18 @@ def _watch(
             del children[index]
             if stopping():  # ended by the SIGTERM passed on (one still starting had no handler yet): a stop
                 worst = max(worst, 0 if code == -signal.SIGTERM else abs(code))
-            elif restarts < MAX_RESTARTS:
-                restarts += 1
-                log.warning("serving process %d exited (%s); restarting it", index, code)
-                start(index)
+                continue
+            waiting[index] = at = budget.next_at(index, now)
+            if at > now:
+                log.error(
+                    "serving process %d exited (%s), its %d restarts in %.0f s spent: restarting in %.0f s",
+                    index, code, budget.budget, budget.window_s, at - now,
+                )  # fmt: skip
             else:
-                log.error("serving process %d exited (%s); restarts exhausted", index, code)
-                worst = max(worst, abs(code) or 1)
+                log.warning("serving process %d exited (%s); restarting it", index, code)
+        for index, at in list(waiting.items()):
+            if not stopping() and now >= at:
+                del waiting[index]
+                budget.spend(index, now)
+                start(index)
     return worst
