@@ -178,11 +178,14 @@ def fetch_status(url: str, cookie: str) -> int:
 
 @pytest.fixture(scope="module")
 def big_fleet() -> Iterator[Showcase]:
-    with showcase(BIG_FLEET, {"health.interval_s": 2.0}) as running:
+    # ttft: a policy that explains its decisions (each candidate's predicted first-token time and parts)
+    with showcase(BIG_FLEET, {"health.interval_s": 2.0, "routing.policy": "ttft"}) as running:
         yield running
 
 
-def test_64_workers_are_drawn_and_the_page_stays_responsive(big_fleet: Showcase, browser: Any) -> None:
+def test_64_workers_and_their_candidates_are_drawn_and_the_page_stays_responsive(
+    big_fleet: Showcase, browser: Any
+) -> None:
     big_fleet.start_traffic(clients=4, pause_s=0.01)
     sign_in(browser, big_fleet.url)
     wait_for(browser, lambda d: len(rows(d, "workers")) == BIG_FLEET)
@@ -193,6 +196,8 @@ def test_64_workers_are_drawn_and_the_page_stays_responsive(big_fleet: Showcase,
     assert worst < RENDER_BOUND_MS, timings
     names = {r["data"]["worker"] for r in rows(browser, "workers")}
     assert names == {f"sim-{i}" for i in range(BIG_FLEET)}
+    explained = read(browser, "[...document.querySelectorAll('#feed td.cands')].map(td => td.textContent)")
+    assert explained and all(re.match(r"sim-\d+ [\d.]+ ms \(wait ", text) for text in explained), explained
     status = str(read(browser, "document.getElementById('status').textContent"))
     wait_for(browser, lambda d: read(d, "document.getElementById('status').textContent") != status, 10)
     assert console_errors(browser) == []  # and its own polls go on
