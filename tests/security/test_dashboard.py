@@ -1,6 +1,8 @@
 """The dashboard, its data and the decision feed give away nothing: no prompt text, no client key, no admin
 token, no upstream address (the workers here have no configured name, so their default name is their
-address: they are shown by a hashed alias), and the login keeps the token out of URLs, cookies and logs."""
+address: they are shown by a hashed alias), and the login keeps the token out of URLs, cookies and logs;
+guessing is limited per address (429) and a signed-out session stays signed out, copies of its cookie
+included."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from prefix_router.node.control.dashboard import LOGIN_FAILURES
+from prefix_router.node.telemetry.logs import AUDIT_LOGGER, Fields
 
 ADMIN = "admin-token-dash-sec-9c1f"
 KEYS = ["client-key-dash-sec-a7e2", "client-key-dash-sec-b3d4"]
@@ -120,3 +125,48 @@ async def test_a_forged_or_expired_session_is_refused(router: Any) -> None:
         status, _, _ = await get(router.url, "/dashboard/data", {"Cookie": f"{session.COOKIE}={value}"})
         assert status == 401, value
     assert (await get(router.url, "/dashboard/data", {"Cookie": f"{session.COOKIE}={good}"}))[0] == 200
+
+
+def audited(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [
+        dict(r.msg.fields) for r in caplog.records if r.name == AUDIT_LOGGER and isinstance(r.msg, Fields)
+    ]
+
+
+async def test_guessing_the_token_is_answered_429_after_a_few_failures_and_audited(
+    router: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, AUDIT_LOGGER)
+    async with aiohttp.ClientSession() as http:
+        for i in range(LOGIN_FAILURES):
+            async with http.post(router.url + "/dashboard/login", data={"token": f"guess-{i}"}) as r:
+                assert r.status == 401, i
+        for token in ("guess-again", ADMIN):  # blocked: even the right token is not looked at
+            async with http.post(
+                router.url + "/dashboard/login", data={"token": token}, allow_redirects=False
+            ) as r:
+                body = await r.text()
+                assert r.status == 429 and "Set-Cookie" not in r.headers, token
+                assert 0 < int(r.headers["Retry-After"]) <= 60
+                assert "Too many failed sign-ins" in body and ADMIN not in body
+        headers = {"Authorization": f"Bearer {ADMIN}"}  # scripts with the bearer token are not blocked
+        async with http.get(router.url + "/dashboard/data", headers=headers) as r:
+            assert r.status == 200
+    actions = [line["audit"] for line in audited(caplog)]
+    assert actions.count("admin_refused") >= LOGIN_FAILURES and actions.count("dashboard_login_limited") == 2
+    assert ADMIN not in caplog.text
+
+
+async def test_a_cookie_replayed_after_logout_is_refused(router: Any) -> None:
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.post(router.url + "/dashboard/login", data={"token": ADMIN}) as r:
+            assert r.status == 200  # the dashboard, after the redirect
+        copied = next(c.value for c in jar if c.key == "prefix_router_dashboard")
+        replay = {"Cookie": f"prefix_router_dashboard={copied}"}
+        assert (await get(router.url, "/dashboard/data", replay))[0] == 200  # the copy works while signed in
+        async with http.post(router.url + "/dashboard/logout") as r:
+            assert r.status == 200
+    for path in PATHS:  # the copy, sent by someone else after the logout
+        assert (await get(router.url, path, replay))[0] == 401, path
+    assert copied.partition(".")[0] in router.state.revoked

@@ -44,10 +44,14 @@ def console_errors(driver: Any) -> list[str]:
 
 def sign_in(driver: Any, url: str, token: str = ADMIN_TOKEN) -> None:
     """The login form, filled in as a person does. The form page answers 401 (the browser logs that as
-    an error): the log is emptied before the form is sent, so what is read after is the dashboard's."""
+    an error): the log is emptied before the form is sent, so what is read after is the dashboard's. A
+    session already there (cookies are per host, not port) is dropped first."""
     from selenium.webdriver.common.by import By
 
     driver.get(url + "/dashboard")
+    if not driver.find_elements(By.ID, "token"):  # signed in already (one cookie for every port)
+        driver.delete_all_cookies()
+        driver.get(url + "/dashboard")
     console_errors(driver)
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.ID, "sign-in").click()

@@ -13,7 +13,7 @@ from typing import Literal
 from aiohttp import web
 
 from prefix_router.node.config import Config
-from prefix_router.node.request.auth import Credentials
+from prefix_router.node.request.auth import Credentials, RevokedSessions
 from prefix_router.node.request.deadlines import Deadlines
 from prefix_router.node.request.render import Renders
 from prefix_router.node.telemetry.decisions import DecisionFeed
@@ -97,6 +97,7 @@ class NodeState:
     tracing: Tracing | None = None  # OpenTelemetry spans (``telemetry.tracing``): None, off (the default)
     deadlines: Deadlines = field(default_factory=Deadlines)
     decisions: DecisionFeed = field(default_factory=DecisionFeed)  # the last decisions (operators' view)
+    revoked: RevokedSessions = field(default_factory=RevokedSessions)  # dashboard sessions signed out
     # the replication's counters and gauges (``replication.url``), for the dashboard; None: not replicated
     replication_stats: Callable[[], dict[str, float]] | None = None
     active: int = 0  # /v1/* requests being handled (the drain waits for them)

@@ -193,3 +193,17 @@ async def test_registers_are_bounded(group: Group, monkeypatch: pytest.MonkeyPat
     group.deliver()
     assert len(zero.shared.registers) == 5 and len(one.shared.registers) == 5
     assert set(zero.shared.registers) == {f"w{i}" for i in range(7, 12)}  # the newest stay
+
+
+async def test_a_session_signed_out_in_one_process_is_revoked_in_every_one(group: Group) -> None:
+    zero, one, two = [await group.start(i) for i in range(3)]
+    expiry = int(time.time()) + 3600
+    one.state.revoked.revoke("s-copied", expiry)  # the logout reached process 1
+    group.deliver()
+    assert all("s-copied" in p.state.revoked for p in (zero, one, two))
+    await group.stop(2)
+    restarted = await group.start(2)  # a fresh process knows nothing ...
+    assert "s-copied" not in restarted.state.revoked
+    zero.shared.publish()  # ... until the next round of publishes
+    group.deliver()
+    assert "s-copied" in restarted.state.revoked

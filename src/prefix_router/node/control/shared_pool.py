@@ -18,6 +18,8 @@
   report's ``usage.prompt_tokens``) is sent to the other processes the same way (``Router.on_units_sample``,
   ``Router.learn_units``): every process learns from every report, so they value a match alike and warm up
   together (each used to learn from its own reports only: a match valued 800 tokens in one, 686 in another).
+- Dashboard sessions signed out in one process (``NodeState.revoked``) are revoked in every process: sent
+  at once, and all of them again with every ``publish`` (a restarted process learns them within a second).
 
 Worker configs travel with their API key: the channel's sockets live in a private directory (0700) of
 the user running the router, and the key never leaves these processes' memory otherwise.
@@ -41,7 +43,7 @@ from prefix_router.pool import EngineLoad, PoolError, Worker, WorkerSettings
 from prefix_router.replication import LocalReplication
 
 log = logging.getLogger("prefix_router.processes")
-ADMIN, PROBE, SCRAPE, UNITS = b"A", b"P", b"E", b"U"
+ADMIN, PROBE, SCRAPE, UNITS, SIGNED_OUT = b"A", b"P", b"E", b"U", b"O"
 MAX_NAMES = 4096
 PER_MESSAGE = 256  # registers per admin message
 RELAY_DELAY_S = 0.05  # probe and scrape results gathered this long go out in one message
@@ -95,6 +97,8 @@ class SharedPool:
         self.channel.subscribe(PROBE, self._on_probe)
         self.channel.subscribe(SCRAPE, self._on_scrape)
         self.channel.subscribe(UNITS, self._on_units)
+        self.channel.subscribe(SIGNED_OUT, self._on_signed_out)
+        self.state.revoked.on_revoke = self._signed_out
         self.state.router.on_units_sample = self._sampled
         self.state.on_admin = self.admin_changed
         monitor.probe_and_scrape = self.leader
@@ -119,9 +123,21 @@ class SharedPool:
         self.channel.send(ADMIN, orjson.dumps([regs.wire(change.name)]))
 
     def publish(self) -> None:
-        """Send every register again (lost messages, restarted processes)."""
+        """Send every register and revoked session again (lost messages, restarted processes)."""
         for chunk in self._chunks():
             self.channel.send(ADMIN, orjson.dumps(chunk))
+        revoked = list(self.state.revoked.items())
+        for start in range(0, len(revoked), PER_MESSAGE):
+            self.channel.send(SIGNED_OUT, orjson.dumps(revoked[start : start + PER_MESSAGE]))
+
+    # ------------------------------------------------------------ dashboard sessions signed out
+
+    def _signed_out(self, session_id: str, expiry: int) -> None:
+        self.channel.send(SIGNED_OUT, orjson.dumps([[session_id, expiry]]))
+
+    def _on_signed_out(self, payload: bytes) -> None:
+        for session_id, expiry in orjson.loads(payload):
+            self.state.revoked.apply(str(session_id), int(expiry))
 
     def _chunks(self) -> Iterator[list[dict[str, Any]]]:
         wires = [regs.wire(name) for name, regs in self.registers.items()]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from pydantic import SecretStr
 
@@ -50,6 +51,45 @@ class Credentials:
         presented = digest(token or "")
         stored = self._digests.get(presented, b"\0" * 32)
         return hmac.compare_digest(presented, stored) and token is not None
+
+
+class RevokedSessions:
+    """Session ids signed out before their expiry (the dashboard's logout), each kept until it expires:
+    a copied cookie is refused from then on. At most ``capacity`` ids: when full, the expired go first,
+    then the one expiring soonest (a cookie that would have lapsed first). ``on_revoke`` is told of each
+    id revoked here (``serve --processes``: the other processes revoke it too); ``apply`` takes one from
+    elsewhere without telling. ``clock``: wall time, seconds (the ids' expiries are wall time)."""
+
+    def __init__(self, capacity: int = 4096, clock: Callable[[], float] = time.time) -> None:
+        self.capacity, self.clock = capacity, clock
+        self._until: dict[str, int] = {}
+        self.on_revoke: Callable[[str, int], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._until
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return iter(list(self._until.items()))
+
+    def revoke(self, session_id: str, expiry: int) -> None:
+        if self.apply(session_id, expiry) and self.on_revoke is not None:
+            self.on_revoke(session_id, expiry)
+
+    def apply(self, session_id: str, expiry: int) -> bool:
+        """Keep ``session_id`` revoked until ``expiry``: False if it was already, or has expired."""
+        now = self.clock()
+        if expiry < now or session_id in self._until:
+            return False
+        if len(self._until) >= self.capacity:
+            for gone in [s for s, until in self._until.items() if until < now]:
+                del self._until[gone]
+        if len(self._until) >= self.capacity:
+            del self._until[min(self._until, key=self._until.__getitem__)]
+        self._until[session_id] = expiry
+        return True
 
 
 def check_client(credentials: Credentials, headers: Mapping[str, str]) -> None:

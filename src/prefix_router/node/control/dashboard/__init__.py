@@ -2,8 +2,9 @@
 admin API, behind the same admin token (off, 404, without one).
 
 - ``GET /dashboard``: the page; without the token (bearer header or session cookie) a 401 with the login
-  form. ``POST /dashboard/login`` (form field ``token``) sets the session cookie (``session.py``);
-  ``POST /dashboard/logout`` clears it.
+  form. ``POST /dashboard/login`` (form field ``token``) sets the session cookie (``session.py``); an
+  address that failed ``LOGIN_FAILURES`` times in ``LOGIN_WINDOW_S`` is answered 429 until the window
+  ends (``LoginLimiter``). ``POST /dashboard/logout`` clears the cookie and revokes its session.
 - ``GET /dashboard/data``: the page's document (``board.py``), polled by the page every second.
 - ``GET /dashboard/static/{name}``: its script and style sheet, shipped in the package (nothing is fetched
   from elsewhere: the page's Content-Security-Policy allows this origin only).
@@ -14,6 +15,7 @@ Nothing runs while nobody watches: the document is made when asked (``Board``).
 from __future__ import annotations
 
 import logging
+import math
 from importlib import resources
 
 import orjson
@@ -29,7 +31,18 @@ from prefix_router.node.control.dashboard.board import (
     Board,
     home_of,
 )
-from prefix_router.node.control.dashboard.session import clear_cookie, new_session, set_cookie, signed_in
+from prefix_router.node.control.dashboard.session import (
+    COOKIE,
+    LOGIN_ADDRESSES,
+    LOGIN_FAILURES,
+    LOGIN_WINDOW_S,
+    LoginLimiter,
+    clear_cookie,
+    new_session,
+    session_of,
+    set_cookie,
+    signed_in,
+)
 from prefix_router.node.request.errors import ProxyError
 from prefix_router.node.state import STATE
 from prefix_router.node.telemetry.audit import audit
@@ -39,11 +52,15 @@ __all__ = [
     "CSP",
     "DECISIONS_SHOWN",
     "HOME_REQUESTS",
+    "LOGIN_ADDRESSES",
+    "LOGIN_FAILURES",
+    "LOGIN_WINDOW_S",
     "MOVES_KEPT",
     "PREFIXES_SHOWN",
     "STATIC",
     "WINDOW_S",
     "Board",
+    "LoginLimiter",
     "add_routes",
     "asset",
     "home_of",
@@ -57,6 +74,7 @@ CSP = (
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 BOARD = web.AppKey("prefix_router_dashboard", Board)
+LIMITER = web.AppKey("prefix_router_dashboard_logins", LoginLimiter)
 
 
 def asset(name: str) -> bytes:
@@ -83,7 +101,7 @@ def _allowed(request: web.Request) -> bool:
     token = request.app[STATE].admin_token
     if not token:
         raise ProxyError(404, "the admin API is off (no admin token configured)", code="not_found")
-    if signed_in(token, request):
+    if signed_in(token, request, request.app[STATE].revoked):
         return True
     audit("admin_refused", logging.WARNING, method=request.method, path=request.path, remote=request.remote)
     return False
@@ -131,13 +149,23 @@ async def login(request: web.Request) -> web.StreamResponse:
         return ProxyError(
             404, "the admin API is off (no admin token configured)", code="not_found"
         ).response()
+    limiter, address = request.app[LIMITER], request.remote or "-"
+    wait_s = limiter.retry_after(address)
+    if wait_s > 0:
+        audit("dashboard_login_limited", logging.WARNING, remote=request.remote, retry_after_s=round(wait_s))
+        note = f"Too many failed sign-ins from this address: try again in {math.ceil(wait_s)} s."
+        response = page_response("login.html", 429, note)
+        response.headers["Retry-After"] = str(math.ceil(wait_s))
+        return response
     too_big = request.content_length is None or request.content_length > MAX_LOGIN_BODY
     form = {} if too_big else await request.post()
     token = form.get("token")
     if not isinstance(token, str) or not state.admin_token.accepts(token):
+        limiter.failed(address)
         audit("admin_refused", logging.WARNING, method=request.method, path=request.path,
               remote=request.remote)  # fmt: skip
         return page_response("login.html", 401, "That is not the admin token.")
+    limiter.succeeded(address)
     audit("dashboard_login", remote=request.remote)
     response = web.Response(status=303, headers={**_headers(), "Location": "/dashboard"})
     set_cookie(response, new_session(state.admin_token), secure=request.secure)
@@ -145,6 +173,12 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    """Clears the cookie and revokes its session (a copy of it is refused from now on)."""
+    state = request.app[STATE]
+    found = session_of(state.admin_token, request.cookies.get(COOKIE)) if state.admin_token else None
+    if found is not None:
+        state.revoked.revoke(*found)
+        audit("dashboard_logout", remote=request.remote)
     response = page_response("login.html", 200, "Signed out.")
     clear_cookie(response)
     return response
@@ -152,6 +186,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application) -> None:
     app[BOARD] = Board(app[STATE])
+    app[LIMITER] = LoginLimiter()
     app.router.add_get("/dashboard", page)
     app.router.add_get("/dashboard/data", data)
     app.router.add_get("/dashboard/static/{name}", static)
