@@ -259,7 +259,8 @@ async def test_streams_beyond_max_streams_are_refused(fake_engine: Any, gateways
     gateway = await gateways.start(engine, epp={"max_streams": 1})
     client = gateway.openai()
     hanging = asyncio.create_task(client.chat.completions.create(model="m", messages=chat("1")))
-    await wait_until(lambda: gateway.state.pool.total_in_flight() >= 1)
+    # the first request at the engine (the picker counts it in flight before the gateway forwards it)
+    await wait_until(lambda: gateway.state.pool.total_in_flight() >= 1 and len(engine.generations) == 1)
     assert gateway.epp is not None and gateway.epp.edge.streams == 1
     with pytest.raises(APIStatusError) as caught:  # gRPC's RESOURCE_EXHAUSTED: the gateway fails closed
         await client.chat.completions.create(model="m", messages=chat("2"))
