@@ -143,3 +143,20 @@ def test_a_router_whose_policies_never_read_the_model_records_nothing() -> None:
     req, _ = _route(router, 0, 0.0)
     router.first_token(req.route_id, 0.5)
     assert router.latency.pending() == 0 and router.latency.samples("a") == 0
+
+
+def test_a_request_sent_after_its_dispatch_is_timed_from_its_sending() -> None:
+    # a decode stage reserved at the two-stage choice: the prefill stage's time is not its engine's
+    waited, timed = LatencyModel(100), LatencyModel(100)
+    rng = random.Random(4)
+    for i in range(3 * WINDOW):
+        work, decoding = rng.uniform(10, 3000), rng.randrange(0, 9)
+        for model in (waited, timed):
+            model.dispatched(f"r{i}", "a", work, decoding, 0.0)
+        timed.sent(f"r{i}", 5.0)  # the prefill took 5 s
+        waited.observed(f"r{i}", 5.0 + predict(TRUE, work, decoding))
+        timed.observed(f"r{i}", 5.0 + predict(TRUE, work, decoding))
+    timed.sent("unknown", 1.0)  # ignored
+    for learned, true in zip(timed.rates("a", PRIOR), TRUE, strict=True):
+        assert learned == pytest.approx(true, rel=0.05)
+    assert waited.rates("a", PRIOR)[0] > 1.0  # without it the prefill's wait reads as the engine's overhead
