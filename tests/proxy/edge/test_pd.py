@@ -333,3 +333,29 @@ async def test_every_fault_path_leaves_nothing_in_flight(fake_engine: Any, start
     status, _, _ = await task
     assert status in (429, 503) and router.state.pool.total_in_flight() == 0  # no decode worker left
     assert router.state.router.load.in_flight("d") == 0
+
+
+async def test_a_role_changed_in_place_through_the_admin_api(fake_engine: Any, start_router: Any) -> None:
+    p, d = await fake_engine("p"), await fake_engine("d")
+    token = "admin-token-for-roles"
+    router = await start_router(role(p, "both"), role(d, "decode"), settings={"auth.admin_token": token})
+    auth = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as http:
+
+        async def patch(name: str, body: Any) -> tuple[int, Any]:
+            resp = await http.patch(f"{router.url}/admin/workers/{name}", json=body, headers=auth)
+            return resp.status, await resp.json()
+
+        status, answer = await patch("p", {"role": "prefill"})
+        assert status == 200 and answer["worker"]["role"] == "prefill"
+        assert (await post(router.url, chat(1)))[0] == 200
+        assert p.bodies[-1]["max_tokens"] == 1 and len(d.generations) == 1  # split
+        assert (await patch("p", {"role": "sideways"}))[0] == 400
+        assert (await patch("p", {"role": "both", "url": "http://x:1"}))[0] == 400  # the role only
+        assert (await patch("nobody", {"role": "both"}))[0] == 404
+        unauthorized = await http.patch(f"{router.url}/admin/workers/p", json={"role": "both"})
+        assert unauthorized.status == 401
+        assert (await patch("p", {"role": "both"}))[0] == 200
+    assert (await post(router.url, chat(2)))[0] == 200
+    assert router.state.metrics.pd_requests.get(("split",)) == 1 and not router.state.pool.disaggregated
+    assert len(p.generations) + len(d.generations) == 3  # colocated on one of them
