@@ -5,10 +5,10 @@ Part 1, the xPyD sweep: per engine count N and load (requests per second per eng
 fleet (N engines of role ``both``, the prefix policy) against disaggregated fleets of the same N engines
 split P:D (``--splits``, the prefill share of N), every fleet routed by the routing core (``Router.route``
 colocated, ``Router.route_pd`` disaggregated: the prefix policy in both stages, the default decider),
-over the same requests. The decode stage reaches the router (its load and prediction charged) after the
-prefill, as the edge dispatches it, or with ``--decode-at-choice`` at the two-stage choice (the decode
-worker reserved while the prefill runs: without it, the requests that arrive while a prefill runs do not
-see its decode coming, and herd onto the decode worker that looks idle). ``TTFT p99`` and ``TPOT p99``
+over the same requests. The decode stage is charged to the router (its load and prediction) at the
+two-stage choice, as the edge does: the decode worker reserved while the prefill runs (dispatched only
+after it, the requests arriving meanwhile did not see it coming and herded onto the decode worker that
+looked idle). ``TTFT p99`` and ``TPOT p99``
 (time per output token after the first: the decode's inter-token latency) are printed with their
 ratio to colocated; ``P/D wins`` marks the cells where the disaggregated fleet's TPOT p99 and TTFT
 mean are both below colocated's, and the target line checks that TTFT p99 is not worse there either.
@@ -18,13 +18,12 @@ prompt the chosen decode engine held (all but the threshold, engine truth at rou
 of them that skipped the prefill stage, the cold turns (no engine held a block of them) and how many
 skipped (must be 0), against the colocated TTFT.
 
-    python benchmarks/pd_sim.py --workloads long-prompts --loads 2,4,6 --skip-decider \
-        --out benchmarks/results/pd_sim_long.txt --plot docs/img/pd_sim_long.png
     python benchmarks/pd_sim.py --workloads long-prompts --loads 2,4,6 --splits 0.5,0.75 --skip-decider \
-        --decode-at-choice --out benchmarks/results/pd_sim_long_at_choice.txt \
-        --plot docs/img/pd_sim_long_at_choice.png
+        --out benchmarks/results/pd_sim_long_at_choice.txt --plot docs/img/pd_sim_long_at_choice.png
+    python benchmarks/pd_sim.py --workloads long-prompts --engines 16,32 --loads 2,4,6 --splits 0.25 \
+        --skip-decider --out benchmarks/results/pd_sim_long_quarter.txt
     python benchmarks/pd_sim.py --workloads mixed --engines 16,64 --loads 2,4 --splits 0.25,0.5 \
-        --decode-at-choice --out benchmarks/results/pd_sim_mixed.txt --plot docs/img/pd_sim_mixed.png
+        --out benchmarks/results/pd_sim_mixed.txt --plot docs/img/pd_sim_mixed.png
 """
 
 from __future__ import annotations
@@ -94,17 +93,17 @@ def sweep(args: argparse.Namespace) -> list[Row]:
                 rows.append(Row(workload, engines, load, "colocated", *run(sc, None)))
                 for share in (float(s) for s in args.splits.split(",")):
                     prefill = max(1, min(engines - 1, round(engines * share)))
-                    pd = PdSpec.split(prefill, engines - prefill, decode_at_choice=args.decode_at_choice)
+                    pd = PdSpec.split(prefill, engines - prefill)
                     label = f"{prefill}P{engines - prefill}D"
                     rows.append(Row(workload, engines, load, label, *run(sc, pd)))
                     print(f"# {workload} {engines} engines {load}/s/engine {label} done", file=sys.stderr)
     return rows
 
 
-def sweep_table(rows: list[Row], decode_at_choice: bool) -> list[str]:
+def sweep_table(rows: list[Row]) -> list[str]:
     lines = [
         "## xPyD against colocated (SIMULATED: llama-3.1-8b-h100 profile, prefix policy in every stage; "
-        f"decode dispatched {'at the choice' if decode_at_choice else 'after the prefill'})",
+        "decode charged at the choice)",
         "",
         "| workload | engines | load/engine | fleet | TTFT mean ms | TTFT p99 ms | x colo | TPOT p99 ms "
         "| x colo | prompt-cache hit | prefills | P/D wins |",
@@ -166,9 +165,7 @@ def decider(args: argparse.Namespace) -> list[str]:
     ]
     checks = []
     for threshold in (int(t) for t in args.thresholds.split(",")):
-        spec = PdSpec.split(
-            prefill, engines - prefill, skip_prefill_tokens=threshold, decode_at_choice=args.decode_at_choice
-        )
+        spec = PdSpec.split(prefill, engines - prefill, skip_prefill_tokens=threshold)
         summary, _, pd = run(sc, spec)
         assert pd is not None
         skipped = sum(pd["skipped"].values())
@@ -240,11 +237,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decider-requests", type=int, default=2000)
     p.add_argument("--thresholds", default="0,256,1024,4096")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--decode-at-choice",
-        action="store_true",
-        help="dispatch the decode stage to the router at the two-stage choice, not after the prefill",
-    )
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--skip-decider", action="store_true")
     p.add_argument("--out", type=Path, default=None, help="also write the tables here")
@@ -256,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     if not args.skip_sweep:
         rows = sweep(args)
-        lines += [*sweep_table(rows, args.decode_at_choice), "", *target_lines(rows), ""]
+        lines += [*sweep_table(rows), "", *target_lines(rows), ""]
     if not args.skip_decider:
         lines += decider(args)
     lines += ["", f"(SIMULATED; wall {time.perf_counter() - started:.0f} s; {' '.join(sys.argv[1:])})"]

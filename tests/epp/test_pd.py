@@ -40,6 +40,9 @@ async def test_the_destination_is_a_decode_worker_and_the_prefill_goes_in_a_head
     assert set_headers(answer)[PREFILLER_HEADER] == "10.0.0.1:8000"
     state = shared.state
     assert state.pool.in_flight("p") == 1  # the prefill stage, dispatched
+    decode = "d1" if endpoints[0] == "10.0.0.2:8000" else "d2"
+    assert state.pool.in_flight(decode) == 1  # the decode, charged at the choice
+    assert stream.pick is not None and stream.pick.flight.decision.predicted_tokens > 0  # handed over
     await stream.answer(response_headers(200))
     assert state.pool.in_flight("p") == 0  # done with the decode's first answer
     reply = orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]})

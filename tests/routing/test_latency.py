@@ -164,3 +164,20 @@ def test_admission_waits_are_learned_per_request_queued_ahead() -> None:
     feed(model, "b", 2 * WINDOW, seed=13, rates=(0.03, 1e-3, 2e-3, 0.0))  # never full
     assert model.rates("a", PRIOR)[3] == pytest.approx(0.2, rel=0.1)
     assert model.rates("b", PRIOR)[3] < 0.02
+
+
+def test_a_request_sent_after_its_dispatch_is_timed_from_its_sending() -> None:
+    # a decode stage reserved at the two-stage choice: the prefill stage's time is not its engine's
+    waited, timed = LatencyModel(100), LatencyModel(100)
+    rng = random.Random(4)
+    for i in range(3 * WINDOW):
+        work, decoding = rng.uniform(10, 3000), rng.randrange(0, 9)
+        for model in (waited, timed):
+            model.dispatched(f"r{i}", "a", work, decoding, 0.0)
+        timed.sent(f"r{i}", 5.0)  # the prefill took 5 s
+        waited.observed(f"r{i}", 5.0 + predict(TRUE, work, decoding, 0))
+        timed.observed(f"r{i}", 5.0 + predict(TRUE, work, decoding, 0))
+    timed.sent("unknown", 1.0)  # ignored
+    for learned, true in zip(timed.rates("a", PRIOR)[:3], TRUE[:3], strict=True):  # none queued ahead
+        assert learned == pytest.approx(true, rel=0.05)
+    assert waited.rates("a", PRIOR)[0] > 1.0  # without it the prefill's wait reads as the engine's overhead

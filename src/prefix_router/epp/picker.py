@@ -25,7 +25,8 @@ destination is the decode worker (its fallbacks other decode-capable workers), a
 prefill there first (no header: the decider skipped the prefill). The stage bodies of
 ``disaggregation.flow`` are the sidecar's to make: the gateway's protocol lets the picker send one
 request to one destination. The index learns the prefill worker at dispatch, its stage counted done
-with the decode's first response message.
+with the decode's first response message; the decode is dispatched with the choice (charged to its
+worker while the sidecar prefills), its prompt predicted handed over (``Router.handed_over``).
 
 Knobs (``EppSettings``): ``fallbacks`` (how many other endpoints follow the choice in the destination
 list, least loaded first), ``max_buffered_bytes`` (the body bytes held across all streams: a request body
@@ -399,11 +400,13 @@ class PickerStream:
             skip_prefill_tokens=state.config.disaggregation.skip_prefill_tokens,
             policy=policy,
         )
-        note_choice(state, pd.decode, label, note, req)
+        # the decode is dispatched at once (charged at the choice), its prompt predicted handed over
+        chosen = pd.decode if pd.prefill is None else state.router.handed_over(req, pd.decode)
+        note_choice(state, chosen, label, note, req)
         self.prefill = pd.prefill
         note.pd = "split" if pd.skipped is None else str(pd.skipped)
         state.metrics.pd_requests.inc((note.pd,))
-        return state.pool.require(pd.decode.worker), pd.decode, decode or prefill
+        return state.pool.require(chosen.worker), chosen, decode or prefill
 
     def within_subset(self, names: list[str]) -> list[str]:
         """``names`` within the gateway's subset hint (503 when no worker of the subset is available)."""

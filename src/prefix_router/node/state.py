@@ -23,16 +23,18 @@ from prefix_router.node.telemetry.record import TraceRecorder
 from prefix_router.node.telemetry.tracing import Tracing
 from prefix_router.node.upstream.seam import Upstream
 from prefix_router.pool import EventSubscriptions, PoolMonitor, WorkerPool, WorkerSettings
-from prefix_router.routing import Router
+from prefix_router.routing import Role, Router
 
 
 @dataclass(frozen=True, slots=True)
 class AdminChange:
-    """A change of the pool made through the admin API (``worker``: the added worker's config)."""
+    """A change of the pool made through the admin API (``worker``: the added worker's config; ``role``:
+    a worker's new role)."""
 
-    op: Literal["add", "remove", "drain", "undrain"]
+    op: Literal["add", "remove", "drain", "undrain", "role"]
     name: str
     worker: WorkerSettings | None = None
+    role: Role | None = None
 
 
 class RequestConfig:

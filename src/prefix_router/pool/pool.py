@@ -7,7 +7,7 @@ from typing import Any
 
 from prefix_router.pool.settings import WorkerSettings, url_identity
 from prefix_router.pool.worker import Worker
-from prefix_router.routing import Router
+from prefix_router.routing import Role, Router
 
 HealthListener = Callable[[Worker, bool], None]
 
@@ -79,6 +79,14 @@ class WorkerPool:
         """A draining worker finishes what it has but gets no new requests."""
         worker = self.require(name)
         worker.draining = draining
+        return worker
+
+    def set_role(self, name: str, role: Role) -> Worker:
+        """Change a worker's role in place (``routing/pd.py``): its next requests follow it; those in
+        flight finish as they started. The engine must be able to play it (its KV connector's role)."""
+        worker = self.require(name)
+        self._prefill_workers += (role == "prefill") - (worker.role == "prefill")
+        worker.role = role
         return worker
 
     # ------------------------------------------------------------------ selection

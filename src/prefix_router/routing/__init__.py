@@ -13,6 +13,7 @@ from prefix_router.routing.index import PrefixIndex
 from prefix_router.routing.keys import InvalidRequest, KeyBuilder
 from prefix_router.routing.pd import (
     FLOWS,
+    ROLES,
     DisaggregationSettings,
     Flow,
     PdDecision,
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "FLOWS",
     "POLICY_NAMES",
+    "ROLES",
     "CandidateEstimate",
     "ChangeHook",
     "ChangeKind",

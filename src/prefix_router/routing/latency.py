@@ -242,6 +242,14 @@ class LatencyModel:
             return
         self._pending.set(route_id, (worker, (work, float(decoding), float(queued)), now))
 
+    def sent(self, route_id: str, now: float) -> None:
+        """``route_id``, recorded earlier, reaches its engine only at ``now`` (a decode stage reserved at
+        the two-stage choice): its first-token time runs from here. Unknown ids are ignored."""
+        record = self._pending.get(route_id)
+        if record is not None:
+            worker, parts, _ = record
+            self._pending.set(route_id, (worker, parts, now))
+
     def observed(self, route_id: str, now: float) -> None:
         """``route_id``'s first token came at ``now``: one sample of its worker (clipped against the fit
         towards ``CLIP_PRIOR`` once the worker has ``CLIP_AFTER`` samples). Unknown ids are ignored."""

@@ -31,6 +31,7 @@ from prefix_router.routing.types import Decision
 from prefix_router.settings import Section
 
 Role = Literal["prefill", "decode", "both"]
+ROLES: tuple[Role, ...] = ("prefill", "decode", "both")
 Flow = Literal["shared_storage", "kv_transfer_params", "sglang_bootstrap"]
 FLOWS: tuple[Flow, ...] = ("shared_storage", "kv_transfer_params", "sglang_bootstrap")
 DEFAULT_SKIP_PREFILL_TOKENS = 256  # two of vLLM's CPU blocks: what the decode engine recomputes itself

@@ -367,6 +367,11 @@ class Router:
         if req.session:
             self._sessions.set(req.session, worker)
 
+    def sent(self, route_id: str, now: float) -> None:
+        """A request ``dispatched`` earlier (a decode stage reserved at the two-stage choice while its
+        prefill ran) is sent to its engine at ``now``: its first-token time runs from here."""
+        self.latency.sent(route_id, now)
+
     def first_token(self, route_id: str, now: float) -> None:
         """The first token arrived at ``now``: its prefill, and every earlier one there, is done."""
         self.load.first_token(route_id, now)

@@ -207,3 +207,26 @@ async def test_a_session_signed_out_in_one_process_is_revoked_in_every_one(group
     zero.shared.publish()  # ... until the next round of publishes
     group.deliver()
     assert "s-copied" in restarted.state.revoked
+
+
+async def test_a_role_changed_in_one_process_reaches_the_others_newest_first(group: Group) -> None:
+    zero, one, two = [await group.start(i) for i in range(3)]
+    one.state.pool.set_role("a", "prefill")
+    one.state.on_admin(AdminChange("role", "a", role="prefill"))  # type: ignore[misc]
+    stale = orjson.dumps([one.shared.registers["a"].wire("a")])
+    group.deliver()
+    assert all(
+        p.state.pool.require("a").role == "prefill" and p.state.pool.disaggregated for p in (zero, two)
+    )
+    two.state.pool.set_role("a", "decode")
+    two.state.on_admin(AdminChange("role", "a", role="decode"))  # type: ignore[misc]
+    group.deliver()
+    zero.shared._on_admin(stale)  # the older change, late: ignored
+    assert [p.state.pool.require("a").role for p in (zero, one, two)] == ["decode"] * 3
+    assert not zero.state.pool.disaggregated
+    await group.stop(1)
+    fresh = await group.start(1)  # restarted: the configured role, then the register
+    assert fresh.state.pool.require("a").role == "both"
+    zero.shared.publish()
+    group.deliver()
+    assert fresh.state.pool.require("a").role == "decode"

@@ -69,3 +69,26 @@ def test_pod_namespace(tmp_path: Path) -> None:
     assert pod_namespace(tmp_path / "absent") == "default"
     (tmp_path / "ns").write_text("llm\n")
     assert pod_namespace(tmp_path / "ns") == "llm"
+
+
+async def test_a_slices_role_label_gives_its_workers_their_role(api_server: Any) -> None:
+    """``llm-d.ai/role`` on an EndpointSlice (Kubernetes copies the Service's labels onto its slices): its
+    workers take that role; an unlabelled slice's keep the template's, an unknown value is ignored."""
+    listed = slice_with(["10.0.0.1"])
+    prefill = listed["items"][0]
+    prefill["metadata"]["labels"] = {"llm-d.ai/role": "prefill"}
+    decode = slice_with(["10.0.0.2"])["items"][0] | {"metadata": {"name": "vllm-b"}}
+    odd = slice_with(["10.0.0.3"])["items"][0] | {
+        "metadata": {"name": "vllm-c", "labels": {"llm-d.ai/role": "x"}}
+    }
+    listed["items"] += [decode, odd]
+    api_server.lists = [listed]
+    pool = WorkerPool(Router(RoutingSettings()), max_workers=8)
+    found = WorkerDiscovery(settings(worker={"role": "decode"}), pool, 8, api=api_server.client())
+    try:
+        assert await found.start()
+        roles = {w.name: w.role for w in pool}
+        assert roles == {"10.0.0.1:8000": "prefill", "10.0.0.2:8000": "decode", "10.0.0.3:8000": "decode"}
+        assert pool.disaggregated
+    finally:
+        await found.stop()

@@ -254,3 +254,108 @@ async def test_sglang_a_decode_retried_is_paired_again_with_a_fresh_room(
         rooms
     )  # each decode has its prefill
     assert router.state.metrics.pd_requests.get(("split",)) == 2
+
+
+# ---------------------------------------------------------------- the decode charged at the choice
+
+
+async def wait_for(check: Any) -> None:
+    for _ in range(100):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("never happened")
+
+
+async def test_the_decode_worker_is_charged_while_the_prefill_runs_so_decodes_spread(
+    fake_engine: Any, start_router: Any
+) -> None:
+    p = await fake_engine("p", delay_s=0.6)
+    d1, d2 = await fake_engine("d1"), await fake_engine("d2")
+    router = await start_router(role(p, "prefill"), role(d1, "decode"), role(d2, "decode"))
+    pool = router.state.pool
+    first = asyncio.ensure_future(post(router.url, chat(1)))
+    await wait_for(lambda: pool.total_in_flight() == 2)  # the prefill and its reserved decode
+    reserved = [n for n in ("d1", "d2") if pool.in_flight(n) == 1]
+    assert len(reserved) == 1 and not d1.generations and not d2.generations  # charged, not sent
+    second = asyncio.ensure_future(post(router.url, chat(2)))
+    (s1, h1, _), (s2, h2, _) = await asyncio.gather(first, second)
+    assert s1 == s2 == 200 and h1[WORKER_HEADER] == reserved[0]
+    assert {h1[WORKER_HEADER], h2[WORKER_HEADER]} == {"d1", "d2"}  # the second saw the first coming
+    assert len(d1.generations) == len(d2.generations) == 1
+    assert pool.total_in_flight() == 0 and router.state.router.load.in_flight(reserved[0]) == 0
+
+
+async def test_a_failed_prefill_moves_the_reservation_to_a_colocated_decode(
+    fake_engine: Any, start_router: Any
+) -> None:
+    router, (_p,), d = await fleet(fake_engine, start_router, "shared_storage", fail_next=100)
+    core = router.state.router
+    seen: list[tuple[str, int, int | None]] = []
+    dispatched = core.dispatched
+
+    def spy(req: Any, decision: Any, now: float) -> None:
+        seen.append(
+            (req.route_id.rsplit("/", 1)[-1], decision.predicted_tokens, decision.expected_cached_tokens)
+        )
+        dispatched(req, decision, now)
+
+    core.dispatched = spy  # type: ignore[method-assign]
+    status, headers, _ = await post(router.url)
+    assert status == 200 and headers[WORKER_HEADER] == "d" and d.bodies == [CHAT]
+    assert router.state.metrics.pd_requests.get(("prefill_failed",)) == 1
+    decode = [s for s in seen if s[0] != "prefill"]
+    assert len(decode) == 2  # reserved handed over, then charged anew with its own prefill
+    assert decode[0][1] > 0 and decode[1][1] == 0
+    assert router.state.pool.total_in_flight() == 0
+
+
+async def test_every_fault_path_leaves_nothing_in_flight(fake_engine: Any, start_router: Any) -> None:
+    # the prefill hangs past its share of the budget, the decode worker answers 500: nothing opens
+    p = await fake_engine("p", hang=True)
+    d = await fake_engine("d", fail_next=100)
+    router = await start_router(
+        role(p, "prefill"), role(d, "decode"),
+        settings={"timeouts.first_byte_s": 0.6, "health.fail_threshold": 100},
+    )  # fmt: skip
+    assert (await post(router.url))[0] == 500  # the decode worker's answer, relayed
+    assert router.state.pool.total_in_flight() == 0
+    # the prefill answers, the decode fails: the reservation was taken by the failed attempt
+    p.b.hang = False
+    assert (await post(router.url, chat(3)))[0] == 500
+    assert router.state.pool.total_in_flight() == 0
+    # the decode worker removed while the prefill ran: the reservation is released
+    p.b.delay_s = 0.5
+    d.b.fail_next = 0
+    task = asyncio.ensure_future(post(router.url, chat(4)))
+    await wait_for(lambda: router.state.pool.total_in_flight() == 2)
+    router.state.pool.remove("d")
+    status, _, _ = await task
+    assert status in (429, 503) and router.state.pool.total_in_flight() == 0  # no decode worker left
+    assert router.state.router.load.in_flight("d") == 0
+
+
+async def test_a_role_changed_in_place_through_the_admin_api(fake_engine: Any, start_router: Any) -> None:
+    p, d = await fake_engine("p"), await fake_engine("d")
+    token = "admin-token-for-roles"
+    router = await start_router(role(p, "both"), role(d, "decode"), settings={"auth.admin_token": token})
+    auth = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as http:
+
+        async def patch(name: str, body: Any) -> tuple[int, Any]:
+            resp = await http.patch(f"{router.url}/admin/workers/{name}", json=body, headers=auth)
+            return resp.status, await resp.json()
+
+        status, answer = await patch("p", {"role": "prefill"})
+        assert status == 200 and answer["worker"]["role"] == "prefill"
+        assert (await post(router.url, chat(1)))[0] == 200
+        assert p.bodies[-1]["max_tokens"] == 1 and len(d.generations) == 1  # split
+        assert (await patch("p", {"role": "sideways"}))[0] == 400
+        assert (await patch("p", {"role": "both", "url": "http://x:1"}))[0] == 400  # the role only
+        assert (await patch("nobody", {"role": "both"}))[0] == 404
+        unauthorized = await http.patch(f"{router.url}/admin/workers/p", json={"role": "both"})
+        assert unauthorized.status == 401
+        assert (await patch("p", {"role": "both"}))[0] == 200
+    assert (await post(router.url, chat(2)))[0] == 200
+    assert router.state.metrics.pd_requests.get(("split",)) == 1 and not router.state.pool.disaggregated
+    assert len(p.generations) + len(d.generations) == 3  # colocated on one of them

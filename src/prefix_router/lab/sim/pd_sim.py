@@ -36,10 +36,6 @@ class PdSpec:
     roles: tuple[Role, ...]
     skip_prefill_tokens: int = DEFAULT_SKIP_PREFILL_TOKENS
     decode_policy: str | None = None
-    # when the decode stage is dispatched to the router (its load and prediction charged): False, after
-    # the prefill, as the edge does (proxy/edge/pd.py); True, at the two-stage choice, as if the edge
-    # reserved the decode worker while the prefill runs (``Router.handed_over``'s prediction in both)
-    decode_at_choice: bool = False
 
     @classmethod
     def split(cls, prefill: int, decode: int, **knobs: Any) -> PdSpec:

@@ -273,23 +273,19 @@ class ClusterSimulation:
             self.router.dispatched(route, choice.decode, now)
             self._run(request, route, choice.decode, now)
             return
-        if self.pd is not None and self.pd.decode_at_choice:
-            self._dispatch_decode(stage, now)
+        self._dispatch_decode(stage, now)  # charged at the choice, as the edge does (proxy/edge/pd.py)
         self._stages[rid] = stage
         self.pd_stats.prefills += 1
         self.stats.dispatched(stage.prefill, "prefill")
         self._reschedule(stage.prefill)
 
     def _on_prefill_done(self, stage: Stage, event: EngineEvent) -> None:
-        """The prefill engine has computed the prompt: the decode stage is dispatched as the edge does
-        (``Router.handed_over``: the prompt predicted cached there), and its KV cache moves to the decode
-        engine, which starts the request once it has arrived."""
+        """The prefill engine has computed the prompt: its KV cache moves to the decode engine (its stage
+        dispatched to the router at the choice), which starts the request once it has arrived."""
         request = stage.request
         prompt = request.engine.prompt_tokens
         outcome = Outcome(True, event.cached_tokens, (), prompt)
         self.router.finished(stage.prefill_route, self.names[stage.prefill], outcome, event.time)
-        if self.pd is not None and not self.pd.decode_at_choice:
-            self._dispatch_decode(stage, event.time)
         self.pd_stats.prefill_prompt_tokens += prompt
         self.pd_stats.prefill_cached_tokens += event.cached_tokens
         decode = self.engines[stage.decode]
@@ -307,6 +303,7 @@ class ClusterSimulation:
 
     def on_handoff(self, stage: Stage, now: float) -> None:
         self.engines[stage.decode].load(stage.request.engine.blocks)
+        self.router.sent(stage.route.route_id, now)
         self._run(stage.request, stage.route, stage.decode_decision, now)
 
     def _failed(self, request: SimRequest, worker: str, now: float) -> None:

@@ -21,6 +21,7 @@ from prefix_router.node.state import STATE, AdminChange, NodeState
 from prefix_router.node.telemetry.audit import audit
 from prefix_router.node.telemetry.decisions import FEED_SIZE, public_names
 from prefix_router.pool import PoolError, WorkerSettings
+from prefix_router.routing import ROLES
 from prefix_router.settings import describe
 
 MAX_ADMIN_BODY = 64 * 1024
@@ -104,6 +105,24 @@ async def remove_worker(request: web.Request) -> web.StreamResponse:
     return json_response({"removed": view})
 
 
+@admin_change("admin_set_role")
+async def patch_worker(request: web.Request) -> web.StreamResponse:
+    """``PATCH /admin/workers/{name}`` with ``{"role": "prefill" | "decode" | "both"}``: the worker's role
+    changed in place (docs/disaggregation.md), in every process of ``serve --processes``."""
+    state = request.app[STATE]
+    data = await read_json(request)
+    if not isinstance(data, dict) or set(data) != {"role"}:
+        raise bad_request(
+            'a worker\'s role only: {"role": "prefill" | "decode" | "both"}', code="invalid_worker"
+        )
+    role = next((r for r in ROLES if r == data["role"]), None)
+    if role is None:
+        raise bad_request(f"role: one of {', '.join(ROLES)}", code="invalid_worker")
+    worker = state.pool.set_role(request.match_info["name"], role)
+    told(state, AdminChange("role", worker.name, role=role))
+    return json_response({"worker": state.pool.public(worker)})
+
+
 @admin_change("admin_drain_worker")
 async def drain_worker(request: web.Request) -> web.StreamResponse:
     return set_draining(request.app[STATE], request.match_info["name"], True)
@@ -182,6 +201,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/workers", list_workers)
     app.router.add_post("/admin/workers", add_worker)
     app.router.add_delete("/admin/workers/{name}", remove_worker)
+    app.router.add_patch("/admin/workers/{name}", patch_worker)
     app.router.add_post("/admin/workers/{name}/drain", drain_worker)
     app.router.add_post("/admin/workers/{name}/undrain", undrain_worker)
     app.router.add_get("/admin/routing", routing_summary)

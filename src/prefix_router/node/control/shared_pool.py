@@ -1,8 +1,9 @@
 """``serve --processes N``: one worker pool for all the processes, over the local channel.
 
 - Admin changes (add, remove, drain, undrain a worker), made in whichever process the admin request
-  reached, reach every process. Each worker name has two last-writer-wins registers, its membership
-  (added with its config, or removed) and its draining flag, stamped ``(wall clock ns, process index)``.
+  reached, reach every process. Each worker name has three last-writer-wins registers, its membership
+  (added with its config, or removed), its draining flag and its role (``PATCH``; an add sets it too),
+  stamped ``(wall clock ns, process index)``.
   A process applies a register when a newer stamp arrives: in any order, more than once, after a restart
   (a fresh process starts from the configured workers and catches up). Every process sends its change at
   once and all its registers again every ``publish`` (once a second), so a lost message or a restarted
@@ -41,6 +42,7 @@ import pydantic
 from prefix_router.node.state import AdminChange, NodeState
 from prefix_router.pool import EngineLoad, PoolError, Worker, WorkerSettings
 from prefix_router.replication import LocalReplication
+from prefix_router.routing import ROLES, Role
 
 log = logging.getLogger("prefix_router.processes")
 ADMIN, PROBE, SCRAPE, UNITS, SIGNED_OUT = b"A", b"P", b"E", b"U", b"O"
@@ -62,14 +64,16 @@ class Registers:
     worker: dict[str, Any] | None = None  # the config of the last add (JSON, API key in clear)
     drain_at: Stamp = ZERO
     draining: bool = False
+    role_at: Stamp = ZERO
+    role: Role | None = None
 
     def latest(self) -> Stamp:
-        return max(self.member_at, self.drain_at)
+        return max(self.member_at, self.drain_at, self.role_at)
 
     def wire(self, name: str) -> dict[str, Any]:
         return {
             "n": name, "m": self.member_at, "p": self.present, "w": self.worker,
-            "d": self.drain_at, "dr": self.draining,
+            "d": self.drain_at, "dr": self.draining, "ra": self.role_at, "r": self.role,
         }  # fmt: skip
 
 
@@ -117,6 +121,9 @@ class SharedPool:
             regs.worker = secret_dump(change.worker) if change.worker is not None else None
             if change.op == "add":
                 regs.drain_at, regs.draining = stamp, False  # a worker added again starts undrained
+                regs.role_at, regs.role = stamp, change.worker.role if change.worker is not None else None
+        elif change.op == "role":
+            regs.role_at, regs.role = stamp, change.role
         else:
             regs.drain_at, regs.draining = stamp, change.op == "drain"
         self._bound()
@@ -150,10 +157,11 @@ class SharedPool:
 
     def _merge(self, item: dict[str, Any]) -> None:
         name = item["n"]
-        member_at, drain_at = stamp(item["m"]), stamp(item["d"])
+        member_at, drain_at, role_at = stamp(item["m"]), stamp(item["d"]), stamp(item.get("ra", ZERO))
         regs = self.registers.get(name) or Registers()
         newer_member, newer_drain = member_at > regs.member_at, drain_at > regs.drain_at
-        if not (newer_member or newer_drain):
+        newer_role = role_at > regs.role_at and item.get("r") in ROLES
+        if not (newer_member or newer_drain or newer_role):
             return
         self.registers[name] = regs
         if newer_member:
@@ -165,9 +173,13 @@ class SharedPool:
             self._apply_membership(name, regs)
         if newer_drain:
             regs.drain_at, regs.draining = drain_at, bool(item["dr"])
+        if newer_role:
+            regs.role_at, regs.role = role_at, next(r for r in ROLES if r == item["r"])
         worker = self.state.pool.get(name)
         if worker is not None and worker.draining != regs.draining and regs.drain_at != ZERO:
             self.state.pool.drain(name, regs.draining)
+        if worker is not None and regs.role is not None and worker.role != regs.role:
+            self.state.pool.set_role(name, regs.role)
         self._bound()
 
     def _apply_membership(self, name: str, regs: Registers) -> None:

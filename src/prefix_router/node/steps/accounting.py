@@ -70,6 +70,14 @@ class Flight:
             self._state.pool.report(self.worker, False, error)  # passive health check
         self.finish(status, Outcome(ok=False))
 
+    def release(self) -> None:
+        """Given back before it was sent (a decode stage reserved at the two-stage choice that does not
+        run as reserved): the routing core forgets it; no attempt is counted."""
+        if self._done:
+            return
+        self._done = True
+        self._state.router.finished(self.req, self.worker.name, Outcome(ok=False), self._state.clock())
+
     def finish(self, status: int, outcome: Outcome) -> None:
         if self._done:
             return

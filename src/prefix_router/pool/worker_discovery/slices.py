@@ -1,4 +1,8 @@
-"""EndpointSlice objects (``discovery.k8s.io/v1``, as the API server sends them) to worker URLs. Pure."""
+"""EndpointSlice objects (``discovery.k8s.io/v1``, as the API server sends them) to worker URLs. Pure.
+
+A slice labelled ``llm-d.ai/role`` (the Service's labels are copied onto its slices by Kubernetes' slice
+controller) gives its workers that role (``docs/disaggregation.md``), as an InferencePool pod's label does;
+read when a worker is added."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prefix_router.pool.worker_discovery.dns import address_url
+from prefix_router.pool.worker_discovery.inference_pool import pod_role
 
 
 def slice_port(obj: Mapping[str, Any], port_name: str | None) -> int | None:
@@ -51,11 +56,13 @@ class SliceTable:
             raise ValueError("max_slices must be positive")
         self.max_slices, self.port_name, self.scheme = max_slices, port_name, scheme
         self.slices: dict[str, set[str]] = {}
+        self.roles: dict[str, str] = {}  # of the slices in ``slices`` with a role label
         self.ignored = 0
 
     def reset(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Replace everything with a full list."""
         self.slices.clear()
+        self.roles.clear()
         for obj in items:
             self.apply("ADDED", obj)
 
@@ -63,6 +70,7 @@ class SliceTable:
         """Apply one watch event (ADDED, MODIFIED, DELETED); True if the URLs may have changed."""
         name = slice_name(obj)
         if kind == "DELETED":
+            self.roles.pop(name, None)
             return self.slices.pop(name, None) is not None
         if kind not in ("ADDED", "MODIFIED"):
             return False
@@ -70,7 +78,16 @@ class SliceTable:
             self.ignored += 1
             return False
         self.slices[name] = slice_urls(obj, self.port_name, self.scheme)
+        role = pod_role(obj)  # the same label, read from the slice's metadata
+        if role is None:
+            self.roles.pop(name, None)
+        else:
+            self.roles[name] = role
         return True
+
+    def role_of(self, url: str) -> str | None:
+        """The role label of the slice listing ``url`` (None: none)."""
+        return next((self.roles.get(n) for n, urls in self.slices.items() if url in urls), None)
 
     def urls(self) -> set[str]:
         return set().union(*self.slices.values()) if self.slices else set()

@@ -50,9 +50,10 @@ class WorkerDiscovery:
         self.membership = Membership(self.sink, max_workers)
         self._owned_api = api is None and settings.kind in ("kubernetes", "inferencepool")
         self.source = build_source(settings, self.membership, api)
-        pods = getattr(self.source, "pods", None)  # InferencePool: its pods' role labels
-        if pods is not None:
-            self.sink.role_of = pods.role_of
+        # the role labels: an InferencePool's pods', a Service's EndpointSlices'
+        role_of = getattr(getattr(self.source, "table", None), "role_of", None)
+        if role_of is not None:
+            self.sink.role_of = role_of
 
     async def start(self) -> bool:
         """Start the source and wait up to ``startup_wait_s`` for its first answer (True if it came)."""

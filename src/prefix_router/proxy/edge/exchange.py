@@ -230,7 +230,9 @@ class Exchange:
         return await self.plain_attempt(worker, decision)
 
     async def plain_attempt(self, worker: Worker, decision: Decision) -> Opened | Failed:
-        flight = Flight(self.state, worker, self.req, decision, self.parsed, self.started)
+        flight = self.pd.take(worker) if self.pd is not None else None  # a decode charged at the choice
+        if flight is None:
+            flight = Flight(self.state, worker, self.req, decision, self.parsed, self.started)
         response: UpstreamResponse | None = None
         try:
             async with self.state.deadlines.watch(worker.name, self.first_byte_deadline):

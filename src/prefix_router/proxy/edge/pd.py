@@ -13,6 +13,13 @@ is paired with a prefill sent at the same time (a fresh ``bootstrap_room``); a p
 decode answers cancels that decode attempt and the pair is tried again with another prefill worker, then
 colocated.
 
+The decode stage is charged to its worker at the two-stage choice (sequential flows: ``reserve``, the
+prompt predicted handed over, ``Router.handed_over``), so that the requests arriving while the prefill runs
+see it coming instead of herding onto the decode worker that looks idle (the simulator's study:
+docs/simulator.md). The first decode attempt takes the reservation (``take``); when the prefill failed the
+reservation is released and the decode charged anew with its own prefill; whatever else ends the opening
+(the client gone, no worker left, the decode worker removed) releases it, so nothing stays counted.
+
 Faults: a client that leaves cancels whatever stage runs (the handler's task is cancelled; a concurrent
 prefill is cancelled with it); every stage is bounded by the request's deadlines. The index learns both
 sides: the prefill stage is dispatched on its worker (which holds the prefix after it), the decode stage
@@ -77,10 +84,35 @@ class Disaggregation:
         self.decode_fields: dict[str, Any] | None = None
         self.tasks: set[asyncio.Task[bool]] = set()  # concurrent prefills (SGLang) still running
         self.prefill_done_at: float | None = None
+        self.reserved: Flight | None = None  # the decode stage, charged at the choice until it is sent
 
     @property
     def concurrent(self) -> bool:
         return self.flow == "sglang_bootstrap" and self.skipped is None
+
+    # ------------------------------------------------------------------ the decode's reservation
+
+    def reserve(self, decision: Decision) -> None:
+        """Charge the decode stage to ``decision``'s worker now, while the prefill runs."""
+        ex = self.ex
+        worker = ex.state.pool.require(decision.worker)
+        self.reserved = Flight(ex.state, worker, ex.req, decision, ex.parsed, ex.started)
+
+    def take(self, worker: Worker) -> Flight | None:
+        """The reservation, for the decode attempt on its worker (then sent: its first-token time runs
+        from here); None for another worker, or once taken."""
+        flight = self.reserved
+        if flight is None or flight.worker is not worker:
+            return None
+        self.reserved = None
+        self.ex.state.router.sent(flight.req.route_id, self.ex.state.clock())
+        return flight
+
+    def release(self) -> None:
+        """Give the reservation back unsent (idempotent)."""
+        flight, self.reserved = self.reserved, None
+        if flight is not None:
+            flight.release()
 
     # ------------------------------------------------------------------ the sequential prefill stage
 
@@ -220,6 +252,7 @@ class Disaggregation:
 
     async def close(self) -> None:
         """Cancel the concurrent prefills still running (the decode is over, or the client left)."""
+        self.release()
         tasks = list(self.tasks)
         for task in tasks:
             task.cancel()
@@ -259,15 +292,23 @@ async def open_disaggregated(ex: Exchange) -> Opened:
     )
     stages = Disaggregation(ex, pd, prefill, decode)
     ex.pd = stages
-    if pd.prefill is not None and not stages.concurrent:
-        await stages.prefill_stage()
-    ex.decode_started = ex.loop.time()
     decode_decision = pd.decode
-    if stages.skipped is None:  # the prompt's KV cache reaches the decode worker
+    if pd.prefill is not None:  # the prompt's KV cache is to reach the decode worker
         decode_decision = state.router.handed_over(ex.req, pd.decode)
-    note_choice(state, decode_decision, ex.label, ex.note, ex.req)
-    worker = state.pool.require(decode_decision.worker)
-    opened = await ex.open_from(worker, decode_decision, stages.decode_names)
+    try:
+        if pd.prefill is not None and not stages.concurrent:
+            stages.reserve(decode_decision)
+            await stages.prefill_stage()
+            if stages.skipped is not None:  # every prefill failed: the decode worker prefills itself
+                stages.release()
+                decode_decision = pd.decode
+        ex.decode_started = ex.loop.time()
+        note_choice(state, decode_decision, ex.label, ex.note, ex.req)
+        worker = state.pool.get(decode_decision.worker)  # None: removed while the prefill ran
+        chosen = None if worker is None else decode_decision
+        opened = await ex.open_from(worker, chosen, stages.decode_names)
+    finally:
+        stages.release()  # not taken by a decode attempt: nothing stays counted
     stages.opened()
     return opened
 
