@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prefix_router.routing.latency import LatencyModel, predict
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap, under_cap
-from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings, churns
+from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings
 from prefix_router.routing.types import MAX_ESTIMATES, Branch, Context, RouteRequest, WorkerSnapshot
 
 CPU = (0.03, 1e-3, 2e-3, 0.0)  # 1,000 tokens/s, admission never waits
@@ -82,9 +82,6 @@ class Caches:
     def capacity_tokens(self, worker: str) -> int:
         return 4096
 
-    def turnover(self, worker: str, now: float) -> float | None:
-        return None
-
 
 def test_a_new_prefix_goes_where_it_evicts_nothing() -> None:
     """Nobody holds the prompt: the full cache is a little less busy, but a copy there evicts 960 tokens
@@ -102,7 +99,8 @@ def test_a_new_prefix_goes_where_it_evicts_nothing() -> None:
 
 def test_a_full_engine_s_admission_queue_counts_in_its_wait() -> None:
     """Both hold the prompt; ``a``'s engine is full (each request queued ahead waits 300 ms for a slot),
-    ``b``'s never is: three requests queued on each, the request goes to ``b``."""
+    ``b``'s never is: ``a``'s first tokens come later than the fleet's rates predict, its speed factor
+    scales its wait up; three requests queued on each, the request goes to ``b``."""
     policy = TtftPolicy(TtftSettings())
     full = (0.03, 1e-3, 2e-3, 0.3)
     workers = [WorkerSnapshot("a", in_flight=3), WorkerSnapshot("b", in_flight=3)]
@@ -157,41 +155,3 @@ def test_the_choice_is_a_candidate_under_the_cap(
     chosen = next(w for w in workers if w.name == decision.worker)
     cap = load_cap(workers, knobs.load_factor, knobs.load_slack)
     assert under_cap(chosen, cap) or not any(under_cap(w, cap) for w in workers)
-
-
-class Churning(Caches):
-    """Two full caches; ``a``'s least recent block was last used 30 s ago, ``b``'s 50 s ago."""
-
-    def __init__(self) -> None:
-        self.fills = {"a": 1.0, "b": 1.0}
-
-    def turnover(self, worker: str, now: float) -> float | None:
-        return {"a": 30.0, "b": 50.0}[worker]
-
-
-def test_a_copy_goes_where_the_evicted_blocks_are_the_oldest() -> None:
-    """Both caches are full and both idle: inserting evicts as many tokens on either, but ``a`` turns its
-    cache over faster, so what it evicts is likelier to be asked for again (churn 4/3 against 0.8)."""
-    policy = TtftPolicy(TtftSettings())
-    workers = [WorkerSnapshot("a"), WorkerSnapshot("b")]
-    caches = Churning()
-    ctx = Context(
-        0.0, random.Random(0), {}, caches, fills=caches.fills, latency=learned({"a": CPU, "b": CPU})
-    )
-    assert churns(workers, ctx) == {"a": pytest.approx(4 / 3), "b": pytest.approx(0.8)}
-    decision = policy.select(request(), workers, ctx)
-    assert decision.worker == "b"
-    by_worker = {e.worker: e for e in decision.estimates}
-    assert by_worker["a"].cache_s == pytest.approx(5 / 3 * by_worker["b"].cache_s, rel=1e-3)
-
-
-def test_churn_is_at_most_the_full_caches_count() -> None:
-    """A cache whose least recent block is brand new (turnover 0) takes at most every insertion."""
-
-    class Fresh(Churning):
-        def turnover(self, worker: str, now: float) -> float | None:
-            return {"a": 0.0, "b": 40.0}[worker]
-
-    caches = Fresh()
-    ctx = Context(0.0, random.Random(0), {}, caches, fills=caches.fills)
-    assert churns([WorkerSnapshot("a"), WorkerSnapshot("b")], ctx) == {"a": 2.0, "b": 0.5}

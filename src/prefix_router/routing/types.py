@@ -244,11 +244,6 @@ class CacheView(Protocol):
         """The tokens the worker's cache is known to hold (0: unknown)."""
         ...
 
-    def turnover(self, worker: str, now: float) -> float | None:
-        """How long an untouched block stays in the worker's cache, seconds (the age of its least recent
-        one); None while the cache is not full."""
-        ...
-
 
 class LatencyView(Protocol):
     """What the router's first-token model says of a worker (``routing/latency.py``, read-only)."""

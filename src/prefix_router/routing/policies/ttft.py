@@ -12,18 +12,12 @@ token-equivalent, s per decoding request), and split into its parts (``Candidate
     decode  = decode_s x decoding                  what the running decode batch adds to its steps
     added   = prefill_s x own x D                  the D requests that will queue behind this prefill
                                                    wait for it too
-    cache   = prefill_s x evicted x (1 + D) x churn   what its insertion evicts is recomputed later,
-                                                   behind the fleet's queue
+    cache   = prefill_s x evicted                  what its insertion evicts is recomputed later
     own     = this request's prefill there: its prompt minus the prefix that worker holds (index), in
               token-equivalents (``backlog.prefill_work``: a token at context c costs
               1 + c / attention_tokens)
     evicted = the uncached tokens beyond the room left in that worker's cache (index: fill x capacity;
               own x fill where the capacity is unknown)
-    churn   = T / T_w: the fleet's mean turnover (the index's age of a full cache's least recent block)
-              over that worker's: its evicted blocks were last used that much more recently, so are that
-              much likelier to be asked for again (reuse gaps taken scale-free: the chance that a block
-              idle for T is asked for next falls as 1 / T); at most the full caches' count (one worker
-              taking every insertion); 1 where the cache is not full
     D       = W / (1 - rho): W the candidates' mean prefill backlog counted in typical requests
               (``ctx.request_work``), rho the utilisation of an M/M/1 queue that long; 0 before a typical
               request is known
@@ -67,7 +61,7 @@ from prefix_router.routing.types import (
     WorkerSnapshot,
 )
 
-__all__ = ["TtftPolicy", "TtftSettings", "churns"]
+__all__ = ["TtftPolicy", "TtftSettings"]
 
 
 class TtftPolicy(NoHooks):
@@ -78,16 +72,10 @@ class TtftPolicy(NoHooks):
         self.prior = (0.0, rate, rate, 0.0)
 
     def estimate(
-        self,
-        req: RouteRequest,
-        w: WorkerSnapshot,
-        ctx: Context,
-        delayed: float = 0.0,
-        churn: float = 1.0,
+        self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0
     ) -> CandidateEstimate:
         """``w``'s predicted first-token time for ``req`` and its parts, in seconds (see the module doc);
-        ``delayed``: the requests that will queue behind a prefill placed now (``delayed_requests``);
-        ``churn``: how much likelier than the fleet's its evicted blocks are to be reused (``churns``)."""
+        ``delayed``: the requests that will queue behind a prefill placed now (``delayed_requests``)."""
         scale = ctx.token_scale
         prompt = req.key_tokens * scale
         cached = min(prompt, ctx.matches.get(w.name, 0) * req.block_tokens * scale)
@@ -98,7 +86,7 @@ class TtftPolicy(NoHooks):
         wait = overhead + prefill_s * w.prefill_backlog + queued_s * max(0, w.in_flight - w.decoding)
         prefill = prefill_s * own
         decode = decode_s * w.decoding
-        cache = prefill_s * evicted(prompt - cached, w.name, ctx) * (1.0 + delayed) * churn if own else 0.0
+        cache = prefill_s * evicted(prompt - cached, w.name, ctx) * (1.0 + delayed) if own else 0.0
         typical = ctx.request_work
         here = delayed_requests(w.prefill_backlog / typical) if typical > 0 else 0.0
         here = min(max(here, float(w.in_flight - w.decoding)), delayed)
@@ -106,11 +94,9 @@ class TtftPolicy(NoHooks):
             w.name, wait + prefill + decode, wait, prefill, decode, prefill * here, cache
         )
 
-    def cost(
-        self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0, churn: float = 1.0
-    ) -> float:
+    def cost(self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0) -> float:
         """``w``'s cost for ``req``, seconds: its first-token time, the delay it adds, the cache it evicts."""
-        e = self.estimate(req, w, ctx, delayed, churn)
+        e = self.estimate(req, w, ctx, delayed)
         return e.ttft_s + e.added_s + e.cache_s
 
     def select(self, req: RouteRequest, workers: Sequence[WorkerSnapshot], ctx: Context) -> Decision:
@@ -119,10 +105,9 @@ class TtftPolicy(NoHooks):
         typical = ctx.request_work
         delayed = waiting_behind(workers, flight, backlog, typical)
         allowed = [w for w in workers if w.in_flight + 1 <= cap * w.weight] or list(workers)
-        churn = churns(workers, ctx)
         ranked: list[tuple[float, int, CandidateEstimate]] = []
         for i, w in enumerate(allowed):
-            e = self.estimate(req, w, ctx, delayed, churn.get(w.name, 1.0))
+            e = self.estimate(req, w, ctx, delayed)
             ranked.append((e.ttft_s + e.added_s + e.cache_s, i, e))
         ranked.sort(key=_first)
         best = ranked[0][0]
@@ -148,24 +133,6 @@ def waiting_behind(workers: Sequence[WorkerSnapshot], flight: int, backlog: floa
     for w in workers:
         queued += w.in_flight - w.decoding
     return min(max(by_work, queued / n), flight / n)
-
-
-def churns(workers: Sequence[WorkerSnapshot], ctx: Context) -> dict[str, float]:
-    """Each full cache's ``churn`` (see the module doc): the fleet's mean turnover over its own, at most
-    the full caches' count; empty while the index says nothing of turnovers (a worker absent: 1)."""
-    cache = ctx.cache
-    if cache is None:
-        return {}
-    ages: dict[str, float] = {}
-    for w in workers:
-        age = cache.turnover(w.name, ctx.now)
-        if age is not None:
-            ages[w.name] = age
-    if not ages:
-        return {}
-    mean = sum(ages.values()) / len(ages)
-    most = float(len(ages))
-    return {name: most if age * most <= mean else mean / age for name, age in ages.items()}
 
 
 def evicted(inserted: float, worker: str, ctx: Context) -> float:
