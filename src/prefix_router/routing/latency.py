@@ -15,14 +15,11 @@ prefill, and every step meanwhile also carries the worker's decoding requests. P
 Calibration: at dispatch the router records the request's ``(work, decoding, queued)`` on its worker
 (``dispatched``); its first token gives the observed time since dispatch, one sample (``observed``). A
 worker keeps its last ``WINDOW`` samples. The fleet's rates are the least-squares fit of every worker's
-samples pooled (the prefill rate, where measured apart, held at the fleet's drain rate), pulled towards
-the prior passed at read time (``rates``: the policy's knobs own it) with the weight of ``PRIOR_SAMPLES``
-samples fading to ``RIDGE`` as a window fills. A worker's rates are the fleet's times its ``speed``: the
-ratio of its window's observed times to the fleet's predictions of them, pulled towards 1 with the
-weight of ``PRIOR_SAMPLES`` samples (1 without samples). One factor, not four rates: a window of 64
-samples rarely tells apart the overhead, the decode batch and the queue, and 16 identical simulated
-engines fitted apart got overheads of 0 to 22 ms and 0 to 34 ms per decoding request, which steered
-placement (Mooncake replay: imbalance 1.80). Every rate is at least 0.
+samples pooled, pulled towards the prior passed at read time (``rates``: the policy's knobs own it) with
+the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as a window fills; a worker's rates are the
+fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
+without samples has the fleet's rates, one whose samples do not tell a rate apart, such as requests of
+one size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0.
 Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window (no
 more of any feature than some sample since its last recount, every WINDOW samples) has its time clipped
 to within ``CLIP`` x its own fit's prediction (refitted every ``CLIP_AFTER`` samples); one beyond it is
@@ -66,6 +63,7 @@ class _Samples:
         self.sums = [0.0] * _SUMS
         self.fit: Rates | None = None
         self.fit_prior: Rates | None = None
+        self.fit_prefill = 0.0  # the measured prefill rate the fit was made with (0: fitted)
         self.clip_fit: Rates | None = None  # the clipping's fit, refitted every CLIP_AFTER samples
         self.clip_at = 0  # ``added`` when it was made
         # the most of each feature of the samples since the window's last recount (a bound of the
@@ -157,18 +155,6 @@ def fit(sums: list[float], prior: Rates, weight: float, prefill_s: float = 0.0) 
     return (max(x[0], 0.0), max(x[1], 0.0), max(x[2], 0.0), max(x[3], 0.0))
 
 
-def speed(sums: list[float], fleet: Rates) -> float:
-    """A worker's speed against the fleet's: the ratio of its window's observed first-token times to the
-    fleet's rates' predictions of them (summed: ``sums``' first row holds each feature's sum), pulled
-    towards 1 with the weight of ``PRIOR_SAMPLES`` mean predictions; 1 before any sample."""
-    n = sums[0]
-    predicted = fleet[0] * n + fleet[1] * sums[1] + fleet[2] * sums[2] + fleet[3] * sums[3]
-    if n < 0.5 or predicted <= 0.0:
-        return 1.0
-    pull = PRIOR_SAMPLES * predicted / n
-    return max(0.0, sums[_K * _K] + pull) / (predicted + pull)
-
-
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     """``a x = b`` by Gaussian elimination with partial pivoting (``a`` symmetric positive definite)."""
     n = len(b)
@@ -201,8 +187,7 @@ class LatencyModel:
         self._workers: dict[str, _Samples] = {}
         self._pending: BoundedLRU[str, tuple[str, Features, float]] = BoundedLRU(max_pending)
         self._version = 0  # samples added (a forgotten worker: FLEET_EVERY); the fleet's rates follow it
-        # (version // FLEET_EVERY, prior, measured prefill rate, the fleet's rates)
-        self._fleet: tuple[int, Rates, float, Rates] | None = None
+        self._fleet: tuple[int, Rates, Rates] | None = None  # (version // FLEET_EVERY, prior, fleet's rates)
         # False: ``dispatched`` records nothing until the model is first read (``rates``), so a router whose
         # policies never read it pays nothing per request
         self.active = active
@@ -212,33 +197,30 @@ class LatencyModel:
     def rates(self, worker: str, prior: Rates) -> Rates:
         """``worker``'s fitted rates towards the fleet's (``fleet``); the fleet's before any sample."""
         self.active = True
-        rate = self.drain() if self.drain is not None else 0.0
-        prefill_s = 1.0 / rate if rate > 0.0 else 0.0
-        fleet = self.fleet(prior, prefill_s)
+        prior = self.fleet(prior)
         samples = self._workers.get(worker)
         if samples is None:
-            return fleet
-        if samples.fit is None or samples.fit_prior != fleet:
-            k = speed(samples.sums, fleet)
-            samples.fit = (k * fleet[0], k * fleet[1], k * fleet[2], k * fleet[3])
-            samples.fit_prior = fleet
+            return prior
+        rate = self.drain() if self.drain is not None else 0.0
+        prefill_s = 1.0 / rate if rate > 0.0 else 0.0
+        if samples.fit is None or samples.fit_prior != prior or samples.fit_prefill != prefill_s:
+            samples.fit = fit(samples.sums, prior, PRIOR_SAMPLES, prefill_s)
+            samples.fit_prior, samples.fit_prefill = prior, prefill_s
         return samples.fit
 
-    def fleet(self, prior: Rates, prefill_s: float = 0.0) -> Rates:
+    def fleet(self, prior: Rates) -> Rates:
         """The rates of every worker's samples pooled, fitted towards ``prior`` with a weight fading as a
-        window fills (``prior`` before any sample); ``prefill_s`` > 0: the prefill rate is that (the
-        fleet's measured drain), the others fitted to what it leaves. Refitted every ``FLEET_EVERY``
-        samples."""
+        window fills (``prior`` before any sample); refitted every ``FLEET_EVERY`` samples."""
         epoch = self._version // FLEET_EVERY
         cached = self._fleet
-        if cached is not None and cached[0] == epoch and cached[1] == prior and cached[2] == prefill_s:
-            return cached[3]
+        if cached is not None and cached[0] == epoch and cached[1] == prior:
+            return cached[2]
         pooled = [0.0] * _SUMS
         for samples in self._workers.values():
             for i, value in enumerate(samples.sums):
                 pooled[i] += value
-        out = fit(pooled, prior, fading(pooled[0]), prefill_s)
-        self._fleet = (epoch, prior, prefill_s, out)
+        out = fit(pooled, prior, fading(pooled[0]))
+        self._fleet = (epoch, prior, out)
         return out
 
     def samples(self, worker: str) -> int:
