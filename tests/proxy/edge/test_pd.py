@@ -289,24 +289,19 @@ async def test_the_decode_worker_is_charged_while_the_prefill_runs_so_decodes_sp
 async def test_a_failed_prefill_moves_the_reservation_to_a_colocated_decode(
     fake_engine: Any, start_router: Any
 ) -> None:
-    router, (_p,), d = await fleet(fake_engine, start_router, "shared_storage", fail_next=100)
-    core = router.state.router
-    seen: list[tuple[str, int, int | None]] = []
-    dispatched = core.dispatched
-
-    def spy(req: Any, decision: Any, now: float) -> None:
-        seen.append(
-            (req.route_id.rsplit("/", 1)[-1], decision.predicted_tokens, decision.expected_cached_tokens)
-        )
-        dispatched(req, decision, now)
-
-    core.dispatched = spy  # type: ignore[method-assign]
-    status, headers, _ = await post(router.url)
+    router, (p,), d = await fleet(fake_engine, start_router, "shared_storage", fail_next=100)
+    p.b.delay_s = 0.5  # the prefill fails, slowly
+    task = asyncio.ensure_future(post(router.url))
+    load = router.state.router.load
+    await wait_for(lambda: load.in_flight("d") == 1)  # the decode reserved at the choice, nothing sent yet
+    assert not d.generations
+    status, headers, _ = await task
     assert status == 200 and headers[WORKER_HEADER] == "d" and d.bodies == [CHAT]
     assert router.state.metrics.pd_requests.get(("prefill_failed",)) == 1
-    decode = [s for s in seen if s[0] != "prefill"]
-    assert len(decode) == 2  # reserved handed over, then charged anew with its own prefill
-    assert decode[0][1] > 0 and decode[1][1] == 0
+    # the reservation (its prompt predicted handed over) released, the decode charged anew with its own
+    # prefill: the request's decision (the feed, by its route id) predicts nothing cached
+    (entry,) = router.state.decisions.last(10)
+    assert entry.worker == "d" and entry.predicted_tokens == 0 and load.in_flight("d") == 0
     assert router.state.pool.total_in_flight() == 0
 
 
