@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -158,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         document.setdefault("header", ["SIMULATED concurrency sweep (an interrupted run: the settings done)"])
         document["judged"] = args.judge  # the JSON's cells judged again, for this policy
+        document["header"] = [
+            re.sub(r"judged policy \([^)]*\)", f"judged policy ({args.judge})", line)
+            for line in document["header"]
+        ]
         document["summary"] = sweep.summary(document["cells"], args.judge)
         write(document, args, sorted({c["arrivals"] for c in document["cells"]}))
         return 0

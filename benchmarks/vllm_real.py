@@ -14,9 +14,9 @@ shared-prefix workload's system prompts of about 800 tokens beside the request b
 once; their prefix caches are flushed before every run (``POST /reset_prefix_cache``, by ``bench``).
 
 Routers, each its own process, started fresh per run: prefix-router ``serve --processes 1`` with
-``random``, ``round_robin``, ``least_load``, ``prefix``; sglang-router 0.3.2, SMG 1.13 (``smg launch``) and
-vllm-router 0.1.17, each ``cache_aware`` with its defaults (installed into ``--peers-venv`` if missing,
-never into the project's venv). Client: ``prefix-router bench --router URL`` (the ``openai`` client,
+``random``, ``round_robin``, ``least_load``, ``prefix``, ``ttft``; sglang-router 0.3.2, SMG 1.13 (``smg
+launch``) and vllm-router 0.1.17, each ``cache_aware`` with its defaults (installed into ``--peers-venv`` if
+missing, never into the project's venv). Client: ``prefix-router bench --router URL`` (the ``openai`` client,
 streaming), closed loop at each ``--concurrency`` (default 1), seeded; ``--rounds`` repeats each
 concurrency with the routers' order rotated by one per round. prefix-router logs its access lines
 (``log_level=info``): where its policy predicts the first-token time (``predicted_ttft_ms`` beside
@@ -133,6 +133,7 @@ ROUTERS: dict[str, Router] = {
     "round_robin": Router("prefix-router round_robin", "prefix-router", "round_robin"),
     "least_load": Router("prefix-router least_load", "prefix-router", "least_load"),
     "prefix": Router("prefix-router prefix", "prefix-router", "prefix"),
+    "ttft": Router("prefix-router ttft", "prefix-router", "ttft"),
     "sglang": Router("sglang-router cache_aware", "sglang-router", "cache_aware"),
     "smg": Router("smg cache_aware", "smg", "cache_aware"),
     "vllm": Router("vllm-router cache_aware", "vllm-router", "cache_aware"),

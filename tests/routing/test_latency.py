@@ -203,3 +203,49 @@ def test_a_worker_that_stops_getting_requests_returns_to_the_fleet_s_rates() -> 
     assert model.samples("a") == 0
     assert model.rates("a", PRIOR) == model.fleet(PRIOR)
     assert model.samples("b") >= WINDOW - 2  # a served worker keeps about its window
+
+
+def test_a_worker_not_yet_sampled_is_priced_at_the_measured_prefill_rate() -> None:
+    """Its peers' prefill is priced at the fleet's measured rate: so is its own, not at the prior (10x
+    too fast here), which would make it look faster or slower than its peers for every new prefix."""
+    model = LatencyModel(100, drain=lambda: 1000.0)
+    feed(model, "a", 3, seed=12)
+    assert model.rates("a", PRIOR)[1] == 1e-3
+    assert model.rates("new", PRIOR)[1] == 1e-3
+
+
+def test_the_fleet_follows_every_sample_until_it_has_a_few() -> None:
+    """Before ``FLEET_EVERY`` samples the fleet's fit is not held at the prior: a worker not yet sampled
+    starts from what the first samples taught."""
+    model = LatencyModel(100)
+    feed(model, "a", 3, seed=13)
+    first = model.rates("new", PRIOR)
+    assert first != PRIOR
+    feed(model, "a", 1, seed=14)
+    assert model.rates("new", PRIOR) != first
+
+
+def test_uncertainty_is_the_recent_median_error_of_predictions_made_before_learning() -> None:
+    """No trust (1.0) until a few first tokens were predicted; then the median of |predicted - observed|
+    / observed, each predicted before its sample was learned: an engine the model has learned scores
+    near 0, one whose times are noise keeps a large error."""
+    model = LatencyModel(1000)
+    assert model.uncertainty() == 1.0
+    model.rates("a", PRIOR)  # read by a policy: predictions are scored from now on
+    feed(model, "a", CLIP_AFTER - 1, seed=15)
+    assert model.uncertainty() == 1.0
+    feed(model, "a", 2 * WINDOW, seed=16)
+    assert model.uncertainty() < 0.01
+    noisy = LatencyModel(1000)
+    noisy.rates("a", PRIOR)
+    rng = random.Random(17)
+    for i in range(2 * WINDOW):
+        noisy.dispatched(f"n{i}", "a", rng.uniform(10, 3000), 0, float(i), 0)
+        noisy.observed(f"n{i}", float(i) + rng.uniform(0.05, 3.0))
+    assert noisy.uncertainty() > 0.3
+
+
+def test_uncertainty_counts_nothing_for_a_model_no_policy_reads() -> None:
+    model = LatencyModel(1000)
+    feed(model, "a", WINDOW, seed=18)
+    assert model.uncertainty() == 1.0

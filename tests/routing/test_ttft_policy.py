@@ -24,6 +24,7 @@ def request() -> RouteRequest:
 def learned(rates: dict[str, tuple[float, float, float, float]]) -> LatencyModel:
     """A model whose workers learned ``rates`` from a seeded synthetic sequence."""
     model = LatencyModel(1000)
+    model.rates("a", TtftPolicy(TtftSettings()).prior)  # read, as a router's policy does: errors count
     rng = random.Random(0)
     for worker, r in rates.items():
         for i in range(200):
@@ -85,7 +86,8 @@ class Caches:
 
 def test_a_new_prefix_goes_where_it_evicts_nothing() -> None:
     """Nobody holds the prompt: the full cache is a little less busy, but a copy there evicts 960 tokens
-    that are recomputed later; the other has room for it."""
+    that are recomputed later; the other has room for it, priced at the share of its cache in use (the
+    room is shared by what comes next)."""
     policy = TtftPolicy(TtftSettings())
     workers = [WorkerSnapshot("a", in_flight=1, decoding=1), WorkerSnapshot("b", in_flight=2, decoding=2)]
     caches = Caches()
@@ -94,7 +96,26 @@ def test_a_new_prefix_goes_where_it_evicts_nothing() -> None:
     decision = policy.select(request(), workers, ctx)
     assert decision.worker == "b" and decision.branch == Branch.LOAD_BALANCE
     by_worker = {e.worker: e for e in decision.estimates}
-    assert by_worker["a"].cache_s > 0.5 and by_worker["b"].cache_s == 0.0
+    a, b = by_worker["a"], by_worker["b"]
+    assert a.cache_s == pytest.approx(a.prefill_s, rel=0.05)  # all 960 tokens evicted, recomputed once
+    assert b.cache_s == pytest.approx(0.7 * a.cache_s, rel=0.01)  # they fit: the share in use
+
+
+def test_running_requests_take_room_the_index_does_not_see() -> None:
+    """The index says ``b`` has room, but the engine's scraped KV usage says its running requests hold
+    95 % of it: a copy there evicts as on a full cache, and the holder of half the prompt wins."""
+    policy = TtftPolicy(TtftSettings())
+    caches = Caches()
+    caches.fills = {"a": 1.0, "b": 0.2}
+    model = learned({"a": CPU, "b": CPU})
+    free = [WorkerSnapshot("a", in_flight=2, decoding=1), WorkerSnapshot("b", in_flight=1, decoding=1)]
+    ctx = Context(0.0, random.Random(0), {"a": 30}, caches, fills=caches.fills, latency=model)
+    assert policy.select(request(), free, ctx).worker == "b"
+    busy = [free[0], WorkerSnapshot("b", in_flight=1, decoding=1, kv_usage=0.95)]
+    decision = policy.select(request(), busy, ctx)
+    assert decision.worker == "a"
+    by_worker = {e.worker: e for e in decision.estimates}
+    assert by_worker["b"].cache_s > by_worker["a"].cache_s
 
 
 def test_a_full_engine_s_admission_queue_counts_in_its_wait() -> None:
@@ -154,3 +175,44 @@ def test_the_choice_is_a_candidate_under_the_cap(
     chosen = next(w for w in workers if w.name == decision.worker)
     cap = load_cap(workers, knobs.load_factor, knobs.load_slack)
     assert under_cap(chosen, cap) or not any(under_cap(w, cap) for w in workers)
+
+
+class Untrusted:
+    """A latency view whose rates are ``rates`` and whose recent median error is ``error``."""
+
+    def __init__(self, rates: tuple[float, float, float, float], error: float) -> None:
+        self._rates, self._error = rates, error
+
+    def rates(
+        self, worker: str, prior: tuple[float, float, float, float]
+    ) -> tuple[float, float, float, float]:
+        return self._rates
+
+    def uncertainty(self) -> float:
+        return self._error
+
+
+def test_a_move_needs_a_gain_beyond_the_model_s_own_error() -> None:
+    """The holder's predicted queue makes the other worker look cheaper by about a third: taken when the
+    model's predictions are right to within 10 %, not when they are off by half (the copy and eviction a
+    move costs are known; the queue it avoids is a prediction)."""
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a", in_flight=3, prefill_backlog=1500.0), WorkerSnapshot("b")]
+    cost = {}
+    for error in (0.1, 0.5):
+        ctx = Context(0.0, random.Random(0), {"a": 58}, latency=Untrusted(CPU, error))
+        decision = policy.select(request(), workers, ctx)
+        cost[error] = decision.worker
+        by_worker = {e.worker: e for e in decision.estimates}
+        moved = by_worker["b"].ttft_s + by_worker["b"].cache_s + by_worker["b"].added_s
+        stayed = by_worker["a"].ttft_s + by_worker["a"].cache_s + by_worker["a"].added_s
+        assert 0.5 * stayed < moved < 0.8 * stayed
+    assert cost == {0.1: "b", 0.5: "a"}
+
+
+def test_with_no_holder_the_error_changes_nothing() -> None:
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a", in_flight=3, prefill_backlog=1500.0), WorkerSnapshot("b")]
+    for error in (0.0, 1.0):
+        ctx = Context(0.0, random.Random(0), {}, latency=Untrusted(CPU, error))
+        assert policy.select(request(), workers, ctx).worker == "b"

@@ -18,8 +18,11 @@ worker keeps its last ``WINDOW`` samples. The fleet's rates are the least-square
 samples pooled, pulled towards the prior passed at read time (``rates``: the policy's knobs own it) with
 the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as a window fills; a worker's rates are the
 fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
-without samples has the fleet's rates, one whose samples do not tell a rate apart, such as requests of
-one size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0.
+without samples has the fleet's rates, its prefill at the measured rate its peers are priced at: priced at
+the prior instead, a worker not yet sampled looked 3x slower on an H100-like profile and every new prefix
+went to the first worker sampled; one whose samples do not tell a rate apart, such as requests of one
+size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0. The
+fleet's fit follows every sample until there are ``FLEET_EVERY``, then every ``FLEET_EVERY``.
 Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window (no
 more of any feature than some sample since its last recount, every WINDOW samples) has its time clipped
 to within ``CLIP`` x its own fit's prediction (refitted every ``CLIP_AFTER`` samples); one beyond it is
@@ -36,6 +39,7 @@ restarted or left).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 from prefix_router.routing.bounded import BoundedLRU
@@ -46,6 +50,7 @@ RIDGE = 1e-3  # ... fading to this as the window fills
 CLIP_AFTER = 8  # samples before a new sample is clipped to the fit's range
 FLEET_EVERY = 16  # samples between two fits of the fleet's pooled rates (each worker refits after one)
 CLIP = 4.0  # a sample's time is kept within [prediction / CLIP, prediction x CLIP]
+ERRORS = 128  # the fleet's last prediction errors kept for ``uncertainty``
 
 # (overhead s, prefill s per token-equivalent, s per decoding request, s per request queued ahead)
 Rates = tuple[float, float, float, float]
@@ -222,16 +227,20 @@ class LatencyModel:
         self.active = active
         # the fleet's measured prefill rate, work per second (0: unknown; ``PrefillBacklog.fleet_rate``)
         self.drain = drain
+        self._prior: Rates | None = None  # the prior last read with (``rates``): the errors' fits use it
+        self._errors: deque[float] = deque(maxlen=ERRORS)  # |predicted - observed| / observed
+        self._uncertainty: tuple[int, float] = (-1, 1.0)  # (``_version`` when computed, the median)
 
     def rates(self, worker: str, prior: Rates) -> Rates:
         """``worker``'s fitted rates towards the fleet's (``fleet``); the fleet's before any sample."""
         self.active = True
+        self._prior = prior
         prior = self.fleet(prior)
         samples = self._workers.get(worker)
-        if samples is None:
-            return prior
         rate = self.drain() if self.drain is not None else 0.0
         prefill_s = 1.0 / rate if rate > 0.0 else 0.0
+        if samples is None:  # the fleet's, with the measured prefill rate its peers are priced at
+            return prior if prefill_s <= 0.0 else (prior[0], prefill_s, prior[2], prior[3])
         if samples.fit is None or samples.fit_prior != prior or samples.fit_prefill != prefill_s:
             samples.fit = fit(samples.sums, prior, PRIOR_SAMPLES, prefill_s)
             samples.fit_prior, samples.fit_prefill = prior, prefill_s
@@ -239,8 +248,10 @@ class LatencyModel:
 
     def fleet(self, prior: Rates) -> Rates:
         """The rates of every worker's samples pooled, fitted towards ``prior`` with a weight fading as a
-        window fills (``prior`` before any sample); refitted every ``FLEET_EVERY`` samples."""
-        epoch = self._version // FLEET_EVERY
+        window fills (``prior`` before any sample); refitted at every sample until there are
+        ``FLEET_EVERY``, then every ``FLEET_EVERY`` samples."""
+        version = self._version
+        epoch = version if version < FLEET_EVERY else FLEET_EVERY + version // FLEET_EVERY
         cached = self._fleet
         if cached is not None and cached[0] == epoch and cached[1] == prior:
             return cached[2]
@@ -251,6 +262,18 @@ class LatencyModel:
         out = fit(pooled, prior, fading(pooled[0]))
         self._fleet = (epoch, prior, out)
         return out
+
+    def uncertainty(self) -> float:
+        """How far to trust a prediction: the median relative error (|predicted - observed| / observed)
+        of the fleet's last ``ERRORS`` first tokens, each predicted by its worker's fit before it learned
+        from it; 1.0 (no trust) before ``CLIP_AFTER`` of them. Recomputed once per sample."""
+        version, value = self._uncertainty
+        if version == self._version:
+            return value
+        errors = sorted(self._errors)
+        value = errors[len(errors) // 2] if len(errors) >= CLIP_AFTER else 1.0
+        self._uncertainty = (self._version, value)
+        return value
 
     def samples(self, worker: str) -> int:
         """The samples ``worker``'s fit holds (at most ``WINDOW``)."""
@@ -289,6 +312,10 @@ class LatencyModel:
         seconds = now - sent
         if not seconds >= 0.0:
             return
+        if self._prior is not None:  # how far the model's prediction was off, before it learns from it
+            predicted = predict(self.rates(worker, self._prior), x[0], x[1], x[2])
+            if seconds > 0.0:
+                self._errors.append(abs(predicted - seconds) / seconds)
         samples = self._workers.setdefault(worker, _Samples())
         if len(samples) >= CLIP_AFTER and samples.within(x):
             if samples.clip_fit is None or samples.added - samples.clip_at >= CLIP_AFTER:

@@ -255,6 +255,10 @@ class LatencyView(Protocol):
         ahead), fitted towards ``prior``."""
         ...
 
+    def uncertainty(self) -> float:
+        """The fleet's median relative prediction error lately (1.0: no trust yet)."""
+        ...
+
 
 @dataclass(init=False, slots=True)
 class Context:

@@ -12,12 +12,15 @@ token-equivalent, s per decoding request), and split into its parts (``Candidate
     decode  = decode_s x decoding                  what the running decode batch adds to its steps
     added   = prefill_s x own x D                  the D requests that will queue behind this prefill
                                                    wait for it too
-    cache   = prefill_s x evicted                  what its insertion evicts is recomputed later
+    cache   = prefill_s x evicted x (1 + D)        what its insertion evicts is recomputed later
     own     = this request's prefill there: its prompt minus the prefix that worker holds (index), in
               token-equivalents (``backlog.prefill_work``: a token at context c costs
               1 + c / attention_tokens)
-    evicted = the uncached tokens beyond the room left in that worker's cache (index: fill x capacity;
-              own x fill where the capacity is unknown)
+    evicted = the uncached tokens beyond the room left in that worker's cache, plus the share
+              ``occupancy`` of those that fit (the room is shared by whatever comes next: in a cache that
+              full, that share of it displaces something before it is reused); own x occupancy where the
+              capacity is unknown. occupancy = max(index fill, the engine's scraped KV usage): a running
+              request's blocks take room the index may not count
     D       = W / (1 - rho): W the candidates' mean prefill backlog counted in typical requests
               (``ctx.request_work``), rho the utilisation of an M/M/1 queue that long; 0 before a typical
               request is known
@@ -34,6 +37,14 @@ Among the candidates under the bounded-load cap (``in_flight + 1 <= ceil(load_fa
 samples its rates are the fleet's, before any sample the prior (0 s, ``prior_prefill_s_per_token``, the
 same per decoding request: a decoding request adds about one token to each step). The decision carries
 the chosen worker's ``ttft`` (``predicted_ttft_s``) and the ``MAX_ESTIMATES`` lowest costs' parts.
+
+Honest about its error: a move off the incumbent (the cheapest holder of the longest match) is taken
+only if the other candidate stays cheaper with the predicted waits (``wait`` and ``decode``) off by the
+model's recent median relative error ``u`` (``LatencyView.uncertainty``: 1.0 until it has scored a few
+first tokens) against it and for the incumbent: ``known(c) + waits(c) x (1 + u) < known(i) + waits(i) x
+(1 - u)``, ``known`` = prefill + added + cache. The copy and the eviction a move costs are known; the
+queue it avoids is a prediction (SIMULATED, the model is off by a median 23-57 % there; on real vLLM
+more while it warms up). A request no worker holds is placed on the costs alone.
 
 Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallback`` (a worker with a
 longer match was passed over), ``load_balance`` (no match anywhere). Fallback: no candidate under the cap:
@@ -86,7 +97,9 @@ class TtftPolicy(NoHooks):
         wait = overhead + prefill_s * w.prefill_backlog + queued_s * max(0, w.in_flight - w.decoding)
         prefill = prefill_s * own
         decode = decode_s * w.decoding
-        cache = prefill_s * evicted(prompt - cached, w.name, ctx) * (1.0 + delayed) if own else 0.0
+        cache = (
+            prefill_s * evicted(prompt - cached, w.name, ctx, w.kv_usage) * (1.0 + delayed) if own else 0.0
+        )
         typical = ctx.request_work
         here = delayed_requests(w.prefill_backlog / typical) if typical > 0 else 0.0
         here = min(max(here, float(w.in_flight - w.decoding)), delayed)
@@ -114,6 +127,8 @@ class TtftPolicy(NoHooks):
         tied = [e for cost, _, e in ranked if cost == best]
         chosen = tied[0] if len(tied) == 1 else ctx.rng.choice(tied)
         longest = max((ctx.matches.get(w.name, 0) for w in workers), default=0)
+        error = 1.0 if ctx.latency is None else min(1.0, ctx.latency.uncertainty())
+        chosen = _incumbent(ranked, chosen, ctx.matches, error)
         return Decision(
             chosen.worker,
             _branch(ctx.matches.get(chosen.worker, 0), longest),
@@ -135,16 +150,47 @@ def waiting_behind(workers: Sequence[WorkerSnapshot], flight: int, backlog: floa
     return min(max(by_work, queued / n), flight / n)
 
 
-def evicted(inserted: float, worker: str, ctx: Context) -> float:
-    """The tokens that inserting ``inserted`` tokens on ``worker`` evicts from its cache: beyond the room
-    left there (fill x capacity, from the index); ``inserted x fill`` where the capacity is unknown."""
+def evicted(inserted: float, worker: str, ctx: Context, kv_usage: float | None = None) -> float:
+    """The cached tokens that inserting ``inserted`` tokens on ``worker`` costs: all of them beyond the room
+    left there, and of those that fit, the share ``occupancy`` (the room is shared by whatever comes next:
+    in a cache that full, about that share of it displaces something before it is reused); ``inserted x
+    occupancy`` where the capacity is unknown. ``occupancy``: the larger of the index's fill and the
+    engine's scraped KV usage ``kv_usage`` (blocks its running requests hold, which the index may not
+    count: their outputs, a prompt longer than its key)."""
     cache = ctx.cache
     fills = ctx.fills
     fill = fills.get(worker, 0.0) if fills is not None else cache.fill(worker) if cache is not None else 0.0
+    occupancy = min(1.0, max(fill, kv_usage)) if kv_usage is not None else fill
     capacity = cache.capacity_tokens(worker) * ctx.token_scale if cache is not None else 0.0
     if capacity <= 0.0:
-        return inserted * fill
-    return max(0.0, inserted - (1.0 - fill) * capacity)
+        return inserted * occupancy
+    room = max(0.0, (1.0 - occupancy) * capacity)
+    return max(0.0, inserted - room) + min(inserted, room) * occupancy
+
+
+def _incumbent(
+    ranked: list[tuple[float, int, CandidateEstimate]],
+    chosen: CandidateEstimate,
+    matches: dict[str, int],
+    error: float,
+) -> CandidateEstimate:
+    """The cheapest holder of the longest match among the candidates (the incumbent) unless ``chosen``
+    is cheaper even with the predicted waits (its wait and decode parts) off by ``error`` (the model's
+    recent median relative error) against it and for the incumbent: moving copies a prefix and evicts,
+    which is known; the queue it avoids is a prediction."""
+    longest = max((matches.get(e.worker, 0) for _, _, e in ranked), default=0)
+    if longest <= 0 or matches.get(chosen.worker, 0) == longest:
+        return chosen
+    for _, _, e in ranked:
+        if matches.get(e.worker, 0) == longest:
+            return chosen if _bound(chosen, error) < _bound(e, -error) else e
+    return chosen
+
+
+def _bound(e: CandidateEstimate, error: float) -> float:
+    """``e``'s cost with its predicted waits scaled by 1 + ``error``."""
+    known = e.ttft_s - e.wait_s - e.decode_s + e.added_s + e.cache_s
+    return known + (e.wait_s + e.decode_s) * (1.0 + error)
 
 
 def _first(item: tuple[float, int, CandidateEstimate]) -> float:
