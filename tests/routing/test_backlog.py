@@ -63,6 +63,24 @@ def test_workers_without_samples_use_the_fleet_average() -> None:
     assert drain.rate("c") == pytest.approx(1_000)
 
 
+def test_first_tokens_of_one_batch_microseconds_apart_do_not_inflate_the_rate() -> None:
+    """An engine prefills 4 requests of 1,000 in one 1-second step and sends their first tokens a few
+    microseconds apart: the rate is the work over the time, about 4,000/s, never the 10^9 of an interval
+    of a microsecond taken alone."""
+    drain = PrefillBacklog()
+    drain.add_worker("a")
+    seen = []
+    for batch in range(20):
+        start = 2.0 * batch
+        for _ in range(4):
+            drain.dispatched("a", 1_000, now=start)
+        for i in range(4):
+            drain.first_token("a", 1_000, now=start + 1.0 + i * 1e-6)
+            seen.append(drain.rate("a"))
+    assert max(seen) < 10_000
+    assert drain.rate("a") == pytest.approx(4_000, rel=0.2)
+
+
 def test_abandoned_work_is_dropped_without_learning() -> None:
     drain = PrefillBacklog()
     drain.add_worker("a")

@@ -9,8 +9,10 @@ prefill rate. Per worker this model keeps:
 - the pending work, exactly (added at dispatch, removed at the first token or when a request leaves);
 - an estimate of what remains, ``pending - rate x (time since the last first token)`` (never below 0),
   re-synchronised with the exact pending work at every first token (all earlier work is done then);
-- the drain rate, learned from the same events: work drained between two first tokens (exact) over the
-  time it took while the worker had work, as an exponential moving average (``alpha`` per sample);
+- the drain rate, learned from the same events: the work drained between two first tokens (exact) and
+  the time it took while the worker had work, each as an exponential moving average (``alpha`` per
+  sample), the rate their ratio (a batch's first tokens arrive microseconds apart: an average of the
+  intervals' own ratios reached 300,000 tokens/s on real vLLM engines that prefill 800);
   a worker without samples yet uses the fleet's average, and 0 (no drain) before any sample at all.
 
 It also keeps the work of a typical dispatched request (``mean_work``, a moving average with weight
@@ -47,7 +49,9 @@ class _Worker:
     synced: float = 0.0  # pending work at the last first token (or when work reached an idle worker)
     synced_at: float = 0.0
     added: float = 0.0  # work dispatched since
-    rate: float = 0.0  # learned work per second (0: unknown)
+    rate: float = 0.0  # learned work per second (0: unknown): ``drained / elapsed``
+    drained: float = 0.0  # moving average of the work drained between two first tokens ...
+    elapsed: float = 0.0  # ... and of the time it took (0: no sample yet)
 
 
 _Entry = tuple[_Worker, WorkerSnapshot]  # a busy worker's state and live snapshot
@@ -197,9 +201,7 @@ class PrefillBacklog:
         state.pending = max(0.0, state.pending - work)
         drained, elapsed = state.synced + state.added - state.pending, now - state.synced_at
         if drained > 0 and elapsed > 0:
-            sample = drained / elapsed
-            if sample < math.inf:  # a vanishing interval (a subnormal step) would make the rate inf, then NaN
-                self._learn(state, sample)
+            self._learn(state, drained, elapsed)
         self._sync(state, now)
         self._track(worker, state)
 
@@ -218,8 +220,20 @@ class PrefillBacklog:
         state.synced, state.synced_at, state.added = state.pending, now, 0.0
         state.estimate, state.estimate_at = state.pending, now
 
-    def _learn(self, state: _Worker, sample: float) -> None:
+    def _learn(self, state: _Worker, drained: float, elapsed: float) -> None:
+        """One interval's sample: the rate is the moving average of the work drained over that of the
+        time taken (a ratio of averages, not an average of ratios: an engine that prefills a batch in
+        one step sends its first tokens a few microseconds apart, and each of those intervals alone
+        would say the whole request took microseconds)."""
         old = state.rate
-        state.rate = sample if old <= 0 else old + self.alpha * (sample - old)
+        if state.elapsed <= 0:
+            state.drained, state.elapsed = drained, elapsed
+        else:
+            state.drained += self.alpha * (drained - state.drained)
+            state.elapsed += self.alpha * (elapsed - state.elapsed)
+        rate = state.drained / state.elapsed
+        if not rate < math.inf:  # a vanishing interval (a subnormal step) would make it inf, then NaN
+            return
+        state.rate = rate
         self._rated += old <= 0
         self._rate_sum += state.rate - max(old, 0.0)
