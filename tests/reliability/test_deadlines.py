@@ -50,9 +50,9 @@ async def test_a_stream_that_keeps_flowing_outlives_an_ejection() -> None:
     loop = asyncio.get_running_loop()
     watch = deadlines.watch("a", loop.time() + 60, idle_s=60)
     async with watch:
-        deadlines.eject("a", loop.time(), grace_s=0.1)
-        assert watch.idle_s == 0.1
-        for _ in range(6):  # 0.3 s of chunks every 0.05 s
+        deadlines.eject("a", loop.time(), grace_s=0.3)
+        assert watch.idle_s == 0.3
+        for _ in range(12):  # 0.6 s of chunks every 0.05 s: twice the limit, each push 6x within it
             await asyncio.sleep(0.05)
             watch.push(loop.time() + (watch.idle_s or 0))
     assert watch.cause is Cause.EJECTED  # it was ejected, yet it was not cut
