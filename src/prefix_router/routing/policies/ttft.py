@@ -189,8 +189,7 @@ def _incumbent(
 
 def _bound(e: CandidateEstimate, error: float) -> float:
     """``e``'s cost with its predicted waits scaled by 1 + ``error``."""
-    known = e.ttft_s - e.wait_s - e.decode_s + e.added_s + e.cache_s
-    return known + (e.wait_s + e.decode_s) * (1.0 + error)
+    return e.prefill_s + e.added_s + e.cache_s + (e.wait_s + e.decode_s) * (1.0 + error)
 
 
 def _first(item: tuple[float, int, CandidateEstimate]) -> float:
