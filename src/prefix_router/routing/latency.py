@@ -14,9 +14,13 @@ prefill, and every step meanwhile also carries the worker's decoding requests. P
 
 Calibration: at dispatch the router records the request's ``(work, decoding, queued)`` on its worker
 (``dispatched``); its first token gives the observed time since dispatch, one sample (``observed``). A
-worker keeps its last ``WINDOW`` samples. The fleet's rates are the least-squares fit of every worker's
-samples pooled, pulled towards the prior passed at read time (``rates``: the policy's knobs own it) with
-the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as a window fills; a worker's rates are the
+worker keeps its last ``WINDOW`` samples. Every fit minimises the squared *relative* errors (each sample
+weighted by 1 / (its time x its time as predicted before it was observed), each ``FLOOR_S`` at least):
+what an operator reads a prediction by, and what keeps the typical request's time where a few long waits
+would pull a plain least-squares line. The
+fleet's rates are the fit of every worker's samples pooled, pulled towards the prior passed at read time
+(``rates``: the policy's knobs own it) with the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE``
+as a window fills; a worker's rates are the
 fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
 without samples has the fleet's rates, its prefill at the measured rate its peers are priced at: priced at
 the prior instead, a worker not yet sampled looked 3x slower on an H100-like profile and every new prefix
@@ -57,8 +61,11 @@ Rates = tuple[float, float, float, float]
 Features = tuple[float, float, float]  # (work, decoding, queued)
 # the prior the clipping's fit is pulled towards (after CLIP_AFTER samples the data outweigh it 4 to 1)
 CLIP_PRIOR: Rates = (0.0, 1e-4, 1e-4, 0.0)
+FLOOR_S = 1e-3  # a first-token time below this weighs as this much in the relative fit
 _K = 4  # the fit's unknowns: the overhead and one rate per feature
-_SUMS = _K * _K + _K  # the normal equations' sums: x x^T (row-major), then x y
+# the normal equations' sums, each sample weighted by 1 / seconds^2: x x^T (row-major), then x y; then the
+# sample count (the prior's weight is counted in samples)
+_SUMS = _K * _K + _K + 1
 
 
 class _Samples:
@@ -68,6 +75,7 @@ class _Samples:
     def __init__(self) -> None:
         self.features: list[Features] = []
         self.seconds: list[float] = []
+        self.scales: list[float] = []  # each sample's time as predicted before it was observed (its weight)
         self.times: list[float] = []  # when each sample was observed
         self.next = 0  # the ring's oldest slot once it is full
         self.added = 0  # samples ever added (the sums are recomputed every WINDOW of them: no drift)
@@ -81,26 +89,32 @@ class _Samples:
         # window's: recounted with the sums every WINDOW samples)
         self.most: Features = (0.0, 0.0, 0.0)
 
-    def add(self, x: Features, seconds: float, now: float = 0.0) -> None:
+    def add(self, x: Features, seconds: float, now: float = 0.0, scale: float | None = None) -> None:
+        """One sample; ``scale``: its time as predicted before it was observed (``seconds`` if None)."""
+        scale = seconds if scale is None else scale
         if len(self.features) < WINDOW:
             self.features.append(x)
             self.seconds.append(seconds)
+            self.scales.append(scale)
             self.times.append(now)
         else:
             i = self.next
-            _accumulate(self.sums, self.features[i], self.seconds[i], -1.0)
-            self.features[i], self.seconds[i], self.times[i] = x, seconds, now
+            _accumulate(self.sums, self.features[i], self.seconds[i], self.scales[i], -1.0)
+            self.features[i], self.seconds[i], self.scales[i], self.times[i] = x, seconds, scale, now
             self.next = (i + 1) % WINDOW
-        _accumulate(self.sums, x, seconds, 1.0)
+        _accumulate(self.sums, x, seconds, scale, 1.0)
         self.most = _most(self.most, x)
         self.added += 1
         if self.added % WINDOW == 0:
-            self.sums = [0.0] * _SUMS
-            self.most = (0.0, 0.0, 0.0)
-            for f, y in zip(self.features, self.seconds, strict=True):
-                _accumulate(self.sums, f, y, 1.0)
-                self.most = _most(self.most, f)
+            self._recount()
         self.fit = None
+
+    def _recount(self) -> None:
+        self.sums = [0.0] * _SUMS
+        self.most = (0.0, 0.0, 0.0)
+        for f, y, scale in zip(self.features, self.seconds, self.scales, strict=True):
+            _accumulate(self.sums, f, y, scale, 1.0)
+            self.most = _most(self.most, f)
 
     def span(self) -> float:
         """Seconds between the window's oldest and newest samples."""
@@ -114,13 +128,10 @@ class _Samples:
         keep.sort(key=lambda i: self.times[i])
         self.features = [self.features[i] for i in keep]
         self.seconds = [self.seconds[i] for i in keep]
+        self.scales = [self.scales[i] for i in keep]
         self.times = [self.times[i] for i in keep]
         self.next = 0
-        self.sums = [0.0] * _SUMS
-        self.most = (0.0, 0.0, 0.0)
-        for f, y in zip(self.features, self.seconds, strict=True):
-            _accumulate(self.sums, f, y, 1.0)
-            self.most = _most(self.most, f)
+        self._recount()
         self.fit = None
         self.clip_fit = None
 
@@ -137,13 +148,22 @@ def _most(a: Features, b: Features) -> Features:
     return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
 
 
-def _accumulate(sums: list[float], f: Features, y: float, sign: float) -> None:
+def _accumulate(sums: list[float], f: Features, y: float, scale: float, sign: float) -> None:
+    """Add (``sign`` 1) or remove (-1) one sample of time ``y``, predicted ``scale`` before it was
+    observed, weighted by ``1 / (y x scale)`` (each at least ``FLOOR_S``): the fit minimises the squared
+    *relative* error, what an operator reads a prediction by (plain least squares fitted the largest times
+    and missed the typical one by a median 41-55 % in a simulated KV-bound fleet at 8 in flight, the
+    relative fit 23 %, on the same features); relative to the observed time alone (``1 / y^2``) it
+    under-predicted the long waits it could not explain, on real vLLM at 8 in flight by half (median),
+    relative to the prediction alone it over-weighted them."""
     x = (1.0, f[0], f[1], f[2])
+    w = sign / (max(y, FLOOR_S) * max(scale, FLOOR_S))
     for i in range(_K):
-        xi = sign * x[i]
+        xi = w * x[i]
         for j in range(_K):
             sums[i * _K + j] += xi * x[j]
         sums[_K * _K + i] += xi * y
+    sums[_K * _K + _K] += sign
 
 
 def predict(rates: Rates, work: float, decoding: float, queued: float = 0.0) -> float:
@@ -159,10 +179,11 @@ def fading(n: float) -> float:
 
 
 def fit(sums: list[float], prior: Rates, weight: float, prefill_s: float = 0.0) -> Rates:
-    """The ridge least-squares rates of the samples summed in ``sums`` towards ``prior`` (each >= 0), the
-    prior weighing as much as ``weight`` samples of the mean square of each feature. ``prefill_s`` > 0:
-    the prefill rate is that (measured apart), the others are fitted to what it leaves."""
-    n = sums[0]
+    """The ridge least-squares rates, relative errors squared, of the samples summed in ``sums`` towards
+    ``prior`` (each >= 0), the prior weighing as much as ``weight`` samples of the weighted mean square of
+    each feature. ``prefill_s`` > 0: the prefill rate is that (measured apart), the others are fitted to
+    what it leaves."""
+    n = sums[_K * _K + _K]
     if n < 0.5:
         return prior if prefill_s <= 0.0 else (prior[0], prefill_s, prior[2], prior[3])
     a = [[sums[i * _K + j] for j in range(_K)] for i in range(_K)]
@@ -170,7 +191,7 @@ def fit(sums: list[float], prior: Rates, weight: float, prefill_s: float = 0.0) 
     if prefill_s > 0.0:
         b = [b[i] - prefill_s * a[i][1] for i in range(_K)]  # the residual of the measured prefill
     for i in range(_K):
-        lam = weight * (1.0 if i == 0 else max(a[i][i] / n, 1e-12))
+        lam = weight * max(a[i][i] / n, 1e-12)
         a[i][i] += lam
         b[i] += lam * prior[i]
     free = [i for i in range(_K) if i != 1 or prefill_s <= 0.0]
@@ -259,7 +280,7 @@ class LatencyModel:
         for samples in self._workers.values():
             for i, value in enumerate(samples.sums):
                 pooled[i] += value
-        out = fit(pooled, prior, fading(pooled[0]))
+        out = fit(pooled, prior, fading(pooled[_K * _K + _K]))
         self._fleet = (epoch, prior, out)
         return out
 
@@ -312,10 +333,12 @@ class LatencyModel:
         seconds = now - sent
         if not seconds >= 0.0:
             return
+        predicted: float | None = None
         if self._prior is not None:  # how far the model's prediction was off, before it learns from it
             predicted = predict(self.rates(worker, self._prior), x[0], x[1], x[2])
             if seconds > 0.0:
                 self._errors.append(abs(predicted - seconds) / seconds)
+
         samples = self._workers.setdefault(worker, _Samples())
         if len(samples) >= CLIP_AFTER and samples.within(x):
             if samples.clip_fit is None or samples.added - samples.clip_at >= CLIP_AFTER:
@@ -324,7 +347,7 @@ class LatencyModel:
             expected = predict(samples.clip_fit, x[0], x[1], x[2])
             if expected > 0.0:
                 seconds = min(max(seconds, expected / CLIP), expected * CLIP)
-        samples.add(x, seconds, now)
+        samples.add(x, seconds, now, predicted)
         self._version += 1
         if self._version % FLEET_EVERY == 0:
             self._age(now)
