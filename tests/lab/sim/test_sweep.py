@@ -12,7 +12,7 @@ import pytest
 from prefix_router.lab.sim import sweep, sweep_report
 from support.scripts import benchmark_module
 
-TINY_POLICIES = ("random", "least_load", "prefix", "sglang_cache_aware")
+TINY_POLICIES = ("random", "least_load", "prefix", "sglang_cache_aware", "ttft")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,19 @@ def test_every_interval_contains_its_mean(tiny_cells: list[dict[str, Any]]) -> N
 def test_the_cache_aware_policies_beat_random_on_hits(tiny_cells: list[dict[str, Any]]) -> None:
     rows = tiny_cells[0]["policies"]
     assert rows["sglang_cache_aware"]["hit_rate"]["mean"] > rows["random"]["hit_rate"]["mean"]
+
+
+def test_the_predicted_first_token_time_s_error_is_pooled_for_the_policy_that_predicts_it(
+    tiny_cells: list[dict[str, Any]],
+) -> None:
+    for cell in tiny_cells:
+        rows = cell["policies"]
+        assert rows["random"]["predicted_ttft_mdape"] is None
+        error = rows["ttft"]["predicted_ttft_mdape"]
+        assert 0.0 < error["mean"] < 1.0 and error["low"] <= error["mean"] <= error["high"]
+        assert any("predicted TTFT error" in line for line in sweep_report.cell_text(cell, "ttft"))
+        assert any(line.endswith(" %") for line in sweep_report.cell_text(cell, "ttft"))
+    assert any("median relative error" in line for line in sweep_report.summary_text(tiny_cells, "ttft"))
 
 
 def test_interval_is_students_t_over_the_values() -> None:
@@ -123,7 +136,8 @@ def test_the_script_writes_its_text_and_plots(tmp_path: Path) -> None:
         assert bench.main([*rejudge, "--out", str(again), "--plot-prefix", ""]) == 0
     assert "SUMMARY for sglang_cache_aware over 4 cells" in again.read_text()
     with benchmark_module("concurrency_sweep.py") as bench:
-        assert bench.main(["--from-json", str(tmp_path / "sweep.json"), "--judge", "ttft", "--out", ""]) == 2
+        unjudged = ["--from-json", str(tmp_path / "sweep.json"), "--judge", "dynamo_kv", "--out", ""]
+        assert bench.main(unjudged) == 2  # a policy the sweep did not run
     assert sweep_report.cell_label({"engines": 2, "profile": "gpu", "cache": "roomy", "arrivals": "open",
                                     "concurrency": 8, "rate_rps": 1.5}).endswith("1.50 req/s")  # fmt: skip
 

@@ -71,6 +71,8 @@ class _Live:
     predicted: int
     route: RouteRequest  # as routed (with its precise key in precise mode)
     first_token: float | None = None
+    predicted_ttft_s: float | None = None  # the decision's prediction, from dispatch
+    sent: float = 0.0  # when it was submitted to its engine
 
 
 class Record(NamedTuple):
@@ -228,7 +230,9 @@ class ClusterSimulation:
             return
         if len(self._live) >= self.spec.max_live_requests:
             raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
-        self._live[request.request_id] = _Live(request, instance, decision.predicted_tokens, route)
+        self._live[request.request_id] = _Live(
+            request, instance, decision.predicted_tokens, route, None, decision.predicted_ttft_s, now
+        )
         self.stats.dispatched(instance, str(decision.branch))
         self._reschedule(instance)
 
@@ -351,6 +355,7 @@ class ClusterSimulation:
     def _on_first_token(self, event: EngineEvent) -> None:
         live = self._live[event.request_id]
         live.first_token = event.time
+        self.stats.first_token(live.predicted_ttft_s, event.time - live.sent)
         self.router.first_token(event.request_id, event.time)
         if self.decisions is not None:
             self.decisions.first_token(event.request_id, event.time - live.request.arrival)

@@ -30,6 +30,8 @@ class SimStats:
     replication: list[float] = field(default_factory=list)  # samples of copies / distinct cached blocks
     branches: dict[str, int] = field(default_factory=dict)  # routing decisions per branch
     tpot: list[float] = field(default_factory=list)  # time per output token after the first, s
+    # |predicted - observed| / observed of each first token whose decision predicted its time, in order
+    prediction_errors: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.per_instance = [0] * self.instances
@@ -64,6 +66,11 @@ class SimStats:
             self.tpot.append((end - first) / (out - 1))
         self.last_finish = max(self.last_finish, end)
 
+    def first_token(self, predicted_s: float | None, observed_s: float) -> None:
+        """A first token ``observed_s`` after dispatch, where the decision predicted ``predicted_s``."""
+        if predicted_s is not None and observed_s > 0.0:
+            self.prediction_errors.append(abs(predicted_s - observed_s) / observed_s)
+
     @property
     def completed(self) -> int:
         return len(self.ttft)
@@ -83,6 +90,16 @@ def imbalance(per_instance: Sequence[int]) -> float:
     if not total:
         return 0.0
     return max(per_instance) / (total / len(per_instance))
+
+
+PREDICTION_WARMUP = 8  # first tokens left out of the prediction error (the model learns online)
+
+
+def prediction_mdape(errors: Sequence[float]) -> float | None:
+    """The median relative error of the predicted first-token times after ``PREDICTION_WARMUP`` (None
+    where the policy predicts none)."""
+    kept = errors[PREDICTION_WARMUP:]
+    return float(np.median(kept)) if len(kept) else None
 
 
 def summarize(stats: SimStats) -> dict[str, Any]:
@@ -141,4 +158,5 @@ def details(stats: SimStats, wall_s: float) -> dict[str, Any]:
         "tpot_ms": latency_ms(stats.tpot),
         "replication": replication(stats),
         "branches": dict(sorted(stats.branches.items())),
+        "predicted_ttft_mdape": prediction_mdape(stats.prediction_errors),
     }

@@ -29,7 +29,7 @@ from prefix_router.lab.sim.openai_api import EngineLimits
 from prefix_router.lab.sim.profiles import EngineProfile, get_profile
 from prefix_router.lab.sim.run import routing_factory
 from prefix_router.lab.sim.simulator import ClusterSimulation, ClusterSpec
-from prefix_router.lab.sim.stats import summarize
+from prefix_router.lab.sim.stats import prediction_mdape, summarize
 from prefix_router.lab.sim.timing import prefill_pairs, step_time
 from prefix_router.lab.sim.workload_source import WorkloadSource
 from prefix_router.lab.workloads.arrivals import Arrivals
@@ -175,7 +175,8 @@ def quick_grid() -> dict[str, tuple[Any, ...]]:
 
 
 def run_once(setting: Setting, arrivals: Arrivals, policy: str, seed: int, plan: Plan) -> dict[str, Any]:
-    """One policy on one seed's requests: its summary (``stats.summarize``)."""
+    """One policy on one seed's requests: its summary (``stats.summarize``) and its predicted first-token
+    time's median relative error (``predicted_ttft_mdape``, None for a policy that predicts none)."""
     shape = sweep_profiles()[setting.profile]
     engine = shape.engine
     capacity = shape.capacity[setting.cache]
@@ -188,7 +189,8 @@ def run_once(setting: Setting, arrivals: Arrivals, policy: str, seed: int, plan:
     limits = EngineLimits(engine.model, engine.block_size, engine.max_model_len)
     source = WorkloadSource(workload, routing(DEFAULT_POLICY), limits)
     spec = ClusterSpec(setting.engines, engine, capacity, seed)
-    return summarize(ClusterSimulation(spec, policy, source, routing(policy)).run().stats)
+    stats = ClusterSimulation(spec, policy, source, routing(policy)).run().stats
+    return {**summarize(stats), "predicted_ttft_mdape": prediction_mdape(stats.prediction_errors)}
 
 
 def run_setting(setting: Setting, plan: Plan) -> list[dict[str, Any]]:
@@ -243,7 +245,14 @@ def pooled(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "ttft_p99_ms": interval([r["ttft_ms"]["p99"] for r in rows]),
         "imbalance": interval([r["load_imbalance"] for r in rows]),
         "errors": sum(int(r["errors"]) for r in rows),
+        "predicted_ttft_mdape": _pooled_error(rows),
     }
+
+
+def _pooled_error(rows: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """The seeds' median relative error of the predicted first-token time (None: the policy predicts none)."""
+    values = [r["predicted_ttft_mdape"] for r in rows if r.get("predicted_ttft_mdape") is not None]
+    return interval(values) if values else None
 
 
 def interval(values: Sequence[float]) -> dict[str, float]:

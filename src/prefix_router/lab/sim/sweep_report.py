@@ -38,13 +38,16 @@ def cell_text(cell: Mapping[str, Any], judged: str) -> list[str]:
     """One cell: a row per policy (means over the seeds, 95 % intervals), then the judged policy's targets."""
     lines = [cell_label(cell)]
     lines.append(
-        f"  {'policy':20s} {'hit % [95% CI]':>24s} {'TTFT mean ms [95% CI]':>28s} {'p99 ms':>9s} imbal."
+        f"  {'policy':20s} {'hit % [95% CI]':>24s} {'TTFT mean ms [95% CI]':>28s} {'p99 ms':>9s} imbal. "
+        "predicted TTFT error (median)"
     )
     for policy, row in cell["policies"].items():
         mark = "*" if policy == judged else " "
+        error = row.get("predicted_ttft_mdape")
         lines.append(
             f" {mark}{policy:20s} {_ci(row['hit_rate'], 100, 1):>24s} {_ci(row['ttft_mean_ms'], 1, 0):>28s} "
             f"{row['ttft_p99_ms']['mean']:9,.0f} {row['imbalance']['mean']:.2f}"
+            + (f"   {error['mean'] * 100:.0f} %" if error else "")
         )
     if judged in cell["policies"]:
         lines.append("  " + verdict_line(evaluate(cell, judged)["checks"]))
@@ -99,6 +102,18 @@ def summary_text(cells: Sequence[Mapping[str, Any]], judged: str) -> list[str]:
         f"  geometric mean of TTFT mean / best emulated peer's: {s['ttft_ratio_geomean']:.3f} "
         f"(target <= {SWEEP_RATIO_TARGET:.2f}: {'ok' if s['ttft_ratio_ok'] else 'MISSED'})",
     ]
+    errors = [
+        c["policies"][judged]["predicted_ttft_mdape"]["mean"]
+        for c in cells
+        if c["policies"].get(judged, {}).get("predicted_ttft_mdape")
+    ]
+    if errors:
+        ranked = sorted(errors)
+        middle = ranked[len(ranked) // 2]
+        lines.append(
+            f"  predicted TTFT, median relative error per cell: median {middle * 100:.0f} %, "
+            f"range {ranked[0] * 100:.0f}-{ranked[-1] * 100:.0f} %"
+        )
     for key, values in _slices(cells).items():
         part = summary(values, judged)
         lines.append(
