@@ -20,7 +20,10 @@ missing, never into the project's venv). Client: ``prefix-router bench --router 
 streaming), closed loop at each ``--concurrency`` (default 1), seeded; ``--rounds`` repeats each
 concurrency with the routers' order rotated by one per round. prefix-router logs its access lines
 (``log_level=info``): where its policy predicts the first-token time (``predicted_ttft_ms`` beside
-``ttft_ms``), the run's median absolute percentage error after ``WARMUP_REQUESTS`` is reported.
+``ttft_ms``), the run's median absolute percentage error after ``WARMUP_REQUESTS`` is reported, beside
+the error of the best fit in hindsight of what the engines did (``hindsight_error``; where the router
+names the worker in its responses, as prefix-router does):
+how predictable that run's first-token times were at all.
 
 Issue 41's comparison (2 engines, 4 and 8 in flight, every router ``cache_aware``; ``OUT/summary.md``
 pools the rounds: hit rate from the engines' usage, TTFT mean, both against the best peer's):
@@ -72,6 +75,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -342,6 +346,7 @@ def run_one(
         response_hit_rate=summary["hit_rate"],
         requests_per_worker=summary["requests_per_worker"],
         bench_wall_s=summary["wall_s"],
+        hindsight_mdape=hindsight_error(read_records(str(records_path(out_dir / f"{slug}.json")))),
     )
     return row
 
@@ -370,6 +375,47 @@ def prediction_errors(log: Path, warmup: int = WARMUP_REQUESTS) -> dict[str, Any
     return {"requests": len(kept), "warmup": min(warmup, len(pairs)), "mdape": statistics.median(errors)}
 
 
+_HINDSIGHT_UNKNOWNS = 6  # an overhead and one rate per feature
+
+
+def hindsight_error(records: Sequence[dict[str, Any]], warmup: int = WARMUP_REQUESTS) -> float | None:
+    """How predictable a run's first-token times were at all: the median relative error of the best
+    linear fit, in hindsight, of each request's first-token time (relative errors squared, fitted to the
+    run itself) on what its engine did, from the client's records alone: its own uncached prompt tokens
+    (engine-reported), the uncached tokens and the requests ahead of it there (sent earlier, not past
+    their first token when it was sent), the requests decoding there, and the uncached tokens sent there
+    after it but before its first token (known to no router: they join its step). A router's own
+    predictions, made before the facts, cannot be expected below it. None with fewer than 3 requests
+    per unknown after ``warmup``."""
+    timed = [r for r in records if r.get("ok") and r.get("ttft_s") and r.get("worker")]
+    rows = sorted((r for r in timed if r.get("prompt_tokens")), key=lambda r: float(r["start_s"]))
+    features: list[list[float]] = []
+    seconds: list[float] = []
+    for r in rows:
+        start, first = float(r["start_s"]), float(r["start_s"]) + float(r["ttft_s"])
+        same = [q for q in rows if q["worker"] == r["worker"] and q is not r]
+        ahead = [q for q in same if float(q["start_s"]) <= start < _first(q)]
+        decoding = [q for q in same if _first(q) <= start < float(q["start_s"]) + float(q["e2e_s"])]
+        later = [q for q in same if start < float(q["start_s"]) < first]
+        work_ahead, work_later = sum(map(_own, ahead)), sum(map(_own, later))
+        features.append([1.0, _own(r), work_ahead, len(ahead), len(decoding), work_later])
+        seconds.append(float(r["ttft_s"]))
+    if len(seconds) - warmup < 3 * _HINDSIGHT_UNKNOWNS:
+        return None
+    x, y = np.array(features[warmup:]), np.array(seconds[warmup:])
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
+    return float(np.median(np.abs(x @ coef - y) / y))
+
+
+def _own(record: dict[str, Any]) -> float:
+    return float(record["prompt_tokens"]) - float(record.get("cached_tokens") or 0)
+
+
+def _first(record: dict[str, Any]) -> float:
+    return float(record["start_s"]) + float(record["ttft_s"])
+
+
 def pooled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
     """Per (cell, concurrency) and router, its rounds pooled: hit rate (cached / prompt tokens, summed
     over the requests' usage), TTFT mean weighted by requests, prediction errors' median of medians."""
@@ -380,7 +426,7 @@ def pooled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[st
         key = (r["cell"], int(r.get("concurrency", 1)))
         acc = out.setdefault(key, {}).setdefault(
             r["router"], {"kind": r.get("kind", ""), "prompt": 0, "cached": 0, "requests": 0, "ttft_sum": 0.0,
-                          "rounds": 0, "mdape": []},
+                          "rounds": 0, "mdape": [], "hindsight": []},
         )  # fmt: skip
         acc["prompt"] += r["prompt_tokens"]
         acc["cached"] += r["cached_tokens"]
@@ -389,6 +435,8 @@ def pooled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[st
         acc["rounds"] += 1
         if r.get("predictions"):
             acc["mdape"].append(r["predictions"]["mdape"])
+        if r.get("hindsight_mdape") is not None:
+            acc["hindsight"].append(r["hindsight_mdape"])
     return out
 
 
@@ -397,8 +445,8 @@ def peer_summary(rows: Sequence[dict[str, Any]]) -> str:
     hit rate and the lowest TTFT mean among the routers that are not prefix-router)."""
     lines = [
         "| cell | in flight | router | rounds | hit rate | hit - best peer's | TTFT mean ms "
-        "| TTFT / best peer's | predicted TTFT MdAPE |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| TTFT / best peer's | predicted TTFT MdAPE | hindsight fit's MdAPE |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (cell, concurrency), routers in pooled_rows(rows).items():
         stats = {
@@ -413,8 +461,9 @@ def peer_summary(rows: Sequence[dict[str, Any]]) -> str:
             dhit = "n/a" if best_hit is None else f"{(hit - best_hit) * 100:+.1f} pt"
             ratio = "n/a" if not best_ttft else f"{ttft / best_ttft:.2f}x"
             mdape = f"{statistics.median(a['mdape']) * 100:.0f} %" if a["mdape"] else "n/a"
+            bound = f"{statistics.median(a['hindsight']) * 100:.0f} %" if a["hindsight"] else "n/a"
             lines.append(f"| {cell} | {concurrency} | {name} | {a['rounds']} | {hit * 100:.1f} % | {dhit} "
-                         f"| {ttft:,.0f} | {ratio} | {mdape} |")  # fmt: skip
+                         f"| {ttft:,.0f} | {ratio} | {mdape} | {bound} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -142,3 +142,38 @@ def test_peer_summary_pools_rounds_and_compares_with_the_best_peer(bench: Module
     # pooled: hit 1700 / 2000 = 85 %, +5 points on sglang's 80 %; TTFT (10 x 100 + 30 x 200) / 40 = 175 ms,
     # 1.40x smg's 125 (the lowest peer mean)
     assert "| 4 | prefix-router prefix | 2 | 85.0 % | +5.0 pt | 175 | 1.40x | n/a |" in prefix
+
+
+def _timed(worker: str, start: float, ttft: float, prompt: int, cached: int) -> dict[str, Any]:
+    return {"ok": True, "worker": worker, "start_s": start, "ttft_s": ttft, "e2e_s": ttft + 0.05,
+            "prompt_tokens": prompt, "cached_tokens": cached}  # fmt: skip
+
+
+def _engine_run(noise: float, n: int = 60) -> list[dict[str, Any]]:
+    """Requests one after another on two workers whose first-token time is 20 ms + 1 ms per uncached
+    token, each off by +-``noise`` (alternately)."""
+    out = []
+    for i in range(n):
+        uncached = 10 + (i * 37) % 300
+        ttft = (0.02 + 0.001 * uncached) * (1 + noise * (-1) ** i)
+        out.append(_timed(f"w{i % 2}", float(i), ttft, 1000, 1000 - uncached))
+    return out
+
+
+def test_hindsight_error_is_that_of_the_best_fit_of_what_the_engines_did(bench: ModuleType) -> None:
+    assert bench.hindsight_error(_engine_run(0.0)) == pytest.approx(0.0, abs=1e-6)  # a line explains it all
+    assert bench.hindsight_error(_engine_run(0.3)) == pytest.approx(0.3, abs=0.05)  # the noise is left
+    assert bench.hindsight_error(_engine_run(0.0, n=20)) is None  # too few requests after the warm-up
+
+
+def test_hindsight_counts_the_work_ahead_and_sent_during_a_request_s_wait(bench: ModuleType) -> None:
+    # on one worker, each first token waits for the uncached tokens ahead and those sent during its wait:
+    # without those two features no line fits; with them the fit is exact
+    rows, clock = [], 0.0
+    for i in range(40):
+        ahead = 0 if i % 3 == 0 else 200
+        rows.append(_timed("w", clock, 0.05 + 0.002 * ahead, 1000, 950))
+        if ahead:  # the request that was ahead: sent just before, first token after this one's send
+            rows.append(_timed("w", clock - 0.001, 0.002 * ahead, 1000, 1000 - ahead))
+        clock += 1.0
+    assert bench.hindsight_error(rows, warmup=0) < 0.1
