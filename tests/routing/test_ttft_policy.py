@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prefix_router.routing.latency import LatencyModel, predict
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap, under_cap
-from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings
+from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings, eviction_chain
 from prefix_router.routing.types import MAX_ESTIMATES, Branch, Context, RouteRequest, WorkerSnapshot
 
 CPU = (0.03, 1e-3, 2e-3, 0.0)  # 1,000 tokens/s, admission never waits
@@ -48,10 +48,14 @@ def test_the_holder_wins_while_its_first_token_comes_sooner() -> None:
 
 
 def test_a_queue_on_the_holder_sends_the_request_elsewhere() -> None:
-    """Five seconds of prefill queued on the holder: recomputing the prefix elsewhere is faster."""
+    """Five seconds of prefill queued on the holder: recomputing the prefix on the other worker, whose
+    cache has room, is faster (with both caches full, what the copy evicts would set off a chain of
+    recomputes: ``test_a_queue_worth_a_move_in_a_roomy_fleet_is_not_in_a_full_one``)."""
     policy = TtftPolicy(TtftSettings())
     workers = [WorkerSnapshot("a", in_flight=5, prefill_backlog=5000.0), WorkerSnapshot("b")]
-    decision = policy.select(request(), workers, context({"a": 58}, learned({"a": CPU, "b": CPU})))
+    model = learned({"a": CPU, "b": CPU})
+    ctx = Context(0.0, random.Random(0), {"a": 58}, fills={"a": 1.0, "b": 0.3}, latency=model)
+    decision = policy.select(request(), workers, ctx)
     assert decision.worker == "b" and decision.branch == Branch.LOAD_FALLBACK
 
 
@@ -97,7 +101,9 @@ def test_a_new_prefix_goes_where_it_evicts_nothing() -> None:
     assert decision.worker == "b" and decision.branch == Branch.LOAD_BALANCE
     by_worker = {e.worker: e for e in decision.estimates}
     a, b = by_worker["a"], by_worker["b"]
-    assert a.cache_s == pytest.approx(a.prefill_s, rel=0.05)  # all 960 tokens evicted, recomputed once
+    # all 960 tokens evicted, recomputed where there is room, and where there is none evicting in turn: the
+    # roomiest cache is 70 % full, so the chain is 1 / 0.3, at most one recompute per worker: 2
+    assert a.cache_s == pytest.approx(2 * a.prefill_s, rel=0.05)
     assert b.cache_s == pytest.approx(0.7 * a.cache_s, rel=0.01)  # they fit: the share in use
 
 
@@ -216,3 +222,30 @@ def test_with_no_holder_the_error_changes_nothing() -> None:
     for error in (0.0, 1.0):
         ctx = Context(0.0, random.Random(0), {}, latency=Untrusted(CPU, error))
         assert policy.select(request(), workers, ctx).worker == "b"
+
+
+def test_an_eviction_in_a_fleet_of_full_caches_sets_off_a_chain_of_recomputes() -> None:
+    workers = [WorkerSnapshot("a"), WorkerSnapshot("b"), WorkerSnapshot("c")]
+    fills = {"a": 0.2, "b": 1.0, "c": 1.0}
+    assert eviction_chain(workers, Context(0.0, random.Random(0), {}, fills=fills)) == pytest.approx(1.25)
+    full = {"a": 1.0, "b": 1.0, "c": 1.0}
+    assert eviction_chain(workers, Context(0.0, random.Random(0), {}, fills=full)) == 3.0  # one per worker
+    assert eviction_chain(workers, Context(0.0, random.Random(0), {}, fills={})) == 1.0  # room everywhere
+    busy = [WorkerSnapshot("a", kv_usage=0.9), workers[1], workers[2]]  # the engine says a's is full
+    assert eviction_chain(busy, Context(0.0, random.Random(0), {}, fills=fills)) == 3.0
+
+
+def test_a_queue_worth_a_move_in_a_roomy_fleet_is_not_in_a_full_one() -> None:
+    """A copy on the full ``b`` evicts a prefix. While the holder's cache has room, that prefix is
+    recomputed there once, and the holder's queue is worth the move; when the holder's cache is full too,
+    the recompute evicts in turn (a chain of 2 in a fleet of 2), and the request stays."""
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot("a", in_flight=3, prefill_backlog=4500.0), WorkerSnapshot("b")]
+    chosen = {}
+    for holder_fill in (0.0, 1.0):
+        caches = Caches()
+        caches.fills = {"a": holder_fill, "b": 1.0}
+        latency = Untrusted(CPU, 0.0)
+        ctx = Context(0.0, random.Random(0), {"a": 58}, caches, fills=caches.fills, latency=latency)
+        chosen[holder_fill] = policy.select(request(), workers, ctx).worker
+    assert chosen == {0.0: "b", 1.0: "a"}
