@@ -21,9 +21,9 @@ streaming), closed loop at each ``--concurrency`` (default 1), seeded; ``--round
 concurrency with the routers' order rotated by one per round. prefix-router logs its access lines
 (``log_level=info``): where its policy predicts the first-token time (``predicted_ttft_ms`` beside
 ``ttft_ms``), the run's median absolute percentage error after ``WARMUP_REQUESTS`` is reported, beside
-the error of the best fit in hindsight of what the engines did (``hindsight_error``; where the router
-names the worker in its responses, as prefix-router does):
-how predictable that run's first-token times were at all.
+the error of the best fit in hindsight of what the engines did (``hindsight_error``, where the router
+names the worker in its responses, as prefix-router does): how predictable that run's first-token times
+were at all.
 
 Issue 41's comparison (2 engines, 4 and 8 in flight, every router ``cache_aware``; ``OUT/summary.md``
 pools the rounds: hit rate from the engines' usage, TTFT mean, both against the best peer's):
@@ -392,7 +392,7 @@ def hindsight_error(records: Sequence[dict[str, Any]], warmup: int = WARMUP_REQU
     features: list[list[float]] = []
     seconds: list[float] = []
     for r in rows:
-        start, first = float(r["start_s"]), float(r["start_s"]) + float(r["ttft_s"])
+        start, first = float(r["start_s"]), _first(r)
         same = [q for q in rows if q["worker"] == r["worker"] and q is not r]
         ahead = [q for q in same if float(q["start_s"]) <= start < _first(q)]
         decoding = [q for q in same if _first(q) <= start < float(q["start_s"]) + float(q["e2e_s"])]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prefix_router.routing.latency import LatencyModel, predict
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap, under_cap
-from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings, eviction_chain
+from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings, eviction_chain, occupancy
 from prefix_router.routing.types import MAX_ESTIMATES, Branch, Context, RouteRequest, WorkerSnapshot
 
 CPU = (0.03, 1e-3, 2e-3, 0.0)  # 1,000 tokens/s, admission never waits
@@ -224,15 +224,20 @@ def test_with_no_holder_the_error_changes_nothing() -> None:
         assert policy.select(request(), workers, ctx).worker == "b"
 
 
+def chain_of(workers: list[WorkerSnapshot], fills: dict[str, float]) -> float:
+    ctx = Context(0.0, random.Random(0), {}, fills=fills)
+    return eviction_chain([occupancy(w.name, ctx, w.kv_usage) for w in workers])
+
+
 def test_an_eviction_in_a_fleet_of_full_caches_sets_off_a_chain_of_recomputes() -> None:
     workers = [WorkerSnapshot("a"), WorkerSnapshot("b"), WorkerSnapshot("c")]
     fills = {"a": 0.2, "b": 1.0, "c": 1.0}
-    assert eviction_chain(workers, Context(0.0, random.Random(0), {}, fills=fills)) == pytest.approx(1.25)
+    assert chain_of(workers, fills) == pytest.approx(1.25)
     full = {"a": 1.0, "b": 1.0, "c": 1.0}
-    assert eviction_chain(workers, Context(0.0, random.Random(0), {}, fills=full)) == 3.0  # one per worker
-    assert eviction_chain(workers, Context(0.0, random.Random(0), {}, fills={})) == 1.0  # room everywhere
+    assert chain_of(workers, full) == 3.0  # one per worker
+    assert chain_of(workers, {}) == 1.0  # room everywhere
     busy = [WorkerSnapshot("a", kv_usage=0.9), workers[1], workers[2]]  # the engine says a's is full
-    assert eviction_chain(busy, Context(0.0, random.Random(0), {}, fills=fills)) == 3.0
+    assert chain_of(busy, fills) == 3.0
 
 
 def test_a_queue_worth_a_move_in_a_roomy_fleet_is_not_in_a_full_one() -> None:

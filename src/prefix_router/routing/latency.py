@@ -338,7 +338,6 @@ class LatencyModel:
             predicted = predict(self.rates(worker, self._prior), x[0], x[1], x[2])
             if seconds > 0.0:
                 self._errors.append(abs(predicted - seconds) / seconds)
-
         samples = self._workers.setdefault(worker, _Samples())
         if len(samples) >= CLIP_AFTER and samples.within(x):
             if samples.clip_fit is None or samples.added - samples.clip_at >= CLIP_AFTER:

@@ -231,7 +231,12 @@ class ClusterSimulation:
         if len(self._live) >= self.spec.max_live_requests:
             raise OverflowError(f"more than {self.spec.max_live_requests} requests in flight")
         self._live[request.request_id] = _Live(
-            request, instance, decision.predicted_tokens, route, None, decision.predicted_ttft_s, now
+            request,
+            instance,
+            decision.predicted_tokens,
+            route,
+            predicted_ttft_s=decision.predicted_ttft_s,
+            sent=now,
         )
         self.stats.dispatched(instance, str(decision.branch))
         self._reschedule(instance)

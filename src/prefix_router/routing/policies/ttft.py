@@ -61,7 +61,7 @@ Knobs (``routing.policies.ttft``, ``TtftSettings`` in ``ttft_settings.py``; defa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from prefix_router.routing.backlog import prefill_work
 from prefix_router.routing.policies.base import NoHooks, cap_of, load_totals
@@ -88,11 +88,12 @@ class TtftPolicy(NoHooks):
         self.prior = (0.0, rate, rate, 0.0)
 
     def estimate(
-        self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, delayed: float = 0.0, chain: float = 1.0
+        self, req: RouteRequest, w: WorkerSnapshot, ctx: Context, share: float, delayed: float, chain: float
     ) -> CandidateEstimate:
         """``w``'s predicted first-token time for ``req`` and its parts, in seconds (see the module doc);
-        ``delayed``: the requests that will queue behind a prefill placed now (``delayed_requests``);
-        ``chain``: the recomputes one eviction sets off (``eviction_chain``)."""
+        ``share``: the share of its cache in use (``occupancy``); ``delayed``: the requests that will queue
+        behind a prefill placed now (``delayed_requests``); ``chain``: the recomputes one eviction sets off
+        (``eviction_chain``)."""
         scale = ctx.token_scale
         prompt = req.key_tokens * scale
         cached = min(prompt, ctx.matches.get(w.name, 0) * req.block_tokens * scale)
@@ -104,9 +105,7 @@ class TtftPolicy(NoHooks):
         prefill = prefill_s * own
         decode = decode_s * w.decoding
         cache = (
-            prefill_s * evicted(prompt - cached, w.name, ctx, w.kv_usage) * (1.0 + delayed) * chain
-            if own
-            else 0.0
+            prefill_s * evicted(prompt - cached, w.name, ctx, share) * (1.0 + delayed) * chain if own else 0.0
         )
         typical = ctx.request_work
         here = delayed_requests(w.prefill_backlog / typical) if typical > 0 else 0.0
@@ -121,10 +120,11 @@ class TtftPolicy(NoHooks):
         typical = ctx.request_work
         delayed = waiting_behind(workers, flight, backlog, typical)
         allowed = [w for w in workers if w.in_flight + 1 <= cap * w.weight] or list(workers)
-        chain = eviction_chain(workers, ctx)
+        shares = {w.name: occupancy(w.name, ctx, w.kv_usage) for w in workers}
+        chain = eviction_chain(shares.values())
         ranked: list[tuple[float, int, CandidateEstimate]] = []
         for i, w in enumerate(allowed):
-            e = self.estimate(req, w, ctx, delayed, chain)
+            e = self.estimate(req, w, ctx, shares[w.name], delayed, chain)
             ranked.append((e.ttft_s + e.added_s + e.cache_s, i, e))
         ranked.sort(key=_first)
         best = ranked[0][0]
@@ -154,12 +154,13 @@ def waiting_behind(workers: Sequence[WorkerSnapshot], flight: int, backlog: floa
     return min(max(by_work, queued / n), flight / n)
 
 
-def eviction_chain(workers: Sequence[WorkerSnapshot], ctx: Context) -> float:
-    """The recomputes one eviction sets off (``C``): what it evicts is recomputed later where there is
-    room, and where there is none it evicts in turn; with the roomiest worker's cache a share ``f`` full,
-    about ``1 / (1 - f)`` of them (1 + f + f^2 ...), at most one per worker."""
-    least = min((occupancy(w.name, ctx, w.kv_usage) for w in workers), default=0.0)
-    n = float(len(workers))
+def eviction_chain(shares: Collection[float]) -> float:
+    """The recomputes one eviction sets off (``C``) in a fleet whose caches are ``shares`` full
+    (``occupancy``): what it evicts is recomputed later where there is room, and where there is none it
+    evicts in turn; with the roomiest cache a share ``f`` full, about ``1 / (1 - f)`` of them (1 + f + f^2
+    ...), at most one per worker."""
+    least = min(shares, default=0.0)
+    n = float(len(shares))
     return n if least >= 1.0 - 1.0 / n else 1.0 / (1.0 - least)
 
 
@@ -173,13 +174,12 @@ def occupancy(worker: str, ctx: Context, kv_usage: float | None = None) -> float
     return min(1.0, max(fill, kv_usage)) if kv_usage is not None else fill
 
 
-def evicted(inserted: float, worker: str, ctx: Context, kv_usage: float | None = None) -> float:
-    """The cached tokens that inserting ``inserted`` tokens on ``worker`` costs: all of them beyond the room
-    left there, and of those that fit, the share in use (``occupancy``: the room is shared by whatever
-    comes next: in a cache that full, about that share of it displaces something before it is reused);
-    ``inserted x`` that share where the capacity is unknown."""
+def evicted(inserted: float, worker: str, ctx: Context, share: float) -> float:
+    """The cached tokens that inserting ``inserted`` tokens on ``worker``, its cache a ``share`` in use
+    (``occupancy``), costs: all of them beyond the room left there, and of those that fit, that share (the
+    room is shared by whatever comes next: in a cache that full, about that share of it displaces
+    something before it is reused); ``inserted x share`` where the capacity is unknown."""
     cache = ctx.cache
-    share = occupancy(worker, ctx, kv_usage)
     capacity = cache.capacity_tokens(worker) * ctx.token_scale if cache is not None else 0.0
     if capacity <= 0.0:
         return inserted * share
