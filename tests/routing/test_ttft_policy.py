@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from prefix_router.routing.latency import LatencyModel, predict
 from prefix_router.routing.policies import make_policy
 from prefix_router.routing.policies.base import load_cap, under_cap
-from prefix_router.routing.policies.ttft import TtftPolicy, TtftSettings, eviction_chain, occupancy
+from prefix_router.routing.policies.ttft import (
+    HOMES_MEMORY,
+    TtftPolicy,
+    TtftSettings,
+    eviction_chain,
+    occupancy,
+)
 from prefix_router.routing.types import MAX_ESTIMATES, Branch, Context, RouteRequest, WorkerSnapshot
 
 CPU = (0.03, 1e-3, 2e-3, 0.0)  # 1,000 tokens/s, admission never waits
@@ -216,12 +222,60 @@ def test_a_move_needs_a_gain_beyond_the_model_s_own_error() -> None:
     assert cost == {0.1: "b", 0.5: "a"}
 
 
-def test_with_no_holder_the_error_changes_nothing() -> None:
-    policy = TtftPolicy(TtftSettings())
-    workers = [WorkerSnapshot("a", in_flight=3, prefill_backlog=1500.0), WorkerSnapshot("b")]
-    for error in (0.0, 1.0):
+def new_prefixes(policy: TtftPolicy, workers: list[WorkerSnapshot], error: float, n: int) -> list[str]:
+    """Where ``n`` prompts that nobody holds go, one after the other, with the model off by ``error``."""
+    placed = []
+    for i in range(n):
+        req = RouteRequest(f"r{i}", tuple(range(1000 * i, 1000 * i + 60)), 16, 960, 1)
         ctx = Context(0.0, random.Random(0), {}, latency=Untrusted(CPU, error))
-        assert policy.select(request(), workers, ctx).worker == "b"
+        decision = policy.select(req, workers, ctx)
+        assert decision.branch == Branch.LOAD_BALANCE
+        placed.append(decision.worker)
+    return placed
+
+
+def test_new_prefixes_the_model_cannot_tell_apart_are_spread_over_the_workers() -> None:
+    """``a`` always looks a little sooner (a tenth of a request less queued), within the model's error:
+    each new prefix becomes the home of the requests that share it, so the tenants are spread evenly
+    rather than all homed on ``a`` on the strength of a queue that drains in a second."""
+    workers = [WorkerSnapshot("a", in_flight=1, prefill_backlog=900.0), WorkerSnapshot("b", in_flight=1,
+               prefill_backlog=1000.0)]  # fmt: skip
+    assert new_prefixes(TtftPolicy(TtftSettings()), workers, 0.2, 8).count("a") == 4
+
+
+def test_a_new_prefix_goes_where_it_comes_soonest_beyond_the_model_s_error() -> None:
+    """``b``'s queue makes it costlier by more than the model's error: every new prefix goes to ``a``,
+    however many went there before; with the model off by as much as that difference, they are spread."""
+    workers = [WorkerSnapshot("a"), WorkerSnapshot("b", in_flight=1, prefill_backlog=300.0)]  # 1.8x a's
+    assert new_prefixes(TtftPolicy(TtftSettings()), workers, 0.2, 6) == ["a"] * 6
+    assert new_prefixes(TtftPolicy(TtftSettings()), workers, 1.0, 6).count("a") == 3
+
+
+def test_a_new_prefix_still_goes_where_it_evicts_least() -> None:
+    """``a``'s cache is full, ``b``'s empty but queued: their costs are within the model's error, but a copy
+    on ``a`` evicts a whole prefix (known, not predicted), so the prefix goes to ``b`` although ``b`` took
+    three new prefixes lately and ``a`` none."""
+    caches = Caches()
+    caches.fills = {"a": 1.0, "b": 0.0}
+    workers = [WorkerSnapshot("a"), WorkerSnapshot("b", in_flight=1, prefill_backlog=700.0)]
+    ctx = Context(0.0, random.Random(0), {}, caches, fills=caches.fills, latency=Untrusted(CPU, 0.3))
+    policy = TtftPolicy(TtftSettings())
+    policy.homes.update(b=3.0)
+    decision = policy.select(request(), workers, ctx)
+    by_worker = {e.worker: e for e in decision.estimates}
+    a, b = (by_worker[w].ttft_s + by_worker[w].added_s + by_worker[w].cache_s for w in "ab")
+    assert b < a < 1.3 * b and by_worker["a"].cache_s > 1.3 * by_worker["b"].cache_s
+    assert decision.worker == "b"
+
+
+def test_new_homes_are_remembered_for_the_workers_in_the_pool_only() -> None:
+    policy = TtftPolicy(TtftSettings())
+    workers = [WorkerSnapshot(name) for name in "abc"]
+    new_prefixes(policy, workers, 0.0, 40)
+    assert set(policy.homes) == {"a", "b", "c"}
+    assert sum(policy.homes.values()) <= HOMES_MEMORY  # each new one decays those before it
+    policy.on_worker_removed("b")
+    assert set(policy.homes) == {"a", "c"}
 
 
 def chain_of(workers: list[WorkerSnapshot], fills: dict[str, float]) -> float:
