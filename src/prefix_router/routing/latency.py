@@ -17,11 +17,10 @@ Calibration: at dispatch the router records the request's ``(work, decoding, que
 worker keeps its last ``WINDOW`` samples. Every fit minimises the squared *relative* errors (each sample
 weighted by 1 / (its time x its time as predicted before it was observed), each ``FLOOR_S`` at least):
 what an operator reads a prediction by, and what keeps the typical request's time where a few long waits
-would pull a plain least-squares line. The
-fleet's rates are the fit of every worker's samples pooled, pulled towards the prior passed at read time
-(``rates``: the policy's knobs own it) with the weight of ``PRIOR_SAMPLES`` samples fading to ``RIDGE``
-as a window fills; a worker's rates are the
-fit of its own samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
+would pull a plain least-squares line. The fleet's rates are the fit of every worker's samples pooled,
+pulled towards the prior passed at read time (``rates``: the policy's knobs own it) with the weight of
+``PRIOR_SAMPLES`` samples fading to ``RIDGE`` as a window fills; a worker's rates are the fit of its own
+samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples (a worker
 without samples has the fleet's rates, its prefill at the measured rate its peers are priced at: priced at
 the prior instead, a worker not yet sampled looked 3x slower on an H100-like profile and every new prefix
 went to the first worker sampled; one whose samples do not tell a rate apart, such as requests of one
@@ -63,9 +62,10 @@ Features = tuple[float, float, float]  # (work, decoding, queued)
 CLIP_PRIOR: Rates = (0.0, 1e-4, 1e-4, 0.0)
 FLOOR_S = 1e-3  # a first-token time below this weighs as this much in the relative fit
 _K = 4  # the fit's unknowns: the overhead and one rate per feature
-# the normal equations' sums, each sample weighted by 1 / seconds^2: x x^T (row-major), then x y; then the
-# sample count (the prior's weight is counted in samples)
-_SUMS = _K * _K + _K + 1
+# the normal equations' sums, each sample weighted as ``_accumulate`` says: x x^T (row-major), then x y; then
+# the sample count, unweighted, at ``_COUNT`` (the prior's weight is counted in samples)
+_COUNT = _K * _K + _K
+_SUMS = _COUNT + 1
 
 
 class _Samples:
@@ -163,7 +163,7 @@ def _accumulate(sums: list[float], f: Features, y: float, scale: float, sign: fl
         for j in range(_K):
             sums[i * _K + j] += xi * x[j]
         sums[_K * _K + i] += xi * y
-    sums[_K * _K + _K] += sign
+    sums[_COUNT] += sign
 
 
 def predict(rates: Rates, work: float, decoding: float, queued: float = 0.0) -> float:
@@ -183,7 +183,7 @@ def fit(sums: list[float], prior: Rates, weight: float, prefill_s: float = 0.0) 
     ``prior`` (each >= 0), the prior weighing as much as ``weight`` samples of the weighted mean square of
     each feature. ``prefill_s`` > 0: the prefill rate is that (measured apart), the others are fitted to
     what it leaves."""
-    n = sums[_K * _K + _K]
+    n = sums[_COUNT]
     if n < 0.5:
         return prior if prefill_s <= 0.0 else (prior[0], prefill_s, prior[2], prior[3])
     a = [[sums[i * _K + j] for j in range(_K)] for i in range(_K)]
@@ -280,7 +280,7 @@ class LatencyModel:
         for samples in self._workers.values():
             for i, value in enumerate(samples.sums):
                 pooled[i] += value
-        out = fit(pooled, prior, fading(pooled[_K * _K + _K]))
+        out = fit(pooled, prior, fading(pooled[_COUNT]))
         self._fleet = (epoch, prior, out)
         return out
 

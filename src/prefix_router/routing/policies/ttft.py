@@ -145,7 +145,7 @@ class TtftPolicy(NoHooks):
         ranked: list[tuple[float, int, CandidateEstimate]] = []
         for i, w in enumerate(allowed):
             e = self.estimate(req, w, ctx, shares[w.name], delayed, chain)
-            ranked.append((e.ttft_s + e.added_s + e.cache_s, i, e))
+            ranked.append((_cost(e), i, e))
         ranked.sort(key=_first)
         best = ranked[0][0]
         tied = [e for cost, _, e in ranked if cost == best]
@@ -221,7 +221,7 @@ def new_home(
     ``error`` cannot tell from it: cost and eviction cost both within ``1 + error`` of ``chosen``'s. The
     place is recorded in ``homes``: each new prefix weighs 1, and every weight is decayed by 1 - 1 /
     ``HOMES_MEMORY`` at each new one."""
-    cost = (chosen.ttft_s + chosen.added_s + chosen.cache_s) * (1.0 + error)
+    cost = _cost(chosen) * (1.0 + error)
     evicts = chosen.cache_s * (1.0 + error)
     fewest = homes.get(chosen.worker, 0.0) - HOMES_EPSILON
     for total, _, e in ranked:
@@ -251,6 +251,11 @@ def _incumbent(
         if matches.get(e.worker, 0) == longest:
             return chosen if _bound(chosen, error) < _bound(e, -error) else e
     return chosen
+
+
+def _cost(e: CandidateEstimate) -> float:
+    """``e``'s cost, seconds: its first-token time, the delay it adds, the cache it evicts."""
+    return e.ttft_s + e.added_s + e.cache_s
 
 
 def _bound(e: CandidateEstimate, error: float) -> float:
