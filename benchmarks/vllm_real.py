@@ -52,7 +52,9 @@ Cells (``cells(instances)``; ``--plan`` says which routers run in which cell):
 Per run: TTFT p50/p90/p99/mean, the engines' own hit rate (``vllm:prefix_cache_hits_total`` /
 ``queries_total`` between the run's scrapes), the ideal hit rate (``ideal_hit_rate``: every shared prefix
 cached after its first visit, in whole engine blocks), each engine's busy time (CPU seconds of its
-processes over the run) and the router's CPU seconds; the machine's load average at start and end.
+processes over the run), the requests each engine preempted (``vllm:num_preemptions_total``: evicted from
+its running batch when its KV cache ran out, to be recomputed; work the hit rate does not show) and the
+router's CPU seconds; the machine's load average at start and end.
 Results: ``OUT/runs.json``, ``OUT/table.md`` (the docs quote them) and per run ``OUT/CELL/ROUTER.json`` and
 ``.records.jsonl`` (one line per request).
 """
@@ -345,6 +347,7 @@ def run_one(
         engine_hit_rate=summary.get("engine_metrics_hit_rate"),
         response_hit_rate=summary["hit_rate"],
         requests_per_worker=summary["requests_per_worker"],
+        preemptions_per_worker=summary.get("preemptions_per_worker"),
         bench_wall_s=summary["wall_s"],
         hindsight_mdape=hindsight_error(read_records(str(records_path(out_dir / f"{slug}.json")))),
     )
@@ -500,10 +503,17 @@ def ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
 
 
+def preempted(row: dict[str, Any]) -> str:
+    """Requests each engine preempted during the run (vLLM's ``num_preemptions``), or n/a."""
+    per = row.get("preemptions_per_worker")
+    return "n/a" if per is None else " + ".join(str(v) for v in per.values())
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
     head = ("| cell | router | TTFT p50 | p90 | p99 | mean (ms) | engine hit rate | ideal "
-            "| engine busy (CPU s) | router CPU (s) | requests per worker | load avg |")  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+            "| engine busy (CPU s) | router CPU (s) | requests per worker | preempted "
+            "| load avg |")  # fmt: skip
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         t = r.get("ttft_ms") or {}
         per = r.get("requests_per_worker") or {}
@@ -514,7 +524,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {ms(t.get('mean'))} | {percent(r.get('engine_hit_rate'))} "
             f"| {percent(r.get('ideal_hit_rate'))} "
             f"| {busy} | {r['router_cpu_s']} | {' / '.join(str(v) for v in per.values())} "
-            f"| {r['load_avg_start']} -> {r['load_avg_end']} |"
+            f"| {preempted(r)} | {r['load_avg_start']} -> {r['load_avg_end']} |"
         )
     return "\n".join(lines) + "\n"
 

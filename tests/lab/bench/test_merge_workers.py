@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from prefix_router.lab.bench import merge, workers
 from prefix_router.lab.bench.workers import Counters
+
+FIXTURES = Path(__file__).parents[2] / "pool" / "engines" / "fixtures"
+PREEMPTED = 'vllm:num_preemptions_total{engine="0",model_name="smollm2-135m"}'
 
 
 def _doc(label: str, p50: float, workers_: list[str] | None = None, simulated: bool = True) -> dict[str, Any]:
@@ -45,6 +49,16 @@ def test_counter_deltas() -> None:
     assert workers.engine_hit_rate(before, unknown) is None
     reset = {"a": Counters(0, 0, 0), "b": Counters(5, 100, 100)}
     assert workers.requests_delta(before, reset) == {"a": 0, "b": 5}
+
+
+def test_preemptions_are_read_from_a_vllm_page_and_counted_per_run() -> None:
+    page = FIXTURES.joinpath("vllm_cpu_0.32_metrics.txt").read_text()
+    idle = workers.from_page(page, "vllm")
+    assert idle.preemptions == 0 and idle.prefix_queries is not None
+    busy = workers.from_page(page.replace(PREEMPTED + " 0.0", PREEMPTED + " 7.0"), "vllm")
+    assert busy.preemptions == 7
+    assert workers.preemptions_delta({"a": idle}, {"a": busy}) == {"a": 7}
+    assert workers.preemptions_delta({"a": Counters()}, {"a": busy}) is None  # an engine that does not say
 
 
 def test_first_model() -> None:

@@ -177,3 +177,12 @@ def test_hindsight_counts_the_work_ahead_and_sent_during_a_request_s_wait(bench:
             rows.append(_timed("w", clock - 0.001, 0.002 * ahead, 1000, 1000 - ahead))
         clock += 1.0
     assert bench.hindsight_error(rows, warmup=0) < 0.1
+
+
+def test_the_table_shows_each_engine_s_preemptions_or_says_it_does_not_know(bench: ModuleType) -> None:
+    row = {"cell": "shared", "router": "ttft", "engine_cpu_s": [1.0, 2.0], "router_cpu_s": 0.1,
+           "load_avg_start": 1, "load_avg_end": 2, "ttft_ms": {"mean": 5.0}}  # fmt: skip
+    counted = bench.table([{**row, "preemptions_per_worker": {"a": 3, "b": 0}}]).splitlines()
+    unknown = bench.table([row]).splitlines()
+    assert "preempted" in counted[0] and "| 3 + 0 |" in counted[2]
+    assert "| n/a |" in unknown[2] and counted[0].count("|") == counted[2].count("|")

@@ -161,6 +161,7 @@ def _summary(
         summary["hit_rate"] = summary["engine_metrics_hit_rate"]
         summary["hit_rate_source"] = "engine metrics (prefix-cache hits / queries)"
     summary["prompt_tokens_per_worker"] = tokens
+    summary["preemptions_per_worker"] = workers.preemptions_delta(before, after)
     summary["load_imbalance_tokens"] = imbalance(tokens) if tokens else None
     summary["requests_per_worker_source"] = _source(bool(from_header), per_worker is not None)
     summary["load_imbalance_basis"] = "requests"

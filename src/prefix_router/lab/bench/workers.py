@@ -25,6 +25,7 @@ import aiohttp
 from prefix_router.pool import client_session, detect, get_adapter, promtext
 
 REQUEST_COUNTERS = promtext.counter_names("vllm:request_success")
+PREEMPTION_COUNTERS = promtext.counter_names("vllm:num_preemptions")
 BUSY_COUNTERS = promtext.counter_names("prefix_router_sim:busy_seconds")  # simulated engines only
 TIME_SCALE_GAUGE = "prefix_router_sim:time_scale"
 MAX_METRICS_BYTES = 8 * 1024 * 1024
@@ -47,6 +48,7 @@ class Counters:
     prefix_queries: float | None = None
     prefix_hits: float | None = None
     busy_s: float | None = None  # engine busy time in wall seconds (simulated engines export it)
+    preemptions: float | None = None  # requests the engine evicted from its running batch (vLLM)
 
 
 async def _get_text(session: aiohttp.ClientSession, url: str) -> str | None:
@@ -124,12 +126,17 @@ async def reset_all(infos: Sequence[WorkerInfo]) -> dict[str, bool]:
 async def counters(info: WorkerInfo) -> Counters:
     async with _session() as session:
         text = await _get_text(session, f"{info.url}/metrics")
-    if text is None:
-        return Counters()
-    load = get_adapter(info.engine).parse_metrics(text)
-    samples = promtext.parse(text, frozenset(REQUEST_COUNTERS))
-    requests = sum(s.value for s in samples) if samples else None
-    return Counters(requests, load.prefix_cache_queries, load.prefix_cache_hits, busy_wall_s(text))
+    return Counters() if text is None else from_page(text, info.engine)
+
+
+def from_page(text: str, engine: str) -> Counters:
+    """The counters on one ``/metrics`` page of an engine of kind ``engine``."""
+    load = get_adapter(engine).parse_metrics(text)
+    samples = promtext.parse(text, frozenset((*REQUEST_COUNTERS, *PREEMPTION_COUNTERS)))
+    requests = promtext.total(samples, *REQUEST_COUNTERS)
+    preemptions = promtext.total(samples, *PREEMPTION_COUNTERS)
+    hits = load.prefix_cache_hits
+    return Counters(requests, load.prefix_cache_queries, hits, busy_wall_s(text), preemptions)
 
 
 def busy_wall_s(text: str) -> float | None:
@@ -152,6 +159,15 @@ def _delta(after: float | None, before: float | None) -> float | None:
 def requests_delta(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> dict[str, int] | None:
     """Requests each worker served between two scrapes; None unless every worker exposes the counter."""
     deltas = {url: _delta(after[url].requests, before[url].requests) for url in after}
+    if any(d is None for d in deltas.values()):
+        return None
+    return {url: round(d or 0.0) for url, d in deltas.items()}
+
+
+def preemptions_delta(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> dict[str, int] | None:
+    """Requests each worker preempted (evicted from its running batch, to be recomputed) between two
+    scrapes; None unless every worker exposes the counter."""
+    deltas = {url: _delta(after[url].preemptions, before[url].preemptions) for url in after}
     if any(d is None for d in deltas.values()):
         return None
     return {url: round(d or 0.0) for url, d in deltas.items()}
