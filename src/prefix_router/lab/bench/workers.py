@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,31 +156,32 @@ def _delta(after: float | None, before: float | None) -> float | None:
     return None if after is None or before is None else max(0.0, after - before)
 
 
-def requests_delta(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> dict[str, int] | None:
-    """Requests each worker served between two scrapes; None unless every worker exposes the counter."""
-    deltas = {url: _delta(after[url].requests, before[url].requests) for url in after}
+def _per_worker(
+    before: Mapping[str, Counters], after: Mapping[str, Counters], counter: Callable[[Counters], float | None]
+) -> dict[str, int] | None:
+    """Each worker's rise in ``counter`` between two scrapes, rounded; None unless every worker exposes it."""
+    deltas = {url: _delta(counter(after[url]), counter(before[url])) for url in after}
     if any(d is None for d in deltas.values()):
         return None
     return {url: round(d or 0.0) for url, d in deltas.items()}
+
+
+def requests_delta(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> dict[str, int] | None:
+    """Requests each worker served between two scrapes; None unless every worker exposes the counter."""
+    return _per_worker(before, after, lambda c: c.requests)
 
 
 def preemptions_delta(before: Mapping[str, Counters], after: Mapping[str, Counters]) -> dict[str, int] | None:
     """Requests each worker preempted (evicted from its running batch, to be recomputed) between two
     scrapes; None unless every worker exposes the counter."""
-    deltas = {url: _delta(after[url].preemptions, before[url].preemptions) for url in after}
-    if any(d is None for d in deltas.values()):
-        return None
-    return {url: round(d or 0.0) for url, d in deltas.items()}
+    return _per_worker(before, after, lambda c: c.preemptions)
 
 
 def prompt_tokens_delta(
     before: Mapping[str, Counters], after: Mapping[str, Counters]
 ) -> dict[str, int] | None:
     """Prompt tokens each worker was asked to prefill (prefix-cache queries) between two scrapes."""
-    deltas = {url: _delta(after[url].prefix_queries, before[url].prefix_queries) for url in after}
-    if any(d is None for d in deltas.values()):
-        return None
-    return {url: round(d or 0.0) for url, d in deltas.items()}
+    return _per_worker(before, after, lambda c: c.prefix_queries)
 
 
 def busy_fraction(
