@@ -53,6 +53,7 @@ CORE = (
     "types",
     "policies/base",
     "policies/prefix",
+    "policies/ttft",
 )
 # The proxy's request path (profiled served: bench-overhead --profile). Its subclasses of aiohttp's classes
 # stay in uncompiled modules (edge/responses.py, node/control/http_errors.py): mypyc cannot build them.

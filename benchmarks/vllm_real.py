@@ -21,9 +21,10 @@ streaming), closed loop at each ``--concurrency`` (default 1), seeded; ``--round
 concurrency with the routers' order rotated by one per round. prefix-router logs its access lines
 (``log_level=info``): where its policy predicts the first-token time (``predicted_ttft_ms`` beside
 ``ttft_ms``), the run's median absolute percentage error after ``WARMUP_REQUESTS`` is reported, beside
-the error of the best fit in hindsight of what the engines did (``hindsight_error``, where the router
-names the worker in its responses, as prefix-router does): how predictable that run's first-token times
-were at all.
+the errors of the best fits in hindsight of what the engines did (``hindsight_error``, where the router
+names the worker in its responses, as prefix-router does): on what a router knows when it routes (the
+floor of a router's linear model) and with the requests that arrived during each wait too (how
+predictable that run's first-token times were at all).
 
 Issue 41's comparison (2 engines, 4 and 8 in flight, every router ``cache_aware``; ``OUT/summary.md``
 pools the rounds: hit rate from the engines' usage, TTFT mean, both against the best peer's):
@@ -349,9 +350,17 @@ def run_one(
         requests_per_worker=summary["requests_per_worker"],
         preemptions_per_worker=summary.get("preemptions_per_worker"),
         bench_wall_s=summary["wall_s"],
-        hindsight_mdape=hindsight_error(read_records(str(records_path(out_dir / f"{slug}.json")))),
     )
+    with_hindsight(row)
     return row
+
+
+def with_hindsight(row: dict[str, Any]) -> None:
+    """Set ``row``'s hindsight errors from its records (``hindsight_error``): ``hindsight_mdape`` with the
+    later arrivals, ``hindsight_known_mdape`` on what a router knows when it routes."""
+    records = read_records(row.get("records"))
+    row["hindsight_mdape"] = hindsight_error(records)
+    row["hindsight_known_mdape"] = hindsight_error(records, later=False)
 
 
 WARMUP_REQUESTS = 8  # a run's first requests, left out of the prediction error (the model learns online)
@@ -378,18 +387,21 @@ def prediction_errors(log: Path, warmup: int = WARMUP_REQUESTS) -> dict[str, Any
     return {"requests": len(kept), "warmup": min(warmup, len(pairs)), "mdape": statistics.median(errors)}
 
 
-_HINDSIGHT_UNKNOWNS = 6  # an overhead and one rate per feature
+_HINDSIGHT_UNKNOWNS = 6  # an overhead and one rate per feature (5 without the later arrivals)
 
 
-def hindsight_error(records: Sequence[dict[str, Any]], warmup: int = WARMUP_REQUESTS) -> float | None:
+def hindsight_error(
+    records: Sequence[dict[str, Any]], warmup: int = WARMUP_REQUESTS, later: bool = True
+) -> float | None:
     """How predictable a run's first-token times were at all: the median relative error of the best
     linear fit, in hindsight, of each request's first-token time (relative errors squared, fitted to the
     run itself) on what its engine did, from the client's records alone: its own uncached prompt tokens
     (engine-reported), the uncached tokens and the requests ahead of it there (sent earlier, not past
-    their first token when it was sent), the requests decoding there, and the uncached tokens sent there
-    after it but before its first token (known to no router: they join its step). A router's own
-    predictions, made before the facts, cannot be expected below it. None with fewer than 3 requests
-    per unknown after ``warmup``."""
+    their first token when it was sent), the requests decoding there, and with ``later`` the uncached
+    tokens sent there after it but before its first token (known to no router: they join its step). A
+    router's own predictions, made before the facts, cannot be expected below the fit without ``later``
+    (what a router can know when it routes, fitted with hindsight). None with fewer than 3 requests per
+    unknown after ``warmup``."""
     timed = [r for r in records if r.get("ok") and r.get("ttft_s") and r.get("worker")]
     rows = sorted((r for r in timed if r.get("prompt_tokens")), key=lambda r: float(r["start_s"]))
     features: list[list[float]] = []
@@ -399,11 +411,12 @@ def hindsight_error(records: Sequence[dict[str, Any]], warmup: int = WARMUP_REQU
         same = [q for q in rows if q["worker"] == r["worker"] and q is not r]
         ahead = [q for q in same if float(q["start_s"]) <= start < _first(q)]
         decoding = [q for q in same if _first(q) <= start < float(q["start_s"]) + float(q["e2e_s"])]
-        later = [q for q in same if start < float(q["start_s"]) < first]
-        work_ahead, work_later = sum(map(_own, ahead)), sum(map(_own, later))
-        features.append([1.0, _own(r), work_ahead, len(ahead), len(decoding), work_later])
+        row = [1.0, _own(r), sum(map(_own, ahead)), len(ahead), len(decoding)]
+        if later:
+            row.append(sum(_own(q) for q in same if start < float(q["start_s"]) < first))
+        features.append(row)
         seconds.append(float(r["ttft_s"]))
-    if len(seconds) - warmup < 3 * _HINDSIGHT_UNKNOWNS:
+    if len(seconds) - warmup < 3 * (_HINDSIGHT_UNKNOWNS - (not later)):
         return None
     x, y = np.array(features[warmup:]), np.array(seconds[warmup:])
     w = 1.0 / y
@@ -429,7 +442,7 @@ def pooled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[st
         key = (r["cell"], int(r.get("concurrency", 1)))
         acc = out.setdefault(key, {}).setdefault(
             r["router"], {"kind": r.get("kind", ""), "prompt": 0, "cached": 0, "requests": 0, "ttft_sum": 0.0,
-                          "rounds": 0, "mdape": [], "hindsight": []},
+                          "rounds": 0, "mdape": [], "hindsight": [], "known": []},
         )  # fmt: skip
         acc["prompt"] += r["prompt_tokens"]
         acc["cached"] += r["cached_tokens"]
@@ -440,6 +453,8 @@ def pooled_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[st
             acc["mdape"].append(r["predictions"]["mdape"])
         if r.get("hindsight_mdape") is not None:
             acc["hindsight"].append(r["hindsight_mdape"])
+        if r.get("hindsight_known_mdape") is not None:
+            acc["known"].append(r["hindsight_known_mdape"])
     return out
 
 
@@ -448,8 +463,9 @@ def peer_summary(rows: Sequence[dict[str, Any]]) -> str:
     hit rate and the lowest TTFT mean among the routers that are not prefix-router)."""
     lines = [
         "| cell | in flight | router | rounds | hit rate | hit - best peer's | TTFT mean ms "
-        "| TTFT / best peer's | predicted TTFT MdAPE | hindsight fit's MdAPE |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| TTFT / best peer's | predicted TTFT MdAPE | hindsight fit's MdAPE: on what a router knows "
+        "| with later arrivals |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (cell, concurrency), routers in pooled_rows(rows).items():
         stats = {
@@ -463,11 +479,14 @@ def peer_summary(rows: Sequence[dict[str, Any]]) -> str:
             hit, ttft = stats[name]
             dhit = "n/a" if best_hit is None else f"{(hit - best_hit) * 100:+.1f} pt"
             ratio = "n/a" if not best_ttft else f"{ttft / best_ttft:.2f}x"
-            mdape = f"{statistics.median(a['mdape']) * 100:.0f} %" if a["mdape"] else "n/a"
-            bound = f"{statistics.median(a['hindsight']) * 100:.0f} %" if a["hindsight"] else "n/a"
             lines.append(f"| {cell} | {concurrency} | {name} | {a['rounds']} | {hit * 100:.1f} % | {dhit} "
-                         f"| {ttft:,.0f} | {ratio} | {mdape} | {bound} |")  # fmt: skip
+                         f"| {ttft:,.0f} | {ratio} | {_median_pct(a['mdape'])} | {_median_pct(a['known'])} "
+                         f"| {_median_pct(a['hindsight'])} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _median_pct(values: Sequence[float]) -> str:
+    return f"{statistics.median(values) * 100:.0f} %" if values else "n/a"
 
 
 def rotated(routers: Sequence[Router], round_: int) -> list[Router]:
@@ -581,8 +600,12 @@ def fleet_settings(args: argparse.Namespace) -> VllmSettings:
 
 
 def retable(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The rows of ``OUT/runs.json`` with their ideal hit rates recomputed (cells as in ``--plan``)."""
+    """The rows of ``OUT/runs.json`` with their ideal hit rates (cells as in ``--plan``) and hindsight
+    errors recomputed from their records."""
     rows: list[dict[str, Any]] = json.loads((args.out / "runs.json").read_text())
+    for row in rows:
+        if row.get("records"):
+            with_hindsight(row)
     for cell, _ in parse_plan(args.plan, args.instances, args.prompts_per_engine):
         groups = prefix_groups(cell, args.requests or cell.requests, args.seed)
         with_ideal(rows, cell, groups, fleet_settings(args).block_size)

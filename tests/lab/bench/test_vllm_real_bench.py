@@ -186,3 +186,19 @@ def test_the_table_shows_each_engine_s_preemptions_or_says_it_does_not_know(benc
     unknown = bench.table([row]).splitlines()
     assert "preempted" in counted[0] and "| 3 + 0 |" in counted[2]
     assert "| n/a |" in unknown[2] and counted[0].count("|") == counted[2].count("|")
+
+
+def test_the_hindsight_fit_on_what_a_router_knows_leaves_out_the_later_arrivals(bench: ModuleType) -> None:
+    # two requests on one worker wait for a prompt of 0 to 400 uncached tokens sent during their wait (their
+    # step takes it in): only the fit with the later arrivals explains their first-token times
+    rows = []
+    for i in range(30):
+        extra = (i * 97) % 401
+        rows.append(_timed("w", float(i), 0.05 + 0.001 * extra, 1000, 950))
+        rows.append(_timed("w", i + 0.001, 0.05 + 0.001 * extra, 1000, 950))
+        rows.append(_timed("w", i + 0.01, 0.1, 1000, 1000 - extra))  # the later arrival
+    assert bench.hindsight_error(rows, warmup=0) < 0.05
+    assert bench.hindsight_error(rows, warmup=0, later=False) > 0.2
+    row = {"records": None}
+    bench.with_hindsight(row)
+    assert row == {"records": None, "hindsight_mdape": None, "hindsight_known_mdape": None}
