@@ -66,9 +66,11 @@ Branches: ``prefix_hit`` (the chosen worker has the longest match), ``load_fallb
 longer match was passed over), ``load_balance`` (no match anywhere). Fallback: no candidate under the cap:
 the lowest cost among all. Without ``ctx.latency`` (a bare policy) every worker has the prior's rates.
 Knobs (``routing.policies.ttft``, ``TtftSettings`` in ``ttft_settings.py``; defaults): ``load_factor``
-2.0 (it spreads a hot prefix the model keeps on its holder; it also forces moves the model would not
-make where caches hold their share and no more: at 3 the CPU KV-bound cells gain and the hot ones lose
-balance, docs/benchmarks.md), ``load_slack`` 2,
+3.0 (a safety bound: the model prices load. Tighter, it forces moves the model would not make: at 2 the
+holder in a closed loop, slower than its peers and so holding more of the clients, trips it, and each
+forced copy thrashes caches that hold their share and no more (SIMULATED sweep: 68 of 120 cells at 2, 80
+at 3); it also spreads hot prefixes the model keeps, so at 3 hot cells lose balance, docs/benchmarks.md),
+``load_slack`` 2,
 ``prior_prefill_s_per_token`` 1e-4; and ``routing.trackers.attention_tokens``.
 """
 

@@ -13,7 +13,7 @@ from prefix_router.settings import Section
 class TtftSettings(Section):
     """``routing.policies.ttft``: the bounded-load cap and the prior of the first-token model."""
 
-    load_factor: float = Field(default=2.0, gt=0)  # cap: load_factor x mean in flight ...
+    load_factor: float = Field(default=3.0, gt=0)  # cap: load_factor x mean in flight ...
     load_slack: int = Field(default=2, ge=0)  # ... + load_slack requests
     # seconds per token-equivalent of prefill until a worker's own rate is learned (1e-4: 10,000 tokens/s)
     prior_prefill_s_per_token: float = Field(default=1e-4, gt=0)
