@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from prefix_router.routing.latency import CLIP_AFTER, WINDOW, LatencyModel, fit, predict
+from prefix_router.routing.latency import (
+    CLIP,
+    CLIP_AFTER,
+    PRIOR_SAMPLES,
+    WINDOW,
+    LatencyModel,
+    fit,
+    predict,
+    within_fleet,
+)
 from prefix_router.routing.router import Router
 from prefix_router.routing.settings import RoutingSettings
 from prefix_router.routing.types import Decision, Outcome, RouteRequest
@@ -157,6 +166,26 @@ def test_a_measured_prefill_rate_is_used_as_it_is_and_the_rest_fitted_around_it(
     assert rates[1] == 1e-3
     for learned, true in zip(rates, TRUE, strict=True):
         assert learned == pytest.approx(true, rel=0.05)
+
+
+def test_a_worker_s_rates_stay_within_clip_times_the_fleet_s() -> None:
+    """Waits one worker's features do not explain (here 25x its peers' cost per decoding request) price it
+    at most ``CLIP`` x the fleet's rate, not at its own fit's."""
+    model = LatencyModel(1000)
+    for i in range(3):
+        feed(model, f"peer{i}", 2 * WINDOW, seed=20 + i)
+    feed(model, "d", 2 * WINDOW, seed=40, rates=(0.03, 1e-3, 0.05, 5e-3))
+    fleet = model.fleet(PRIOR)
+    own = fit(model._workers["d"].sums, fleet, PRIOR_SAMPLES)  # what its samples alone say
+    assert own[2] > CLIP * fleet[2]
+    assert model.rates("d", PRIOR)[2] == pytest.approx(CLIP * fleet[2])
+    assert model.rates("d", PRIOR)[1] == pytest.approx(1e-3, rel=0.05)  # within the bound: its own
+    assert model.rates("peer0", PRIOR)[2] < fleet[2]
+
+
+def test_only_the_cost_per_decoding_request_is_bounded_and_only_by_a_fleet_s_rate_above_0() -> None:
+    assert within_fleet((1.0, 1.0, 1.0, 1.0), (0.1, 0.1, 0.1, 0.1)) == (1.0, 1.0, pytest.approx(0.4), 1.0)
+    assert within_fleet((1.0, 1.0, 1.0, 1.0), (0.1, 0.1, 0.0, 0.1)) == (1.0, 1.0, 1.0, 1.0)
 
 
 def test_admission_waits_are_learned_per_request_queued_ahead() -> None:

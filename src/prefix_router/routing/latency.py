@@ -24,7 +24,12 @@ samples pulled towards the fleet's with the weight of ``PRIOR_SAMPLES`` samples 
 without samples has the fleet's rates, its prefill at the measured rate its peers are priced at: priced at
 the prior instead, a worker not yet sampled looked 3x slower on an H100-like profile and every new prefix
 went to the first worker sampled; one whose samples do not tell a rate apart, such as requests of one
-size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0. The
+size, keeps the fleet's for it; a fleet of one converges to its own). Every rate is at least 0, and a
+worker's cost per decoding request at most ``CLIP`` x the fleet's: waits its features do not explain,
+after a burst, were put on that rate, one worker's came out 25-80x its peers' in a simulated 8-engine
+fleet, and its tenants were moved off a worker no slower than the others (SIMULATED, ``8 x cpu roomy
+closed @16``, seed 2: 25 moves and 336 ms mean TTFT; bounded, 8 and 285 ms). Its other rates are not
+bounded so: a full engine's admission wait per request queued is its own, not its peers'. The
 fleet's fit follows every sample until there are ``FLEET_EVERY``, then every ``FLEET_EVERY``.
 Robust to outliers: once a worker has ``CLIP_AFTER`` samples, a sample within the range of its window (no
 more of any feature than some sample since its last recount, every WINDOW samples) has its time clipped
@@ -52,7 +57,8 @@ PRIOR_SAMPLES = 2.0  # the prior weighs as much as this many samples of the wind
 RIDGE = 1e-3  # ... fading to this as the window fills
 CLIP_AFTER = 8  # samples before a new sample is clipped to the fit's range
 FLEET_EVERY = 16  # samples between two fits of the fleet's pooled rates (each worker refits after one)
-CLIP = 4.0  # a sample's time is kept within [prediction / CLIP, prediction x CLIP]
+CLIP = 4.0  # a sample's time is kept within [prediction / CLIP, prediction x CLIP], a worker's cost
+# per decoding request within CLIP x the fleet's
 ERRORS = 128  # the fleet's last prediction errors kept for ``uncertainty``
 
 # (overhead s, prefill s per token-equivalent, s per decoding request, s per request queued ahead)
@@ -210,6 +216,13 @@ def fit(sums: list[float], prior: Rates, weight: float, prefill_s: float = 0.0) 
     return (max(x[0], 0.0), max(x[1], 0.0), max(x[2], 0.0), max(x[3], 0.0))
 
 
+def within_fleet(rates: Rates, fleet: Rates) -> Rates:
+    """A worker's fitted ``rates`` with its cost per decoding request at most ``CLIP`` x the ``fleet``'s
+    (where the fleet's is above 0)."""
+    decode = min(rates[2], CLIP * fleet[2]) if fleet[2] > 0.0 else rates[2]
+    return (rates[0], rates[1], decode, rates[3])
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     """``a x = b`` by Gaussian elimination with partial pivoting (``a`` symmetric positive definite)."""
     n = len(b)
@@ -263,7 +276,7 @@ class LatencyModel:
         if samples is None:  # the fleet's, with the measured prefill rate its peers are priced at
             return prior if prefill_s <= 0.0 else (prior[0], prefill_s, prior[2], prior[3])
         if samples.fit is None or samples.fit_prior != prior or samples.fit_prefill != prefill_s:
-            samples.fit = fit(samples.sums, prior, PRIOR_SAMPLES, prefill_s)
+            samples.fit = within_fleet(fit(samples.sums, prior, PRIOR_SAMPLES, prefill_s), prior)
             samples.fit_prior, samples.fit_prefill = prior, prefill_s
         return samples.fit
 
