@@ -168,7 +168,7 @@ def test_a_measured_prefill_rate_is_used_as_it_is_and_the_rest_fitted_around_it(
         assert learned == pytest.approx(true, rel=0.05)
 
 
-def test_a_worker_s_rates_stay_within_clip_times_the_fleet_s() -> None:
+def test_a_worker_s_cost_per_decoding_request_stays_within_clip_times_the_fleet_s() -> None:
     """Waits one worker's features do not explain (here 25x its peers' cost per decoding request) price it
     at most ``CLIP`` x the fleet's rate, not at its own fit's."""
     model = LatencyModel(1000)
